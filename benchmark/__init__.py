@@ -1,0 +1,1 @@
+"""posterior-bench: runners and plumbing (data, models, checkpoint store, stages, CLI)."""

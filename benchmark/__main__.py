@@ -1,0 +1,3 @@
+from benchmark.cli import main
+
+main()

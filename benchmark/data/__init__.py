@@ -1,0 +1,24 @@
+"""Datasets of the suite: the embedded digits experiment and the paper's torchvision-backed sets.
+
+``get_dataset(name, split, data_dir, download, augment)`` and
+``get_ood_dataset(ood_name, id_name, data_dir, download)`` return datasets of
+``(image [C, H, W] float32 normalised, label int)``; ``as_tensors`` materialises one;
+``dataset_info`` gives classes, channels, size and normalisation of each name.
+"""
+from benchmark.data.errors import DatasetNotFoundError
+from benchmark.data.in_memory import InMemoryImageDataset, random_crop
+from benchmark.data.info import DATASET_NAMES, DatasetInfo, dataset_info
+from benchmark.data.loading import get_dataset, get_ood_dataset
+from benchmark.data.materialise import as_tensors
+
+__all__ = [
+    "DATASET_NAMES",
+    "DatasetInfo",
+    "DatasetNotFoundError",
+    "InMemoryImageDataset",
+    "as_tensors",
+    "dataset_info",
+    "get_dataset",
+    "get_ood_dataset",
+    "random_crop",
+]

@@ -1,0 +1,145 @@
+"""Zoo stage: train the reference checkpoints of seeds [start, stop) that the store lacks.
+
+Resumable and shareable: each seed is trained under a per-seed lock, re-checked after the
+lock is taken, and written atomically, so killed runs and overlapping ranges on one store
+neither corrupt nor duplicate work. Seeds that do not converge are recorded as failed.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from benchmark.experiment import Experiment, library_versions
+from benchmark.store import save_checkpoint, seed_name, try_lock
+from benchmark.store.checkpoint import metadata_float, read_metadata
+from benchmark.training import NonFiniteError, TrainResult, seeded, train_network
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDivergedError(RuntimeError):
+    """One or more seeds produced NaN/Inf during training; nothing was stored for them."""
+
+
+@dataclass
+class ZooSummary:
+    """What a zoo run did, and the state of its seed range in the store."""
+
+    trained: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    skipped_done: list[int] = field(default_factory=list)
+    skipped_busy: list[int] = field(default_factory=list)
+    diverged: dict[int, str] = field(default_factory=dict)
+    accuracies: dict[int, float] = field(default_factory=dict)
+    failed_in_range: int = 0
+
+    def describe(self, start: int, stop: int) -> str:
+        n = stop - start
+        accs = list(self.accuracies.values())
+        lines = [
+            f"zoo seeds [{start}, {stop}): {len(self.accuracies)} checkpoints, {self.failed_in_range} failed "
+            f"({self.failed_in_range / max(1, n):.1%} failure rate); this run trained {len(self.trained)}, "
+            f"recorded {len(self.failed)} failures, skipped {len(self.skipped_done)} done and "
+            f"{len(self.skipped_busy)} in progress elsewhere"
+        ]
+        if accs:
+            lines.append(
+                f"test accuracy of the checkpoints: mean {statistics.fmean(accs):.3f}, "
+                f"min {min(accs):.3f}, max {max(accs):.3f}"
+            )
+        return "\n".join(lines)
+
+
+def parse_seed_range(start: object, stop: object) -> tuple[int, int]:
+    """Validate ``zoo.start``/``zoo.stop`` (0 <= start <= stop)."""
+    try:
+        a, b = int(start), int(stop)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"zoo.start={start!r}, zoo.stop={stop!r}: expected integers") from err
+    if a < 0 or b < 0:
+        raise ValueError(f"zoo.start={a}, zoo.stop={b}: seeds must be non-negative")
+    if a > b:
+        raise ValueError(f"zoo.start={a} > zoo.stop={b}: expected start <= stop (the range is [start, stop))")
+    return a, b
+
+
+def train_seed(exp: Experiment, seed: int, role: str = "zoo") -> TrainResult:
+    """Train the experiment's plain model from ``seed`` (deterministic on CPU)."""
+    with seeded(seed):
+        model = exp.model().to(exp.device)
+    return train_network(
+        model, exp.train_set, exp.test_tensors, exp.recipe, seed,
+        where=f"{exp.name} {role} seed {seed}", train_eval=exp.train_tensors,
+    )
+
+
+def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: str) -> dict[str, object]:
+    """Metadata stored with every trained checkpoint."""
+    return {
+        "seed": seed,
+        "experiment": exp.name,
+        "role": role,
+        "config_hash": exp.config_hash,
+        "train_accuracy": result.train_accuracy,
+        "test_accuracy": result.test_accuracy,
+        "epochs": result.epochs_run,
+        "versions": library_versions(),
+    }
+
+
+def run_zoo(exp: Experiment, start: int, stop: int, shard: int = 0, num_shards: int = 1) -> ZooSummary:
+    """Train the missing seeds of ``[start, stop)`` (this shard's share: seed % num_shards == shard).
+
+    Raises ``TrainingDivergedError`` at the end if any seed produced NaN/Inf.
+    """
+    start, stop = parse_seed_range(start, stop)
+    if not 0 <= shard < num_shards:
+        raise ValueError(f"zoo.shard={shard}, zoo.num_shards={num_shards}: expected 0 <= shard < num_shards")
+    store = exp.store
+    store.ensure_writable()
+    summary = ZooSummary()
+    mine = [s for s in range(start, stop) if s % num_shards == shard]
+    done, failed = set(store.completed_seeds()), set(store.failed_seeds())
+    todo = [s for s in mine if s not in done and s not in failed]
+    summary.skipped_done = [s for s in mine if s in done or s in failed]
+    log.info("zoo %s: %d of %d seeds to train (shard %d/%d)", exp.name, len(todo), len(mine), shard, num_shards)
+    for seed in tqdm(todo, desc=f"zoo {exp.name}", unit="seed", dynamic_ncols=True):
+        with try_lock(store.lock_path(f"zoo-{seed_name(seed)}")) as locked:
+            if not locked:
+                summary.skipped_busy.append(seed)
+                continue
+            if store.checkpoint_path(seed).exists() or store.failed_path(seed).exists():
+                summary.skipped_done.append(seed)
+                continue
+            try:
+                result = train_seed(exp, seed)
+            except NonFiniteError as err:
+                log.error("seed %d stopped: %s (nothing stored)", seed, err)
+                summary.diverged[seed] = str(err)
+                continue
+            if result.failure:
+                store.record_failure(seed, {"reason": result.failure, "check_accuracy": result.test_accuracy,
+                                            "epoch": result.epochs_run, "config_hash": exp.config_hash})
+                summary.failed.append(seed)
+            else:
+                save_checkpoint(store.checkpoint_path(seed), result.state_dict,
+                                checkpoint_metadata(exp, seed, result, "zoo"))
+                summary.trained.append(seed)
+    _fill_range_state(exp, summary, start, stop)
+    log.info("%s", summary.describe(start, stop))
+    if summary.diverged:
+        details = "; ".join(f"seed {s}: {m}" for s, m in sorted(summary.diverged.items()))
+        raise TrainingDivergedError(f"{len(summary.diverged)} seed(s) produced NaN/Inf and were not stored: {details}")
+    return summary
+
+
+def _fill_range_state(exp: Experiment, summary: ZooSummary, start: int, stop: int) -> None:
+    store = exp.store
+    in_range = set(range(start, stop))
+    for seed in store.completed_seeds():
+        if seed in in_range:
+            summary.accuracies[seed] = metadata_float(read_metadata(store.checkpoint_path(seed)), "test_accuracy")
+    summary.failed_in_range = len(in_range & set(store.failed_seeds()))

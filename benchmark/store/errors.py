@@ -1,0 +1,13 @@
+"""Errors raised by the checkpoint store."""
+from __future__ import annotations
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or sample-set file is corrupt, truncated, or does not match the model.
+
+    The message always names the file, and the key when one is at fault.
+    """
+
+
+class StoreError(RuntimeError):
+    """The store folder is unusable (not writable, wrong experiment, missing seeds)."""

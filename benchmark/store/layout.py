@@ -1,0 +1,143 @@
+"""Where things live in the store, and which zoo seeds are done, failed or missing.
+
+```
+<root>/<experiment>/zoo/seed_000042.safetensors    trained checkpoint (validated on read)
+<root>/<experiment>/zoo/failed/seed_000007.json   seed that did not converge, with its reason
+<root>/<experiment>/samples/<method>_<mode>.safetensors   weight sample set of a method
+<root>/<experiment>/preds/<method>_<mode>.safetensors     per-sample probabilities (ID, OOD)
+<root>/<experiment>/.locks/                        one lock file per unit of work
+```
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from benchmark.store.atomic import atomic_write_text
+from benchmark.store.errors import StoreError
+
+_SEED_FILE = re.compile(r"^seed_(\d{6})\.(safetensors|json)$")
+
+
+def seed_name(seed: int) -> str:
+    """File stem of a seed: ``seed_000042``."""
+    if seed < 0 or seed > 999_999:
+        raise ValueError(f"seed must be in [0, 999999], got {seed}")
+    return f"seed_{seed:06d}"
+
+
+@dataclass(frozen=True)
+class ExperimentStore:
+    """The store folder of one experiment under ``root`` (the config key ``store``)."""
+
+    root: Path
+    experiment: str
+
+    @property
+    def base(self) -> Path:
+        return self.root / self.experiment
+
+    @property
+    def zoo_dir(self) -> Path:
+        return self.base / "zoo"
+
+    @property
+    def failed_dir(self) -> Path:
+        return self.zoo_dir / "failed"
+
+    @property
+    def samples_dir(self) -> Path:
+        return self.base / "samples"
+
+    @property
+    def preds_dir(self) -> Path:
+        return self.base / "preds"
+
+    @property
+    def locks_dir(self) -> Path:
+        return self.base / ".locks"
+
+    def checkpoint_path(self, seed: int) -> Path:
+        return self.zoo_dir / f"{seed_name(seed)}.safetensors"
+
+    def failed_path(self, seed: int) -> Path:
+        return self.failed_dir / f"{seed_name(seed)}.json"
+
+    def samples_path(self, method: str, mode: str) -> Path:
+        return self.samples_dir / f"{method}_{mode}.safetensors"
+
+    def preds_path(self, method: str, mode: str) -> Path:
+        return self.preds_dir / f"{method}_{mode}.safetensors"
+
+    def lock_path(self, name: str) -> Path:
+        return self.locks_dir / f"{name}.lock"
+
+    def ensure_writable(self) -> None:
+        """Create the experiment folders; raise ``StoreError`` naming the ``store`` option if not writable."""
+        try:
+            for d in (self.zoo_dir, self.failed_dir, self.samples_dir, self.preds_dir, self.locks_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            probe = self.locks_dir / f".write-probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            raise StoreError(
+                f"store={self.root}: cannot write to {self.base} ({err.strerror or err}); "
+                "pass a writable folder with store=/path/to/store"
+            ) from err
+
+    def completed_seeds(self) -> list[int]:
+        """Seeds with a checkpoint file in the zoo (sorted)."""
+        return sorted(_seeds_in(self.zoo_dir, ".safetensors"))
+
+    def failed_seeds(self) -> dict[int, dict[str, Any]]:
+        """Seed -> failure record (``reason``, ``epoch``, ``val_acc`` ...) of seeds that did not converge."""
+        out = {}
+        for seed in sorted(_seeds_in(self.failed_dir, ".json")):
+            out[seed] = json.loads(self.failed_path(seed).read_text())
+        return out
+
+    def record_failure(self, seed: int, record: dict[str, Any]) -> None:
+        """Mark ``seed`` as failed (atomically), with ``record`` holding at least ``reason``."""
+        if "reason" not in record:
+            raise ValueError("record_failure: the record needs a 'reason'")
+        atomic_write_text(self.failed_path(seed), json.dumps({"seed": seed, **record}, indent=2, sort_keys=True))
+
+    def checkpoint_paths(self, seeds: Iterable[int]) -> list[Path]:
+        """Checkpoint paths of ``seeds``; raises ``StoreError`` listing the missing ones."""
+        seeds = list(seeds)
+        missing = [s for s in seeds if not self.checkpoint_path(s).is_file()]
+        if missing:
+            raise StoreError(f"{self.zoo_dir}: no checkpoint for seeds {_compact(missing)}")
+        return [self.checkpoint_path(s) for s in seeds]
+
+
+def _seeds_in(folder: Path, suffix: str) -> set[int]:
+    if not folder.is_dir():
+        return set()
+    seeds = set()
+    for entry in folder.iterdir():
+        m = _SEED_FILE.match(entry.name)
+        if m and entry.name.endswith(suffix):
+            seeds.add(int(m.group(1)))
+    return seeds
+
+
+def _compact(values: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``'1-3, 7'`` for readable error messages."""
+    if not values:
+        return ""
+    values = sorted(values)
+    parts, start, prev = [], values[0], values[0]
+    for v in values[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(parts)

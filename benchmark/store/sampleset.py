@@ -1,0 +1,153 @@
+"""Sample sets: state-dict-keyed tensors stacked with a leading sample axis ``[S, ...]``.
+
+A sample set lives in one safetensors file; a zoo lives in many single-checkpoint files.
+Both can be read one key (layer) at a time, and a key can be read in column blocks, so
+a layer of a large zoo never has to be in memory whole.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import save_file
+
+from benchmark.store.atomic import atomic_path
+from benchmark.store.checkpoint import check_finite, encode_metadata, open_safetensors, plain_tensors
+from benchmark.store.errors import CheckpointError
+
+SampleSet = dict[str, torch.Tensor]
+
+
+def sample_count(sample_set: Mapping[str, torch.Tensor], source: str = "sample set") -> int:
+    """Number of samples S shared by every tensor of ``sample_set``; raises if they disagree."""
+    counts = {k: int(v.shape[0]) for k, v in sample_set.items() if v.dim() > 0}
+    if not counts or len(counts) != len(sample_set):
+        raise CheckpointError(f"{source}: every tensor needs a leading sample axis [S, ...]")
+    if len(set(counts.values())) != 1:
+        raise CheckpointError(f"{source}: tensors disagree on the sample count: {counts}")
+    return next(iter(counts.values()))
+
+
+def stack_state_dicts(state_dicts: Sequence[Mapping[str, torch.Tensor]]) -> SampleSet:
+    """Stack S state dicts with identical keys into a sample set ``{key: [S, ...]}``."""
+    if not state_dicts:
+        raise ValueError("stack_state_dicts: no state dicts given")
+    keys = list(state_dicts[0])
+    for i, sd in enumerate(state_dicts[1:], start=1):
+        if list(sd) != keys:
+            raise CheckpointError(f"state dict {i} has keys {sorted(set(sd) ^ set(keys))} that differ from state dict 0")
+    return {k: torch.stack([sd[k] for sd in state_dicts]) for k in keys}
+
+
+def unstack(sample_set: Mapping[str, torch.Tensor], index: int) -> dict[str, torch.Tensor]:
+    """The state dict of sample ``index`` of a sample set."""
+    return {k: v[index] for k, v in sample_set.items()}
+
+
+def save_sample_set(path: str | os.PathLike, sample_set: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
+    """Write a sample set (``{key: [S, ...]}``, finite) to one safetensors file atomically."""
+    sample_count(sample_set, source=str(path))
+    check_finite(sample_set, source=str(path))
+    with atomic_path(path) as tmp:
+        save_file(plain_tensors(sample_set), str(tmp), metadata=encode_metadata(metadata))
+
+
+def load_sample_set(path: str | os.PathLike, keys: Sequence[str] | None = None) -> SampleSet:
+    """Read a sample set (all keys, or only ``keys``) from one safetensors file."""
+    with open_safetensors(path) as fh:
+        available = list(fh.keys())
+        wanted = available if keys is None else list(keys)
+        unknown = [k for k in wanted if k not in available]
+        if unknown:
+            raise CheckpointError(f"{path}: no key {unknown[0]!r}; the file holds {available}")
+        try:
+            return {k: fh.get_tensor(k) for k in wanted}
+        except SafetensorError as err:
+            raise CheckpointError(f"{path}: corrupt or truncated safetensors data ({err})") from err
+
+
+def sample_set_keys(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Key -> full shape (sample axis included) of a safetensors file, without reading data."""
+    with open_safetensors(path) as fh:
+        return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+
+
+def _rows_per_block(shape: Sequence[int], samples: int, max_elements: int) -> int:
+    inner = math.prod(shape[1:]) if len(shape) > 1 else 1
+    return max(1, max_elements // max(1, samples * inner))
+
+
+def iter_column_chunks(path: str | os.PathLike, key: str, max_elements: int = 2**26) -> Iterator[torch.Tensor]:
+    """Yield tensor ``key`` of a sample-set file as consecutive column blocks ``[S, d_i]``.
+
+    The tensor ``[S, a, b, ...]`` is viewed as ``[S, D]`` (row-major flattening per sample);
+    blocks follow its second axis, so each block is ``S * (rows * b * ...)`` elements, at most
+    ``max_elements`` unless a single row is larger. Only the block is read from disk.
+    """
+    with open_safetensors(path) as fh:
+        if key not in fh.keys():
+            raise CheckpointError(f"{path}: no key {key!r}")
+        sl = fh.get_slice(key)
+        shape = tuple(sl.get_shape())
+        samples = shape[0]
+        if len(shape) == 1:
+            yield sl[:].reshape(samples, 1)
+            return
+        step = _rows_per_block(shape[1:], samples, max_elements)
+        for start in range(0, shape[1], step):
+            yield sl[:, start : start + step].reshape(samples, -1)
+
+
+def load_layer(paths: Sequence[str | os.PathLike], key: str) -> torch.Tensor:
+    """Tensor ``key`` from each single-checkpoint file in ``paths``, stacked: ``[S, ...]``."""
+    out = []
+    for p in paths:
+        with open_safetensors(p) as fh:
+            if key not in fh.keys():
+                raise CheckpointError(f"{p}: no key {key!r}")
+            out.append(fh.get_tensor(key))
+    return torch.stack(out)
+
+
+def iter_layer_column_chunks(
+    paths: Sequence[str | os.PathLike], key: str, max_elements: int = 2**26
+) -> Iterator[torch.Tensor]:
+    """Like ``iter_column_chunks`` but over a zoo of single-checkpoint files: blocks ``[S, d_i]``.
+
+    Each block reads rows of the per-checkpoint tensor's first axis from every file.
+    """
+    if not paths:
+        raise ValueError("iter_layer_column_chunks: no checkpoint paths given")
+    with open_safetensors(paths[0]) as fh:
+        if key not in fh.keys():
+            raise CheckpointError(f"{paths[0]}: no key {key!r}")
+        shape = tuple(fh.get_slice(key).get_shape())
+    if len(shape) == 0:
+        yield load_layer(paths, key).reshape(len(paths), 1)
+        return
+    step = _rows_per_block(shape, len(paths), max_elements)
+    for start in range(0, shape[0], step):
+        block = []
+        for p in paths:
+            with open_safetensors(p) as fh:
+                block.append(fh.get_slice(key)[start : start + step].reshape(-1))
+        yield torch.stack(block)
+
+
+def iter_checkpoint_batches(
+    paths: Sequence[str | os.PathLike], batch_size: int, keys: Sequence[str] | None = None
+) -> Iterator[SampleSet]:
+    """Yield stacked sample sets of up to ``batch_size`` checkpoints each, in ``paths`` order."""
+    if batch_size < 1:
+        raise ValueError(f"iter_checkpoint_batches: batch_size must be >= 1, got {batch_size}")
+    for start in range(0, len(paths), batch_size):
+        yield stack_state_dicts([load_sample_set(p, keys) for p in paths[start : start + batch_size]])
+
+
+def load_checkpoints_as_sample_set(paths: Sequence[str | os.PathLike], keys: Sequence[str] | None = None) -> SampleSet:
+    """All checkpoints in ``paths`` as one sample set ``{key: [len(paths), ...]}``."""
+    return stack_state_dicts([load_sample_set(p, keys) for p in paths])

@@ -1,0 +1,231 @@
+"""The training loop shared by the zoo and by the methods that (re)train networks.
+
+A ``Recipe`` is plain data (from ``cfg.train``); ``train_network`` runs it for one seed,
+deterministically on CPU: the seed fixes the initialisation (through the caller's model
+construction under ``seeded``) and the data order (its own generator).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from benchmark.data import InMemoryImageDataset, random_crop
+
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+SCHEDULES = ("multistep", "cosine", "constant")
+
+
+class NonFiniteError(FloatingPointError):
+    """Training produced a NaN/Inf loss or weight; the run must stop and store nothing."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """SGD training recipe (appendix B). ``lr`` per step; ``milestones`` in epochs.
+
+    ``fail_epoch``/``fail_below``: the recipe's non-convergence rule (OptuMNIST: stop a run
+    whose held-out accuracy is below ``fail_below`` after ``fail_epoch`` epochs).
+    """
+
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    schedule: str = "multistep"
+    milestones: tuple[int, ...] = ()
+    gamma: float = 0.1
+    fail_epoch: int | None = None
+    fail_below: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
+            raise ValueError(f"train: epochs, batch_size and lr must be positive, got {self}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"train.schedule: unknown schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}")
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "Recipe":
+        """Build from the ``train`` config node (a dict or DictConfig)."""
+        fail = cfg.get("fail_rule") or {}
+        return cls(
+            epochs=int(cfg["epochs"]),
+            batch_size=int(cfg["batch_size"]),
+            lr=float(cfg["lr"]),
+            momentum=float(cfg.get("momentum", 0.0)),
+            nesterov=bool(cfg.get("nesterov", False)),
+            weight_decay=float(cfg.get("weight_decay", 0.0)),
+            schedule=str(cfg.get("schedule", "multistep")),
+            milestones=tuple(int(m) for m in cfg.get("milestones", ()) or ()),
+            gamma=float(cfg.get("gamma", 0.1)),
+            fail_epoch=None if fail.get("epoch") is None else int(fail["epoch"]),
+            fail_below=None if fail.get("min_accuracy") is None else float(fail["min_accuracy"]),
+        )
+
+
+@dataclass
+class TrainResult:
+    """Outcome of one training: final weights, accuracies (fractions), and failure reason if any."""
+
+    state_dict: dict[str, torch.Tensor]
+    train_accuracy: float
+    test_accuracy: float
+    epochs_run: int
+    failure: str | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Fix torch's global RNG to ``seed`` inside the block (model init, dropout masks)."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def make_optimizer(params, recipe: Recipe, lr: float | None = None) -> torch.optim.SGD:
+    """SGD with the recipe's momentum, Nesterov flag and weight decay."""
+    return torch.optim.SGD(
+        params,
+        lr=recipe.lr if lr is None else lr,
+        momentum=recipe.momentum,
+        nesterov=recipe.nesterov and recipe.momentum > 0,
+        weight_decay=recipe.weight_decay,
+    )
+
+
+def learning_rate(recipe: Recipe, epoch: int) -> float:
+    """Learning rate of ``epoch`` (0-based) under the recipe's schedule."""
+    if recipe.schedule == "multistep":
+        return recipe.lr * recipe.gamma ** sum(epoch >= m for m in recipe.milestones)
+    if recipe.schedule == "cosine":
+        return 0.5 * recipe.lr * (1 + math.cos(math.pi * epoch / recipe.epochs))
+    return recipe.lr
+
+
+def iterate_batches(
+    dataset: Dataset, batch_size: int, generator: torch.Generator, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One shuffled epoch of ``(images [B, C, H, W], labels [B])`` on ``device``.
+
+    In-memory datasets are sliced directly (no per-item Python work, augmentation as one
+    batched crop); others go through a single-process ``DataLoader`` with ``generator``.
+    """
+    if isinstance(dataset, InMemoryImageDataset):
+        order = torch.randperm(len(dataset), generator=generator)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            images = dataset.images[idx]
+            if dataset.augment:
+                images = random_crop(images, dataset.augment_padding, dataset.fill, generator=generator)
+            yield images.to(device), dataset.labels[idx].to(device)
+        return
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator, num_workers=0)
+    for images, labels in loader:
+        yield images.to(device), labels.to(device)
+
+
+def cross_entropy_loss(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``model(images)`` against ``labels``."""
+    return F.cross_entropy(model(images), labels)
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 2048) -> float:
+    """Top-1 accuracy (fraction) of ``model`` in eval mode on in-memory ``images`` ``[N, ...]``."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    correct = 0
+    for start in range(0, len(labels), batch_size):
+        logits = model(images[start : start + batch_size].to(device))
+        correct += int((logits.argmax(1).cpu() == labels[start : start + batch_size]).sum())
+    model.train(was_training)
+    return correct / max(1, len(labels))
+
+
+def check_weights_finite(model: nn.Module, where: str) -> None:
+    """Raise ``NonFiniteError`` naming the first non-finite parameter or buffer."""
+    for name, value in model.state_dict().items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise NonFiniteError(f"{where}: {name!r} became NaN/Inf")
+
+
+def train_epoch(
+    model: nn.Module,
+    dataset: Dataset,
+    optimizer: torch.optim.Optimizer,
+    batch_size: int,
+    generator: torch.Generator,
+    where: str,
+    loss_fn: LossFn = cross_entropy_loss,
+) -> float:
+    """One epoch of SGD; returns the mean loss. A non-finite loss raises ``NonFiniteError``."""
+    device = next(model.parameters()).device
+    model.train()
+    total, count = 0.0, 0
+    for step, (images, labels) in enumerate(iterate_batches(dataset, batch_size, generator, device)):
+        loss = loss_fn(model, images, labels)
+        if not torch.isfinite(loss):
+            raise NonFiniteError(f"{where}: loss became {loss.item()} at step {step}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total += float(loss.detach()) * len(labels)
+        count += len(labels)
+    return total / max(1, count)
+
+
+def train_network(
+    model: nn.Module,
+    train_set: Dataset,
+    check_set: tuple[torch.Tensor, torch.Tensor],
+    recipe: Recipe,
+    seed: int,
+    where: str = "training",
+    loss_fn: LossFn = cross_entropy_loss,
+    train_eval: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> TrainResult:
+    """Train ``model`` in place with ``recipe``; data order drawn from ``seed``.
+
+    ``check_set`` ``(images [N, ...], labels [N])`` is the held-out set for the recipe's
+    non-convergence rule and the reported test accuracy; ``train_eval`` (optional) the same
+    for the reported train accuracy. A run failing the rule stops early and returns with
+    ``failure`` set; NaN/Inf raises ``NonFiniteError`` (nothing to store).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = make_optimizer(model.parameters(), recipe)
+    history = []
+    for epoch in range(recipe.epochs):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(recipe, epoch)
+        loss = train_epoch(model, train_set, optimizer, recipe.batch_size, generator, f"{where}, epoch {epoch + 1}", loss_fn)
+        check_weights_finite(model, f"{where}, epoch {epoch + 1}")
+        record = {"epoch": epoch + 1, "loss": loss}
+        if recipe.fail_epoch is not None and epoch + 1 == recipe.fail_epoch:
+            acc = accuracy(model, *check_set)
+            record["check_accuracy"] = acc
+            history.append(record)
+            if recipe.fail_below is not None and acc < recipe.fail_below:
+                reason = f"held-out accuracy {acc:.3f} < {recipe.fail_below} after epoch {epoch + 1} (did not converge)"
+                return TrainResult(_cpu_state(model), math.nan, acc, epoch + 1, failure=reason, history=history)
+        else:
+            history.append(record)
+    test_acc = accuracy(model, *check_set)
+    train_acc = accuracy(model, *train_eval) if train_eval is not None else math.nan
+    return TrainResult(_cpu_state(model), train_acc, test_acc, recipe.epochs, history=history)
+
+
+def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}

@@ -1,0 +1,1 @@
+"""Posterior approximations, one module per method, one common interface."""

@@ -1,0 +1,1 @@
+"""Metrics: MMD, symmetry removal, predictive metrics, tables."""

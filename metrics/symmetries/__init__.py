@@ -1,0 +1,30 @@
+"""Weight-space symmetries of ReLU networks, applied to sample sets ``{key: [S, ...]}``.
+
+A declarative per-architecture ``SymmetrySpec`` (``spec_for_model``) says which tensor axes
+share a permutation and a positive scale; one engine applies them batched over samples.
+Transforms (each returns the new sample set and what it applied): ``normalize_scales``,
+``sort_units``, ``center_logit_bias``, ``min_mass`` / ``min_mass_cvxpy``,
+``weight_matching``; ``canonicalize`` chains them into the symmetry-free form used by the
+NS MMD column.
+"""
+from metrics.symmetries.architectures import SPEC_NAMES, chain_spec, optunet_spec, resnet_spec, sequential_spec, spec_for_model
+from metrics.symmetries.canonical import DEFAULT_STEPS, STEPS, canonicalize
+from metrics.symmetries.engine import (
+    check_permutations, compose, permute, random_permutations, random_scales, rescale,
+)
+from metrics.symmetries.minmass import (
+    DegenerateMinMassError, check_min_mass_defined, mass, mass_terms, min_mass, min_mass_cvxpy,
+)
+from metrics.symmetries.rebasin import number_of_transpositions, weight_matching
+from metrics.symmetries.scaling import normalize_scales
+from metrics.symmetries.softmax import center_logit_bias
+from metrics.symmetries.sorting import SORT_KEYS, sort_units
+from metrics.symmetries.spec import Axis, RunningStats, Scaling, SymmetrySpec, UnitGroup, check_sample_set
+
+__all__ = [
+    "SPEC_NAMES", "chain_spec", "optunet_spec", "resnet_spec", "sequential_spec", "spec_for_model",
+    "DEFAULT_STEPS", "STEPS", "canonicalize", "check_permutations", "compose", "permute", "random_permutations",
+    "random_scales", "rescale", "DegenerateMinMassError", "check_min_mass_defined", "mass", "mass_terms", "min_mass",
+    "min_mass_cvxpy", "number_of_transpositions", "weight_matching", "normalize_scales", "center_logit_bias",
+    "SORT_KEYS", "sort_units", "Axis", "RunningStats", "Scaling", "SymmetrySpec", "UnitGroup", "check_sample_set",
+]

@@ -1,0 +1,276 @@
+"""The minimum scaled network mass problem (paper section 3.6, appendix C.7).
+
+Minimise the mass (sum of squared weights, biases excluded, BatchNorm gammas included) over
+the positive scalings of the spec. With ``x = log s`` every weight ``w`` between an
+incoming unit ``u`` and an outgoing unit ``v`` contributes ``w^2 exp(2 x_u - 2 x_v)``, so the
+problem is ``min_x sum_t c_t exp(a_t . x)``: smooth and convex, strictly convex and with a
+unique minimiser when it is non-degenerate. Two solvers:
+
+- ``min_mass``: batched damped Newton in torch over all samples at once;
+- ``min_mass_cvxpy``: the same log-space problem in cvxpy (exponential cones, Clarabel), one
+  sample at a time: the reference the Newton solver must match.
+
+Degeneracy. A conv feeding a BatchNorm has a scale that the running statistics absorb: it
+only multiplies weights, so shrinking it lowers the mass without bound and no minimum
+exists; such specs raise ``DegenerateMinMassError``. A unit whose incoming (or outgoing)
+weights are all zero in a sample has no minimum either; it is *left* at scale 1 (reported
+in ``fixed``) and the rest of the network is minimised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import scipy.sparse
+import torch
+
+from metrics.symmetries.engine import SampleSet, rescale
+from metrics.symmetries.spec import Axis, SymmetrySpec, check_sample_set, topological
+
+
+class DegenerateMinMassError(ValueError):
+    """The min-mass problem of a spec has no unique minimiser."""
+
+
+@dataclass(frozen=True)
+class MassTerms:
+    """``mass(x)[s] = sum_t coef[s, t] * exp(2 x[s, first[t]] - 2 x[s, second[t]])``.
+
+    ``x [S, num_vars + 1]`` are log-scales, the last column a dummy fixed at 0 (for weights with
+    no incoming or no outgoing unit); ``variables[name] = (start, size)`` locates each scaling.
+    """
+
+    coef: torch.Tensor
+    first: torch.Tensor
+    second: torch.Tensor
+    variables: dict[str, tuple[int, int]]
+
+    @property
+    def num_vars(self) -> int:
+        return sum(size for _, size in self.variables.values())
+
+
+def mass(sample_set: Mapping[str, torch.Tensor], spec: SymmetrySpec) -> torch.Tensor:
+    """The mass ``[S]``: sum of squares of the spec's mass tensors (weights and gammas)."""
+    return sum(sample_set[k].flatten(1).square().sum(dim=1) for k in spec.mass_keys)
+
+
+def check_min_mass_defined(spec: SymmetrySpec) -> None:
+    """Raise ``DegenerateMinMassError`` when the spec's min-mass problem has no unique minimiser
+    whatever the weights: a scaling absorbed by BatchNorm statistics, a scaling missing from
+    the mass on its incoming or outgoing side, or a cycle among scalings."""
+    for g, sc in spec.scalings():
+        if sc.stats is not None:
+            raise DegenerateMinMassError(
+                f"{spec.architecture}: min-mass is degenerate: the scale of {sc.name!r} is absorbed by BatchNorm "
+                f"{sc.stats.batchnorm!r}, so shrinking it lowers the mass without bound (no minimum exists)"
+            )
+        for side, axes in (("incoming", sc.incoming), ("outgoing", sc.outgoing)):
+            if not any(ax.key in spec.mass_keys for ax in axes):
+                raise DegenerateMinMassError(
+                    f"{spec.architecture}: min-mass is degenerate: scaling {sc.name!r} has no {side} weight in the mass"
+                )
+    edges = [
+        (a.name, b.name)
+        for _, a in spec.scalings() for _, b in spec.scalings()
+        if {ax.key for ax in a.outgoing} & {ax.key for ax in b.incoming} & set(spec.mass_keys)
+    ]
+    try:
+        topological([sc.name for _, sc in spec.scalings()], edges, spec.architecture)
+    except ValueError as err:
+        raise DegenerateMinMassError(f"min-mass needs a feed-forward spec: {err}") from None
+
+
+def _element_units(shape: tuple[int, ...], axis: Axis, size: int) -> torch.Tensor:
+    """Unit index of every entry of an unbatched tensor of ``shape`` along ``axis``, flattened."""
+    if axis.groups:
+        rows, b = shape[0], shape[1]
+        unit = (torch.arange(rows)[:, None] // (rows // axis.groups)) * b + torch.arange(b)
+        return unit.reshape(rows, b, *([1] * (len(shape) - 2))).expand(shape).reshape(-1)
+    view = [1] * len(shape)
+    view[axis.axis] = shape[axis.axis]
+    return (torch.arange(shape[axis.axis]) // axis.inner).reshape(view).expand(shape).reshape(-1)
+
+
+def mass_terms(sample_set: Mapping[str, torch.Tensor], spec: SymmetrySpec) -> MassTerms:
+    """The log-space min-mass objective of every sample, entries with the same (incoming,
+    outgoing) unit pair aggregated (e.g. a conv kernel is one term)."""
+    check_min_mass_defined(spec)
+    variables: dict[str, tuple[int, int]] = {}
+    for g, sc in spec.scalings():
+        variables[sc.name] = (sum(size for _, size in variables.values()), g.size)
+    dummy = sum(size for _, size in variables.values())
+    coefs, firsts, seconds = [], [], []
+    for key in spec.mass_keys:
+        shape = spec.shapes[key]
+        slots = {1: torch.full((int(np.prod(shape, dtype=np.int64)),), dummy), -1: None}
+        slots[-1] = slots[1].clone()
+        seen = {1: [], -1: []}
+        for g, sc in spec.scalings():
+            for ax, power in sc.axes():
+                if ax.key == key:
+                    seen[power].append(sc.name)
+                    slots[power] = variables[sc.name][0] + _element_units(shape, ax, g.size)
+        if len(seen[1]) > 1 or len(seen[-1]) > 1:
+            raise ValueError(f"{spec.architecture}: mass tensor {key!r} is scaled by several scalings on one side: {seen}")
+        pair = slots[1] * (dummy + 1) + slots[-1]
+        unique, inverse = torch.unique(pair, return_inverse=True)
+        squares = sample_set[key].flatten(1).to(torch.float64).square()
+        coefs.append(torch.zeros(squares.shape[0], unique.numel(), dtype=torch.float64).index_add_(1, inverse, squares))
+        firsts.append(unique // (dummy + 1))
+        seconds.append(unique % (dummy + 1))
+    return MassTerms(torch.cat(coefs, dim=1), torch.cat(firsts), torch.cat(seconds), variables)
+
+
+def fixed_variables(terms: MassTerms) -> torch.Tensor:
+    """``[S, num_vars]`` true for log-scales with no non-zero term on one side (dead units):
+    the mass has no minimum along them, they stay at 0 (scale 1)."""
+    s, n = terms.coef.shape[0], terms.num_vars
+    active = (terms.coef > 0).to(torch.float64)
+    grows = torch.zeros(s, n + 1, dtype=torch.float64).index_add_(1, terms.first, active)
+    shrinks = torch.zeros(s, n + 1, dtype=torch.float64).index_add_(1, terms.second, active)
+    return ((grows == 0) | (shrinks == 0))[:, :n]
+
+
+def _objective(x: torch.Tensor, terms: MassTerms, coef: torch.Tensor, derivatives: bool = True):
+    """Objective ``[S]`` (and gradient ``[S, n]``, Hessian ``[S, n, n]``) at log-scales ``x``."""
+    s, n = x.shape
+    padded = torch.cat([x, x.new_zeros(s, 1)], dim=1)
+    e = coef * torch.exp(2 * (padded[:, terms.first] - padded[:, terms.second]))
+    f = e.sum(dim=1)
+    if not derivatives:
+        return f
+    grad = x.new_zeros(s, n + 1).index_add_(1, terms.first, 2 * e).index_add_(1, terms.second, -2 * e)
+    flat = x.new_zeros(s, (n + 1) ** 2)
+    for a, b, sign in ((terms.first, terms.first, 4), (terms.second, terms.second, 4), (terms.first, terms.second, -4), (terms.second, terms.first, -4)):
+        flat.index_add_(1, a * (n + 1) + b, sign * e)
+    return f, grad[:, :n], flat.reshape(s, n + 1, n + 1)[:, :n, :n]
+
+
+def _newton_direction(grad: torch.Tensor, hess: torch.Tensor) -> torch.Tensor:
+    chol, info = torch.linalg.cholesky_ex(hess)
+    step = -torch.cholesky_solve(grad[:, :, None], chol)[:, :, 0]
+    bad = info != 0
+    if bool(bad.any()):
+        step[bad] = -(torch.linalg.pinv(hess[bad], hermitian=True) @ grad[bad][:, :, None])[:, :, 0]
+    return step
+
+
+def solve_log_scales(terms: MassTerms, tol: float = 1e-13, max_iter: int = 200) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Minimise every sample's objective by damped Newton (Armijo backtracking), batched.
+
+    Returns log-scales ``x [S, n]`` (0 on fixed variables), the fixed mask ``[S, n]`` and the
+    number of iterations. Stops when every Newton decrement ``g^T H^-1 g`` is at most
+    ``tol`` times the objective (relative suboptimality <= tol / 2); raises ``RuntimeError``
+    naming the samples that did not converge in ``max_iter`` iterations.
+    """
+    fixed = fixed_variables(terms)
+    total = terms.coef.sum(dim=1)
+    coef = terms.coef / torch.where(total > 0, total, 1.0)[:, None]
+    free = (~fixed).to(torch.float64)
+    s, n = fixed.shape
+    x = torch.zeros(s, n, dtype=torch.float64)
+    active = torch.ones(s, dtype=torch.bool)
+    for iteration in range(max_iter):
+        f, grad, hess = _objective(x, terms, coef)
+        grad = grad * free
+        hess = hess * free[:, :, None] * free[:, None, :] + torch.diag_embed(1.0 - free)
+        step = _newton_direction(grad, hess)
+        decrement = -(grad * step).sum(dim=1)
+        active &= decrement > tol * f
+        if not bool(active.any()):
+            return x, fixed, iteration
+        t = torch.where(active, 1.0, 0.0).to(torch.float64)
+        for _ in range(60):
+            trial = _objective(x + t[:, None] * step, terms, coef, derivatives=False)
+            ok = trial <= f - 0.25 * t * decrement
+            if bool((ok | ~active).all()):
+                break
+            t = torch.where(ok, t, t / 2)
+        x = x + t[:, None] * step
+    raise RuntimeError(
+        f"min-mass Newton did not converge in {max_iter} iterations for samples {active.nonzero().flatten().tolist()[:10]}"
+    )
+
+
+def _scales(x: torch.Tensor, terms: MassTerms, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {name: torch.exp(x[:, a : a + size]).to(dtype) for name, (a, size) in terms.variables.items()}
+
+
+def _finish(sample_set, spec, terms, x, fixed, extra) -> tuple[SampleSet, dict]:
+    dtype = next(v for v in sample_set.values() if v.is_floating_point()).dtype
+    total = terms.coef.sum(dim=1)
+    after = _objective(x, terms, terms.coef, derivatives=False)
+    scales = _scales(x, terms, dtype)
+    info = {"scales": scales, "mass_before": total, "mass_after": after, "fixed": fixed, **extra}
+    return rescale(sample_set, spec, scales), info
+
+
+def min_mass(
+    sample_set: Mapping[str, torch.Tensor], spec: SymmetrySpec, tol: float = 1e-13, max_iter: int = 200
+) -> tuple[SampleSet, dict]:
+    """Rescale every sample to its minimum mass (batched Newton, float64 internally).
+
+    Returns the rescaled sample set (same function) and ``{"scales": {scaling: [S, n]},
+    "mass_before": [S], "mass_after": [S], "fixed": [S, num_vars] bool, "iterations": int}``.
+    Raises ``DegenerateMinMassError`` for specs with BatchNorm (see module docstring).
+    """
+    check_sample_set(spec, sample_set)
+    terms = mass_terms(sample_set, spec)
+    x, fixed, iterations = solve_log_scales(terms, tol, max_iter)
+    return _finish(sample_set, spec, terms, x, fixed, {"iterations": iterations})
+
+
+def _cvxpy_problem(terms: MassTerms, fixed_row: np.ndarray):
+    """The log-space problem ``min sum(c * exp(A x))`` over the free log-scales, with the
+    coefficients as a non-negative parameter so one compiled problem serves many samples."""
+    import cvxpy as cp
+
+    n = terms.num_vars
+    column = np.full(n + 1, -1)
+    free = np.flatnonzero(~fixed_row)
+    column[free] = np.arange(free.size)
+    first, second = column[terms.first.numpy()], column[terms.second.numpy()]
+    variable_terms = np.flatnonzero((first >= 0) | (second >= 0))
+    rows, cols, vals = [], [], []
+    for sign, col in ((2.0, first), (-2.0, second)):
+        keep = col[variable_terms] >= 0
+        rows.append(np.flatnonzero(keep))
+        cols.append(col[variable_terms][keep])
+        vals.append(np.full(int(keep.sum()), sign))
+    a = scipy.sparse.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(variable_terms.size, free.size))
+    x = cp.Variable(free.size)
+    c = cp.Parameter(variable_terms.size, nonneg=True)
+    problem = cp.Problem(cp.Minimize(cp.sum(cp.multiply(c, cp.exp(a @ x)))))
+    return problem, x, c, variable_terms, free
+
+
+def min_mass_cvxpy(
+    sample_set: Mapping[str, torch.Tensor], spec: SymmetrySpec, solver: str = "CLARABEL"
+) -> tuple[SampleSet, dict]:
+    """The exact min-mass solution with cvxpy (log space, one solve per sample; the compiled
+    problem is reused across samples with the same fixed units). Same return as ``min_mass``
+    plus ``"status": [str]`` per sample; raises ``RuntimeError`` naming a sample cvxpy could
+    not solve."""
+    check_sample_set(spec, sample_set)
+    terms = mass_terms(sample_set, spec)
+    fixed = fixed_variables(terms)
+    total = terms.coef.sum(dim=1)
+    coef = (terms.coef / torch.where(total > 0, total, 1.0)[:, None]).numpy()
+    x_all = torch.zeros(fixed.shape, dtype=torch.float64)
+    cache: dict[bytes, tuple] = {}
+    statuses = []
+    for s in range(fixed.shape[0]):
+        row = fixed[s].numpy()
+        if row.tobytes() not in cache:
+            cache[row.tobytes()] = _cvxpy_problem(terms, row)
+        problem, x, c, variable_terms, free = cache[row.tobytes()]
+        if free.size:
+            c.value = coef[s, variable_terms]
+            problem.solve(solver=solver)
+            if problem.status not in ("optimal", "optimal_inaccurate"):
+                raise RuntimeError(f"min-mass with cvxpy/{solver}: sample {s} ended with status {problem.status!r}")
+            x_all[s, torch.from_numpy(free)] = torch.from_numpy(np.asarray(x.value, dtype=np.float64))
+        statuses.append(problem.status if free.size else "optimal")
+    return _finish(sample_set, spec, terms, x_all, fixed, {"status": statuses})

@@ -1,0 +1,84 @@
+"""Permutation removal by sorting the units of every group (paper appendix C.2).
+
+Keys: ``first`` (the paper: the unit's first incoming weight, the top-left kernel entry of
+the first input channel for convs), ``max``, ``mean``, ``lexicographic`` (NodeSort, seed 004:
+incoming weight vectors in lexicographic order) and ``bias`` (bias ordering, seed 000).
+Groups are sorted in forward order so that "first input" is itself already canonical. In a
+grouped structure the units are sorted within each block and the blocks by their smallest
+key; followers take their leader's block order. Ties keep the original order (stable sort).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from metrics.symmetries.engine import SampleSet, compose, complete_followers, identity_permutations, permute, unit_slices
+from metrics.symmetries.spec import SymmetrySpec, UnitGroup, check_sample_set, topological
+
+SORT_KEYS = ("first", "max", "mean", "lexicographic", "bias")
+
+
+def sort_order(spec: SymmetrySpec) -> list[UnitGroup]:
+    """Groups in an order where leaders and every group owning an axis of a group's sort-key
+    tensor (its inputs) come first."""
+    edges = [(g.follows, g.name) for g in spec.groups if g.follows]
+    for g in spec.groups:
+        edges += [(h.name, g.name) for h in spec.groups if h is not g and any(ax.key == g.sort_key for ax in h.axes())]
+    names = topological([g.name for g in spec.groups], edges, f"{spec.architecture} sorting")
+    return [spec.group(n) for n in names]
+
+
+def unit_keys(sample_set: Mapping[str, torch.Tensor], group: UnitGroup, key: str = "first") -> torch.Tensor:
+    """Sorting key ``[S, n]`` of each unit of ``group`` (``lexicographic``: the unit's rank)."""
+    if key == "bias":
+        if group.bias is None:
+            raise ValueError(f"sort key 'bias': group {group.name!r} has no bias; use one of first, max, mean, lexicographic")
+        return sample_set[group.bias]
+    incoming = next(ax for sc in group.scalings for ax in sc.incoming if ax.key == group.sort_key)
+    rows = unit_slices(sample_set[group.sort_key], incoming, group.size)
+    if key == "first":
+        return rows[:, :, 0]
+    if key == "max":
+        return rows.amax(dim=2)
+    if key == "mean":
+        return rows.mean(dim=2)
+    if key == "lexicographic":
+        ranks = np.empty(rows.shape[:2], dtype=np.int64)
+        for s, unit_rows in enumerate(rows.detach().cpu().numpy()):
+            ranks[s, np.lexsort(unit_rows.T[::-1])] = np.arange(group.size)
+        return torch.from_numpy(ranks)
+    raise ValueError(f"unknown sort key {key!r}; expected one of {', '.join(SORT_KEYS)}")
+
+
+def sorting_permutation(keys: torch.Tensor, group: UnitGroup) -> torch.Tensor:
+    """The allowed permutation ``[S, n]`` that sorts ``keys [S, n]`` ascending within each block
+    and (for a leader) orders the blocks by their smallest key; a follower keeps its blocks."""
+    s, b = keys.shape[0], group.block_size
+    blocked = keys.reshape(s, group.blocks, b)
+    within = blocked.argsort(dim=2, stable=True)
+    if group.follows is None:
+        sigma = torch.gather(blocked, 2, within[:, :, :1]).squeeze(2).argsort(dim=1, stable=True)
+    else:
+        sigma = torch.arange(group.blocks).expand(s, -1)
+    moved = torch.gather(within, 1, sigma[:, :, None].expand(-1, -1, b))
+    return (sigma[:, :, None] * b + moved).reshape(s, group.size)
+
+
+def sort_units(
+    sample_set: Mapping[str, torch.Tensor], spec: SymmetrySpec, key: str = "first"
+) -> tuple[SampleSet, dict[str, torch.Tensor]]:
+    """Sort the units of every group by ``key`` without changing the function. Returns the new
+    sample set and each group's total permutation ``[S, n]`` (``new[i] = old[perm[i]]``)."""
+    if key not in SORT_KEYS:
+        raise ValueError(f"unknown sort key {key!r}; expected one of {', '.join(SORT_KEYS)}")
+    samples = check_sample_set(spec, sample_set)
+    out = dict(sample_set)
+    totals = identity_permutations(spec, samples)
+    for group in sort_order(spec):
+        step = complete_followers(spec, {group.name: sorting_permutation(unit_keys(out, group, key), group)})
+        out = permute(out, spec, step)
+        for name, perm in step.items():
+            totals[name] = compose(totals[name], perm)
+    return out, totals

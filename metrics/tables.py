@@ -1,0 +1,262 @@
+"""The paper's Table 1 (posterior MMD next to predictive metrics) and Table 2 (median /
+mean / max MMD), built from ``metrics.csv`` and written as Markdown, CSV and LaTeX.
+
+``metrics.csv`` has one row per (experiment, method, mode) with the columns of
+``REQUIRED_COLUMNS`` (values as fractions, MMDs raw, MI in nats). The display tables
+have a row index (experiment label, group "One Mode" | "Multi Mode", method label) in
+the paper's order and cells formatted as text with one decimal, scaled as the paper
+prints them (every metric x100, i.e. percentages for Acc, ECE, AUPR, FPR95). Failed
+rows read "failed" in every cell; their reasons go in a note below the table. Missing
+values of rows that did not fail read "n/a".
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from benchmark.store.atomic import atomic_write_text
+
+EXPERIMENT_LABELS = {
+    "digits_optunet": "Digits - OptuNet",
+    "mnist_optunet": "MNIST - OptuNet",
+    "cifar100_resnet18": "CIFAR100 - ResNet18",
+    "tinyimagenet_resnet18": "TinyImageNet - ResNet18",
+}
+"""Display names; their order is the block order, unknown experiments follow as they appear."""
+
+GROUP_LABELS = {"one": "One Mode", "multi": "Multi Mode"}
+
+METHOD_LABELS = {
+    "dropout": "Dropout",
+    "bnn": "BNN",
+    "sghmc": "SGHMC",
+    "swag": "SWAG",
+    "laplace": "Laplace",
+    "ensemble": "Deep Ensembles",
+}
+"""Display names in the paper's row order; unknown methods follow, sorted, under their raw name."""
+
+INDEX_NAMES = ["Experiment", "Group", "Method"]
+
+SCALE = 100.0
+"""Every value is printed x100, as in the paper (15.0 = MMD 0.150, 83.3 = 83.3% accuracy)."""
+
+TABLE1_SOURCES = {
+    "MMD": "mmd_median",
+    "NS MMD": "ns_mmd_median",
+    "Acc": "acc",
+    "ECE": "ece",
+    "Brier": "brier",
+    "AUPR": "aupr",
+    "FPR95": "fpr95",
+    "ID MI": "id_mi",
+    "OOD MI": "ood_mi",
+}
+"""Table 1 column -> metrics.csv column (MMD = the median over kernels, as the paper reports)."""
+
+TABLE2_SOURCES = {
+    (name, statistic): f"{prefix}_{statistic}"
+    for name, prefix in (("MMD", "mmd"), ("NS MMD", "ns_mmd"))
+    for statistic in ("median", "mean", "max")
+}
+
+KEY_COLUMNS = ["experiment", "method", "mode", "status", "reason"]
+REQUIRED_COLUMNS = KEY_COLUMNS + [*TABLE1_SOURCES.values()] + [
+    c for c in TABLE2_SOURCES.values() if c not in TABLE1_SOURCES.values()
+]
+
+FAILED = "failed"
+MISSING = "n/a"
+
+_MMD_TEXT = (
+    "MMD and NS MMD (MMD after removing the permutation and scaling symmetries) between the method's "
+    "weight samples and the checkpoint zoo: per layer, {statistic} over 20 Gaussian and Laplace "
+    "kernels, then the mean over layers weighted by parameter count; {times}."
+)
+TABLE1_CAPTION = (
+    "Table 1: Posterior estimation and predictive performance. "
+    + _MMD_TEXT.format(statistic="the median", times="{times}")
+    + " Acc, ECE (top-label, 15 bins), AUPR and FPR95 (OOD as positive class, FPR at 95{pct} TPR) in {pct}; "
+    "Brier (sum over classes) {times}; ID MI and OOD MI (mutual information, nats) {times}."
+)
+TABLE2_CAPTION = "Table 2: Full MMD table. " + _MMD_TEXT.format(statistic="the median, mean or max", times="{times}")
+
+_MARKDOWN_UNITS = {"times": "x100", "pct": "%"}
+_LATEX_UNITS = {"times": r"$\times 100$", "pct": r"\%"}
+
+
+def table1(df: pd.DataFrame) -> pd.DataFrame:
+    """Table 1 of the paper from a metrics.csv frame.
+
+    Index (Experiment, Group, Method) in the paper's order; columns ``TABLE1_SOURCES``;
+    cells are text: value x100 with one decimal, "failed" or "n/a".
+    """
+    return _display(_ordered(df, TABLE1_SOURCES.values()), TABLE1_SOURCES)
+
+
+def table2(df: pd.DataFrame) -> pd.DataFrame:
+    """Table 2 of the paper: the rows of :func:`table1`, columns (MMD | NS MMD) x (median, mean, max)."""
+    table = _display(_ordered(df, TABLE2_SOURCES.values()), TABLE2_SOURCES)
+    table.columns = pd.MultiIndex.from_tuples(table.columns)
+    return table
+
+
+def failure_reasons(df: pd.DataFrame) -> dict[tuple[str, str, str], str]:
+    """Failed rows in table order: row label (experiment, group, method) -> reason."""
+    rows = _ordered(df, [])
+    failed = rows[rows["status"] == "failed"]
+    return {label: _reason(reason) for label, reason in zip(failed.index, failed["reason"])}
+
+
+def render_markdown(table: pd.DataFrame, caption: str, reasons: dict[tuple, str]) -> str:
+    """Markdown text: the caption line, the table (repeated row labels blanked), then the notes."""
+    flat = _flat(table)
+    # Blank a label that repeats the row above within the same enclosing block (as the paper).
+    repeats = {
+        name: flat[INDEX_NAMES[: level + 1]].ne(flat[INDEX_NAMES[: level + 1]].shift()).sum(axis=1).eq(0)
+        for level, name in enumerate(INDEX_NAMES[:-1])
+    }
+    for name, repeated in repeats.items():
+        flat.loc[repeated, name] = ""
+    body = flat.to_markdown(
+        index=False,
+        disable_numparse=True,
+        colalign=["left"] * len(INDEX_NAMES) + ["right"] * (flat.shape[1] - len(INDEX_NAMES)),
+    )
+    text = f"{caption.format(**_MARKDOWN_UNITS)}\n\n{body}\n"
+    if reasons:
+        text += "\nFailed runs:\n\n" + "".join(f"- {note}\n" for note in _notes(reasons))
+    return text
+
+
+def render_latex(table: pd.DataFrame, caption: str, reasons: dict[tuple, str], label: str) -> str:
+    """A LaTeX ``table`` (booktabs rules, multirow row labels) with caption, label and the notes."""
+    text = table.to_latex(
+        caption=caption.format(**_LATEX_UNITS),
+        label=label,
+        escape=True,
+        multirow=True,
+        multicolumn=True,
+        multicolumn_format="c",
+        column_format="l" * len(INDEX_NAMES) + "r" * table.shape[1],
+    )
+    # pandas closes the last block with \cline rules that would double the \bottomrule.
+    text = re.sub(r"(\\cline\{[^}]*\}\s*)+\\bottomrule", r"\\bottomrule", text)
+    if reasons:
+        lines = r" \\ ".join(_escape_latex(note) for note in _notes(reasons))
+        text = text.replace(r"\end{table}", f"\\par\\smallskip{{\\footnotesize Failed runs: {lines}}}\n\\end{{table}}")
+    return text
+
+
+def render_csv(table: pd.DataFrame, reasons: dict[tuple, str]) -> str:
+    """CSV text: the row labels as columns, flattened column names, and a Note column (failure reasons)."""
+    flat = _flat(table)
+    flat["Note"] = [f"{FAILED}: {reasons[row]}" if row in reasons else "" for row in map(tuple, flat[INDEX_NAMES].values)]
+    return flat.to_csv(index=False)
+
+
+def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Write table1.{md,csv,tex} and table2.{md,csv,tex} into ``out_dir``; return their paths.
+
+    Both tables are built (and the frame validated) before anything is written; each file
+    is written atomically.
+    """
+    tables = {"table1": (table1(df), TABLE1_CAPTION), "table2": (table2(df), TABLE2_CAPTION)}
+    reasons = failure_reasons(df)
+    out_dir = Path(out_dir)
+    written = []
+    for name, (table, caption) in tables.items():
+        texts = {
+            "md": render_markdown(table, caption, reasons),
+            "csv": render_csv(table, reasons),
+            "tex": render_latex(table, caption, reasons, label=f"tab:{name}"),
+        }
+        for suffix, text in texts.items():
+            path = out_dir / f"{name}.{suffix}"
+            atomic_write_text(path, text)
+            written.append(path)
+    return written
+
+
+def _ordered(df: pd.DataFrame, value_columns) -> pd.DataFrame:
+    """Validated rows of ``df`` indexed by display labels and sorted in the paper's order."""
+    if not isinstance(df, pd.DataFrame):
+        raise ValueError(f"df: expected a pandas DataFrame (metrics.csv), got {type(df).__name__}")
+    value_columns = list(value_columns)
+    missing = [c for c in KEY_COLUMNS + value_columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"df: metrics.csv is missing required columns {missing}")
+    rows = df[KEY_COLUMNS + value_columns].copy()
+    for column, allowed in (("mode", GROUP_LABELS), ("status", ("ok", "failed"))):
+        bad = sorted(set(rows[column].astype(str)) - set(allowed))
+        if bad:
+            raise ValueError(f"df: column {column!r} expects values in {list(allowed)}, got {bad}")
+    for column in ("experiment", "method"):
+        rows[column] = rows[column].astype(str)
+    duplicated = rows.duplicated(["experiment", "method", "mode"], keep=False)
+    if duplicated.any():
+        keys = rows.loc[duplicated, ["experiment", "method", "mode"]].drop_duplicates()
+        raise ValueError(f"df: duplicate (experiment, method, mode) rows: {keys.values.tolist()}")
+    for column in value_columns:
+        try:
+            rows[column] = pd.to_numeric(rows[column]).astype(np.float64)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"df: column {column!r} expects numbers ({error})") from None
+
+    experiments = list(EXPERIMENT_LABELS) + [e for e in rows["experiment"].unique() if e not in EXPERIMENT_LABELS]
+    methods = list(METHOD_LABELS) + sorted(set(rows["method"]) - set(METHOD_LABELS))
+    rows = rows.assign(
+        _e=rows["experiment"].map(experiments.index),
+        _g=rows["mode"].map(list(GROUP_LABELS).index),
+        _m=rows["method"].map(methods.index),
+    ).sort_values(["_e", "_g", "_m"], kind="stable")
+    rows.index = pd.MultiIndex.from_arrays(
+        [
+            rows["experiment"].map(lambda e: EXPERIMENT_LABELS.get(e, e)),
+            rows["mode"].map(GROUP_LABELS),
+            rows["method"].map(lambda m: METHOD_LABELS.get(m, m)),
+        ],
+        names=INDEX_NAMES,
+    )
+    return rows.drop(columns=["_e", "_g", "_m"])
+
+
+def _display(rows: pd.DataFrame, sources: dict) -> pd.DataFrame:
+    """Text cells: value x SCALE to one decimal, "failed" for failed rows, "n/a" for missing values."""
+    failed = rows["status"].eq("failed")
+    table = pd.DataFrame(index=rows.index)
+    for label, column in sources.items():
+        values = rows[column]
+        table[label] = [
+            FAILED if is_failed else MISSING if np.isnan(v) else f"{v * SCALE:.1f}"
+            for v, is_failed in zip(values, failed)
+        ]
+    return table
+
+
+def _flat(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with its row labels as columns and multi-level column names joined by a space."""
+    flat = table.copy()
+    flat.columns = [" ".join(c) if isinstance(c, tuple) else c for c in flat.columns]
+    return flat.reset_index()
+
+
+def _notes(reasons: dict[tuple, str]) -> list[str]:
+    return [f"{' / '.join(label)}: {reason}" for label, reason in reasons.items()]
+
+
+def _reason(reason) -> str:
+    return "no reason recorded" if pd.isna(reason) or not str(reason).strip() else str(reason).strip()
+
+
+_LATEX_SPECIALS = {
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+}
+
+
+def _escape_latex(text: str) -> str:
+    return "".join(_LATEX_SPECIALS.get(char, char) for char in text)

@@ -1,0 +1,165 @@
+"""Tables 1 and 2: scales, rounding, row order and grouping, failed rows, several experiments, files."""
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from metrics.tables import REQUIRED_COLUMNS, table1, table2, write_tables
+
+VALUE_COLUMNS = [c for c in REQUIRED_COLUMNS if c not in ("experiment", "method", "mode", "status", "reason")]
+
+# The paper's MNIST - OptuNet Dropout and DE rows (Table 1), as metrics.csv stores them.
+DROPOUT_ONE = dict(
+    mmd_median=0.150, ns_mmd_median=0.143, acc=0.833, ece=0.334, brier=0.261,
+    aupr=0.964, fpr95=0.986, id_mi=0.261, ood_mi=0.222,
+    mmd_mean=0.146, mmd_max=0.229, ns_mmd_mean=0.1434, ns_mmd_max=0.22549,
+)
+DROPOUT_ONE_TABLE1 = ["15.0", "14.3", "83.3", "33.4", "26.1", "96.4", "98.6", "26.1", "22.2"]
+DROPOUT_ONE_TABLE2 = ["15.0", "14.6", "22.9", "14.3", "14.3", "22.5"]
+
+
+def row(experiment, method, mode, status="ok", reason="", **values):
+    filled = {c: 0.01 for c in VALUE_COLUMNS} | values
+    return dict(experiment=experiment, method=method, mode=mode, status=status, reason=reason,
+                n_samples=100, nll=0.5, agreement=0.9, tv=0.1, **filled)
+
+
+def paper_rows(experiment="mnist_optunet"):
+    """All rows of one experiment in a scrambled order."""
+    return [
+        row(experiment, "ensemble", "multi", mmd_median=0.0, acc=0.953),
+        row(experiment, "laplace", "one", acc=0.879),
+        row(experiment, "sghmc", "one", acc=0.951, brier=1.23456),
+        row(experiment, "dropout", "multi", acc=0.921),
+        row(experiment, "swag", "multi", acc=0.950),
+        row(experiment, "dropout", "one", **DROPOUT_ONE),
+        row(experiment, "bnn", "multi", status="failed", reason="ELBO diverged: loss NaN at epoch 3"),
+        row(experiment, "bnn", "one", acc=0.12345, ece=0.12351, id_mi=np.nan),
+        row(experiment, "swag", "one", acc=0.883),
+        row(experiment, "laplace", "multi", acc=0.948),
+    ]
+
+
+PAPER_ORDER = [
+    ("One Mode", "Dropout"), ("One Mode", "BNN"), ("One Mode", "SGHMC"), ("One Mode", "SWAG"),
+    ("One Mode", "Laplace"), ("Multi Mode", "Dropout"), ("Multi Mode", "BNN"), ("Multi Mode", "SWAG"),
+    ("Multi Mode", "Laplace"), ("Multi Mode", "Deep Ensembles"),
+]
+
+
+def test_table1_values_scaled_and_rounded_like_the_paper():
+    t = table1(pd.DataFrame(paper_rows()))
+    assert list(t.columns) == ["MMD", "NS MMD", "Acc", "ECE", "Brier", "AUPR", "FPR95", "ID MI", "OOD MI"]
+    assert list(t.loc[("MNIST - OptuNet", "One Mode", "Dropout")]) == DROPOUT_ONE_TABLE1
+    bnn = t.loc[("MNIST - OptuNet", "One Mode", "BNN")]
+    assert (bnn["Acc"], bnn["ECE"], bnn["ID MI"], bnn["MMD"]) == ("12.3", "12.4", "n/a", "1.0")
+    assert t.loc[("MNIST - OptuNet", "One Mode", "SGHMC"), "Brier"] == "123.5"  # Brier (sum) can exceed 1
+    assert t.loc[("MNIST - OptuNet", "Multi Mode", "Deep Ensembles"), "MMD"] == "0.0"
+
+
+def test_row_order_and_groups_follow_the_paper():
+    t = table1(pd.DataFrame(paper_rows()))
+    assert list(t.index.names) == ["Experiment", "Group", "Method"]
+    assert [i[1:] for i in t.index] == PAPER_ORDER
+    assert table2(pd.DataFrame(paper_rows())).index.equals(t.index)
+
+
+def test_failed_rows_show_failed_everywhere():
+    df = pd.DataFrame(paper_rows())
+    failed = ("MNIST - OptuNet", "Multi Mode", "BNN")
+    assert set(table1(df).loc[failed]) == {"failed"}
+    assert set(table2(df).loc[failed]) == {"failed"}
+
+
+def test_table2_has_median_mean_max_of_both_mmds():
+    t = table2(pd.DataFrame(paper_rows()))
+    assert list(t.columns) == [(m, s) for m in ("MMD", "NS MMD") for s in ("median", "mean", "max")]
+    assert list(t.loc[("MNIST - OptuNet", "One Mode", "Dropout")]) == DROPOUT_ONE_TABLE2
+
+
+def test_several_experiments_stack_as_blocks_in_paper_order():
+    rows = paper_rows("cifar100_resnet18") + [row("my_new_exp", "swag", "one")] + paper_rows("mnist_optunet")
+    rows.append(row("digits_optunet", "zeta_method", "one"))
+    rows.append(row("digits_optunet", "dropout", "one", acc=0.5))
+    t = table1(pd.DataFrame(rows))
+    experiments = list(dict.fromkeys(t.index.get_level_values(0)))
+    assert experiments == ["Digits - OptuNet", "MNIST - OptuNet", "CIFAR100 - ResNet18", "my_new_exp"]
+    assert [i[1:] for i in t.index if i[0] == "CIFAR100 - ResNet18"] == PAPER_ORDER
+    assert [i[1:] for i in t.index if i[0] == "Digits - OptuNet"] == [("One Mode", "Dropout"), ("One Mode", "zeta_method")]
+    assert t.loc[("Digits - OptuNet", "One Mode", "Dropout"), "Acc"] == "50.0"
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda df: df.drop(columns=["acc", "ns_mmd_median"]), r"missing required columns \['ns_mmd_median', 'acc'\]"),
+        (lambda df: df.assign(mode=["single"] + list(df["mode"][1:])), r"'mode'.*\['one', 'multi'\].*single"),
+        (lambda df: df.assign(status="done"), r"'status'.*done"),
+        (lambda df: pd.concat([df, df.iloc[:1]]), r"duplicate.*ensemble"),
+        (lambda df: df.assign(acc="high"), r"'acc' expects numbers"),
+    ],
+)
+def test_bad_frames_raise(change, match):
+    df = change(pd.DataFrame(paper_rows()))
+    with pytest.raises(ValueError, match=match):
+        table1(df)
+
+
+def test_table2_needs_only_mmd_columns_and_names_missing_ones():
+    df = pd.DataFrame(paper_rows()).drop(columns=["acc", "ece"])
+    assert len(table2(df)) == 10
+    with pytest.raises(ValueError, match=r"\['mmd_max'\]"):
+        table2(df.drop(columns=["mmd_max"]))
+
+
+def test_write_tables_round_trips_through_files(tmp_path):
+    df = pd.DataFrame(paper_rows("mnist_optunet") + paper_rows("tinyimagenet_resnet18"))
+    out = tmp_path / "results" / "mnist"
+    paths = write_tables(df, out)
+    assert sorted(p.name for p in paths) == sorted(f"table{i}.{s}" for i in (1, 2) for s in ("md", "csv", "tex"))
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in paths)  # no temp files left
+
+    expected = table1(df)
+    csv = pd.read_csv(out / "table1.csv", dtype=str, keep_default_na=False)
+    assert list(csv.columns) == ["Experiment", "Group", "Method", *expected.columns, "Note"]
+    assert csv[list(expected.columns)].values.tolist() == expected.values.tolist()
+    assert csv["Note"].tolist().count("failed: ELBO diverged: loss NaN at epoch 3") == 2
+    csv2 = pd.read_csv(out / "table2.csv", dtype=str, keep_default_na=False)
+    assert "MMD median" in csv2.columns and csv2["NS MMD max"].tolist() == table2(df)[("NS MMD", "max")].tolist()
+
+    md = (out / "table1.md").read_text()
+    caption, rows = md.splitlines()[0], _markdown_rows(md)
+    assert "x100" in caption and "in %" in caption and "nats" in caption
+    assert [r[3:] for r in rows] == expected.values.tolist()
+    labels = pd.DataFrame([r[:3] for r in rows]).replace("", np.nan).ffill().values.tolist()
+    assert [tuple(x) for x in labels] == list(expected.index)
+    assert md.count("- MNIST - OptuNet / Multi Mode / BNN: ELBO diverged") == 1
+    assert "TinyImageNet - ResNet18 / Multi Mode / BNN" in md
+
+    tex = (out / "table1.tex").read_text()
+    assert re.search(r"\\caption\{Table 1:.*\$\\times 100\$.*in \\%", tex)
+    assert not re.search(r"(?<!\\)%", tex)  # an unescaped % would comment out the rest of a line
+    assert r"\multirow" in tex and r"\label{tab:table1}" in tex
+    assert "15.0 & 14.3 & 83.3 & 33.4 & 26.1 & 96.4 & 98.6 & 26.1 & 22.2" in tex
+    assert tex.count("failed") >= 2 * 9 and "Failed runs:" in tex
+    assert r"\multicolumn{3}{c}{NS MMD}" in (out / "table2.tex").read_text()
+
+
+def test_write_tables_writes_nothing_for_a_bad_frame(tmp_path):
+    with pytest.raises(ValueError, match="missing required columns"):
+        write_tables(pd.DataFrame(paper_rows()).drop(columns=["mmd_max"]), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_latex_escapes_raw_experiment_names_and_reasons(tmp_path):
+    df = pd.DataFrame([row("my_exp", "dropout", "one", status="failed", reason="50% of runs_x & more")])
+    write_tables(df, tmp_path)
+    tex = (tmp_path / "table1.tex").read_text()
+    assert r"my\_exp" in tex and r"50\% of runs\_x \& more" in tex
+
+
+def _markdown_rows(md):
+    lines = [line for line in md.splitlines() if line.startswith("|")][2:]  # skip header and rule
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+
