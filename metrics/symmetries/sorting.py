@@ -5,7 +5,11 @@ the first input channel for convs), ``max``, ``mean``, ``lexicographic`` (NodeSo
 incoming weight vectors in lexicographic order) and ``bias`` (bias ordering, seed 000).
 Groups are sorted in forward order so that "first input" is itself already canonical. In a
 grouped structure the units are sorted within each block and the blocks by their smallest
-key; followers take their leader's block order. Ties keep the original order (stable sort).
+key; followers take their leader's block order. Keys equal up to rounding (relative
+``TIE_RTOL`` of the sample's largest key: a unit with a single input has normalised weight
++-1 up to an ulp) are ties, broken lexicographically by the unit's whole incoming weights,
+then its bias (compared at the same precision); units equal in all of these keep their
+order (stable sort), so only such exactly redundant units are left ambiguous.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from metrics.symmetries.engine import SampleSet, compose, complete_followers, id
 from metrics.symmetries.spec import SymmetrySpec, UnitGroup, check_sample_set, topological
 
 SORT_KEYS = ("first", "max", "mean", "lexicographic", "bias")
+TIE_RTOL = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
 def sort_order(spec: SymmetrySpec) -> list[UnitGroup]:
@@ -30,26 +35,47 @@ def sort_order(spec: SymmetrySpec) -> list[UnitGroup]:
     return [spec.group(n) for n in names]
 
 
+def _quantized(values: torch.Tensor, rtol: float) -> torch.Tensor:
+    """``values [S, n, ...]`` rounded to a grid of ``rtol`` times each sample's largest |value|."""
+    dims = tuple(range(1, values.dim()))
+    step = values.abs().amax(dim=dims, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny) * rtol
+    return torch.round(values / step)
+
+
 def unit_keys(sample_set: Mapping[str, torch.Tensor], group: UnitGroup, key: str = "first") -> torch.Tensor:
-    """Sorting key ``[S, n]`` of each unit of ``group`` (``lexicographic``: the unit's rank)."""
+    """Sorting key ``[S, n]`` (float64) of each unit of ``group``, rounded to ``TIE_RTOL``. In
+    samples where the rounded key has ties it is replaced by the unit's rank in lexicographic
+    order of (key, incoming weights, bias); ``lexicographic`` is that rank without the key."""
+    incoming = next(ax for sc in group.scalings for ax in sc.incoming if ax.key == group.sort_key)
+    weights = sample_set[group.sort_key]
+    rtol = TIE_RTOL.get(weights.dtype, 1e-9)
+    rows = unit_slices(weights, incoming, group.size).to(torch.float64)
     if key == "bias":
         if group.bias is None:
             raise ValueError(f"sort key 'bias': group {group.name!r} has no bias; use one of first, max, mean, lexicographic")
-        return sample_set[group.bias]
-    incoming = next(ax for sc in group.scalings for ax in sc.incoming if ax.key == group.sort_key)
-    rows = unit_slices(sample_set[group.sort_key], incoming, group.size)
-    if key == "first":
-        return rows[:, :, 0]
-    if key == "max":
-        return rows.amax(dim=2)
-    if key == "mean":
-        return rows.mean(dim=2)
-    if key == "lexicographic":
-        ranks = np.empty(rows.shape[:2], dtype=np.int64)
-        for s, unit_rows in enumerate(rows.detach().cpu().numpy()):
-            ranks[s, np.lexsort(unit_rows.T[::-1])] = np.arange(group.size)
-        return torch.from_numpy(ranks)
-    raise ValueError(f"unknown sort key {key!r}; expected one of {', '.join(SORT_KEYS)}")
+        primary = sample_set[group.bias].to(torch.float64)
+    elif key == "first":
+        primary = rows[:, :, 0]
+    elif key == "max":
+        primary = rows.amax(dim=2)
+    elif key == "mean":
+        primary = rows.mean(dim=2)
+    elif key == "lexicographic":
+        primary = torch.zeros(rows.shape[:2], dtype=torch.float64)
+    else:
+        raise ValueError(f"unknown sort key {key!r}; expected one of {', '.join(SORT_KEYS)}")
+    primary = _quantized(primary, rtol)
+    ordered = primary.sort(dim=1).values
+    tied = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
+    if not bool(tied.any()):
+        return primary
+    bias = sample_set[group.bias].to(torch.float64) if group.bias is not None else torch.zeros_like(primary)
+    columns = torch.cat([primary[:, :, None], _quantized(rows, rtol), _quantized(bias, rtol)[:, :, None]], dim=2)
+    out = primary.clone()
+    for s in tied.nonzero().flatten().tolist():
+        order = np.lexsort(columns[s].cpu().numpy().T[::-1])
+        out[s, torch.from_numpy(order)] = torch.arange(group.size, dtype=torch.float64)
+    return out
 
 
 def sorting_permutation(keys: torch.Tensor, group: UnitGroup) -> torch.Tensor:

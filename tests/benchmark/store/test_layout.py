@@ -1,0 +1,39 @@
+import pytest
+
+from benchmark.store import ExperimentStore, StoreError, try_lock
+from benchmark.store.layout import _compact
+
+
+def test_paths_seeds_and_failures(tmp_path):
+    store = ExperimentStore(tmp_path, "exp")
+    store.ensure_writable()
+    assert store.checkpoint_path(42).name == "seed_000042.safetensors"
+    store.checkpoint_path(3).write_bytes(b"x")
+    store.record_failure(5, {"reason": "dead units"})
+    assert store.completed_seeds() == [3]
+    assert store.failed_seeds() == {5: {"seed": 5, "reason": "dead units"}}
+    with pytest.raises(StoreError, match=r"no checkpoint for seeds 4-6, 9"):
+        store.checkpoint_paths([3, 4, 5, 6, 9])
+    with pytest.raises(ValueError, match="reason"):
+        store.record_failure(1, {})
+
+
+def test_unwritable_store_names_the_option(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StoreError, match=r"store=.*file/sub: cannot write.*Not a directory.*store=/path/to/store"):
+        ExperimentStore(blocker / "sub", "exp").ensure_writable()
+
+
+def test_locks_are_exclusive_and_released(tmp_path):
+    lock = tmp_path / "x.lock"
+    with try_lock(lock) as first:
+        assert first
+        with try_lock(lock) as second:
+            assert not second
+    with try_lock(lock) as again:
+        assert again
+
+
+def test_compact_ranges():
+    assert _compact([7, 1, 2, 3, 5]) == "1-3, 5, 7"

@@ -1,0 +1,49 @@
+import math
+
+import pytest
+import torch
+
+from benchmark.experiment import Experiment, threads_per_job
+from benchmark.stages.zoo import train_seed
+from benchmark.training import NonFiniteError, Recipe, learning_rate
+from tests.conftest import compose_config
+
+
+def test_recipe_from_config_and_schedules():
+    r = Recipe.from_config(compose_config([]).train)
+    assert (r.epochs, r.batch_size, r.lr, r.momentum, r.milestones, r.gamma) == (30, 32, 0.05, 0.9, (8, 15), 0.5)
+    assert (r.fail_epoch, r.fail_below) == (3, 0.15)
+    assert [learning_rate(r, e) for e in (0, 7, 8, 14, 15, 29)] == [0.05, 0.05, 0.025, 0.025, 0.0125, 0.0125]
+    cos = Recipe(epochs=4, batch_size=1, lr=1.0, schedule="cosine")
+    assert [round(learning_rate(cos, e), 6) for e in range(4)] == [1.0, round(0.5 * (1 + math.cos(math.pi / 4)), 6), 0.5, round(0.5 * (1 + math.cos(3 * math.pi / 4)), 6)]
+    with pytest.raises(ValueError, match="train.schedule: unknown schedule 'step'"):
+        Recipe(epochs=1, batch_size=1, lr=1.0, schedule="step")
+    with pytest.raises(ValueError, match="must be positive"):
+        Recipe(epochs=0, batch_size=1, lr=1.0)
+
+
+def test_same_seed_gives_bit_identical_weights(tiny_cfg):
+    exp = Experiment(tiny_cfg)
+    a, b = train_seed(exp, 7), train_seed(exp, 7)
+    c = train_seed(exp, 8)
+    assert a.state_dict.keys() == b.state_dict.keys()
+    assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+    assert not all(torch.equal(a.state_dict[k], c.state_dict[k]) for k in a.state_dict)
+    assert a.test_accuracy == b.test_accuracy
+
+
+def test_divergence_raises_and_non_convergence_is_reported(tiny_cfg):
+    tiny_cfg.train.lr = 1e9
+    with pytest.raises(NonFiniteError, match="seed 0, epoch 1"):
+        train_seed(Experiment(tiny_cfg), 0)
+    tiny_cfg.train.lr = 0.05
+    tiny_cfg.train.fail_rule.min_accuracy = 1.01
+    result = train_seed(Experiment(tiny_cfg), 0)
+    assert result.failure and "< 1.01 after epoch 1" in result.failure and result.epochs_run == 1
+
+
+def test_threads_per_job(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert threads_per_job("auto", 2) == 4 and threads_per_job("auto", 16) == 1 and threads_per_job(3, 1) == 3
+    with pytest.raises(ValueError, match="threads=0"):
+        threads_per_job(0, 1)

@@ -1,0 +1,121 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from benchmark.experiment import Experiment
+from benchmark.stages.zoo import TrainingDivergedError, parse_seed_range, run_zoo
+from benchmark.store import load_checkpoint
+from benchmark.store.atomic import is_temp_file
+from tests.conftest import REPO, TINY_TRAIN
+
+
+def test_zoo_trains_records_failures_and_resumes(tiny_cfg):
+    exp = Experiment(tiny_cfg)
+    first = run_zoo(exp, 0, 6)
+    store = exp.store
+    assert sorted(first.trained + first.failed) == list(range(6))
+    assert store.completed_seeds() == sorted(first.trained) and sorted(store.failed_seeds()) == sorted(first.failed)
+    for seed in first.trained:
+        state, meta = load_checkpoint(store.checkpoint_path(seed), exp.model())
+        assert json.loads(meta["seed"]) == seed and meta["experiment"] == "digits_optunet"
+        assert meta["config_hash"] == exp.config_hash and 0 <= float(meta["test_accuracy"]) <= 1
+        assert "torch" in json.loads(meta["versions"])
+    for seed, record in store.failed_seeds().items():
+        assert "did not converge" in record["reason"]
+    again = run_zoo(exp, 0, 6)
+    assert again.trained == [] and again.failed == [] and sorted(again.skipped_done) == list(range(6))
+    assert "failure rate" in again.describe(0, 6)
+
+
+def test_diverging_seed_is_not_stored(tiny_cfg):
+    tiny_cfg.train.lr = 1e9
+    exp = Experiment(tiny_cfg)
+    with pytest.raises(TrainingDivergedError, match="NaN/Inf and were not stored: seed 0: .*loss became nan"):
+        run_zoo(exp, 0, 1)
+    assert exp.store.completed_seeds() == [] and exp.store.failed_seeds() == {}
+
+
+@pytest.mark.parametrize("start, stop, message", [(5, 2, "start <= stop"), (-1, 3, "non-negative"), ("a", 3, "integers")])
+def test_bad_seed_ranges(start, stop, message):
+    with pytest.raises(ValueError, match=message):
+        parse_seed_range(start, stop)
+
+
+def _cli(*args, **kwargs):
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmark", *args, "hydra.run.dir=" + str(kwargs.pop("run_dir"))],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
+    )
+
+
+def _output(proc, timeout=240):
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["stage=train"], "stage='train': unknown stage; expected one of zoo"),
+        (["stage=zoo", "zoo.start=4", "zoo.stop=2"], "zoo.start=4 > zoo.stop=2"),
+        (["stage=zoo", "store=/proc/version/x"], "store=/proc/version/x: cannot write"),
+    ],
+)
+def test_cli_bad_input_exits_non_zero_with_a_clear_message(tmp_path, args, message):
+    code, out = _output(_cli(*args, run_dir=tmp_path / "run"))
+    assert code != 0 and message in out, out
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_with_every_seed_present_and_no_partial_file(tmp_path):
+    store = tmp_path / "store"
+    args = ["stage=zoo", f"store={store}", "zoo.start=0", "zoo.stop=5", "train.epochs=4", "train.fail_rule.epoch=1"]
+    proc = _cli(*args, run_dir=tmp_path / "r1")
+    zoo = store / "digits_optunet" / "zoo"
+    deadline = time.time() + 180
+    while time.time() < deadline and not any(zoo.glob("seed_*.safetensors")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # mid-training of a later seed, possibly mid-write
+    proc.communicate()
+    done_before = {p.name for p in zoo.glob("seed_*.safetensors")}
+    assert done_before, "the first run was killed before it stored anything"
+    code, out = _output(_cli(*args, run_dir=tmp_path / "r2"))
+    assert code == 0, out
+    names = {p.name for p in zoo.iterdir() if p.is_file()}
+    failed = {p.name for p in (zoo / "failed").iterdir()}
+    seeds = {n.split(".")[0] for n in names | failed if not is_temp_file(zoo / n)}
+    assert seeds == {f"seed_{s:06d}" for s in range(5)}
+    assert not [n for n in names | failed if n.startswith(".")], "temp files left behind"
+    model_cfg = __import__("benchmark.models", fromlist=["optunet"]).optunet()
+    for name in names:
+        load_checkpoint(zoo / name, model_cfg)
+
+
+@pytest.mark.slow
+def test_two_processes_with_overlapping_ranges_share_the_work(tmp_path):
+    store = tmp_path / "store"
+    common = [f"store={store}", "stage=zoo", *TINY_TRAIN]
+    a = _cli(*common, "zoo.start=0", "zoo.stop=6", run_dir=tmp_path / "a")
+    b = _cli(*common, "zoo.start=2", "zoo.stop=8", run_dir=tmp_path / "b")
+    (code_a, out_a), (code_b, out_b) = _output(a), _output(b)
+    assert code_a == 0 and code_b == 0, out_a + out_b
+    zoo = store / "digits_optunet" / "zoo"
+    stored = sorted(p.name for p in zoo.glob("seed_*.safetensors")) + sorted(p.name for p in (zoo / "failed").iterdir())
+    assert sorted(s.split(".")[0] for s in stored) == [f"seed_{s:06d}" for s in range(8)]  # each seed exactly once
+
+    def worked(out):
+        line = next(l for l in out.splitlines() if "this run trained" in l)
+        trained = int(line.split("this run trained ")[1].split(",")[0])
+        failed = int(line.split("recorded ")[1].split(" failures")[0])
+        return trained + failed
+
+    assert worked(out_a) + worked(out_b) == 8, "a seed was trained twice"
+    state, _ = load_checkpoint(next(zoo.glob("seed_*.safetensors")))
+    assert all(torch.isfinite(v).all() for v in state.values())

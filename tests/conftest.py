@@ -1,0 +1,26 @@
+"""Shared test helpers: compose the real Hydra config with overrides."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+REPO = Path(__file__).resolve().parent.parent
+CONF_DIR = REPO / "conf"
+
+# A recipe small enough for tests: 2 epochs of the digits recipe, convergence rule at epoch 1.
+TINY_TRAIN = ["train.epochs=2", "train.milestones=[1]", "train.fail_rule.epoch=1"]
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The project's config with ``overrides`` applied (as on the command line)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path) -> DictConfig:
+    """digits/OptuNet config with a 2-epoch recipe and a store in a temp folder."""
+    return compose_config([f"store={tmp_path / 'store'}", *TINY_TRAIN])

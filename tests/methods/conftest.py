@@ -1,0 +1,64 @@
+"""Shared fixtures of the method tests: a tiny digits/OptuNet experiment and a few trained bases.
+
+``tiny_exp``    an ``Experiment`` on digits/OptuNet with ``train.epochs=2`` and a session tmp store;
+                its held-out seed range ``[100000, 100008)`` is trained into the store (the zoo stage).
+``tiny_bases``  ``[(seed, state_dict), ...]`` of the converged held-out checkpoints of that store.
+``compose_tiny`` ``compose_tiny(store, *overrides) -> DictConfig``: the same tiny config with more overrides.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from benchmark.experiment import Experiment
+from benchmark.stages.zoo import run_zoo
+from benchmark.store import load_checkpoint
+
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+HELDOUT = (100000, 100008)
+# 2 epochs, the OptuMNIST non-convergence rule moved to epoch 2 so dead seeds are still recorded as failed.
+TINY_OVERRIDES = (
+    "experiment=digits_optunet",
+    "device=cpu",
+    "train.epochs=2",
+    "train.fail_rule.epoch=2",
+    f"heldout.start={HELDOUT[0]}",
+    f"heldout.stop={HELDOUT[1]}",
+    "zoo.start=0",
+    "zoo.stop=0",
+)
+
+
+def compose_config(store: Path, *overrides: str) -> DictConfig:
+    """The tiny test config with the store at ``store`` and extra Hydra ``overrides``."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=[*TINY_OVERRIDES, f"store={store}", *overrides])
+
+
+@pytest.fixture(scope="session")
+def compose_tiny() -> Callable[..., DictConfig]:
+    """``compose_tiny(store, *overrides)``: build a tiny test config (see ``compose_config``)."""
+    return compose_config
+
+
+@pytest.fixture(scope="session")
+def tiny_exp(tmp_path_factory: pytest.TempPathFactory) -> Experiment:
+    """Tiny digits/OptuNet experiment whose store holds the trained held-out seeds (session-wide)."""
+    exp = Experiment(compose_config(tmp_path_factory.mktemp("tiny_store")))
+    exp.configure_backends()
+    run_zoo(exp, *HELDOUT)
+    return exp
+
+
+@pytest.fixture(scope="session")
+def tiny_bases(tiny_exp: Experiment) -> list[tuple[int, dict[str, torch.Tensor]]]:
+    """``(seed, state_dict)`` of every converged held-out checkpoint of ``tiny_exp`` (>= 3)."""
+    store = tiny_exp.store
+    seeds = [s for s in store.completed_seeds() if HELDOUT[0] <= s < HELDOUT[1]]
+    assert len(seeds) >= 3, f"tiny zoo: only {len(seeds)} of the held-out seeds {HELDOUT} converged"
+    return [(s, load_checkpoint(store.checkpoint_path(s), tiny_exp.model())[0]) for s in seeds]
