@@ -9,14 +9,19 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# The zoo and the sample stage are sharded over $(JOBS) local processes by Hydra's joblib
+# launcher (one torch thread each); the final run finds that work done and does the rest.
+JOBS ?= 2
+HYDRA_MULTI := $(PY) -m benchmark -m experiment=$(EXPERIMENT) cluster.parallel_jobs=$(JOBS)
 benchmark: $(STAMP)
-	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all
+	$(HYDRA_MULTI) stage=zoo zoo.num_shards=$(JOBS) 'zoo.shard=range($(JOBS))'
+	$(HYDRA_MULTI) stage=zoo zoo.num_shards=$(JOBS) 'zoo.shard=range($(JOBS))' 'zoo.start=$${heldout.start}' 'zoo.stop=$${heldout.stop}'
+	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all cluster.parallel_jobs=1
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

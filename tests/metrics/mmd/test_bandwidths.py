@@ -18,7 +18,7 @@ def test_regular_branch_matches_a_hand_computation():
 
 def test_small_minimum_uses_the_five_percent_order_statistic():
     # 40 values: index floor(40 * 0.05) = 2 of the sorted list, i.e. 0.4 (>= 0.1 so kept)
-    d = torch.tensor([0.0, 0.01, 0.4] + [1.0 + i for i in range(37)])
+    d = torch.tensor([0.0, 0.01, 0.4] + [1.0 + i for i in range(37)], dtype=torch.float64)
     grid = bandwidth_grid(d)
     assert grid[0] == pytest.approx(0.2, rel=1e-15)
     assert grid[-1] == pytest.approx(2 * 37.0, rel=1e-15)
@@ -26,7 +26,7 @@ def test_small_minimum_uses_the_five_percent_order_statistic():
 
 
 def test_small_order_statistic_is_floored_at_one_tenth():
-    d = torch.tensor([0.0, 0.0, 0.0, 0.05, 0.2])  # floor(5 * 0.05) = 0 -> 0.0 -> floored to 0.1
+    d = torch.tensor([0.0, 0.0, 0.0, 0.05, 0.2], dtype=torch.float64)  # floor(5 * 0.05) = 0 -> 0.0 -> floored to 0.1
     grid = bandwidth_grid(d)
     assert grid[0] == pytest.approx(0.05, rel=1e-15)
     assert grid[-1] == pytest.approx(0.6, rel=1e-15)  # max 0.2 < 0.3 floor

@@ -1,0 +1,189 @@
+"""Evaluate stage: for every method x mode in the store, raw and symmetry-free (NS) MMD against
+the reference zoo plus the predictive metrics, into ``results/<experiment>/metrics.csv``.
+
+The reference (converged zoo seeds in ``[zoo.start, reference.stop)``) is canonicalised once
+and cached in ``store/<experiment>/reference/`` with its ensemble predictive; each row is
+cached in ``store/<experiment>/eval/`` keyed by the files it was computed from, so a second
+run recomputes nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from benchmark.cli import register_stage
+from benchmark.experiment import Experiment
+from benchmark.store import (
+    CheckpointError,
+    StoreError,
+    atomic_path,
+    atomic_write_text,
+    load_checkpoints_as_sample_set,
+    load_sample_set,
+    read_metadata,
+    save_sample_set,
+    validate_tensors,
+)
+from methods.base import predict_with_weights
+from methods.registry import METHOD_NAMES
+from metrics.mmd import mmd_table
+from metrics.predictive import predictive_metrics
+from metrics.symmetries import canonicalize, spec_for_model
+
+log = logging.getLogger(__name__)
+MODES = ("one", "multi")
+COLUMNS = [
+    "experiment", "method", "mode", "status", "reason", "n_samples",
+    "mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max",
+    "acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv",
+]
+
+
+def reference_seeds(exp: Experiment) -> list[int]:
+    """Converged zoo seeds of the reference range ``[zoo.start, reference.stop)``."""
+    start, stop = int(exp.cfg.zoo.start), int(exp.cfg.reference.stop)
+    return [s for s in exp.store.completed_seeds() if start <= s < stop]
+
+
+def available_rows(exp: Experiment) -> list[tuple[str, str]]:
+    """(method, mode) pairs whose sample set and predictions are both in the store."""
+    store = exp.store
+    return [
+        (m, mode) for m in METHOD_NAMES for mode in MODES
+        if store.samples_path(m, mode).is_file() and store.preds_path(m, mode).is_file()
+    ]
+
+
+def describe_store(exp: Experiment) -> str:
+    """One line per store folder, for error messages."""
+    store = exp.store
+    parts = [f"{len(store.completed_seeds())} zoo checkpoints"]
+    for folder in (store.samples_dir, store.preds_dir):
+        names = sorted(p.name for p in folder.glob("*.safetensors")) if folder.is_dir() else []
+        parts.append(f"{folder}: {', '.join(names) if names else 'nothing'}")
+    return "; ".join(parts)
+
+
+def _fingerprint(paths: list[Path], extra: Any) -> str:
+    h = hashlib.sha256(json.dumps(extra, sort_keys=True).encode())
+    for p in paths:
+        st = p.stat()
+        h.update(f"{p}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:20]
+
+
+class Reference:
+    """The reference zoo as a sample set, its canonical form and its ensemble predictive (cached)."""
+
+    def __init__(self, exp: Experiment, steps: list[str]) -> None:
+        self.exp = exp
+        self.seeds = reference_seeds(exp)
+        if len(self.seeds) < 2:
+            raise StoreError(
+                f"{exp.store.zoo_dir}: the reference needs at least 2 converged checkpoints in "
+                f"[{exp.cfg.zoo.start}, {exp.cfg.reference.stop}), found {len(self.seeds)}; run "
+                f"python -m benchmark stage=zoo experiment={exp.name} zoo.start={exp.cfg.zoo.start} zoo.stop={exp.cfg.reference.stop}"
+            )
+        self.folder = exp.store.base / "reference"
+        self.key = _fingerprint([], {"seeds": self.seeds, "steps": steps, "hash": exp.config_hash})
+        self.steps = steps
+        self.model = exp.model().to(exp.device)
+        self.spec = spec_for_model(exp.model())
+
+    def _cached(self, name: str, build) -> dict[str, torch.Tensor]:
+        path = self.folder / f"{name}.safetensors"
+        if path.is_file() and read_metadata(path).get("key") == self.key:
+            return load_sample_set(path)
+        value = build()
+        save_sample_set(path, value, {"key": self.key, "experiment": self.exp.name, "seeds": self.seeds})
+        return value
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Reference sample set ``{key: [R, ...]}`` (validated against the model)."""
+        def build():
+            paths = self.exp.store.checkpoint_paths(self.seeds)
+            zoo = load_checkpoints_as_sample_set(paths)
+            validate_tensors(zoo, self.exp.model(), source=str(self.exp.store.zoo_dir), leading=1)
+            return zoo
+        return self._cached("zoo", build)
+
+    def canonical(self) -> dict[str, torch.Tensor]:
+        """Symmetry-free reference ``{key: [R, ...]}``, computed once."""
+        return self._cached("canonical", lambda: canonicalize(self.weights(), self.spec, self.steps)[0])
+
+    def predictive(self) -> torch.Tensor:
+        """Zoo-ensemble predictive on the ID test set ``[N, C]``."""
+        def build():
+            probs = predict_with_weights(self.model, self.weights(), self.exp.test_tensors[0])
+            return {"id": probs.double().mean(0, keepdim=True)}
+        return self._cached("predictive", build)["id"][0]
+
+
+def evaluate_row(exp: Experiment, ref: Reference, method: str, mode: str) -> dict[str, Any]:
+    """One metrics.csv row; a method whose samples or predictions are unusable is marked failed."""
+    store = exp.store
+    row: dict[str, Any] = {"experiment": exp.name, "method": method, "mode": mode, "status": "ok", "reason": ""}
+    samples_path, preds_path = store.samples_path(method, mode), store.preds_path(method, mode)
+    for path in (samples_path, preds_path):
+        got = read_metadata(path).get("experiment")
+        if got != exp.name:
+            raise StoreError(f"{path}: holds samples of experiment {got!r}, expected {exp.name!r}; the store holds: {describe_store(exp)}")
+    try:
+        samples = load_sample_set(samples_path)
+        validate_tensors(samples, exp.model(), source=str(samples_path), leading=1)
+        preds = load_sample_set(preds_path, ["id", "ood"])
+        row["n_samples"] = int(next(iter(samples.values())).shape[0])
+        metrics = predictive_metrics(preds["id"], exp.test_tensors[1], preds["ood"], reference_id=ref.predictive())
+    except (CheckpointError, ValueError) as err:
+        log.error("%s/%s marked failed: %s", method, mode, err)
+        return {**row, "status": "failed", "reason": str(err)}
+    device = exp.device
+    raw = mmd_table(ref.weights(), samples, device=device).aggregate
+    ns = mmd_table(ref.canonical(), canonicalize(samples, ref.spec, ref.steps)[0], device=device).aggregate
+    row.update({f"mmd_{k}": raw[k] for k in ("median", "mean", "max")})
+    row.update({f"ns_mmd_{k}": ns[k] for k in ("median", "mean", "max")})
+    row.update(metrics)
+    return row
+
+
+def run_evaluate(exp: Experiment) -> pd.DataFrame:
+    """Evaluate every (method, mode) present in the store; write ``results/<exp>/metrics.csv``."""
+    rows = available_rows(exp)
+    if not rows:
+        raise StoreError(f"nothing to evaluate for {exp.name}: no sample set with predictions; the store holds: {describe_store(exp)}")
+    steps = list(exp.cfg.get("evaluate", {}).get("canonical_steps", ["scale", "sort", "softmax"]))
+    ref = Reference(exp, steps)
+    cache_dir = exp.store.base / "eval"
+    out = []
+    for method, mode in tqdm(rows, desc=f"evaluate {exp.name}", unit="row", dynamic_ncols=True):
+        key = _fingerprint([exp.store.samples_path(method, mode), exp.store.preds_path(method, mode)], ref.key)
+        cached = cache_dir / f"{method}_{mode}.json"
+        if cached.is_file() and json.loads(cached.read_text()).get("key") == key:
+            out.append(json.loads(cached.read_text())["row"])
+            continue
+        row = evaluate_row(exp, ref, method, mode)
+        atomic_write_text(cached, json.dumps({"key": key, "row": row}, default=_jsonable))
+        out.append(row)
+    df = pd.DataFrame(out).reindex(columns=COLUMNS)
+    path = Path(str(exp.cfg.results)) / exp.name / "metrics.csv"
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=False, float_format="%.8g")
+    log.info("wrote %s (%d rows, reference of %d checkpoints)", path, len(df), len(ref.seeds))
+    return df
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return float(value)
+
+
+register_stage("evaluate", run_evaluate)

@@ -1,0 +1,247 @@
+"""SGHMC started from a trained checkpoint (one-mode only), with `posteriors`' SGHMC update.
+
+The update is Chen et al. (2014) as implemented by ``posteriors.sgmcmc.sghmc`` (unit mass,
+no gradient-noise correction), on the per-example log posterior
+``log p(theta | batch) / N = -mean NLL(batch) - weight_decay / 2 * |theta|^2`` at temperature
+``temperature / N``, i.e. the chain targets ``p(theta | D)^(1/temperature)`` with the Gaussian
+prior of precision ``N * weight_decay`` that the L2-regularised training implies. Per step:
+``theta += lr * m``; ``m += lr * grad - lr * friction * m + N(0, 2 * friction * lr * T)``,
+i.e. SGD with learning rate ``lr^2`` and momentum ``1 - lr * friction`` plus Langevin noise.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from benchmark.data import InMemoryImageDataset
+from benchmark.store import SampleSet, stack_state_dicts
+from benchmark.training import NonFiniteError, iterate_batches, seeded
+from methods.base import MethodConfigError, PosteriorMethod, predict_with_weights
+
+with warnings.catch_warnings():  # tensordict warns about its dataclass defaults at import
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    from posteriors.sgmcmc import sghmc
+
+LogPosterior = Callable[[Mapping[str, torch.Tensor], Any], tuple[torch.Tensor, Any]]
+
+
+@dataclass(frozen=True)
+class Chain:
+    """An SGHMC chain on ``log_posterior(params, batch) -> (value, aux)`` (``posteriors``' form).
+
+    ``lr`` is the step size, ``friction`` the friction alpha, ``temperature`` the temperature
+    of the (unnormalised) target ``exp(log_posterior / temperature)``.
+    """
+
+    log_posterior: LogPosterior
+    lr: float
+    friction: float
+    temperature: float
+
+    def start(self, params: Mapping[str, torch.Tensor]) -> sghmc.SGHMCState:
+        """Initial state: a copy of ``params`` (``{name: tensor}``) with zero momenta."""
+        return sghmc.init({k: v.detach().clone() for k, v in params.items()}, momenta=0.0)
+
+    def run(self, state: sghmc.SGHMCState, batches: Iterator[Any], steps: int, where: str) -> sghmc.SGHMCState:
+        """Advance ``state`` in place by ``steps`` updates, one batch of ``batches`` each.
+
+        Noise comes from torch's global RNG. A non-finite log posterior or parameter raises
+        ``NonFiniteError`` naming ``where`` and the step.
+        """
+        for step in range(steps):
+            state, _ = sghmc.update(
+                state, next(batches), self.log_posterior, lr=self.lr, alpha=self.friction,
+                temperature=self.temperature, inplace=True,
+            )
+            if not bool(torch.isfinite(state.log_posterior)):
+                raise NonFiniteError(f"{where}: log posterior became {float(state.log_posterior)} at step {step + 1}")
+        for name, value in state.params.items():
+            if not bool(torch.isfinite(value).all()):
+                raise NonFiniteError(f"{where}: parameter {name!r} became NaN/Inf")
+        return state
+
+    def thinned(
+        self, state: sghmc.SGHMCState, batches: Iterator[Any], n: int, thinning: int, where: str
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """Run ``n * thinning`` more steps from ``state`` (in place); yield a copy of the
+        parameters after every ``thinning`` steps (``n`` states)."""
+        for i in range(n):
+            state = self.run(state, batches, thinning, f"{where}, kept state {i + 1}")
+            yield {k: v.detach().clone() for k, v in state.params.items()}
+
+
+def copy_state(state: sghmc.SGHMCState) -> sghmc.SGHMCState:
+    """An independent copy of an SGHMC state (parameters and momenta)."""
+    return sghmc.SGHMCState(
+        {k: v.clone() for k, v in state.params.items()}, {k: v.clone() for k, v in state.momenta.items()}
+    )
+
+
+def network_log_posterior(model: nn.Module, buffers: Mapping[str, torch.Tensor], weight_decay: float) -> LogPosterior:
+    """Per-example log posterior of ``model`` (run in eval mode with ``buffers``):
+    ``(params, (images [B, ...], labels [B])) -> (-mean NLL - weight_decay/2 |params|^2, logits [B, C])``."""
+    model.eval()
+
+    def log_posterior(params: Mapping[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor]):
+        images, labels = batch
+        logits = functional_call(model, ({**params, **buffers},), (images,))
+        log_prior = -0.5 * weight_decay * sum((p**2).sum() for p in params.values())
+        return -F.cross_entropy(logits, labels) + log_prior, logits
+
+    return log_posterior
+
+
+def endless_batches(
+    dataset: InMemoryImageDataset, batch_size: int, generator: torch.Generator, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Shuffled minibatches ``(images [B, ...], labels [B])``, epoch after epoch, order from ``generator``."""
+    while True:
+        yield from iterate_batches(dataset, batch_size, generator, device)
+
+
+@dataclass(frozen=True)
+class SGHMCSettings:
+    """Validated ``methods.sghmc`` settings; burn-in and thinning in steps."""
+
+    lr: float
+    friction: float
+    temperature: float
+    weight_decay: float
+    batch_size: int
+    burn_in: int
+    thinning: int
+
+
+class SGHMCMethod(PosteriorMethod):
+    """One SGHMC chain from the base checkpoint on the un-augmented train set.
+
+    ``fit(base, seed)`` runs the burn-in from ``base`` (noise and data order from ``seed``)
+    and keeps the burnt-in state. ``sample(n, generator)`` continues a copy of that state for
+    ``n * thinning`` steps under one seed drawn from ``generator`` and returns every
+    ``thinning``-th state; ``predict_own`` re-runs the same continuation (deterministic given
+    the seed) and predicts with each kept state, so the two correspond for same-seeded
+    generators. The network runs in eval mode: BatchNorm uses the base's running statistics,
+    which stay fixed, so the target is the posterior of the network as it predicts.
+    """
+
+    name = "sghmc"
+    modes = ("one",)
+
+    def __init__(self, exp, settings: Mapping[str, Any]) -> None:
+        super().__init__(exp, settings)
+        self._state: sghmc.SGHMCState | None = None
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._model: nn.Module | None = None
+        self._train: InMemoryImageDataset | None = None
+
+    def check(self, mode: str) -> None:
+        if mode not in self.modes:
+            raise MethodConfigError(
+                f"method=sghmc mode={mode}: SGHMC runs one chain from one trained checkpoint (the paper uses it "
+                f"one-mode only); use mode=one"
+            )
+        self._settings()
+
+    def _settings(self) -> SGHMCSettings:
+        s, recipe = self.settings, self.exp.recipe
+
+        def number(key: str, default: Any = None, positive: bool = True) -> float:
+            value = s.get(key, default)
+            if value is None:
+                raise MethodConfigError(f"methods.sghmc.{key}: missing; expected a number")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
+                value <= 0 if positive else value < 0
+            ):
+                raise MethodConfigError(f"methods.sghmc.{key}={value!r}: expected a {'positive' if positive else 'non-negative'} number")
+            return float(value)
+
+        batch_size = s.get("batch_size")
+        if batch_size is None:
+            batch_size = recipe.batch_size
+        elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise MethodConfigError(f"methods.sghmc.batch_size={batch_size!r}: expected a positive integer or null (= train.batch_size)")
+        weight_decay = recipe.weight_decay if s.get("weight_decay") is None else number("weight_decay", positive=False)
+        steps_per_epoch = math.ceil(len(self._train_data()) / batch_size)
+        return SGHMCSettings(
+            lr=number("lr"),
+            friction=number("friction"),
+            temperature=number("temperature", 1.0),
+            weight_decay=weight_decay,
+            batch_size=batch_size,
+            burn_in=math.ceil(number("burn_in_epochs", positive=False) * steps_per_epoch),
+            thinning=max(1, math.ceil(number("thinning_epochs") * steps_per_epoch)),
+        )
+
+    def _train_data(self) -> InMemoryImageDataset:
+        """The un-augmented train split in memory: the data the posterior conditions on."""
+        if self._train is None:
+            self._train = InMemoryImageDataset(*self.exp.train_tensors)
+        return self._train
+
+    def _chain(self, settings: SGHMCSettings) -> Chain:
+        assert self._model is not None
+        n = len(self._train_data())
+        return Chain(
+            network_log_posterior(self._model, self._buffers, settings.weight_decay),
+            lr=settings.lr, friction=settings.friction, temperature=settings.temperature / n,
+        )
+
+    def _batches(self, settings: SGHMCSettings, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        generator = torch.Generator().manual_seed(seed)
+        return endless_batches(self._train_data(), settings.batch_size, generator, self.exp.device)
+
+    def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
+        """Burn in a chain started at ``base`` (plain state dict); ``seed`` fixes its noise and data order.
+
+        NaN/Inf raises ``NonFiniteError`` and leaves the method unfitted.
+        """
+        self._state = None
+        settings = self._settings()
+        with seeded(0):  # building a model draws from the global RNG; leave it as it was
+            model = self.exp.model().to(self.exp.device)
+        try:
+            model.load_state_dict(base)
+        except RuntimeError as err:
+            raise ValueError(f"method=sghmc: the base checkpoint does not fit model={self.exp.cfg.model.name}: {err}") from err
+        self._model = model
+        self._buffers = {k: v.detach() for k, v in model.named_buffers()}
+        chain = self._chain(settings)
+        where = f"{self.exp.name} sghmc seed {seed}, burn-in"
+        with seeded(seed):
+            state = chain.run(chain.start(dict(model.named_parameters())), self._batches(settings, seed), settings.burn_in, where)
+        self._state = state
+
+    def _kept_states(self, n: int, generator: torch.Generator) -> Iterator[dict[str, torch.Tensor]]:
+        """The ``n`` kept plain state dicts of the continuation seeded from ``generator``."""
+        if self._state is None:
+            raise RuntimeError("method=sghmc: call fit() before sample() or predict_own()")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"method=sghmc: number of samples must be a positive integer, got {n!r}")
+        settings = self._settings()
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        chain = self._chain(settings)
+        keys = list(self._model.state_dict())
+        with seeded(seed):
+            for params in chain.thinned(copy_state(self._state), self._batches(settings, seed), n, settings.thinning,
+                                        f"{self.exp.name} sghmc sampling"):
+                merged = {**params, **self._buffers}
+                yield {k: merged[k] for k in keys}
+
+    def sample(self, n: int, generator: torch.Generator) -> SampleSet:
+        """``n`` thinned chain states ``{plain key: [n, ...]}`` (CPU); buffers are the base's."""
+        return stack_state_dicts([{k: v.cpu() for k, v in sd.items()} for sd in self._kept_states(n, generator)])
+
+    def predict_own(self, images: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+        """Softmax probabilities ``[n, N, C]`` (float32, CPU) of each kept state of the same
+        continuation ``sample(n, generator)`` returns, predicted as the chain reaches it."""
+        return torch.cat([
+            predict_with_weights(self._model, {k: v[None] for k, v in weights.items()}, images)
+            for weights in self._kept_states(n, generator)
+        ])

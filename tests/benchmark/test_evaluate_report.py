@@ -1,0 +1,109 @@
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from benchmark.experiment import Experiment
+from benchmark.stages.evaluate import COLUMNS, run_evaluate
+from benchmark.stages.report import run_report
+from benchmark.store import StoreError, load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
+from benchmark.training import seeded
+from methods.base import predict_with_weights
+from metrics.mmd import mmd_table
+from metrics.predictive import predictive_metrics
+from tests.conftest import compose_config
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    """A zoo of seeded initialisations (reference seeds 0-7), an 'ensemble' of held-out seeds,
+    and a 'dropout' row with broken predictions. Evaluation does not care whether the networks
+    were trained, and untrained ones keep this fixture fast."""
+    root = tmp_path_factory.mktemp("eval")
+    cfg = compose_config([f"store={root / 'store'}", f"results={root / 'results'}", "reference.stop=8",
+                          "reference.heldout_stop=100006"])
+    exp = Experiment(cfg)
+    store = exp.store
+    store.ensure_writable()
+    for seed in [*range(8), *range(100000, 100006)]:
+        with seeded(seed):
+            state = exp.model().state_dict()
+        save_checkpoint(store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name, "test_accuracy": 0.1})
+    members = [s for s in store.completed_seeds() if s >= 100000]
+    ensemble = load_checkpoints_as_sample_set(store.checkpoint_paths(members))
+    meta = {"experiment": exp.name, "method": "ensemble", "mode": "multi"}
+    save_sample_set(store.samples_path("ensemble", "multi"), ensemble, meta)
+    model = exp.model()
+    preds = {"id": predict_with_weights(model, ensemble, exp.test_tensors[0]),
+             "ood": predict_with_weights(model, ensemble, exp.ood_tensors[0])}
+    save_sample_set(store.preds_path("ensemble", "multi"), preds, meta)
+    bad = {k: v.clone() for k, v in preds.items()}
+    save_sample_set(store.samples_path("dropout", "one"), ensemble, {**meta, "method": "dropout", "mode": "one"})
+    # NaN probabilities cannot be stored (the store refuses non-finite tensors), so a broken
+    # method is simulated with probabilities that do not sum to one.
+    bad["id"] = bad["id"] * 3
+    save_sample_set(store.preds_path("dropout", "one"), bad, {**meta, "method": "dropout", "mode": "one"})
+    return exp, ensemble, preds, members
+
+
+def test_metrics_csv_matches_independent_computation(filled):
+    exp, ensemble, preds, members = filled
+    df = run_evaluate(exp)
+    assert list(df.columns) == COLUMNS
+    row = df.set_index(["method", "mode"]).loc[("ensemble", "multi")]
+    assert row.status == "ok" and row.n_samples == len(members)
+    ref = load_checkpoints_as_sample_set(exp.store.checkpoint_paths([s for s in exp.store.completed_seeds() if s < 8]))
+    expected = mmd_table(ref, ensemble).aggregate
+    assert row.mmd_median == pytest.approx(expected["median"], rel=1e-6, abs=1e-12)
+    assert row.mmd_max == pytest.approx(expected["max"], rel=1e-6, abs=1e-12)
+    ref_pred = predict_with_weights(exp.model(), ref, exp.test_tensors[0]).double().mean(0)
+    m = predictive_metrics(preds["id"], exp.test_tensors[1], preds["ood"], reference_id=ref_pred)
+    for key in ("acc", "ece", "brier", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv"):
+        assert row[key] == pytest.approx(m[key], rel=1e-6, abs=1e-9), key
+    assert not math.isnan(row.ns_mmd_median)
+    failed = df.set_index(["method", "mode"]).loc[("dropout", "one")]
+    assert failed.status == "failed" and "probs_id" in failed.reason and "sum to 1" in failed.reason
+    on_disk = pd.read_csv(exp.cfg.results + "/digits_optunet/metrics.csv")
+    assert len(on_disk) == 2
+
+
+def test_second_run_reuses_cached_rows_and_gives_identical_tables(filled):
+    exp = filled[0]
+    first = run_evaluate(exp)
+    tables = run_report(exp)
+    contents = {p: p.read_text() for p in tables}
+    second = run_evaluate(exp)
+    pd.testing.assert_frame_equal(first, second)
+    run_report(exp)
+    assert {p: p.read_text() for p in tables} == contents
+    names = sorted(p.name for p in tables)
+    assert names == ["table1.csv", "table1.md", "table1.tex", "table2.csv", "table2.md", "table2.tex"]
+    assert "Deep Ensembles" in (tables[0].parent / "table1.md").read_text()
+
+
+def test_evaluate_refuses_an_empty_store_and_foreign_samples(tmp_path):
+    exp = Experiment(compose_config([f"store={tmp_path / 's'}", f"results={tmp_path / 'r'}"]))
+    exp.store.ensure_writable()
+    with pytest.raises(StoreError, match="nothing to evaluate for digits_optunet.*0 zoo checkpoints"):
+        run_evaluate(exp)
+
+
+def test_foreign_experiment_samples_are_refused(filled, tmp_path):
+    exp = filled[0]
+    store = exp.store
+    path = store.samples_path("swag", "one")
+    save_sample_set(path, {k: v[:2] for k, v in filled[1].items()}, {"experiment": "mnist_optunet"})
+    save_sample_set(store.preds_path("swag", "one"), {k: v[:2] for k, v in filled[2].items()}, {"experiment": "mnist_optunet"})
+    try:
+        with pytest.raises(StoreError, match="experiment 'mnist_optunet', expected 'digits_optunet'.*the store holds"):
+            run_evaluate(exp)
+    finally:
+        path.unlink()
+        store.preds_path("swag", "one").unlink()
+
+
+def test_report_without_metrics_names_the_command(tmp_path):
+    exp = Experiment(compose_config([f"results={tmp_path}"]))
+    with pytest.raises(FileNotFoundError, match="stage=evaluate experiment=digits_optunet"):
+        run_report(exp)
