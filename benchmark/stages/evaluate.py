@@ -26,15 +26,19 @@ from benchmark.store import (
     StoreError,
     atomic_path,
     atomic_write_text,
+    iter_checkpoint_batches,
     load_checkpoints_as_sample_set,
     load_sample_set,
     read_metadata,
+    save_checkpoint,
     save_sample_set,
+    seed_name,
+    unstack,
     validate_tensors,
 )
 from methods.base import predict_with_weights
 from methods.registry import METHOD_NAMES
-from metrics.mmd import mmd_table
+from metrics.mmd import mmd_table, mmd_table_from_store
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import canonicalize, spec_for_model
 
@@ -81,7 +85,12 @@ def _fingerprint(paths: list[Path], extra: Any) -> str:
 
 
 class Reference:
-    """The reference zoo as a sample set, its canonical form and its ensemble predictive (cached)."""
+    """The reference zoo, its canonical form and its ensemble predictive, computed once and cached.
+
+    A zoo that fits in ``evaluate.max_in_memory_gb`` is held as one sample set; a larger one
+    (ResNet-18 zoos: ~45 MB per checkpoint) is streamed: MMD reads it layer by layer in column
+    blocks, and the canonical zoo is written checkpoint by checkpoint.
+    """
 
     def __init__(self, exp: Experiment, steps: list[str]) -> None:
         self.exp = exp
@@ -97,6 +106,10 @@ class Reference:
         self.steps = steps
         self.model = exp.model().to(exp.device)
         self.spec = spec_for_model(exp.model())
+        n_params = sum(math.prod(shape) for shape in exp.shapes().values())
+        limit = float(exp.cfg.get("evaluate", {}).get("max_in_memory_gb", 4.0))
+        self.in_memory = len(self.seeds) * n_params * 4 <= limit * 2**30
+        self.batch = max(1, int(limit * 2**30 // (8 * n_params * 4)))
 
     def _cached(self, name: str, build) -> dict[str, torch.Tensor]:
         path = self.folder / f"{name}.safetensors"
@@ -119,12 +132,48 @@ class Reference:
         """Symmetry-free reference ``{key: [R, ...]}``, computed once."""
         return self._cached("canonical", lambda: canonicalize(self.weights(), self.spec, self.steps)[0])
 
+    @property
+    def paths(self) -> list[Path]:
+        return self.exp.store.checkpoint_paths(self.seeds)
+
+    def canonical_paths(self) -> list[Path]:
+        """Streamed mode: one canonical checkpoint per reference seed, written once."""
+        folder = self.folder / f"canonical-{self.key}"
+        todo = [s for s in self.seeds if not (folder / f"{seed_name(s)}.safetensors").is_file()]
+        paths = self.exp.store.checkpoint_paths(todo)
+        for batch_seeds, batch in zip(_chunks(todo, self.batch), iter_checkpoint_batches(paths, self.batch)):
+            canonical = canonicalize(batch, self.spec, self.steps)[0]
+            for i, seed in enumerate(batch_seeds):
+                save_checkpoint(folder / f"{seed_name(seed)}.safetensors", unstack(canonical, i), {"seed": seed})
+        return [folder / f"{seed_name(s)}.safetensors" for s in self.seeds]
+
     def predictive(self) -> torch.Tensor:
         """Zoo-ensemble predictive on the ID test set ``[N, C]``."""
         def build():
-            probs = predict_with_weights(self.model, self.weights(), self.exp.test_tensors[0])
-            return {"id": probs.double().mean(0, keepdim=True)}
+            images = self.exp.test_tensors[0]
+            batches = [self.weights()] if self.in_memory else iter_checkpoint_batches(self.paths, self.batch)
+            total = sum(predict_with_weights(self.model, b, images).double().sum(0) for b in batches)
+            return {"id": (total / len(self.seeds))[None]}
         return self._cached("predictive", build)["id"][0]
+
+    def mmd(self, samples_path: Path, samples: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+        """Aggregate raw and NS MMD (``{median, mean, max}`` each) of a method's samples."""
+        device = self.exp.device
+        canonical = canonicalize(samples, self.spec, self.steps)[0]
+        if self.in_memory:
+            return (mmd_table(self.weights(), samples, device=device).aggregate,
+                    mmd_table(self.canonical(), canonical, device=device).aggregate)
+        canonical_path = samples_path.with_name(f".{samples_path.stem}.canonical.safetensors")
+        save_sample_set(canonical_path, canonical, {"experiment": self.exp.name})
+        try:
+            return (mmd_table_from_store(self.paths, samples_path, device=device).aggregate,
+                    mmd_table_from_store(self.canonical_paths(), canonical_path, device=device).aggregate)
+        finally:
+            canonical_path.unlink()
+
+
+def _chunks(items: list[int], size: int) -> list[list[int]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def evaluate_row(exp: Experiment, ref: Reference, method: str, mode: str) -> dict[str, Any]:
@@ -145,9 +194,7 @@ def evaluate_row(exp: Experiment, ref: Reference, method: str, mode: str) -> dic
     except (CheckpointError, ValueError) as err:
         log.error("%s/%s marked failed: %s", method, mode, err)
         return {**row, "status": "failed", "reason": str(err)}
-    device = exp.device
-    raw = mmd_table(ref.weights(), samples, device=device).aggregate
-    ns = mmd_table(ref.canonical(), canonicalize(samples, ref.spec, ref.steps)[0], device=device).aggregate
+    raw, ns = ref.mmd(samples_path, samples)
     row.update({f"mmd_{k}": raw[k] for k in ("median", "mean", "max")})
     row.update({f"ns_mmd_{k}": ns[k] for k in ("median", "mean", "max")})
     row.update(metrics)

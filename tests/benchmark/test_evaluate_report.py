@@ -107,3 +107,17 @@ def test_report_without_metrics_names_the_command(tmp_path):
     exp = Experiment(compose_config([f"results={tmp_path}"]))
     with pytest.raises(FileNotFoundError, match="stage=evaluate experiment=digits_optunet"):
         run_report(exp)
+
+
+def test_streamed_reference_gives_the_in_memory_numbers(filled, tmp_path):
+    """A memory limit below the zoo's size switches to the store-streamed path; same figures."""
+    exp = filled[0]
+    in_memory = run_evaluate(exp)
+    streamed_cfg = exp.cfg.copy()
+    streamed_cfg.evaluate.max_in_memory_gb = 1e-6
+    streamed_cfg.results = str(tmp_path / "results")
+    for cached in (exp.store.base / "eval").glob("*.json"):
+        cached.unlink()
+    streamed = run_evaluate(Experiment(streamed_cfg))
+    cols = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max", "acc", "agreement", "tv"]
+    pd.testing.assert_frame_equal(in_memory[cols], streamed[cols], rtol=1e-6, atol=1e-10)
