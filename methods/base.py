@@ -28,12 +28,15 @@ class MethodConfigError(ValueError):
 class PosteriorMethod(ABC):
     """Base class of the methods in ``methods/``.
 
-    Subclasses set ``name`` and ``modes`` and implement ``fit``, ``sample`` and
+    Subclasses set ``name`` and ``modes`` (and ``samples_per_base`` if fixed) and implement ``fit``, ``sample`` and
     ``predict_own``. ``settings`` is the method's config node (``cfg.methods.<name>``).
     """
 
     name: ClassVar[str]
     modes: ClassVar[tuple[str, ...]] = MODES
+    # Fixed number of samples drawn around each base network (Deep Ensembles: 1, each member
+    # is a sample); None = the mode's split (one: all samples, multi: per_method / modes_multi).
+    samples_per_base: ClassVar[int | None] = None
 
     def __init__(self, exp: Experiment, settings: Mapping[str, Any]) -> None:
         self.exp = exp

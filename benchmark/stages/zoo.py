@@ -36,15 +36,20 @@ class ZooSummary:
     accuracies: dict[int, float] = field(default_factory=dict)
     failed_in_range: int = 0
 
-    def describe(self, start: int, stop: int) -> str:
+    def describe(self, start: int, stop: int, this_run: bool = True) -> str:
+        """Human-readable state of the range (and, with ``this_run``, what this run did)."""
         n = stop - start
         accs = list(self.accuracies.values())
-        lines = [
+        head = (
             f"zoo seeds [{start}, {stop}): {len(self.accuracies)} checkpoints, {self.failed_in_range} failed "
-            f"({self.failed_in_range / max(1, n):.1%} failure rate); this run trained {len(self.trained)}, "
-            f"recorded {len(self.failed)} failures, skipped {len(self.skipped_done)} done and "
-            f"{len(self.skipped_busy)} in progress elsewhere"
-        ]
+            f"({self.failed_in_range / max(1, n):.1%} failure rate)"
+        )
+        if this_run:
+            head += (
+                f"; this run trained {len(self.trained)}, recorded {len(self.failed)} failures, skipped "
+                f"{len(self.skipped_done)} done and {len(self.skipped_busy)} in progress elsewhere"
+            )
+        lines = [head]
         if accs:
             lines.append(
                 f"test accuracy of the checkpoints: mean {statistics.fmean(accs):.3f}, "
@@ -133,6 +138,13 @@ def run_zoo(exp: Experiment, start: int, stop: int, shard: int = 0, num_shards: 
     if summary.diverged:
         details = "; ".join(f"seed {s}: {m}" for s, m in sorted(summary.diverged.items()))
         raise TrainingDivergedError(f"{len(summary.diverged)} seed(s) produced NaN/Inf and were not stored: {details}")
+    return summary
+
+
+def zoo_summary(exp: Experiment, start: int, stop: int) -> ZooSummary:
+    """State of seeds ``[start, stop)`` in the store: checkpoints, accuracies, failures."""
+    summary = ZooSummary()
+    _fill_range_state(exp, summary, start, stop)
     return summary
 
 

@@ -13,7 +13,7 @@ from metrics.mmd.permutation_test import (
     relabelling_indicators,
 )
 from metrics.mmd.sources import Source, iter_source_columns, source_shapes, zip_column_blocks
-from metrics.mmd.statistic import KERNELS, iter_kernel_matrices, kernel_matrix, u_statistic
+from metrics.mmd.statistic import KERNELS, iter_kernel_matrices, kernel_matrix, u_statistics
 from metrics.mmd.table import (
     LayerMMD,
     MMDResult,
@@ -30,6 +30,6 @@ __all__ = [
     "MMDInputError", "check_comparable_shapes", "group_layers", "layer_name", "AggregatedTestResult",
     "PermutationTestConfig", "aggregate_decision", "aggregated_permutation_test", "relabelled_statistics",
     "relabelling_indicators", "Source", "iter_source_columns", "source_shapes", "zip_column_blocks", "KERNELS",
-    "iter_kernel_matrices", "kernel_matrix", "u_statistic", "LayerMMD", "MMDResult", "layer_mmd_from_chunks",
+    "iter_kernel_matrices", "kernel_matrix", "u_statistics", "LayerMMD", "MMDResult", "layer_mmd_from_chunks",
     "layer_mmd_from_distances", "layer_mmd_from_store", "mmd_table", "mmd_table_from_store", "tabulate",
 ]

@@ -27,14 +27,31 @@ def kernel_matrix(distances: torch.Tensor, kernel: str, bandwidth: float) -> tor
     raise ValueError(f"kernel_matrix: unknown kernel {kernel!r}; expected one of {KERNELS}")
 
 
-def u_statistic(kernel: torch.Tensor, m: int) -> float:
-    """Unbiased MMD^2 estimate from a pooled ``[m + n, m + n]`` kernel matrix (X rows first)."""
-    n = kernel.shape[0] - m
-    within_x = kernel[:m, :m].sum() - kernel[:m, :m].diagonal().sum()
-    within_y = kernel[m:, m:].sum() - kernel[m:, m:].diagonal().sum()
-    between = kernel[:m, m:].sum()
-    value = within_x / (m * (m - 1)) + within_y / (n * (n - 1)) - 2 * between / (m * n)
-    return float(value)
+def u_statistics(distances: torch.Tensor, m: int, kernel: str, bandwidths: torch.Tensor) -> torch.Tensor:
+    """Unbiased MMD^2 estimates ``[K]`` (float64) for one kernel at ``K`` bandwidths.
+
+    ``distances``: pooled ``[m + n, m + n]`` symmetric matrix (L1 for laplace, L2 for gaussian),
+    X rows first. Only distinct pairs are evaluated (each within-sample pair once, counted
+    twice), so no kernel matrix is formed.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"u_statistics: unknown kernel {kernel!r}; expected one of {KERNELS}")
+    n = distances.shape[0] - m
+    within_x = distances[:m, :m][torch.ones(m, m, dtype=torch.bool, device=distances.device).triu(1)]
+    within_y = distances[m:, m:][torch.ones(n, n, dtype=torch.bool, device=distances.device).triu(1)]
+    pairs = torch.cat([within_x, within_y, distances[:m, m:].reshape(-1)])
+    if kernel == "gaussian":
+        pairs = pairs.square()
+    scales = bandwidths if kernel == "laplace" else bandwidths.square()
+    buffer = torch.empty_like(pairs)
+    values = []
+    for scale in scales.tolist():
+        torch.mul(pairs, -1.0 / scale, out=buffer).exp_()
+        sum_x = 2 * buffer[: within_x.numel()].sum()
+        sum_y = 2 * buffer[within_x.numel() : within_x.numel() + within_y.numel()].sum()
+        between = buffer[within_x.numel() + within_y.numel() :].sum()
+        values.append(sum_x / (m * (m - 1)) + sum_y / (n * (n - 1)) - 2 * between / (m * n))
+    return torch.stack(values).cpu().to(torch.float64)
 
 
 def iter_kernel_matrices(

@@ -19,7 +19,7 @@ from metrics.mmd.distances import DEFAULT_MAX_CHUNK_ELEMENTS, PairwiseDistances,
 from metrics.mmd.layers import MMDInputError, check_comparable_shapes, iter_layer_blocks
 from metrics.mmd.permutation_test import AggregatedTestResult, PermutationTestConfig, aggregated_permutation_test
 from metrics.mmd.sources import Source, iter_source_columns, source_shapes, zip_column_blocks
-from metrics.mmd.statistic import KERNEL_DISTANCE, KERNELS, iter_kernel_matrices, u_statistic
+from metrics.mmd.statistic import KERNEL_DISTANCE, KERNELS, u_statistics
 
 MAX_BANDWIDTH_ROWS = 500
 SUMMARIES = ("median", "mean", "max")
@@ -71,9 +71,11 @@ def layer_mmd_from_distances(
     bandwidths = {
         kernel: bandwidth_grid(distances.cross(KERNEL_DISTANCE[kernel], max_bandwidth_rows)) for kernel in KERNELS
     }
-    values = torch.tensor(
-        [u_statistic(matrix, distances.m) for *_, matrix in iter_kernel_matrices(distances, bandwidths)],
-        dtype=torch.float64,
+    values = torch.cat(
+        [
+            u_statistics(getattr(distances, KERNEL_DISTANCE[kernel]), distances.m, kernel, bandwidths[kernel])
+            for kernel in KERNELS
+        ]
     )
     test = None
     if permutation_test is not None:

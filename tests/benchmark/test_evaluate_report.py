@@ -78,7 +78,7 @@ def test_second_run_reuses_cached_rows_and_gives_identical_tables(filled):
     run_report(exp)
     assert {p: p.read_text() for p in tables} == contents
     names = sorted(p.name for p in tables)
-    assert names == ["table1.csv", "table1.md", "table1.tex", "table2.csv", "table2.md", "table2.tex"]
+    assert names == ["table1.csv", "table1.md", "table1.tex", "table2.csv", "table2.md", "table2.tex", "zoo.md"]
     assert "Deep Ensembles" in (tables[0].parent / "table1.md").read_text()
 
 

@@ -10,7 +10,7 @@ from metrics.mmd import (
     pairwise_distances,
     relabelled_statistics,
     relabelling_indicators,
-    u_statistic,
+    u_statistics,
 )
 from tests.metrics.mmd.brute_force import u_statistic_by_loops
 
@@ -36,7 +36,8 @@ def test_identity_labelling_gives_the_observed_statistic():
     d = pairwise_distances([(torch.randn(6, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64))])
     k = kernel_matrix(d.l2, "gaussian", 2.0)
     identity = torch.cat([torch.ones(6), torch.zeros(3)]).to(torch.float64)[:, None]
-    assert float(relabelled_statistics(k, 6, identity)[0]) == pytest.approx(u_statistic(k, 6), rel=1e-13)
+    observed = u_statistics(d.l2, 6, "gaussian", torch.tensor([2.0], dtype=torch.float64))
+    assert float(relabelled_statistics(k, 6, identity)[0]) == pytest.approx(float(observed[0]), rel=1e-13)
 
 
 def test_p_values_and_decision_of_a_hand_built_case():

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from metrics.mmd import kernel_matrix, layer_mmd_from_chunks, pairwise_distances, split_columns, u_statistic
+from metrics.mmd import kernel_matrix, layer_mmd_from_chunks, pairwise_distances, split_columns, u_statistics
 from tests.metrics.mmd.brute_force import mmd_values_by_loops
 
 
@@ -46,12 +46,17 @@ def test_swapping_the_samples_leaves_the_values_unchanged():
     torch.testing.assert_close(forward, backward, rtol=1e-12, atol=1e-15)
 
 
-def test_u_statistic_of_a_hand_built_kernel_matrix():
-    # m = 2, n = 2: XX off-diagonal pair k=0.5, YY pair k=0.25, all XY entries 0.1
-    k = torch.tensor(
-        [[1.0, 0.5, 0.1, 0.1], [0.5, 1.0, 0.1, 0.1], [0.1, 0.1, 1.0, 0.25], [0.1, 0.1, 0.25, 1.0]], dtype=torch.float64
+def test_u_statistics_of_hand_built_distances():
+    # m = 2, n = 2 (x1, x2, y1, y2): d(x1,x2) = 1, d(y1,y2) = 2, cross distances 3, 3, 4, 4
+    d = torch.tensor(
+        [[0.0, 1.0, 3.0, 4.0], [1.0, 0.0, 3.0, 4.0], [3.0, 3.0, 0.0, 2.0], [4.0, 4.0, 2.0, 0.0]], dtype=torch.float64
     )
-    assert u_statistic(k, 2) == pytest.approx(0.5 + 0.25 - 2 * 0.1)
+    bandwidths = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    for kernel, k in (("laplace", lambda t, l: np.exp(-t / l)), ("gaussian", lambda t, l: np.exp(-(t**2) / l**2))):
+        expected = [k(1, l) + k(2, l) - 2 * (2 * k(3, l) + 2 * k(4, l)) / 4 for l in (1.0, 2.0)]
+        assert u_statistics(d, 2, kernel, bandwidths).tolist() == pytest.approx(expected, rel=1e-14)
+    with pytest.raises(ValueError, match="unknown kernel 'imq'"):
+        u_statistics(d, 2, "imq", bandwidths)
 
 
 def test_same_distribution_is_near_zero_and_shifted_is_clearly_positive():
