@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from benchmark.store import sample_set_keys  # noqa: E402
 from metrics.mmd import layer_mmd_from_chunks, layer_mmd_from_store, split_columns  # noqa: E402
 
-WORK = REPO / "bench" / "_work"
+WORK = REPO / "bench" / "_work" / "mmd"  # bench/_work is shared with other benches: only this folder is ours
 M, N = 1000, 100
 KEY = "layer4.0.conv2.weight"
 GIB = 2**30

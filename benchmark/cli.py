@@ -65,13 +65,13 @@ def run(cfg: DictConfig) -> None:
     threads = threads_per_job(cfg.threads, int(cfg.cluster.parallel_jobs))
     torch.set_num_threads(threads)
     exp = Experiment(cfg)
-    exp.configure_backends()
     log.info("experiment %s, stage %s, device %s, %d torch thread(s)", exp.name, stage, exp.device, threads)
-    if stage != "all":
-        STAGES[stage](exp)
-        return
-    for name in (s for s in PIPELINE if s in STAGES):
-        (_zoo_all if name == "zoo" else STAGES[name])(exp)
+    with exp.backends():
+        if stage != "all":
+            STAGES[stage](exp)
+            return
+        for name in (s for s in PIPELINE if s in STAGES):
+            (_zoo_all if name == "zoo" else STAGES[name])(exp)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")

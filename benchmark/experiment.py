@@ -1,6 +1,7 @@
 """Everything a stage derives from the Hydra config: model, data, recipe, store, device, threads."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -8,7 +9,7 @@ import platform
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -101,9 +102,29 @@ class Experiment:
             dropout=dropout, **kwargs,
         )
 
+    @property
+    def native_cpu_conv(self) -> bool:
+        """``model.cpu_native_conv`` on a CPU run: PyTorch's native convolution instead of
+        oneDNN/NNPACK (several times faster for OptuNet's tiny convolutions)."""
+        return self.device.type == "cpu" and bool(self.cfg.model.get("cpu_native_conv", False))
+
+    @contextlib.contextmanager
+    def backends(self) -> Iterator[None]:
+        """Apply the model config's backend switches inside the block, restore them after."""
+        if not self.native_cpu_conv:
+            yield
+            return
+        saved = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = False
+        try:
+            with torch.backends.nnpack.flags(enabled=False):
+                yield
+        finally:
+            torch.backends.mkldnn.enabled = saved
+
     def configure_backends(self) -> None:
-        """Apply process-wide backend switches of the model config (``model.cpu_native_conv``)."""
-        if self.device.type == "cpu" and bool(self.cfg.model.get("cpu_native_conv", False)):
+        """Apply the model config's backend switches for the rest of the process."""
+        if self.native_cpu_conv:
             torch.backends.mkldnn.enabled = False
             torch.backends.nnpack.set_flags(False)
 

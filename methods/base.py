@@ -25,6 +25,11 @@ class MethodConfigError(ValueError):
     """A method/model/mode combination that cannot work; raised before any training."""
 
 
+class MethodFitError(RuntimeError):
+    """A fit around one base network gave no usable approximation (e.g. a retrained network
+    failed the recipe's convergence rule); NaN/Inf raises ``NonFiniteError`` instead."""
+
+
 class PosteriorMethod(ABC):
     """Base class of the methods in ``methods/``.
 

@@ -14,8 +14,7 @@ from torch import nn
 
 from benchmark.store import SampleSet
 from benchmark.training import seeded, train_network
-from methods.base import MethodConfigError, PosteriorMethod, predict_with_weights
-from methods.modes import FitFailedError
+from methods.base import MethodConfigError, MethodFitError, PosteriorMethod, predict_with_weights
 
 
 def dropout_layers(model: nn.Module) -> tuple[nn.Dropout, str, nn.Linear]:
@@ -71,7 +70,7 @@ class DropoutMethod(PosteriorMethod):
         """Train a dropout network from scratch with the experiment's recipe; ``seed`` fixes its
         initialisation (the base's) and data order. ``base`` itself is not used: dropout changes training.
 
-        Raises ``NonFiniteError`` on NaN/Inf, ``FitFailedError`` if the run fails the recipe's
+        Raises ``NonFiniteError`` on NaN/Inf, ``MethodFitError`` if the run fails the recipe's
         convergence rule.
         """
         exp = self.exp
@@ -81,7 +80,7 @@ class DropoutMethod(PosteriorMethod):
         result = train_network(model, exp.train_set, exp.test_tensors, exp.recipe, seed,
                                where=f"{exp.name} dropout seed {seed}")
         if result.failure:
-            raise FitFailedError(f"method=dropout: the dropout network of seed {seed} failed: {result.failure}")
+            raise MethodFitError(f"method=dropout: the dropout network of seed {seed} failed: {result.failure}")
         self._model, self._weights = model.eval(), result.state_dict
 
     def _fitted(self) -> tuple[nn.Module, dict[str, torch.Tensor]]:

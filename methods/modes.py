@@ -7,6 +7,9 @@ Base networks are the converged checkpoints of the held-out seed range
 - one-mode: the first one, ``sample.per_method`` samples around it;
 - multi-mode: the first ``sample.modes_multi``, ``per_method / modes_multi`` samples each;
 - a method with a fixed ``samples_per_base`` (Deep Ensembles: 1) uses ``per_method / samples_per_base``.
+
+A fit that fails on a base (``MethodFitError``: a retrained dropout or BNN network that does not
+converge) moves on to the next converged held-out seed; the seeds used are returned.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from tqdm.auto import tqdm
 from benchmark.experiment import Experiment
 from benchmark.store import SampleSet, StoreError, load_checkpoint
 from benchmark.training import NonFiniteError
-from methods.base import MethodConfigError, PosteriorMethod
+from methods.base import MethodConfigError, MethodFitError, PosteriorMethod
 
 log = logging.getLogger(__name__)
 ASSUMED_CONVERGENCE = 0.5  # for the suggested zoo range when no held-out seed was trained yet
@@ -30,21 +33,19 @@ class MissingBasesError(StoreError):
     """Too few converged held-out checkpoints for a mode; the message gives the zoo command."""
 
 
-class FitFailedError(RuntimeError):
-    """A method's fit around one base network produced no usable approximation (not NaN)."""
-
-
 @dataclass(frozen=True)
 class ModePlan:
-    """The base seeds of one (method, mode) run and the samples drawn around each."""
+    """One (method, mode) run: ``bases`` base networks, taken in order from ``candidates`` (the
+    converged held-out seeds, at least ``bases`` of them), and the samples drawn around each."""
 
     mode: str
-    seeds: tuple[int, ...]
+    candidates: tuple[int, ...]
+    bases: int
     samples_per_base: int
 
     @property
     def n_samples(self) -> int:
-        return len(self.seeds) * self.samples_per_base
+        return self.bases * self.samples_per_base
 
 
 def _positive_int(value: object, key: str) -> int:
@@ -84,14 +85,14 @@ def converged_heldout_seeds(exp: Experiment) -> list[int]:
 
 
 def select_bases(exp: Experiment, count: int) -> list[int]:
-    """The first ``count`` converged held-out seeds.
+    """All converged held-out seeds, checking there are at least ``count``.
 
     Raises ``MissingBasesError`` naming the missing count, the seed range and the zoo command
     that trains them (a larger ``zoo.stop``/``heldout.stop`` when the range is exhausted).
     """
     seeds = converged_heldout_seeds(exp)
     if len(seeds) >= count:
-        return seeds[:count]
+        return seeds
     start, stop = int(exp.cfg.heldout.start), int(exp.cfg.heldout.stop)
     failed = sum(start <= s < stop for s in exp.store.failed_seeds())
     tried = len(seeds) + failed
@@ -116,7 +117,7 @@ def select_bases(exp: Experiment, count: int) -> list[int]:
 def plan_mode(exp: Experiment, method: type[PosteriorMethod] | PosteriorMethod, mode: str) -> ModePlan:
     """The ``ModePlan`` of ``method`` in ``mode`` under ``cfg.sample`` (raises if bases are missing)."""
     bases, per_base = plan_counts(method, mode, exp.cfg.sample.per_method, exp.cfg.sample.modes_multi)
-    return ModePlan(mode, tuple(select_bases(exp, bases)), per_base)
+    return ModePlan(mode, tuple(select_bases(exp, bases)), bases, per_base)
 
 
 def load_base(exp: Experiment, seed: int) -> dict[str, torch.Tensor]:
@@ -130,20 +131,41 @@ def load_base(exp: Experiment, seed: int) -> dict[str, torch.Tensor]:
     return state_dict
 
 
-def run_mode(method: PosteriorMethod, plan: ModePlan, progress: bool = True) -> SampleSet:
-    """Fit ``method`` around each base of ``plan`` and draw its samples: ``{key: [plan.n_samples, ...]}``.
+def run_mode(method: PosteriorMethod, plan: ModePlan, progress: bool = True) -> tuple[SampleSet, tuple[int, ...]]:
+    """Fit ``method`` around ``plan.bases`` base networks and draw their samples.
 
-    Base ``seed`` is fitted with ``fit(weights, seed)`` and sampled with a generator seeded
-    with ``seed``, so a run is reproducible and its samples are grouped by base, in
-    ``plan.seeds`` order. Non-finite samples raise ``NonFiniteError`` naming the base seed.
+    Returns ``({key: [plan.n_samples, ...]}, base seeds used)``. Base ``seed`` is fitted with
+    ``fit(weights, seed)`` and sampled with a generator seeded with ``seed`` (reproducible);
+    samples are grouped by base, in seed order. A ``MethodFitError`` skips to the next
+    candidate seed (raised again when candidates run out); non-finite samples raise
+    ``NonFiniteError`` naming the base seed.
     """
     parts: list[SampleSet] = []
-    bar = tqdm(plan.seeds, desc=f"{method.name} {plan.mode}-mode", unit="base", dynamic_ncols=True, disable=not progress)
-    for seed in bar:
-        method.fit(load_base(method.exp, seed), seed)
+    used: list[int] = []
+    skipped: dict[int, str] = {}
+    bar = tqdm(total=plan.bases, desc=f"{method.name} {plan.mode}-mode", unit="base", dynamic_ncols=True,
+               disable=not progress)
+    for seed in plan.candidates:
+        if len(used) == plan.bases:
+            break
+        try:
+            method.fit(load_base(method.exp, seed), seed)
+        except MethodFitError as err:
+            log.warning("method=%s: base seed %d skipped: %s", method.name, seed, err)
+            skipped[seed] = str(err)
+            continue
         samples = method.sample(plan.samples_per_base, torch.Generator().manual_seed(seed))
         for key, value in samples.items():
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                 raise NonFiniteError(f"method={method.name} base seed {seed}: sampled {key!r} contains NaN/Inf")
         parts.append({k: v.detach().cpu() for k, v in samples.items()})
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        used.append(seed)
+        bar.update()
+    bar.close()
+    if len(used) < plan.bases:
+        details = "; ".join(f"seed {s}: {m}" for s, m in skipped.items())
+        raise MethodFitError(
+            f"method={method.name} mode={plan.mode}: only {len(used)} of {plan.bases} base networks could be fitted "
+            f"from the {len(plan.candidates)} converged held-out seeds ({details})"
+        )
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, tuple(used)

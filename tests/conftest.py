@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -21,6 +22,11 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 
 @pytest.fixture
-def tiny_cfg(tmp_path) -> DictConfig:
-    """digits/OptuNet config with a 2-epoch recipe and a store in a temp folder."""
-    return compose_config([f"store={tmp_path / 'store'}", *TINY_TRAIN])
+def tiny_cfg(tmp_path) -> Iterator[DictConfig]:
+    """digits/OptuNet config with a 2-epoch recipe and a store in a temp folder (with the
+    model's CPU backend switches applied, as the CLI does)."""
+    from benchmark.experiment import Experiment
+
+    cfg = compose_config([f"store={tmp_path / 'store'}", *TINY_TRAIN])
+    with Experiment(cfg).backends():
+        yield cfg

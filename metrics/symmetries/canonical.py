@@ -7,17 +7,18 @@ import torch
 
 from metrics.symmetries.engine import SampleSet
 from metrics.symmetries.minmass import min_mass
-from metrics.symmetries.scaling import normalize_scales
-from metrics.symmetries.softmax import center_logit_bias
-from metrics.symmetries.sorting import sort_units
+from metrics.symmetries.scaling import unit_norm_scaling
+from metrics.symmetries.softmax import shift_logit_bias
+from metrics.symmetries.sorting import SORT_KEYS, sort_unchecked
 from metrics.symmetries.spec import SymmetrySpec, check_sample_set
 
 DEFAULT_STEPS = ("scale", "sort", "softmax")
+# Steps run on an already validated sample set (canonicalize checks it once).
 STEPS: dict[str, Callable[..., tuple[SampleSet, Any]]] = {
-    "scale": normalize_scales,
+    "scale": unit_norm_scaling,
     "minmass": min_mass,
-    "sort": sort_units,
-    "softmax": center_logit_bias,
+    "sort": sort_unchecked,
+    "softmax": shift_logit_bias,
 }
 
 
@@ -35,9 +36,11 @@ def canonicalize(
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise ValueError(f"canonicalize: unknown step {unknown[0]!r}; expected steps among {', '.join(STEPS)}")
+    if sort_key not in SORT_KEYS:
+        raise ValueError(f"canonicalize: unknown sort key {sort_key!r}; expected one of {', '.join(SORT_KEYS)}")
     check_sample_set(spec, sample_set)
     out = dict(sample_set)
     applied: dict[str, Any] = {}
     for step in steps:
-        out, applied[step] = sort_units(out, spec, sort_key) if step == "sort" else STEPS[step](out, spec)
+        out, applied[step] = sort_unchecked(out, spec, sort_key) if step == "sort" else STEPS[step](out, spec)
     return out, applied

@@ -41,6 +41,11 @@ def normalize_scales(sample_set: Mapping[str, torch.Tensor], spec: SymmetrySpec)
     function. Returns the new sample set and the factor ``s [S, n]`` applied by each scaling
     (incoming weights were multiplied by ``s``)."""
     check_sample_set(spec, sample_set)
+    return unit_norm_scaling(sample_set, spec)
+
+
+def unit_norm_scaling(sample_set: Mapping[str, torch.Tensor], spec: SymmetrySpec) -> tuple[SampleSet, dict[str, torch.Tensor]]:
+    """``normalize_scales`` without validating the sample set (for callers that already did)."""
     out = dict(sample_set)
     applied: dict[str, torch.Tensor] = {}
     for group, scaling in scaling_order(spec):

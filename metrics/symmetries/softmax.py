@@ -19,6 +19,13 @@ def center_logit_bias(
     Raises ``ValueError`` when the architecture's last layer has no bias.
     """
     check_sample_set(spec, sample_set)
+    return shift_logit_bias(sample_set, spec, total)
+
+
+def shift_logit_bias(
+    sample_set: Mapping[str, torch.Tensor], spec: SymmetrySpec, total: float = 0.0
+) -> tuple[SampleSet, dict[str, torch.Tensor]]:
+    """``center_logit_bias`` without validating the sample set (for callers that already did)."""
     key = spec.logit_bias
     if key is None:
         raise ValueError(f"{spec.architecture}: the last layer has no bias, the softmax additive step needs one")

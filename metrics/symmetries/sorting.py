@@ -22,7 +22,7 @@ from metrics.symmetries.engine import SampleSet, compose, complete_followers, id
 from metrics.symmetries.spec import SymmetrySpec, UnitGroup, check_sample_set, topological
 
 SORT_KEYS = ("first", "max", "mean", "lexicographic", "bias")
-TIE_RTOL = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+TIE_RTOL = {torch.float64: 1e-9, torch.float32: 1e-6, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
 def sort_order(spec: SymmetrySpec) -> list[UnitGroup]:
@@ -36,46 +36,60 @@ def sort_order(spec: SymmetrySpec) -> list[UnitGroup]:
 
 
 def _quantized(values: torch.Tensor, rtol: float) -> torch.Tensor:
-    """``values [S, n, ...]`` rounded to a grid of ``rtol`` times each sample's largest |value|."""
+    """``values`` (float64) rounded to a grid of ``rtol`` times their largest |value| along every
+    axis but the first (per sample)."""
     dims = tuple(range(1, values.dim()))
     step = values.abs().amax(dim=dims, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny) * rtol
     return torch.round(values / step)
 
 
+def _primary_key(rows: torch.Tensor, bias: torch.Tensor | None, group: UnitGroup, key: str) -> torch.Tensor:
+    if key == "bias":
+        if bias is None:
+            raise ValueError(f"sort key 'bias': group {group.name!r} has no bias; use one of first, max, mean, lexicographic")
+        return bias
+    if key == "first":
+        return rows[:, :, 0]
+    if key == "max":
+        return rows.amax(dim=2)
+    if key == "mean":
+        return rows.mean(dim=2)
+    if key == "lexicographic":
+        return torch.zeros(rows.shape[:2], dtype=rows.dtype)
+    raise ValueError(f"unknown sort key {key!r}; expected one of {', '.join(SORT_KEYS)}")
+
+
 def unit_keys(sample_set: Mapping[str, torch.Tensor], group: UnitGroup, key: str = "first") -> torch.Tensor:
     """Sorting key ``[S, n]`` (float64) of each unit of ``group``, rounded to ``TIE_RTOL``. In
-    samples where the rounded key has ties it is replaced by the unit's rank in lexicographic
-    order of (key, incoming weights, bias); ``lexicographic`` is that rank without the key."""
+    samples with ties the key is replaced by the unit's rank with every run of tied units put in
+    lexicographic order of (incoming weights, bias); ``lexicographic`` is that rank alone."""
     incoming = next(ax for sc in group.scalings for ax in sc.incoming if ax.key == group.sort_key)
     weights = sample_set[group.sort_key]
     rtol = TIE_RTOL.get(weights.dtype, 1e-9)
-    rows = unit_slices(weights, incoming, group.size).to(torch.float64)
-    if key == "bias":
-        if group.bias is None:
-            raise ValueError(f"sort key 'bias': group {group.name!r} has no bias; use one of first, max, mean, lexicographic")
-        primary = sample_set[group.bias].to(torch.float64)
-    elif key == "first":
-        primary = rows[:, :, 0]
-    elif key == "max":
-        primary = rows.amax(dim=2)
-    elif key == "mean":
-        primary = rows.mean(dim=2)
-    elif key == "lexicographic":
-        primary = torch.zeros(rows.shape[:2], dtype=torch.float64)
-    else:
-        raise ValueError(f"unknown sort key {key!r}; expected one of {', '.join(SORT_KEYS)}")
-    primary = _quantized(primary, rtol)
-    ordered = primary.sort(dim=1).values
-    tied = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
+    rows = unit_slices(weights, incoming, group.size)
+    bias = sample_set[group.bias] if group.bias is not None else None
+    primary = _quantized(_primary_key(rows, bias, group, key).to(torch.float64), rtol)
+    order = primary.argsort(dim=1, stable=True)
+    ordered = torch.gather(primary, 1, order)
+    tied = ordered[:, 1:] == ordered[:, :-1]
     if not bool(tied.any()):
         return primary
-    bias = sample_set[group.bias].to(torch.float64) if group.bias is not None else torch.zeros_like(primary)
-    columns = torch.cat([primary[:, :, None], _quantized(rows, rtol), _quantized(bias, rtol)[:, :, None]], dim=2)
-    out = primary.clone()
-    for s in tied.nonzero().flatten().tolist():
-        order = np.lexsort(columns[s].cpu().numpy().T[::-1])
-        out[s, torch.from_numpy(order)] = torch.arange(group.size, dtype=torch.float64)
-    return out
+    ranks = primary.clone()
+    for s in tied.any(dim=1).nonzero().flatten().tolist():
+        final = order[s].clone()
+        starts = torch.cat([torch.tensor([True]), ~tied[s]])  # first position of every run of equal keys
+        bounds = [*starts.nonzero().flatten().tolist(), group.size]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            if b - a < 2:
+                continue
+            units = order[s, a:b]
+            columns = rows[s, units].to(torch.float64)
+            if bias is not None:
+                columns = torch.cat([columns, bias[s, units, None].to(torch.float64)], dim=1)
+            within = np.lexsort(_quantized(columns[None], rtol)[0].numpy().T[::-1])
+            final[a:b] = units[torch.from_numpy(within)]
+        ranks[s, final] = torch.arange(group.size, dtype=torch.float64)
+    return ranks
 
 
 def sorting_permutation(keys: torch.Tensor, group: UnitGroup) -> torch.Tensor:
@@ -97,9 +111,17 @@ def sort_units(
 ) -> tuple[SampleSet, dict[str, torch.Tensor]]:
     """Sort the units of every group by ``key`` without changing the function. Returns the new
     sample set and each group's total permutation ``[S, n]`` (``new[i] = old[perm[i]]``)."""
+    check_sample_set(spec, sample_set)
+    return sort_unchecked(sample_set, spec, key)
+
+
+def sort_unchecked(
+    sample_set: Mapping[str, torch.Tensor], spec: SymmetrySpec, key: str = "first"
+) -> tuple[SampleSet, dict[str, torch.Tensor]]:
+    """``sort_units`` without validating the sample set (for callers that already did)."""
     if key not in SORT_KEYS:
         raise ValueError(f"unknown sort key {key!r}; expected one of {', '.join(SORT_KEYS)}")
-    samples = check_sample_set(spec, sample_set)
+    samples = next(iter(sample_set.values())).shape[0]
     out = dict(sample_set)
     totals = identity_permutations(spec, samples)
     for group in sort_order(spec):

@@ -4,6 +4,7 @@
                 its held-out seed range ``[100000, 100008)`` is trained into the store (the zoo stage).
 ``tiny_bases``  ``[(seed, state_dict), ...]`` of the converged held-out checkpoints of that store.
 ``compose_tiny`` ``compose_tiny(store, *overrides) -> DictConfig``: the same tiny config with more overrides.
+Tests that use ``tiny_exp`` run inside its ``backends()`` switches (autouse ``tiny_backends``).
 """
 from __future__ import annotations
 
@@ -50,9 +51,19 @@ def compose_tiny() -> Callable[..., DictConfig]:
 def tiny_exp(tmp_path_factory: pytest.TempPathFactory) -> Experiment:
     """Tiny digits/OptuNet experiment whose store holds the trained held-out seeds (session-wide)."""
     exp = Experiment(compose_config(tmp_path_factory.mktemp("tiny_store")))
-    exp.configure_backends()
-    run_zoo(exp, *HELDOUT)
+    with exp.backends():
+        run_zoo(exp, *HELDOUT)
     return exp
+
+
+@pytest.fixture(autouse=True)
+def tiny_backends(request: pytest.FixtureRequest):
+    """Tests that use ``tiny_exp`` run under its backend switches (native CPU convolution for OptuNet)."""
+    if "tiny_exp" not in request.fixturenames:
+        yield
+        return
+    with request.getfixturevalue("tiny_exp").backends():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -73,6 +73,14 @@ def small_networks(draw) -> tuple[Callable[[], nn.Module], int]:
     return (lambda: mlp(in_features, hidden, classes)), seed
 
 
+def drawn_weights(network: tuple[Callable[[], nn.Module], int], samples: int = 3):
+    """(factory, sample set of ``samples`` random nets, spec, seed) for a ``small_networks()`` draw."""
+    from metrics.symmetries import spec_for_model
+
+    factory, seed = network
+    return factory, random_sample_set(factory, samples, seed), spec_for_model(factory()), seed
+
+
 @torch.no_grad()
 def log_probs(model: nn.Module, sample_set: dict[str, torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
     """Log-softmax outputs ``[S, B, K]`` of every sample of ``sample_set`` (eval mode)."""

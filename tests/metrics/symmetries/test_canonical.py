@@ -14,7 +14,7 @@ from metrics.symmetries import (
     rescale, sort_units, spec_for_model,
 )
 from tests.metrics.symmetries.nets import (
-    assert_same_function, assert_same_weights, random_sample_set, small_networks,
+    assert_same_function, assert_same_weights, drawn_weights, random_sample_set, small_networks,
 )
 
 
@@ -28,9 +28,7 @@ def _symmetric_copy(weights, spec, seed, spread=1.0):
 @settings(max_examples=15, deadline=None)
 @given(small_networks(), st.sampled_from(["scale", "sort", "softmax"]))
 def test_every_step_keeps_the_function(network, step):
-    factory, seed = network
-    weights = random_sample_set(factory, 3, seed)
-    spec = spec_for_model(factory())
+    factory, weights, spec, _ = drawn_weights(network)
     out, _ = canonicalize(weights, spec, steps=[step])
     assert_same_function(factory(), weights, out)
 
@@ -38,9 +36,7 @@ def test_every_step_keeps_the_function(network, step):
 @settings(max_examples=15, deadline=None)
 @given(small_networks())
 def test_permuted_and_rescaled_network_has_the_same_canonical_form(network):
-    factory, seed = network
-    weights = random_sample_set(factory, 3, seed)
-    spec = spec_for_model(factory())
+    factory, weights, spec, seed = drawn_weights(network)
     moved = _symmetric_copy(weights, spec, seed + 1)
     assert_same_function(factory(), weights, moved)
     canonical, _ = canonicalize(weights, spec)

@@ -8,15 +8,13 @@ from hypothesis import given, settings
 from benchmark.models import optunet
 from metrics.symmetries import compose, permute, random_permutations, random_scales, rescale, spec_for_model
 from metrics.symmetries.engine import check_permutations, lift_block_permutation
-from tests.metrics.symmetries.nets import assert_same_function, random_sample_set, small_networks
+from tests.metrics.symmetries.nets import assert_same_function, drawn_weights, random_sample_set, small_networks
 
 
 @settings(max_examples=12, deadline=None)
 @given(small_networks())
 def test_random_permutation_and_scaling_keep_the_function(network):
-    factory, seed = network
-    weights = random_sample_set(factory, 3, seed)
-    spec = spec_for_model(factory())
+    factory, weights, spec, seed = drawn_weights(network)
     generator = torch.Generator().manual_seed(seed)
     perms = random_permutations(spec, 3, generator)
     check_permutations(spec, perms, 3)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 
 from benchmark.models import mlp, optunet
 from metrics.symmetries import number_of_transpositions, permute, random_permutations, spec_for_model, weight_matching
-from tests.metrics.symmetries.nets import assert_same_function, assert_same_weights, random_sample_set, small_networks
+from tests.metrics.symmetries.nets import assert_same_function, assert_same_weights, drawn_weights, random_sample_set, small_networks
 
 
 def _transposition_distances(n: int) -> dict[tuple[int, ...], int]:
@@ -65,10 +65,8 @@ def test_weight_matching_undoes_a_random_permutation(factory):
 @settings(max_examples=10, deadline=None)
 @given(small_networks())
 def test_weight_matching_keeps_the_function_and_never_lowers_the_objective(network):
-    factory, seed = network
-    weights = random_sample_set(factory, 3, seed)
+    factory, weights, spec, seed = drawn_weights(network)
     reference = random_sample_set(factory, 1, seed + 1)
-    spec = spec_for_model(factory())
     matched, info = weight_matching(weights, reference, spec)
     assert_same_function(factory(), weights, matched)
     assert bool((info["objective_after"] >= info["objective_before"] - 1e-9).all())

@@ -1,0 +1,205 @@
+"""SWAG (Maddox et al. 2019): a Gaussian with diagonal + low-rank covariance fitted to SGD iterates.
+
+From the base checkpoint, training continues for ``epochs_factor`` x the recipe's epochs with
+a learning rate ramped linearly (over ``ramp_fraction`` of the run) from the recipe's final
+rate up to the constant ``lr``; ``snapshots`` parameter vectors are collected evenly over the
+second half (appendix B). With the snapshots' running mean ``theta_SWA``, diagonal variance
+``Sigma_diag = mean(theta^2) - theta_SWA^2`` and deviation matrix ``D`` (the last ``rank``
+columns ``theta_i - theta_SWA,i``, K of them), a sample is the SWAG paper's
+
+    theta = theta_SWA + sqrt(scale) * (Sigma_diag^(1/2) z1 / sqrt(2) + D z2 / sqrt(2 (K - 1)))
+
+so ``Cov = scale * (Sigma_diag + D D^T / (K - 1)) / 2`` (``scale`` multiplies the covariance as
+in the reference code's ``scale``; its code omits the two 1/sqrt(2), so our scale s equals
+its scale s/2). BatchNorm statistics of each sample are recomputed with a pass over training
+data (``bn_update``); models without BatchNorm skip it.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.optim.swa_utils import update_bn
+
+from benchmark.store import SampleSet, stack_state_dicts
+from benchmark.training import (
+    NonFiniteError, check_weights_finite, iterate_batches, learning_rate, make_optimizer, seeded,
+)
+from methods.base import MethodConfigError, PosteriorMethod
+
+VAR_CLAMP = 1e-30  # the reference implementation's floor on the diagonal variance
+
+
+@dataclass
+class SwagMoments:
+    """Running mean and mean square of flattened snapshots ``[P]`` and their last ``rank`` deviations."""
+
+    rank: int
+    count: int = 0
+    mean: torch.Tensor | None = None
+    sq_mean: torch.Tensor | None = None
+    deviations: list[torch.Tensor] = field(default_factory=list)
+
+    def collect(self, theta: torch.Tensor) -> None:
+        """Add snapshot ``theta`` ``[P]``; its deviation is taken from the updated mean (reference code)."""
+        theta = theta.detach().double()
+        if self.mean is None:
+            self.mean, self.sq_mean = torch.zeros_like(theta), torch.zeros_like(theta)
+        self.count += 1
+        self.mean += (theta - self.mean) / self.count
+        self.sq_mean += (theta**2 - self.sq_mean) / self.count
+        self.deviations = [*self.deviations, theta - self.mean][-self.rank :]
+
+    @property
+    def variance(self) -> torch.Tensor:
+        """Diagonal variance ``[P]``, clamped below at ``VAR_CLAMP``."""
+        return torch.clamp(self.sq_mean - self.mean**2, min=VAR_CLAMP)
+
+    @property
+    def deviation_matrix(self) -> torch.Tensor:
+        """``D`` ``[P, K]``, K = min(rank, snapshots collected)."""
+        return torch.stack(self.deviations, dim=1)
+
+
+def swag_draw(moments: SwagMoments, scale: float, generator: torch.Generator) -> torch.Tensor:
+    """One SWAG sample ``[P]`` (float64): z1 ``[P]`` then z2 ``[K]`` from ``generator`` (see module doc)."""
+    deviations = moments.deviation_matrix
+    k = deviations.shape[1]
+    if k < 2:
+        raise MethodConfigError(f"method=swag: the low-rank term needs at least 2 snapshots, got {k}")
+    z1 = torch.randn(moments.mean.shape, generator=generator, dtype=torch.float64)
+    z2 = torch.randn(k, generator=generator, dtype=torch.float64)
+    diag = moments.variance.sqrt() * z1 / math.sqrt(2.0)
+    low_rank = deviations @ z2 / math.sqrt(2.0 * (k - 1))
+    return moments.mean + math.sqrt(scale) * (diag + low_rank)
+
+
+@dataclass(frozen=True)
+class SwagSchedule:
+    """Step-level plan of the SWAG run: length, lr ramp and the steps after which snapshots are taken."""
+
+    total_steps: int
+    ramp_steps: int
+    lr_start: float
+    lr_high: float
+    snapshot_steps: frozenset[int]
+
+    def lr(self, step: int) -> float:
+        """Learning rate of 0-based ``step``: linear from ``lr_start`` to ``lr_high``, then constant."""
+        if step >= self.ramp_steps:
+            return self.lr_high
+        return self.lr_start + (self.lr_high - self.lr_start) * (step + 1) / self.ramp_steps
+
+
+def _number(settings, key: str, minimum: float, maximum: float = math.inf, integer: bool = False) -> float:
+    value = settings.get(key)
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not minimum <= value <= maximum:
+        raise MethodConfigError(f"methods.swag.{key}={value!r}: expected {kind} in [{minimum}, {maximum}]")
+    return value
+
+
+class SWAGMethod(PosteriorMethod):
+    """SWAG around a trained base network (``fit`` continues its training and collects snapshots)."""
+
+    name = "swag"
+
+    def __init__(self, exp, settings) -> None:
+        super().__init__(exp, settings)
+        self._model: nn.Module | None = None
+        self._moments: SwagMoments | None = None
+        self._seed = 0
+
+    @property
+    def scale(self) -> float:
+        return float(_number(self.settings, "scale", 0.0))
+
+    def schedule(self) -> SwagSchedule:
+        """The validated step plan from ``methods.swag`` and the experiment's recipe."""
+        s, recipe = self.settings, self.exp.recipe
+        epochs = recipe.epochs * _number(s, "epochs_factor", 1, integer=True)
+        snapshots = _number(s, "snapshots", 2, integer=True)
+        _number(s, "rank", 2, integer=True)
+        ramp = _number(s, "ramp_fraction", 0.0, 0.5)
+        lr_high = recipe.lr if s.get("lr") is None else _number(s, "lr", 1e-12)
+        total = epochs * math.ceil(len(self.exp.train_set) / recipe.batch_size)
+        half = total // 2
+        if snapshots > total - half:
+            raise MethodConfigError(
+                f"methods.swag.snapshots={snapshots}: the second half of the SWAG run has only {total - half} steps; "
+                f"lower it or raise methods.swag.epochs_factor"
+            )
+        steps = frozenset(half + round((i + 1) * (total - half) / snapshots) for i in range(snapshots))
+        return SwagSchedule(total, max(1, round(ramp * total)), learning_rate(recipe, recipe.epochs - 1),
+                            float(lr_high), steps)
+
+    def check(self, mode: str) -> None:
+        super().check(mode)
+        self.schedule()
+        _number(self.settings, "scale", 0.0)
+
+    def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
+        """Continue training ``base`` under the SWAG schedule (data order from ``seed``) and collect
+        the snapshot moments. NaN/Inf raises ``NonFiniteError`` and leaves the method unfitted."""
+        exp, recipe, plan = self.exp, self.exp.recipe, self.schedule()
+        self._model = self._moments = None
+        with seeded(seed):  # building a model draws from the global RNG; leave it as it was
+            model = exp.model().to(exp.device)
+        model.load_state_dict(base)
+        moments = SwagMoments(rank=int(self.settings["rank"]))
+        optimizer = make_optimizer(model.parameters(), recipe, lr=plan.lr(0))
+        generator = torch.Generator().manual_seed(seed)
+        where = f"{exp.name} swag seed {seed}"
+        step = 0
+        model.train()
+        while step < plan.total_steps:
+            for images, labels in iterate_batches(exp.train_set, recipe.batch_size, generator, exp.device):
+                for group in optimizer.param_groups:
+                    group["lr"] = plan.lr(step)
+                loss = F.cross_entropy(model(images), labels)
+                if not torch.isfinite(loss):
+                    raise NonFiniteError(f"{where}: loss became {loss.item()} at step {step + 1}")
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                step += 1
+                if step in plan.snapshot_steps:
+                    moments.collect(parameters_to_vector(model.parameters()).cpu())
+                if step == plan.total_steps:
+                    break
+            check_weights_finite(model, f"{where}, step {step}")
+        self._model, self._moments, self._seed = model, moments, seed
+
+    def _draw_weights(self, generator: torch.Generator) -> nn.Module:
+        """Load one SWAG draw into the fitted model and recompute its BatchNorm statistics."""
+        if self._model is None or self._moments is None:
+            raise RuntimeError("method=swag: call fit() before sample() or predict_own()")
+        model, exp = self._model, self.exp
+        theta = swag_draw(self._moments, self.scale, generator)
+        vector_to_parameters(theta.to(device=exp.device, dtype=torch.float32), model.parameters())
+        batches = self.settings.get("bn_update_batches")
+        data = iterate_batches(exp.train_set, exp.recipe.batch_size, torch.Generator().manual_seed(self._seed), exp.device)
+        update_bn(itertools.islice(data, batches) if batches is not None else data, model)
+        return model.eval()
+
+    def sample(self, n: int, generator: torch.Generator) -> SampleSet:
+        """``n`` SWAG draws as full state dicts ``{key: [n, ...]}`` (BatchNorm buffers recomputed per draw)."""
+        states = []
+        for _ in range(n):
+            model = self._draw_weights(generator)
+            states.append({k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
+        return stack_state_dicts(states)
+
+    @torch.no_grad()
+    def predict_own(self, images: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+        """Probabilities ``[n, N, C]`` of the fitted network carrying each SWAG draw in turn."""
+        out = []
+        for _ in range(n):
+            model = self._draw_weights(generator)
+            out.append(torch.softmax(model(images.to(self.exp.device)), dim=-1).float().cpu())
+        return torch.stack(out)
