@@ -130,9 +130,13 @@ def main() -> None:
     parser.add_argument("--cvxpy-subset", type=int, default=200)
     parser.add_argument("--resnets", type=int, default=100)
     parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (DESIGN: one per core per job)")
     args = parser.parse_args()
     if not 1 <= args.cvxpy_subset <= args.optunets:
         parser.error("--cvxpy-subset must be between 1 and --optunets")
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {psutil.cpu_count()} cores, "
+          f"load average {psutil.getloadavg()[0]:.1f}")
     bench_min_mass(args.optunets, args.cvxpy_subset)
     bench_resnet_canonicalisation(args.resnets, args.batch)
 

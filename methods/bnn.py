@@ -18,7 +18,7 @@ from torch import nn
 
 from benchmark.store import SampleSet, stack_state_dicts
 from benchmark.training import LossFn, Recipe, seeded, train_network
-from methods.base import MethodConfigError, PosteriorMethod
+from methods.base import MethodConfigError, MethodFitError, PosteriorMethod
 from methods.bayesian_layers import BNN_LAYERS, BayesianNetwork, check_convertible, to_bayesian
 
 log = logging.getLogger(__name__)
@@ -26,10 +26,6 @@ log = logging.getLogger(__name__)
 # Datasets on which the paper could not train vBNNs (appendix B.1): no recipe to reproduce.
 UNTRAINABLE = {"tinyimagenet": "the paper did not manage to train vBNNs on TinyImageNet (appendix B.1)"}
 PREDICT_BATCH = 1024
-
-
-class BNNTrainingError(RuntimeError):
-    """The vBNN failed the recipe's non-convergence rule; it has no usable posterior."""
 
 
 def elbo_loss(elbo_samples: int, kl_weight: float) -> LossFn:
@@ -63,9 +59,9 @@ class BNNMethod(PosteriorMethod):
 
     ``fit(base, seed)`` trains a vBNN from scratch, as the paper does: the posterior means
     start from the plain model's initialisation under ``seed`` and the data order is that
-    of ``seed``, i.e. the vBNN retraces the start of the base network's training (seeds that
-    converge as plain networks converge as vBNNs), but ``base``'s trained weights are not
-    used, which would turn the method into a local fit around a mode. Weight samples are
+    of ``seed``, i.e. the vBNN starts where the base network started (an initialisation known
+    to train); ``base``'s trained weights are not used: starting from them would turn the
+    method into a local fit around a mode. Weight samples are
     BLiTZ draws; ``predict_own`` is the BLiTZ network's forward pass with the same draws.
     """
 
@@ -115,7 +111,7 @@ class BNNMethod(PosteriorMethod):
             raise MethodConfigError(f"methods.bnn.train: {err}") from err
 
     def _elbo_settings(self) -> tuple[int, float]:
-        """``(elbo_samples, kl_weight)``; ``kl_weight: null`` = 1 / train-set size."""
+        """``(elbo_samples, kl_weight)``; ``kl_weight: null`` = 1 / train-set size (the exact per-example ELBO)."""
         samples = self.settings.get("elbo_samples", 3)
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise MethodConfigError(f"methods.bnn.elbo_samples={samples!r}: expected a positive integer")
@@ -130,7 +126,7 @@ class BNNMethod(PosteriorMethod):
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
         """Train a vBNN from scratch under ``seed`` (``base`` is not used; see the class doc).
 
-        Raises ``NonFiniteError`` on NaN/Inf, ``BNNTrainingError`` if the recipe's
+        Raises ``NonFiniteError`` on NaN/Inf, ``MethodFitError`` if the recipe's
         non-convergence rule fails; nothing is kept from a failed fit.
         """
         self._net = None
@@ -145,11 +141,13 @@ class BNNMethod(PosteriorMethod):
                 loss_fn=elbo_loss(elbo_samples, kl_weight),
             )
         if result.failure:
-            raise BNNTrainingError(f"{where}: {result.failure}")
+            raise MethodFitError(f"{where}: {result.failure}")
         log.info("%s: test accuracy of one draw %.3f after %d epochs", where, result.test_accuracy, result.epochs_run)
         self._net = net
 
-    def _fitted(self) -> BayesianNetwork:
+    @property
+    def network(self) -> BayesianNetwork:
+        """The fitted variational network (after ``fit``)."""
         if self._net is None:
             raise RuntimeError("method=bnn: call fit() before sample() or predict_own()")
         return self._net
@@ -158,7 +156,7 @@ class BNNMethod(PosteriorMethod):
     def sample(self, n: int, generator: torch.Generator) -> SampleSet:
         """``n`` BLiTZ weight draws ``{plain key: [n, ...]}`` (CPU); draw i is the one the BLiTZ
         forward pass makes under seed i of ``draw_seeds(n, generator)``."""
-        net = self._fitted()
+        net = self.network
         net.model.eval()
         info = self.exp.info
         probe = torch.zeros(1, info.in_channels, info.image_size, info.image_size, device=self.exp.device)
@@ -173,7 +171,7 @@ class BNNMethod(PosteriorMethod):
     def predict_own(self, images: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
         """Softmax probabilities ``[n, N, C]`` (float32, CPU) of the BLiTZ network on ``images``
         ``[N, ...]``; every batch of sample i is predicted under seed i, hence with one draw."""
-        net = self._fitted()
+        net = self.network
         net.model.eval()
         out = []
         for seed in draw_seeds(n, generator):

@@ -65,18 +65,22 @@ class SwagMoments:
         """``D`` ``[P, K]``, K = min(rank, snapshots collected)."""
         return torch.stack(self.deviations, dim=1)
 
+    def gaussian(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(theta_SWA [P], Sigma_diag^(1/2) [P], D [P, K])`` in ``dtype``: the arguments of ``swag_draw``."""
+        return self.mean.to(dtype), self.variance.sqrt().to(dtype), self.deviation_matrix.to(dtype)
 
-def swag_draw(moments: SwagMoments, scale: float, generator: torch.Generator) -> torch.Tensor:
-    """One SWAG sample ``[P]`` (float64): z1 ``[P]`` then z2 ``[K]`` from ``generator`` (see module doc)."""
-    deviations = moments.deviation_matrix
+
+def swag_draw(mean: torch.Tensor, std: torch.Tensor, deviations: torch.Tensor, scale: float,
+              generator: torch.Generator) -> torch.Tensor:
+    """One SWAG sample ``[P]`` in ``mean``'s dtype (see module doc) from ``theta_SWA`` ``mean`` ``[P]``,
+    ``Sigma_diag^(1/2)`` ``std`` ``[P]`` and ``D`` ``deviations`` ``[P, K]``; z1 ``[P]`` then z2 ``[K]``
+    are drawn from ``generator``."""
     k = deviations.shape[1]
     if k < 2:
         raise MethodConfigError(f"method=swag: the low-rank term needs at least 2 snapshots, got {k}")
-    z1 = torch.randn(moments.mean.shape, generator=generator, dtype=torch.float64)
-    z2 = torch.randn(k, generator=generator, dtype=torch.float64)
-    diag = moments.variance.sqrt() * z1 / math.sqrt(2.0)
-    low_rank = deviations @ z2 / math.sqrt(2.0 * (k - 1))
-    return moments.mean + math.sqrt(scale) * (diag + low_rank)
+    z1 = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+    z2 = torch.randn(k, generator=generator, dtype=mean.dtype)
+    return mean + math.sqrt(scale) * (std * z1 / math.sqrt(2.0) + deviations @ z2 / math.sqrt(2.0 * (k - 1)))
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ class SWAGMethod(PosteriorMethod):
         super().__init__(exp, settings)
         self._model: nn.Module | None = None
         self._moments: SwagMoments | None = None
+        self._gaussian: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._seed = 0
 
     @property
@@ -142,12 +147,14 @@ class SWAGMethod(PosteriorMethod):
         super().check(mode)
         self.schedule()
         _number(self.settings, "scale", 0.0)
+        if self.settings.get("bn_update_batches") is not None:
+            _number(self.settings, "bn_update_batches", 1, integer=True)
 
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
         """Continue training ``base`` under the SWAG schedule (data order from ``seed``) and collect
         the snapshot moments. NaN/Inf raises ``NonFiniteError`` and leaves the method unfitted."""
         exp, recipe, plan = self.exp, self.exp.recipe, self.schedule()
-        self._model = self._moments = None
+        self._model = self._moments = self._gaussian = None
         with seeded(seed):  # building a model draws from the global RNG; leave it as it was
             model = exp.model().to(exp.device)
         model.load_state_dict(base)
@@ -173,15 +180,15 @@ class SWAGMethod(PosteriorMethod):
                 if step == plan.total_steps:
                     break
             check_weights_finite(model, f"{where}, step {step}")
-        self._model, self._moments, self._seed = model, moments, seed
+        self._model, self._moments, self._gaussian, self._seed = model, moments, moments.gaussian(), seed
 
     def _draw_weights(self, generator: torch.Generator) -> nn.Module:
         """Load one SWAG draw into the fitted model and recompute its BatchNorm statistics."""
-        if self._model is None or self._moments is None:
+        if self._model is None or self._gaussian is None:
             raise RuntimeError("method=swag: call fit() before sample() or predict_own()")
         model, exp = self._model, self.exp
-        theta = swag_draw(self._moments, self.scale, generator)
-        vector_to_parameters(theta.to(device=exp.device, dtype=torch.float32), model.parameters())
+        theta = swag_draw(*self._gaussian, self.scale, generator)
+        vector_to_parameters(theta.to(exp.device), model.parameters())
         batches = self.settings.get("bn_update_batches")
         data = iterate_batches(exp.train_set, exp.recipe.batch_size, torch.Generator().manual_seed(self._seed), exp.device)
         update_bn(itertools.islice(data, batches) if batches is not None else data, model)

@@ -16,6 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from benchmark.store.atomic import atomic_path
+from benchmark.store.blocks import locate, read_rows
 from benchmark.store.checkpoint import check_finite, encode_metadata, open_safetensors, plain_tensors
 from benchmark.store.errors import CheckpointError
 
@@ -86,20 +87,17 @@ def iter_column_chunks(path: str | os.PathLike, key: str, max_elements: int = 2*
 
     The tensor ``[S, a, b, ...]`` is viewed as ``[S, D]`` (row-major flattening per sample);
     blocks follow its second axis, so each block is ``S * (rows * b * ...)`` elements, at most
-    ``max_elements`` unless a single row is larger. Only the block is read from disk.
+    ``max_elements`` unless a single row is larger. Only the block's bytes are read from disk
+    (positional reads, no memory map), so resident memory stays at the block size.
     """
-    with open_safetensors(path) as fh:
-        if key not in fh.keys():
-            raise CheckpointError(f"{path}: no key {key!r}")
-        sl = fh.get_slice(key)
-        shape = tuple(sl.get_shape())
-        samples = shape[0]
-        if len(shape) == 1:
-            yield sl[:].reshape(samples, 1)
-            return
-        step = _rows_per_block(shape[1:], samples, max_elements)
-        for start in range(0, shape[1], step):
-            yield sl[:, start : start + step].reshape(samples, -1)
+    shape = locate(path, key).shape
+    samples = shape[0]
+    if len(shape) == 1:
+        yield read_rows(path, key, 0, 0, samples).reshape(samples, 1)
+        return
+    step = _rows_per_block(shape[1:], samples, max_elements)
+    for start in range(0, shape[1], step):
+        yield read_rows(path, key, 1, start, start + step).reshape(samples, -1)
 
 
 def load_layer(paths: Sequence[str | os.PathLike], key: str) -> torch.Tensor:
@@ -118,24 +116,21 @@ def iter_layer_column_chunks(
 ) -> Iterator[torch.Tensor]:
     """Like ``iter_column_chunks`` but over a zoo of single-checkpoint files: blocks ``[S, d_i]``.
 
-    Each block reads rows of the per-checkpoint tensor's first axis from every file.
+    Each block reads the same rows of the per-checkpoint tensor's first axis from every file.
     """
     if not paths:
         raise ValueError("iter_layer_column_chunks: no checkpoint paths given")
-    with open_safetensors(paths[0]) as fh:
-        if key not in fh.keys():
-            raise CheckpointError(f"{paths[0]}: no key {key!r}")
-        shape = tuple(fh.get_slice(key).get_shape())
+    shape = locate(paths[0], key).shape
+    for p in paths[1:]:
+        other = locate(p, key).shape
+        if other != shape:
+            raise CheckpointError(f"{p}: key {key!r} has shape {other}, expected {shape} as in {paths[0]}")
     if len(shape) == 0:
         yield load_layer(paths, key).reshape(len(paths), 1)
         return
     step = _rows_per_block(shape, len(paths), max_elements)
     for start in range(0, shape[0], step):
-        block = []
-        for p in paths:
-            with open_safetensors(p) as fh:
-                block.append(fh.get_slice(key)[start : start + step].reshape(-1))
-        yield torch.stack(block)
+        yield torch.stack([read_rows(p, key, 0, start, start + step).reshape(-1) for p in paths])
 
 
 def iter_checkpoint_batches(

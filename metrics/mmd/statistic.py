@@ -1,4 +1,4 @@
-"""Kernel matrices and the unbiased MMD^2 U-statistic on precomputed distances.
+"""The unbiased MMD^2 U-statistic and kernel matrices, on precomputed distances.
 
 Kernels (as DESIGN.md and MMDAgg): Laplace ``exp(-|x-y|_1 / l)``, Gaussian
 ``exp(-|x-y|_2^2 / l^2)`` (MMDAgg's ``exp(-(d/l)^2)``: no factor 2 in the denominator).
@@ -43,13 +43,12 @@ def u_statistics(distances: torch.Tensor, m: int, kernel: str, bandwidths: torch
     if kernel == "gaussian":
         pairs = pairs.square()
     scales = bandwidths if kernel == "laplace" else bandwidths.square()
+    end_x, end_y = within_x.numel(), within_x.numel() + within_y.numel()
     buffer = torch.empty_like(pairs)
     values = []
     for scale in scales.tolist():
         torch.mul(pairs, -1.0 / scale, out=buffer).exp_()
-        sum_x = 2 * buffer[: within_x.numel()].sum()
-        sum_y = 2 * buffer[within_x.numel() : within_x.numel() + within_y.numel()].sum()
-        between = buffer[within_x.numel() + within_y.numel() :].sum()
+        sum_x, sum_y, between = 2 * buffer[:end_x].sum(), 2 * buffer[end_x:end_y].sum(), buffer[end_y:].sum()
         values.append(sum_x / (m * (m - 1)) + sum_y / (n * (n - 1)) - 2 * between / (m * n))
     return torch.stack(values).cpu().to(torch.float64)
 

@@ -4,18 +4,22 @@
                 its held-out seed range ``[100000, 100008)`` is trained into the store (the zoo stage).
 ``tiny_bases``  ``[(seed, state_dict), ...]`` of the converged held-out checkpoints of that store.
 ``compose_tiny`` ``compose_tiny(store, *overrides) -> DictConfig``: the same tiny config with more overrides.
-Tests that use ``tiny_exp`` run inside its ``backends()`` switches (autouse ``tiny_backends``).
+``tiny_resnet``  ``tiny_resnet(*overrides) -> Experiment``: ResNet-18 on 8 random 1x8x8 images
+                (batch 4, 1 epoch), for the ResNet-18 code paths of the methods.
+Every test here runs with one torch thread; those using ``tiny_exp`` inside its ``backends()`` (autouse ``tiny_backends``).
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from benchmark.data import InMemoryImageDataset
 from benchmark.experiment import Experiment
 from benchmark.stages.zoo import run_zoo
 from benchmark.store import load_checkpoint
@@ -51,19 +55,32 @@ def compose_tiny() -> Callable[..., DictConfig]:
 def tiny_exp(tmp_path_factory: pytest.TempPathFactory) -> Experiment:
     """Tiny digits/OptuNet experiment whose store holds the trained held-out seeds (session-wide)."""
     exp = Experiment(compose_config(tmp_path_factory.mktemp("tiny_store")))
-    with exp.backends():
+    with one_thread(), exp.backends():
         run_zoo(exp, *HELDOUT)
     return exp
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """One torch thread inside the block (tiny models slow down many times when oversubscribed)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 @pytest.fixture(autouse=True)
-def tiny_backends(request: pytest.FixtureRequest):
-    """Tests that use ``tiny_exp`` run under its backend switches (native CPU convolution for OptuNet)."""
-    if "tiny_exp" not in request.fixturenames:
-        yield
-        return
-    with request.getfixturevalue("tiny_exp").backends():
-        yield
+def tiny_backends(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test here runs with one torch thread; those using ``tiny_exp`` also under its
+    backend switches (native CPU convolution for OptuNet)."""
+    with one_thread():
+        if "tiny_exp" not in request.fixturenames:
+            yield
+            return
+        with request.getfixturevalue("tiny_exp").backends():
+            yield
 
 
 @pytest.fixture(scope="session")
@@ -73,3 +90,23 @@ def tiny_bases(tiny_exp: Experiment) -> list[tuple[int, dict[str, torch.Tensor]]
     seeds = [s for s in store.completed_seeds() if HELDOUT[0] <= s < HELDOUT[1]]
     assert len(seeds) >= 3, f"tiny zoo: only {len(seeds)} of the held-out seeds {HELDOUT} converged"
     return [(s, load_checkpoint(store.checkpoint_path(s), tiny_exp.model())[0]) for s in seeds]
+
+
+@pytest.fixture
+def tiny_resnet(tmp_path: Path) -> Callable[..., Experiment]:
+    """``tiny_resnet(*overrides)``: a ResNet-18 experiment whose data are 8 random 1x8x8 images
+    (10 classes) for train, test and OOD; recipe of 1 epoch in batches of 4, no convergence rule."""
+
+    def build(*overrides: str) -> Experiment:
+        cfg = compose_config(tmp_path / "store", "model=resnet18", "train.epochs=1", "train.batch_size=4",
+                             "train.fail_rule.epoch=null", *overrides)
+        exp = Experiment(cfg)
+        generator = torch.Generator().manual_seed(0)
+        images, labels = torch.randn(8, 1, 8, 8, generator=generator), torch.arange(8) % 10
+        exp.__dict__.update(  # replace the cached datasets of the experiment (functools.cached_property)
+            train_set=InMemoryImageDataset(images, labels), train_tensors=(images, labels),
+            test_tensors=(images[:4], labels[:4]), ood_tensors=(images[4:] * 3, labels[4:]),
+        )
+        return exp
+
+    return build

@@ -72,3 +72,27 @@ def test_inconsistent_sample_sets_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match="differ from state dict 0"):
         stack_state_dicts([{"a": torch.zeros(1)}, {"b": torch.zeros(1)}])
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_block_reads_refuse_truncated_files_and_mismatched_zoos(tmp_path, sample_set):
+    path = tmp_path / "s.safetensors"
+    save_sample_set(path, sample_set, {})
+    data = path.read_bytes()
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(data[:-50])
+    with pytest.raises(CheckpointError, match="cut.safetensors: truncated data"):
+        list(iter_column_chunks(cut, "a.weight", 30))
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    save_checkpoint(a, {"w": torch.zeros(3, 2)}, {})
+    save_checkpoint(b, {"w": torch.zeros(4, 2)}, {})
+    with pytest.raises(CheckpointError, match=r"b.safetensors: key 'w' has shape \(4, 2\), expected \(3, 2\)"):
+        list(iter_layer_column_chunks([a, b], "w"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.int64])
+def test_block_reads_keep_dtype(tmp_path, dtype):
+    full = (torch.arange(5 * 4 * 3).reshape(5, 4, 3) - 7).to(dtype)
+    path = tmp_path / "d.safetensors"
+    save_sample_set(path, {"x": full}, {})
+    chunks = list(iter_column_chunks(path, "x", 5 * 3))
+    assert all(c.dtype == dtype for c in chunks) and torch.equal(torch.cat(chunks, 1), full.reshape(5, -1))

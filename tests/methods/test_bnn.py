@@ -1,0 +1,178 @@
+"""Variational BNN: BLiTZ conversion, draws, consistency with the plain model, ResNet-18 path, bad input."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from blitz.modules import BayesianConv2d, BayesianLinear
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from torch import nn
+
+import methods.bnn as bnn_module
+from benchmark.experiment import Experiment
+from benchmark.models import optunet, resnet18
+from benchmark.training import NonFiniteError, seeded
+from methods.base import MethodConfigError, predict_with_weights
+from methods.bayesian_layers import bayesian_layer_names, check_convertible, to_bayesian
+from methods.bnn import BNNMethod
+from tests.methods.conftest import CONF_DIR, one_thread
+
+NO_FAIL_RULE = {"fail_rule": {"epoch": None, "min_accuracy": None}}
+
+
+def bnn_settings(exp: Experiment, **train) -> dict:
+    """The experiment's BNN settings with the vBNN recipe replaced by ``train`` (tiny runs)."""
+    settings = OmegaConf.to_container(exp.cfg.methods.bnn, resolve=True)
+    settings["train"] = {**NO_FAIL_RULE, **train}
+    return settings
+
+
+@pytest.fixture(scope="module")
+def fitted(tiny_exp, tiny_bases) -> BNNMethod:
+    """A vBNN trained for one epoch from the first base's seed."""
+    method = BNNMethod(tiny_exp, bnn_settings(tiny_exp, epochs=1, milestones=[]))
+    method.check("one")
+    seed, base = tiny_bases[0]
+    with one_thread(), tiny_exp.backends():
+        method.fit(base, seed)
+    return method
+
+
+# --- conversion --------------------------------------------------------------------------------
+def test_conversion_keeps_shapes_groups_bias_and_function():
+    with seeded(3):
+        plain = optunet()
+    net = to_bayesian(plain, "all")
+    conv2 = net.model.conv2
+    assert isinstance(conv2, BayesianConv2d) and conv2.groups == 2
+    assert conv2.weight_mu.shape == plain.conv2.weight.shape == (10, 1, 5, 5)
+    assert not hasattr(conv2, "bias_mu"), "a bias-free plain conv must stay bias-free"
+    assert isinstance(net.model.fc2, BayesianLinear)
+    assert set(net.samplers) == set(plain.state_dict()) and net.plain_keys == tuple(plain.state_dict())
+    for key, sampler in net.samplers.items():
+        assert torch.equal(sampler.mu, plain.state_dict()[key])
+    # With sigma -> 0 every draw is the mean: the BLiTZ network must compute the plain function.
+    with torch.no_grad():
+        for sampler in net.samplers.values():
+            sampler.rho.fill_(-40.0)
+    images = torch.randn(6, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.allclose(net.model(images), plain(images), atol=1e-6)
+    assert isinstance(plain.conv2, nn.Conv2d), "the plain model must be left untouched"
+
+
+def test_last_layer_conversion_only_touches_the_last_linear():
+    net = to_bayesian(optunet(), "last_layer")
+    assert set(net.samplers) == {"fc2.weight", "fc2.bias"}
+    assert type(net.model.conv1) is nn.Conv2d and type(net.model.fc1) is nn.Linear
+    assert bayesian_layer_names(resnet18(num_classes=10), "last_layer") == ["fc"]
+
+
+def test_conversion_refuses_what_blitz_cannot_represent():
+    with pytest.raises(ValueError, match="model.bnn_layers='middle'"):
+        bayesian_layer_names(optunet(), "middle")
+    model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect"), nn.Flatten(), nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="padding_mode='reflect'"):
+        check_convertible(model, "all")
+
+
+# --- the fitted method ---------------------------------------------------------------------------
+def test_sample_is_keyed_like_the_plain_model_and_predicts_like_predict_own(fitted, tiny_exp, monkeypatch):
+    monkeypatch.setattr(bnn_module, "PREDICT_BATCH", 128)  # several batches must share one draw
+    images = tiny_exp.test_tensors[0][:300]
+    g_sample, g_predict = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    samples = fitted.sample(5, g_sample)
+    assert {k: tuple(v.shape[1:]) for k, v in samples.items()} == tiny_exp.shapes()
+    assert list(samples) == list(tiny_exp.model().state_dict())
+    assert all(v.shape[0] == 5 for v in samples.values())
+    assert not torch.equal(samples["fc1.weight"][0], samples["fc1.weight"][1]), "draws must differ"
+    own = fitted.predict_own(images, 5, g_predict)
+    plain = predict_with_weights(tiny_exp.model(), samples, images)
+    assert own.shape == (5, 300, 10)
+    torch.testing.assert_close(own, plain, atol=1e-5, rtol=0)
+    assert torch.equal(g_sample.get_state(), g_predict.get_state()), "sample and predict_own must consume the generator alike"
+
+
+def test_draws_have_blitz_mean_and_softplus_rho_std(fitted):
+    n = 1000
+    samples = fitted.sample(n, torch.Generator().manual_seed(5))
+    for key, sampler in fitted.network.samplers.items():
+        mu, sigma = sampler.mu.detach(), F.softplus(sampler.rho.detach())
+        mean, std = samples[key].mean(0), samples[key].std(0)
+        assert ((mean - mu).abs() <= 5 * sigma / n**0.5).all(), key
+        assert ((std / sigma - 1).abs() <= 0.12).all(), key  # relative s.e. of a std ~ 1/sqrt(2n) = 2.2%
+
+
+def test_sample_before_fit_and_bad_counts_are_refused(tiny_exp, fitted):
+    with pytest.raises(RuntimeError, match="call fit"):
+        BNNMethod(tiny_exp, bnn_settings(tiny_exp)).sample(2, torch.Generator())
+    with pytest.raises(ValueError, match="positive integer"):
+        fitted.sample(0, torch.Generator())
+
+
+# --- ResNet-18 -------------------------------------------------------------------------------------
+def test_resnet18_one_step_and_draws_keyed_like_the_plain_model(tiny_resnet):
+    exp = tiny_resnet()
+    settings = {**bnn_settings(exp, epochs=1, milestones=[], batch_size=8), "elbo_samples": 1}  # one step
+    method = BNNMethod(exp, settings)
+    method.check("multi")
+    with seeded(0):
+        plain = exp.model()
+    untrained = plain.state_dict()
+    method.fit({}, 0)
+    net = method.network
+    layers = [(n, m) for n, m in plain.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    assert set(net.samplers) == {f"{n}.{p}" for n, m in layers for p in ("weight", "bias") if getattr(m, p) is not None}
+    samples = method.sample(2, torch.Generator().manual_seed(1))
+    assert {k: tuple(v.shape[1:]) for k, v in samples.items()} == {k: tuple(v.shape) for k, v in untrained.items()}
+    bn_key = "layer1.0.bn1.running_var"
+    trained = net.model.state_dict()[bn_key]
+    assert not torch.allclose(trained, untrained[bn_key]), "BatchNorm statistics must have been trained"
+    assert torch.equal(samples[bn_key][0], trained) and torch.equal(samples[bn_key][1], trained)
+    images = exp.test_tensors[0]
+    own = method.predict_own(images, 2, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(own, predict_with_weights(exp.model(), samples, images), atol=1e-5, rtol=0)
+
+
+# --- bad input -----------------------------------------------------------------------------------
+def test_tinyimagenet_is_refused_before_any_training(tmp_path: Path, monkeypatch):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=tinyimagenet_resnet18", "device=cpu", f"store={tmp_path}"])
+    method = BNNMethod(Experiment(cfg), cfg.methods.bnn)
+    monkeypatch.setattr(bnn_module, "train_network", lambda *a, **k: pytest.fail("training started"))
+    for call in (lambda: method.check("one"), lambda: method.fit({}, 0)):
+        with pytest.raises(MethodConfigError, match="did not manage to train vBNNs on TinyImageNet.*cifar100_resnet18"):
+            call()
+
+
+@pytest.mark.parametrize(
+    "setting, match",
+    [
+        ({"elbo_samples": 0}, "methods.bnn.elbo_samples=0"),
+        ({"kl_weight": -1.0}, "methods.bnn.kl_weight=-1.0"),
+        ({"train": {"epoch": 3}}, "methods.bnn.train.epoch: unknown recipe key"),
+        ({"train": {"lr": -1.0}}, "methods.bnn.train"),
+    ],
+)
+def test_bad_settings_are_refused(tiny_exp, setting, match):
+    settings = {**bnn_settings(tiny_exp), **setting}
+    with pytest.raises(MethodConfigError, match=match):
+        BNNMethod(tiny_exp, settings).check("one")
+
+
+def test_unknown_bnn_layers_is_refused(compose_tiny, tmp_path):
+    exp = Experiment(compose_tiny(tmp_path, "model.bnn_layers=middle"))
+    with pytest.raises(MethodConfigError, match="model.bnn_layers='middle'.*all, last_layer"):
+        BNNMethod(exp, exp.cfg.methods.bnn).check("one")
+
+
+def test_nan_during_fitting_stops_with_non_finite_error(tiny_exp, tiny_bases):
+    method = BNNMethod(tiny_exp, bnn_settings(tiny_exp, epochs=1, milestones=[], lr=1e12))
+    seed, base = tiny_bases[0]
+    with pytest.raises(NonFiniteError, match="bnn seed"):
+        method.fit(base, seed)
+    with pytest.raises(RuntimeError, match="call fit"):
+        method.sample(1, torch.Generator())

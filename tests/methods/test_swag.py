@@ -1,0 +1,121 @@
+"""SWAG: moments and draws against the SWAG formulas, the schedule, consistency, ResNet-18 path, bad input."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from benchmark.experiment import Experiment
+from benchmark.training import NonFiniteError
+from methods.base import MethodConfigError, predict_with_weights
+from methods.swag import SwagMoments, SWAGMethod, swag_draw
+
+SMALL = ("methods.swag.epochs_factor=1", "methods.swag.snapshots=4", "methods.swag.rank=3")
+
+
+def _moments_of(snapshots: np.ndarray, rank: int) -> SwagMoments:
+    moments = SwagMoments(rank=rank)
+    for theta in snapshots:
+        moments.collect(torch.from_numpy(theta))
+    return moments
+
+
+def test_moments_follow_the_swag_definitions() -> None:
+    snapshots = np.random.default_rng(0).normal(size=(6, 5))
+    moments = _moments_of(snapshots, rank=4)
+    running_means = np.cumsum(snapshots, axis=0) / np.arange(1, 7)[:, None]
+    np.testing.assert_allclose(moments.mean.numpy(), snapshots.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(moments.variance.numpy(), snapshots.var(0), rtol=1e-10)
+    # deviations from the running mean after each snapshot, last `rank` of them (reference code)
+    np.testing.assert_allclose(moments.deviation_matrix.numpy(), (snapshots - running_means)[-4:].T, rtol=1e-12)
+
+
+def test_draw_is_the_swag_formula() -> None:
+    snapshots = np.random.default_rng(1).normal(size=(5, 4))
+    moments, scale = _moments_of(snapshots, rank=5), 0.1
+    theta = swag_draw(*moments.gaussian(torch.float64), scale, torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    z1, z2 = torch.randn(4, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
+    d = (snapshots - np.cumsum(snapshots, 0) / np.arange(1, 6)[:, None]).T
+    expected = snapshots.mean(0) + math.sqrt(scale) * (
+        np.sqrt(snapshots.var(0)) * z1.numpy() / math.sqrt(2) + d @ z2.numpy() / math.sqrt(2 * 4)
+    )
+    np.testing.assert_allclose(theta.numpy(), expected, rtol=1e-12)
+
+
+def test_draws_have_the_swag_mean_and_covariance() -> None:
+    snapshots = np.random.default_rng(2).normal(size=(4, 3)) * [1.0, 2.0, 0.5]
+    moments, scale, n = _moments_of(snapshots, rank=4), 0.5, 40000
+    g = torch.Generator().manual_seed(0)
+    gaussian = moments.gaussian(torch.float64)
+    draws = torch.stack([swag_draw(*gaussian, scale, g) for _ in range(n)]).numpy()
+    d = (snapshots - np.cumsum(snapshots, 0) / np.arange(1, 5)[:, None]).T
+    covariance = scale * (np.diag(snapshots.var(0)) + d @ d.T / 3) / 2
+    tolerance = 5 * np.sqrt(np.diag(covariance).max() ** 2 * 2 / n)  # ~5 standard errors of a covariance entry
+    np.testing.assert_allclose(draws.mean(0), snapshots.mean(0), atol=5 * np.sqrt(np.diag(covariance).max() / n))
+    np.testing.assert_allclose(np.cov(draws.T), covariance, atol=tolerance)
+
+
+def test_schedule_ramps_then_collects_over_the_second_half(compose_tiny, tmp_path) -> None:
+    exp = Experiment(compose_tiny(tmp_path, "methods.swag.snapshots=5", "methods.swag.lr=0.2"))
+    plan = SWAGMethod(exp, exp.cfg.methods.swag).schedule()
+    steps_per_epoch = math.ceil(len(exp.train_set) / 32)
+    assert plan.total_steps == 2 * 2 * steps_per_epoch
+    assert len(plan.snapshot_steps) == 5 and max(plan.snapshot_steps) == plan.total_steps
+    assert min(plan.snapshot_steps) > plan.total_steps // 2 >= plan.ramp_steps
+    lrs = [plan.lr(s) for s in range(plan.total_steps)]
+    assert lrs[0] > plan.lr_start == exp.recipe.lr * 0.5 ** 0 and lrs[plan.ramp_steps - 1] == pytest.approx(0.2)
+    assert np.all(np.diff(lrs[: plan.ramp_steps]) > 0) and set(lrs[plan.ramp_steps :]) == {0.2}
+
+
+def _assert_consistent(method: SWAGMethod, exp: Experiment, images: torch.Tensor, n: int) -> dict:
+    samples = method.sample(n, torch.Generator().manual_seed(4))
+    own = method.predict_own(images, n, torch.Generator().manual_seed(4))
+    torch.testing.assert_close(predict_with_weights(exp.model(), samples, images), own, rtol=0, atol=1e-5)
+    return samples
+
+
+def test_optunet_consistency_and_spread(compose_tiny, tiny_exp, tiny_bases) -> None:
+    exp = Experiment(compose_tiny(tiny_exp.store.root, *SMALL))
+    method = SWAGMethod(exp, exp.cfg.methods.swag)
+    method.check("one")
+    seed, base = tiny_bases[0]
+    method.fit(base, seed)
+    assert method._moments.count == 4 and method._moments.deviation_matrix.shape == (355, 3)
+    samples = _assert_consistent(method, exp, exp.test_tensors[0][:64], 3)
+    assert not torch.equal(samples["fc2.weight"][0], samples["fc2.weight"][1])
+    assert not torch.equal(samples["conv1.weight"][0], base["conv1.weight"])
+
+
+def test_resnet18_draws_recompute_batchnorm_statistics(tiny_resnet) -> None:
+    exp = tiny_resnet("methods.swag.snapshots=2", "methods.swag.rank=2", "methods.swag.bn_update_batches=1")
+    method = SWAGMethod(exp, exp.cfg.methods.swag)
+    method.check("multi")
+    base = exp.model().state_dict()
+    method.fit(base, 0)
+    samples = _assert_consistent(method, exp, exp.test_tensors[0], 2)
+    # running statistics come from one batch pass (cumulative average) with the drawn weights
+    assert samples["bn1.num_batches_tracked"].tolist() == [1, 1]
+    assert not torch.equal(samples["layer1.0.bn1.running_mean"][0], samples["layer1.0.bn1.running_mean"][1])
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("methods.swag.snapshots=1", "snapshots"), ("methods.swag.rank=1", "rank"), ("methods.swag.scale=-1", "scale"),
+     ("methods.swag.ramp_fraction=0.7", "ramp_fraction"), ("methods.swag.bn_update_batches=0", "bn_update_batches"), ("methods.swag.snapshots=100000", "snapshots=100000")],
+)
+def test_bad_settings_are_refused_before_training(compose_tiny, tmp_path, override, key) -> None:
+    exp = Experiment(compose_tiny(tmp_path, override))
+    with pytest.raises(MethodConfigError, match=f"methods.swag.{key}"):
+        SWAGMethod(exp, exp.cfg.methods.swag).check("one")
+
+
+def test_nan_during_swag_training_stops_the_fit(compose_tiny, tiny_exp, tiny_bases) -> None:
+    exp = Experiment(compose_tiny(tiny_exp.store.root, "methods.swag.lr=1e30", *SMALL))
+    method = SWAGMethod(exp, exp.cfg.methods.swag)
+    with pytest.raises(NonFiniteError, match="swag seed"):
+        method.fit(tiny_bases[0][1], tiny_bases[0][0])
+    with pytest.raises(RuntimeError, match="call fit"):
+        method.sample(1, torch.Generator())
