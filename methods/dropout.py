@@ -68,17 +68,18 @@ class DropoutMethod(PosteriorMethod):
 
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
         """Train a dropout network from scratch with the experiment's recipe; ``seed`` fixes its
-        initialisation (the base's) and data order. ``base`` itself is not used: dropout changes training.
+        initialisation (the base's), data order and training masks. ``base`` itself is not used:
+        dropout changes training.
 
         Raises ``NonFiniteError`` on NaN/Inf, ``MethodFitError`` if the run fails the recipe's
         convergence rule.
         """
         exp = self.exp
         self._model = self._weights = None
-        with seeded(seed):
+        with seeded(seed):  # the initialisation and the dropout masks drawn in training
             model = exp.model(dropout=self.p).to(exp.device)
-        result = train_network(model, exp.train_set, exp.test_tensors, exp.recipe, seed,
-                               where=f"{exp.name} dropout seed {seed}")
+            result = train_network(model, exp.train_set, exp.test_tensors, exp.recipe, seed,
+                                   where=f"{exp.name} dropout seed {seed}")
         if result.failure:
             raise MethodFitError(f"method=dropout: the dropout network of seed {seed} failed: {result.failure}")
         self._model, self._weights = model.eval(), result.state_dict

@@ -1,6 +1,6 @@
 """Sample stage: each method's weight samples in each mode, and its predictions with them.
 
-``python -m benchmark stage=sample sample.method=<all|name> sample.mode=<both|one|multi>``
+``python -m benchmark stage=sample method=<all|name> mode=<both|one|multi>``
 
 A unit is one (method, mode). It is skipped when its sample set and its predictions are in the
 store and valid for the current settings; otherwise, under a per-unit lock, the method is fitted
@@ -9,7 +9,7 @@ the predictions ``{"id": [S, N, C], "ood": [S, M, C]}`` (float32 probabilities o
 and the OOD set) are written atomically, predictions last: a unit counts as done only when both
 files validate, so a killed run redoes at most the unit in flight.
 
-Every unit's ``check`` and bases are verified before any training. With ``sample.method=all`` a
+Every unit's ``check`` and bases are verified before any training. With ``method=all`` a
 unit that fails (bad combination, missing bases, NaN) is logged, writes nothing, and the stage
 goes on, raising ``SampleStageError`` listing the failures at the end; a named method fails at once.
 """
@@ -38,7 +38,7 @@ NOT_WRITTEN = "not written yet"
 
 
 class SampleStageError(RuntimeError):
-    """Some (method, mode) units failed under ``sample.method=all``; the others were written."""
+    """Some (method, mode) units failed under ``method=all``; the others were written."""
 
 
 @dataclass
@@ -52,15 +52,15 @@ class SampleSummary:
 
 
 def selected_units(method: str, mode: str) -> list[tuple[str, str]]:
-    """``(method, mode)`` pairs of ``sample.method`` x ``sample.mode``.
+    """``(method, mode)`` pairs of ``method`` x ``mode``.
 
     ``all``/``both`` expand to the modes each method supports; a named method with a named mode
     is kept even if unsupported, so that its ``check`` refuses it with the reason.
     """
     if method != "all" and method not in METHOD_NAMES:
-        raise ValueError(f"sample.method={method!r}: unknown method; expected all or one of {', '.join(METHOD_NAMES)}")
+        raise ValueError(f"method={method!r}: unknown method; expected all or one of {', '.join(METHOD_NAMES)}")
     if mode not in MODE_CHOICES:
-        raise ValueError(f"sample.mode={mode!r}: unknown mode; expected one of {', '.join(MODE_CHOICES)}")
+        raise ValueError(f"mode={mode!r}: unknown mode; expected one of {', '.join(MODE_CHOICES)}")
     names = METHOD_NAMES if method == "all" else (method,)
     units = []
     for name in names:
@@ -147,8 +147,8 @@ def write_unit(exp: Experiment, name: str, method: PosteriorMethod, plan: ModePl
 
 
 def run_sample(exp: Experiment) -> SampleSummary:
-    """Run the units of ``cfg.sample.method`` x ``cfg.sample.mode`` that the store lacks (see module doc)."""
-    method, mode = str(exp.cfg.sample.method), str(exp.cfg.sample.mode)
+    """Run the units of ``cfg.method`` x ``cfg.mode`` that the store lacks (see module doc)."""
+    method, mode = str(exp.cfg.method), str(exp.cfg.mode)
     units = selected_units(method, mode)
     single = method != "all"
     store = exp.store

@@ -82,6 +82,14 @@ def test_bad_rate_is_refused_before_training(compose_tiny, tmp_path, p) -> None:
         DropoutMethod(exp, exp.cfg.methods.dropout).check("one")
 
 
+def test_retraining_depends_only_on_the_seed(tiny_exp) -> None:
+    torch.manual_seed(123)  # the global RNG state must not matter (dropout masks during training)
+    first = _fitted(tiny_exp, 100001)._weights
+    torch.rand(5)
+    second = _fitted(tiny_exp, 100001)._weights
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
 def test_non_converged_retraining_is_a_fit_error(compose_tiny, tmp_path) -> None:
     exp = Experiment(compose_tiny(tmp_path, "train.fail_rule.epoch=1", "train.fail_rule.min_accuracy=1.01"))
     with pytest.raises(MethodFitError, match="seed 5 failed: held-out accuracy"):
