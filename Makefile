@@ -21,7 +21,8 @@ HYDRA_MULTI := $(PY) -m benchmark -m experiment=$(EXPERIMENT) cluster.parallel_j
 benchmark: $(STAMP)
 	$(HYDRA_MULTI) stage=zoo zoo.num_shards=$(JOBS) 'zoo.shard=range($(JOBS))'
 	$(HYDRA_MULTI) stage=zoo zoo.num_shards=$(JOBS) 'zoo.shard=range($(JOBS))' 'zoo.start=$${heldout.start}' 'zoo.stop=$${heldout.stop}'
-	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all cluster.parallel_jobs=1
+	$(HYDRA_MULTI) stage=sample method=bnn,dropout,swag,sghmc,laplace,ensemble
+	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

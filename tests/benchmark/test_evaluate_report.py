@@ -3,6 +3,7 @@ import math
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from benchmark.experiment import Experiment
 from benchmark.stages.evaluate import COLUMNS, run_evaluate
@@ -40,10 +41,10 @@ def filled(tmp_path_factory):
     save_sample_set(store.preds_path("ensemble", "multi"), preds, meta)
     bad = {k: v.clone() for k, v in preds.items()}
     save_sample_set(store.samples_path("dropout", "one"), ensemble, {**meta, "method": "dropout", "mode": "one"})
-    # NaN probabilities cannot be stored (the store refuses non-finite tensors), so a broken
-    # method is simulated with probabilities that do not sum to one.
-    bad["id"] = bad["id"] * 3
-    save_sample_set(store.preds_path("dropout", "one"), bad, {**meta, "method": "dropout", "mode": "one"})
+    # The store refuses to write NaN; a predictions file damaged by another tool is written
+    # directly with safetensors.
+    bad["id"][0, 5] = float("nan")
+    save_file(bad, str(store.preds_path("dropout", "one")), metadata={**meta, "method": "dropout", "mode": "one"})
     return exp, ensemble, preds, members
 
 
@@ -63,7 +64,7 @@ def test_metrics_csv_matches_independent_computation(filled):
         assert row[key] == pytest.approx(m[key], rel=1e-6, abs=1e-9), key
     assert not math.isnan(row.ns_mmd_median)
     failed = df.set_index(["method", "mode"]).loc[("dropout", "one")]
-    assert failed.status == "failed" and "probs_id" in failed.reason and "sum to 1" in failed.reason
+    assert failed.status == "failed" and "probs_id" in failed.reason and "NaN" in failed.reason
     on_disk = pd.read_csv(exp.cfg.results + "/digits_optunet/metrics.csv")
     assert len(on_disk) == 2
 
