@@ -201,8 +201,9 @@ def train_network(
 
     ``check_set`` ``(images [N, ...], labels [N])`` is the held-out set for the recipe's
     non-convergence rule and the reported test accuracy; ``train_eval`` (optional) the same
-    for the reported train accuracy. A run failing the rule stops early and returns with
-    ``failure`` set; NaN/Inf raises ``NonFiniteError`` (nothing to store).
+    for the reported train accuracy. A run below ``fail_below`` after ``fail_epoch`` stops
+    early, and one that ends below it is also failed; both return with ``failure`` set.
+    NaN/Inf raises ``NonFiniteError`` (nothing to store).
     """
     generator = torch.Generator().manual_seed(seed)
     optimizer = make_optimizer(model.parameters(), recipe)
@@ -224,7 +225,11 @@ def train_network(
             history.append(record)
     test_acc = accuracy(model, *check_set)
     train_acc = accuracy(model, *train_eval) if train_eval is not None else math.nan
-    return TrainResult(_cpu_state(model), train_acc, test_acc, recipe.epochs, history=history)
+    failure = None
+    if recipe.fail_epoch is not None and recipe.fail_below is not None and test_acc < recipe.fail_below:
+        # Passed the early check, then collapsed (e.g. every ReLU died later): same threshold.
+        failure = f"held-out accuracy {test_acc:.3f} < {recipe.fail_below} at the end of training (collapsed)"
+    return TrainResult(_cpu_state(model), train_acc, test_acc, recipe.epochs, failure=failure, history=history)
 
 
 def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -40,6 +40,9 @@ def test_divergence_raises_and_non_convergence_is_reported(tiny_cfg):
     tiny_cfg.train.fail_rule.min_accuracy = 1.01
     result = train_seed(Experiment(tiny_cfg), 0)
     assert result.failure and "< 1.01 after epoch 1" in result.failure and result.epochs_run == 1
+    tiny_cfg.train.fail_rule.epoch = 5  # never checked early (2 epochs): the final check catches it
+    result = train_seed(Experiment(tiny_cfg), 0)
+    assert result.failure and "at the end of training (collapsed)" in result.failure and result.epochs_run == 2
 
 
 def test_threads_per_job(monkeypatch):
