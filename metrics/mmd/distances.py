@@ -67,7 +67,7 @@ class DistanceAccumulator:
         if self._gram is None:
             self._gram = torch.zeros(size, size, dtype=torch.float64, device=self.device)
             self._l1 = torch.zeros(size, size, dtype=torch.float64, device=self.device)
-        self._gram.addmm_(z, z.T)
+        _add_upper_gram(z, self._gram)
         if self.device.type == "cpu":
             accumulate_l1_upper(z, self._l1)
         else:
@@ -84,8 +84,10 @@ class DistanceAccumulator:
         else:
             l1 = (self._l1 + self._l1.T) / 2
             l1.fill_diagonal_(0.0)
-        norms = self._gram.diagonal()
-        squared = (norms[:, None] + norms[None, :] - 2 * self._gram).clamp_min_(0.0)
+        gram = self._gram.triu()
+        gram = gram + gram.triu(1).T
+        norms = gram.diagonal()
+        squared = (norms[:, None] + norms[None, :] - 2 * gram).clamp_min_(0.0)
         # Symmetrise exactly (addmm rounding may differ across the diagonal) and pin the diagonal.
         squared = (squared + squared.T) / 2
         squared.fill_diagonal_(0.0)
@@ -116,6 +118,23 @@ class DistanceAccumulator:
             if block.is_floating_point() and not bool(torch.isfinite(block).all()):
                 raise MMDInputError(f"{where}: {side} samples contain NaN or Inf values")
         return x_block, y_block
+
+
+GRAM_TILES = 4
+
+
+def _add_upper_gram(z: torch.Tensor, gram: torch.Tensor, tiles: int = GRAM_TILES) -> None:
+    """``gram += z z^T`` on the row tiles on and above the diagonal only (``[N, N]``, in place).
+
+    The Gram matrix is symmetric, so with 4 row tiles 10 of the 16 tile products suffice
+    (62.5% of the float64 multiply-adds, the dominant cost of the L2 distances); ``finish``
+    mirrors the upper triangle.
+    """
+    edges = torch.linspace(0, z.shape[0], tiles + 1).round().long().tolist()
+    spans = [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+    for i, (a, b) in enumerate(spans):
+        for c, d in spans[i:]:
+            gram[a:b, c:d].addmm_(z[a:b], z[c:d].T)
 
 
 def pairwise_distances(
