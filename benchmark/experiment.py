@@ -21,6 +21,11 @@ from benchmark.store import ExperimentStore
 from benchmark.training import Recipe
 
 
+def stable_hash(payload: Any, length: int = 16) -> str:
+    """Hex SHA-256 prefix of ``payload`` as key-sorted JSON: the same settings, the same hash."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:length]
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> CUDA when available else CPU; otherwise ``torch.device(name)``."""
     if name == "auto":
@@ -91,7 +96,7 @@ class Experiment:
             "dataset": {k: self.cfg.dataset[k] for k in ("name", "augment")},
             "train": OmegaConf.to_container(self.cfg.train, resolve=True),
         }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        return stable_hash(payload)
 
     def model(self, dropout: float = 0.0) -> nn.Module:
         """A fresh model of the experiment (initialised from torch's global RNG)."""

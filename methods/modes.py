@@ -79,9 +79,7 @@ def plan_counts(method: type[PosteriorMethod] | PosteriorMethod, mode: str, per_
 
 def converged_heldout_seeds(exp: Experiment) -> list[int]:
     """Seeds of ``[heldout.start, heldout.stop)`` with a checkpoint in the store (sorted; failed seeds have none)."""
-    start, stop = int(exp.cfg.heldout.start), int(exp.cfg.heldout.stop)
-    failed = set(exp.store.failed_seeds())
-    return [s for s in exp.store.completed_seeds() if start <= s < stop and s not in failed]
+    return exp.store.converged_seeds(int(exp.cfg.heldout.start), int(exp.cfg.heldout.stop))
 
 
 def select_bases(exp: Experiment, count: int) -> list[int]:

@@ -8,7 +8,6 @@ run recomputes nothing.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -20,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from benchmark.cli import register_stage
-from benchmark.experiment import Experiment
+from benchmark.experiment import Experiment, stable_hash
 from benchmark.store import (
     CheckpointError,
     StoreError,
@@ -53,8 +52,7 @@ COLUMNS = [
 
 def reference_seeds(exp: Experiment) -> list[int]:
     """Converged zoo seeds of the reference range ``[zoo.start, reference.stop)``."""
-    start, stop = int(exp.cfg.zoo.start), int(exp.cfg.reference.stop)
-    return [s for s in exp.store.completed_seeds() if start <= s < stop]
+    return exp.store.converged_seeds(int(exp.cfg.zoo.start), int(exp.cfg.reference.stop))
 
 
 def available_rows(exp: Experiment) -> list[tuple[str, str]]:
@@ -77,11 +75,9 @@ def describe_store(exp: Experiment) -> str:
 
 
 def _fingerprint(paths: list[Path], extra: Any) -> str:
-    h = hashlib.sha256(json.dumps(extra, sort_keys=True).encode())
-    for p in paths:
-        st = p.stat()
-        h.update(f"{p}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:20]
+    """Hash of ``extra`` and the identity (path, size, mtime) of the files a result came from."""
+    files = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+    return stable_hash({"extra": extra, "files": files}, length=20)
 
 
 class Reference:

@@ -15,7 +15,6 @@ goes on, raising ``SampleStageError`` listing the failures at the end; a named m
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmark.cli import register_stage
-from benchmark.experiment import Experiment, library_versions
+from benchmark.experiment import Experiment, library_versions, stable_hash
 from benchmark.store import CheckpointError, SampleSet, read_metadata, sample_set_keys, save_sample_set, try_lock
 from benchmark.training import NonFiniteError
 from methods.base import MODES, MethodConfigError, MethodFitError, PosteriorMethod, predict_with_weights
@@ -80,7 +79,7 @@ def settings_hash(exp: Experiment, name: str) -> str:
         "heldout": [int(exp.cfg.heldout.start), int(exp.cfg.heldout.stop)],
         "model": OmegaConf.to_container(exp.cfg.model, resolve=True),
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    return stable_hash(payload)
 
 
 def unit_metadata(exp: Experiment, name: str, plan: ModePlan, seeds: tuple[int, ...]) -> dict[str, object]:

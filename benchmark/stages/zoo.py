@@ -150,8 +150,6 @@ def zoo_summary(exp: Experiment, start: int, stop: int) -> ZooSummary:
 
 def _fill_range_state(exp: Experiment, summary: ZooSummary, start: int, stop: int) -> None:
     store = exp.store
-    in_range = set(range(start, stop))
-    for seed in store.completed_seeds():
-        if seed in in_range:
-            summary.accuracies[seed] = metadata_float(read_metadata(store.checkpoint_path(seed)), "test_accuracy")
-    summary.failed_in_range = len(in_range & set(store.failed_seeds()))
+    for seed in store.converged_seeds(start, stop):
+        summary.accuracies[seed] = metadata_float(read_metadata(store.checkpoint_path(seed)), "test_accuracy")
+    summary.failed_in_range = sum(start <= s < stop for s in store.failed_seeds())

@@ -94,6 +94,11 @@ class ExperimentStore:
         """Seeds with a checkpoint file in the zoo (sorted)."""
         return sorted(_seeds_in(self.zoo_dir, ".safetensors"))
 
+    def converged_seeds(self, start: int, stop: int) -> list[int]:
+        """Seeds of ``[start, stop)`` with a checkpoint and no failure record (sorted)."""
+        failed = set(self.failed_seeds())
+        return [s for s in self.completed_seeds() if start <= s < stop and s not in failed]
+
     def failed_seeds(self) -> dict[int, dict[str, Any]]:
         """Seed -> failure record (``reason``, ``epoch``, ``val_acc`` ...) of seeds that did not converge."""
         out = {}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch

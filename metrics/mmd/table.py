@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from metrics.mmd.bandwidths import bandwidth_grid
-from metrics.mmd.distances import DEFAULT_MAX_CHUNK_ELEMENTS, PairwiseDistances, pairwise_distances, split_columns
+from metrics.mmd.distances import DEFAULT_MAX_CHUNK_ELEMENTS, PairwiseDistances, pairwise_distances
 from metrics.mmd.layers import MMDInputError, check_comparable_shapes, iter_layer_blocks
 from metrics.mmd.permutation_test import AggregatedTestResult, PermutationTestConfig, aggregated_permutation_test
 from metrics.mmd.sources import Source, iter_source_columns, source_shapes, zip_column_blocks
