@@ -16,12 +16,13 @@ install: $(STAMP)
 
 # The zoo and the sample stage are sharded over $(JOBS) local processes by Hydra's joblib
 # launcher (one torch thread each); the final run finds that work done and does the rest.
+# The method list comes from the registry (methods/registry.py).
 JOBS ?= 2
+METHODS = $(shell $(PY) -c 'import methods; print(",".join(methods.method_names()))')
 HYDRA_MULTI := $(PY) -m benchmark -m experiment=$(EXPERIMENT) cluster.parallel_jobs=$(JOBS)
 benchmark: $(STAMP)
 	$(HYDRA_MULTI) stage=zoo zoo.num_shards=$(JOBS) 'zoo.shard=range($(JOBS))'
-	$(HYDRA_MULTI) stage=zoo zoo.num_shards=$(JOBS) 'zoo.shard=range($(JOBS))' 'zoo.start=$${heldout.start}' 'zoo.stop=$${heldout.stop}'
-	$(HYDRA_MULTI) stage=sample method=bnn,dropout,swag,sghmc,laplace,ensemble
+	$(HYDRA_MULTI) stage=sample 'method=$(METHODS)'
 	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all
 
 test: $(STAMP)

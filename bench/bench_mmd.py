@@ -33,8 +33,8 @@ from scipy.spatial.distance import cdist
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmark.store import sample_set_keys  # noqa: E402
-from metrics.mmd import layer_mmd_from_chunks, layer_mmd_from_store, split_columns  # noqa: E402
+from benchmark.store import SampleSetFile, sample_set_keys  # noqa: E402
+from metrics.mmd import layer_mmd, mmd, split_columns  # noqa: E402
 
 WORK = REPO / "bench" / "_work" / "mmd"  # bench/_work is shared with other benches: only this folder is ours
 M, N = 1000, 100
@@ -63,13 +63,13 @@ def speed_and_agreement(dims: int) -> None:
     gen = torch.Generator().manual_seed(0)
     x = 0.05 * torch.randn(M, dims, generator=gen)
     y = 0.05 * (1.1 * torch.randn(N, dims, generator=gen) + 0.01)
-    layer_mmd_from_chunks(split_columns(x[:8, :64], y[:8, :64]))  # load the compiled L1 kernel once
+    layer_mmd(split_columns(x[:8, :64], y[:8, :64]))  # load the compiled L1 kernel once
 
     # Ours runs in parallel and suffers most from other jobs on the machine: median of 3 runs.
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        ours = layer_mmd_from_chunks(split_columns(x, y)).values.numpy()
+        ours = layer_mmd(split_columns(x, y)).values.numpy()
         times.append(time.perf_counter() - start)
     ours_s = float(np.median(times))
     start = time.perf_counter()
@@ -136,7 +136,7 @@ def disk_worker(x_path: str, y_path: str) -> None:
     sampler = AnonymousMemoryPeak()
     sampler.start()
     start = time.perf_counter()
-    result = layer_mmd_from_store(x_path, y_path, [KEY], layer=KEY.rsplit(".", 1)[0])
+    result = mmd(SampleSetFile(Path(x_path)), SampleSetFile(Path(y_path))).layers[0]
     wall = time.perf_counter() - start
     sampler.done.set()
     sampler.join()

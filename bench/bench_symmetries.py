@@ -62,12 +62,12 @@ def optunet_zoo(count: int, seed: int = 0) -> dict[str, torch.Tensor]:
         torch.manual_seed(seed + i)
         states.append(optunet().double().state_dict())
     weights = stack_state_dicts(states)
-    spec = spec_for_model("optunet")
+    spec = spec_for_model(optunet())
     return rescale(weights, spec, random_scales(spec, count, 1.0, torch.Generator().manual_seed(seed)))
 
 
 def bench_min_mass(count: int, subset: int) -> None:
-    spec = spec_for_model("optunet")
+    spec = spec_for_model(optunet())
     weights = optunet_zoo(count)
     min_mass({k: v[:2] for k, v in weights.items()}, spec)  # warm-up
     start = time.perf_counter()
@@ -91,7 +91,7 @@ def bench_min_mass(count: int, subset: int) -> None:
 
 
 def bench_resnet_canonicalisation(count: int, batch: int, extrapolate_to: int = 1000) -> None:
-    spec = spec_for_model("resnet18", num_classes=100)
+    spec = spec_for_model(resnet18(num_classes=100))
     zoo, out = WORK / "zoo", WORK / "canonical"
     for folder in (zoo, out):
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,85 +1,128 @@
-"""``python -m benchmark stage=<stage> experiment=<name> ...``: run one stage or all of them."""
+"""``python -m benchmark stage=<stage> experiment=<name> ...``: run one stage or all of them.
+
+The command line is checked before Hydra starts (every combination of a ``-m`` sweep too), so
+a bad value is refused with one line naming the key, the value and what is allowed; then the
+configuration is checked as a whole (data on disk, OOD pairing, every selected method's
+settings and mode) before any work starts.
+"""
 from __future__ import annotations
 
 import logging
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Sequence
 
 import hydra
 import torch
-from omegaconf import DictConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from benchmark.config import CONF_DIR, ConfigError, Stage, compose_config, one_line, register_configs
+from benchmark.data import check_ood_pairing, get_dataset
 from benchmark.experiment import Experiment, threads_per_job
+from benchmark.stages import PIPELINE, STAGES
+from benchmark.stages.sample import load_external, prepare_units
+from methods import METHODS
 
 log = logging.getLogger("benchmark")
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+MAX_CHECKED_SWEEP = 256  # sweep combinations composed up front; larger sweeps are checked by Hydra per job
 
 
-def _zoo(exp: Experiment) -> None:
-    from benchmark.stages.zoo import run_zoo
-
-    z = exp.cfg.zoo
-    run_zoo(exp, z.start, z.stop, shard=int(z.shard), num_shards=int(z.num_shards))
+def stages_of(stage: Stage) -> tuple[str, ...]:
+    """The stages ``stage=<value>`` runs, in order."""
+    return PIPELINE if stage == Stage.all else (stage.value,)
 
 
-def _zoo_all(exp: Experiment) -> None:
-    """The pipeline's zoo step: the reference range, then the held-out range (bases, ensembles)."""
-    from benchmark.stages.zoo import run_zoo
-
-    z = exp.cfg.zoo
-    for start, stop in ((z.start, z.stop), (exp.cfg.heldout.start, exp.cfg.heldout.stop)):
-        run_zoo(exp, start, stop, shard=int(z.shard), num_shards=int(z.num_shards))
-
-
-STAGES: dict[str, Callable[[Experiment], None]] = {"zoo": _zoo}
-PIPELINE = ("zoo", "sample", "evaluate", "report")
-
-
-def register_stage(name: str, runner: Callable[[Experiment], None]) -> None:
-    """Make ``stage=name`` available (stages register themselves on import)."""
-    STAGES[name] = runner
-
-
-def _load_stages() -> None:
-    import importlib
-
-    for name in PIPELINE[1:]:
-        try:
-            importlib.import_module(f"benchmark.stages.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"benchmark.stages.{name}":
-                raise
-
-
-def valid_stages() -> list[str]:
-    return [s for s in PIPELINE if s in STAGES] + ["all"]
+def preflight(exp: Experiment, stages: Sequence[str]) -> None:
+    """Refuse a configuration that cannot run, before any work: the OOD pairing and the data on
+    disk (for the stages that read data), and every selected method x mode (settings, model,
+    mode; and the bases in the store when the sample stage runs without the zoo stage first)."""
+    config = exp.config
+    if set(stages) & {"zoo", "sample", "evaluate"}:
+        check_ood_pairing(config.dataset.ood.value, exp.info.name)
+        location = (str(config.dataset.data_dir), bool(config.dataset.download))
+        get_dataset(exp.info.name, "train", *location)
+        get_dataset(exp.info.name, "test", *location)
+        _ = exp.ood_dataset
+    if set(stages) & {"zoo", "sample"}:
+        if config.method.value == "external":
+            if "sample" in stages:
+                load_external(exp)
+        else:
+            prepare_units(exp, check_bases="sample" in stages and "zoo" not in stages)
 
 
 def run(cfg: DictConfig) -> None:
-    """Validate the stage option, set threads, and run the stage(s)."""
-    _load_stages()
-    stage = str(cfg.stage)
-    if stage not in valid_stages():
-        raise ValueError(f"stage={stage!r}: unknown stage; expected one of {', '.join(valid_stages())}")
-    threads = threads_per_job(cfg.threads, int(cfg.cluster.parallel_jobs))
-    torch.set_num_threads(threads)
+    """Resolve the config, set threads, check it (``preflight``) and run the stage(s)."""
     exp = Experiment(cfg)
-    log.info("experiment %s, stage %s, device %s, %d torch thread(s)", exp.name, stage, exp.device, threads)
+    stages = stages_of(exp.config.stage)
+    threads = threads_per_job(exp.config.threads, exp.config.cluster.parallel_jobs)
+    torch.set_num_threads(threads)
+    log.info("experiment %s, stage %s, device %s, %d torch thread(s)", exp.name, exp.config.stage.value, exp.device, threads)
     with exp.backends():
-        if stage != "all":
-            STAGES[stage](exp)
-            return
-        for name in (s for s in PIPELINE if s in STAGES):
-            (_zoo_all if name == "zoo" else STAGES[name])(exp)
+        preflight(exp, stages)
+        for name in stages:
+            STAGES[name](exp)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except Exception as err:  # a clear one-line error and a non-zero exit, not a traceback
         if cfg.get("debug", False):
             raise
-        log.error("%s: %s", type(err).__name__, err)
+        log.error("%s: %s", type(err).__name__, " ".join(str(err).split()))
         sys.exit(1)
+
+
+def check_command_line(argv: Sequence[str]) -> str | None:
+    """Compose the config of every run the command line asks for; the first problem as one line.
+
+    Runs with Hydra's own flags other than ``-m`` are left to Hydra; ``hydra.*`` overrides are
+    Hydra's and not composed here.
+    """
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return None
+    overrides = [a for a in argv if not a.startswith("-") and not a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        if multirun:
+            from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+            runs = BasicSweeper.split_arguments(parsed, max_batch_size=None)[0][:MAX_CHECKED_SWEEP]
+        else:
+            runs = [overrides]
+        for run_overrides in runs:
+            Experiment(compose_config(run_overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        return one_line(err)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def _help(what: str) -> str:
+    """Text for the help template (``${bench:<what>}``)."""
+    if what == "stages":
+        return ", ".join([*PIPELINE, "all"])
+    if what == "methods":
+        return ", ".join(f"{name} ({cls.label}: mode={'|'.join(cls.modes)})" for name, cls in METHODS.items())
+    if what == "experiments":
+        return ", ".join(sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")))
+    raise ValueError(f"help: unknown entry {what!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The command-line entry point (``python -m benchmark``)."""
+    register_configs()
+    if not OmegaConf.has_resolver("bench"):
+        OmegaConf.register_new_resolver("bench", _help)
+    problem = check_command_line(sys.argv[1:] if argv is None else argv)
+    if problem:
+        print(f"posterior-bench: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    _hydra_main()

@@ -1,4 +1,5 @@
-"""Everything a stage derives from the Hydra config: model, data, recipe, store, device, threads."""
+"""Everything a stage derives from the config: store, device, data, model factory, recipe,
+seed ranges, and the methods built from their typed settings. Only runners use it."""
 from __future__ import annotations
 
 import contextlib
@@ -6,24 +7,31 @@ import hashlib
 import json
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
+from benchmark.config import MAX_SEED, ConfigError, resolve_config
 from benchmark.data import DatasetInfo, as_tensors, dataset_info, get_dataset, get_ood_dataset
 from benchmark.models import build_model
 from benchmark.store import ExperimentStore
-from benchmark.training import Recipe
+from benchmark.training import Recipe, TrainingData
+from methods import PosteriorMethod, method_class
 
 
 def stable_hash(payload: Any, length: int = 16) -> str:
     """Hex SHA-256 prefix of ``payload`` as key-sorted JSON: the same settings, the same hash."""
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:length]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=_plain).encode()).hexdigest()[:length]
+
+
+def _plain(value: Any) -> Any:
+    """JSON form of enums (their value) for hashing."""
+    return getattr(value, "value", str(value))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -33,19 +41,22 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError as err:
-        raise ValueError(f"device={name!r}: not a torch device; use auto, cpu, cuda or cuda:N") from err
+        raise ConfigError(f"device={name!r}: not a torch device; use auto, cpu, cuda or cuda:N") from err
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r}: CUDA is not available on this machine; use device=cpu or device=auto")
+        raise ConfigError(f"device={name!r}: CUDA is not available on this machine; use device=cpu or device=auto")
     return device
 
 
-def threads_per_job(setting: Any, parallel_jobs: int) -> int:
+def threads_per_job(setting: str, parallel_jobs: int) -> int:
     """torch intra-op threads for one job: ``auto`` = cores // jobs sharing the machine (>= 1)."""
-    if setting == "auto":
+    if str(setting) == "auto":
         return max(1, (os.cpu_count() or 1) // max(1, parallel_jobs))
-    threads = int(setting)
+    try:
+        threads = int(setting)
+    except ValueError:
+        threads = 0
     if threads < 1:
-        raise ValueError(f"threads={setting!r}: expected auto or a positive integer")
+        raise ConfigError(f"threads={setting!r}: expected auto or a positive integer")
     return threads
 
 
@@ -62,61 +73,111 @@ def library_versions() -> dict[str, str]:
     }
 
 
-@dataclass
-class Experiment:
-    """The resolved experiment of a config: ``cfg`` is the full Hydra config."""
+@dataclass(frozen=True)
+class SeedRange:
+    """Seeds ``[start, stop)`` of one role (``reference`` or ``heldout``)."""
 
-    cfg: DictConfig
+    role: str
+    start: int
+    stop: int
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.stop))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __contains__(self, seed: object) -> bool:
+        return isinstance(seed, int) and self.start <= seed < self.stop
+
+    def __str__(self) -> str:
+        return f"[{self.start}, {self.stop})"
+
+    @property
+    def override(self) -> str:
+        """The command-line override that sets this range."""
+        return f"seeds.{self.role}=[{self.start},{self.stop}]"
+
+
+def seed_ranges(seeds: Any) -> tuple[SeedRange, SeedRange]:
+    """``(reference, heldout)`` from ``seeds``; refuses malformed or overlapping ranges."""
+    ranges = []
+    for role in ("reference", "heldout"):
+        value = list(getattr(seeds, role))
+        if len(value) != 2 or not 0 <= value[0] <= value[1] <= MAX_SEED + 1:
+            raise ConfigError(f"seeds.{role}={value}: expected [start, stop) with 0 <= start <= stop <= {MAX_SEED + 1}")
+        ranges.append(SeedRange(role, int(value[0]), int(value[1])))
+    reference, heldout = ranges
+    if reference.start < heldout.stop and heldout.start < reference.stop and len(reference) and len(heldout):
+        raise ConfigError(
+            f"seeds.reference={[reference.start, reference.stop]} and seeds.heldout={[heldout.start, heldout.stop]} "
+            "overlap: the methods' base networks and Deep-Ensemble members must not be reference checkpoints"
+        )
+    return reference, heldout
+
+
+class Experiment:
+    """The resolved experiment of a config. ``config`` is the typed config object."""
+
+    def __init__(self, cfg: DictConfig | Any) -> None:
+        self.config = resolve_config(cfg) if isinstance(cfg, DictConfig) else cfg
+        self.reference, self.heldout = seed_ranges(self.config.seeds)
 
     @property
     def name(self) -> str:
-        return str(self.cfg.experiment_name)
+        return str(self.config.experiment_name)
+
+    @property
+    def display_name(self) -> str:
+        return str(self.config.display_name)
 
     @cached_property
     def info(self) -> DatasetInfo:
-        return dataset_info(str(self.cfg.dataset.name))
+        return dataset_info(self.config.dataset.name.value)
 
-    @cached_property
+    @property
     def recipe(self) -> Recipe:
-        return Recipe.from_config(self.cfg.train)
+        return self.config.train
 
     @cached_property
     def device(self) -> torch.device:
-        return resolve_device(str(self.cfg.device))
+        return resolve_device(str(self.config.device))
 
     @cached_property
     def store(self) -> ExperimentStore:
-        return ExperimentStore(Path(str(self.cfg.store)), self.name)
+        return ExperimentStore(Path(self.config.store), self.name)
+
+    @property
+    def results_dir(self) -> Path:
+        """``results/<experiment>/``."""
+        return Path(self.config.results) / self.name
 
     @cached_property
     def config_hash(self) -> str:
         """Hash of what determines a zoo checkpoint: model, dataset and training recipe."""
+        dataset = self.config.dataset
         payload = {
-            "model": OmegaConf.to_container(self.cfg.model, resolve=True),
-            "dataset": {k: self.cfg.dataset[k] for k in ("name", "augment")},
-            "train": OmegaConf.to_container(self.cfg.train, resolve=True),
+            "model": asdict(self.config.model),
+            "dataset": {"name": dataset.name.value, "augment": dataset.augment},
+            "train": asdict(self.recipe),
         }
         return stable_hash(payload)
 
     def model(self, dropout: float = 0.0) -> nn.Module:
-        """A fresh model of the experiment (initialised from torch's global RNG)."""
-        extra = self.cfg.model.get("kwargs")
-        kwargs = dict(OmegaConf.to_container(extra, resolve=True)) if extra else {}
+        """A fresh model of the experiment (initialised from torch's global RNG): the model
+        factory the methods are built with."""
+        model = self.config.model
         return build_model(
-            str(self.cfg.model.name), num_classes=self.info.num_classes, in_channels=self.info.in_channels,
-            dropout=dropout, **kwargs,
+            model.name.value, num_classes=self.info.num_classes, in_channels=self.info.in_channels,
+            dropout=dropout, **dict(model.kwargs),
         )
-
-    @property
-    def native_cpu_conv(self) -> bool:
-        """``model.cpu_native_conv`` on a CPU run: PyTorch's native convolution instead of
-        oneDNN/NNPACK (several times faster for OptuNet's tiny convolutions)."""
-        return self.device.type == "cpu" and bool(self.cfg.model.get("cpu_native_conv", False))
 
     @contextlib.contextmanager
     def backends(self) -> Iterator[None]:
-        """Apply the model config's backend switches inside the block, restore them after."""
-        if not self.native_cpu_conv:
+        """Inside the block, PyTorch's native CPU convolution instead of oneDNN/NNPACK when
+        ``model.cpu_native_conv`` is set on a CPU run (several times faster for OptuNet's tiny
+        convolutions); the switches are restored after."""
+        if not (self.device.type == "cpu" and self.config.model.cpu_native_conv):
             yield
             return
         saved = torch.backends.mkldnn.enabled
@@ -127,38 +188,49 @@ class Experiment:
         finally:
             torch.backends.mkldnn.enabled = saved
 
-    def configure_backends(self) -> None:
-        """Apply the model config's backend switches for the rest of the process."""
-        if self.native_cpu_conv:
-            torch.backends.mkldnn.enabled = False
-            torch.backends.nnpack.set_flags(False)
-
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Key -> shape of the plain model's state dict."""
         return {k: tuple(v.shape) for k, v in self.model().state_dict().items()}
 
-    def _data(self, key: str) -> dict[str, Any]:
-        ds = self.cfg.dataset
-        return {"data_dir": str(ds.data_dir), "download": bool(ds.download), **({"augment": bool(ds.augment)} if key == "train" else {})}
+    def _location(self) -> tuple[str, bool]:
+        dataset = self.config.dataset
+        return str(dataset.data_dir), bool(dataset.download)
 
     @cached_property
     def train_set(self):
-        return get_dataset(self.info.name, "train", **self._data("train"))
+        """The training stream (augmented as ``dataset.augment`` says)."""
+        return get_dataset(self.info.name, "train", *self._location(), augment=bool(self.config.dataset.augment))
 
     @cached_property
     def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Un-augmented train split in memory (for reported train accuracy and Laplace fits)."""
-        data = self._data("test")
-        return as_tensors(get_dataset(self.info.name, "train", data["data_dir"], data["download"], augment=False))
+        """Un-augmented train split in memory (reported train accuracy, Laplace and SGHMC)."""
+        return as_tensors(get_dataset(self.info.name, "train", *self._location(), augment=False))
 
     @cached_property
     def test_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """ID test split in memory: ``(images [N, C, H, W], labels [N])``."""
-        data = self._data("test")
-        return as_tensors(get_dataset(self.info.name, "test", data["data_dir"], data["download"]))
+        return as_tensors(get_dataset(self.info.name, "test", *self._location()))
+
+    @cached_property
+    def ood_dataset(self):
+        """The OOD set, processed like the ID test set (not yet in memory)."""
+        return get_ood_dataset(self.config.dataset.ood.value, self.info.name, *self._location())
 
     @cached_property
     def ood_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """OOD set in memory, processed like the ID test set."""
-        data = self._data("test")
-        return as_tensors(get_ood_dataset(str(self.cfg.dataset.ood), self.info.name, data["data_dir"], data["download"]))
+        return as_tensors(self.ood_dataset)
+
+    @property
+    def training_data(self) -> TrainingData:
+        """What the zoo and the methods train on; the convergence rule is judged on ``check``."""
+        return TrainingData(train=self.train_set, train_tensors=self.train_tensors, check=self.test_tensors)
+
+    def method_settings(self, name: str) -> Any:
+        """The typed settings of method ``name`` (``methods.<name>``)."""
+        return getattr(self.config.methods, name)
+
+    def build_method(self, name: str) -> PosteriorMethod:
+        """Method ``name`` built from the model factory, the data, its settings and the recipe."""
+        cls = method_class(name)
+        return cls(self.model, self.training_data, self.method_settings(name), recipe=self.recipe, device=self.device)

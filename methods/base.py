@@ -1,24 +1,31 @@
 """The common interface of every posterior approximation.
 
-A method is fitted around one trained base network (one-mode) or, one at a time, around
-each of K base networks (multi-mode); it then draws weight samples as a **sample set**
-keyed exactly like the plain model's state dict, so MMD and the symmetry engine can treat
-every method alike. Methods that change the architecture (dropout masks, BLiTZ layers)
-still return plain-keyed weights.
+A method is built like laplace-torch's ``Laplace(model, ...)``: from a **model factory**
+(``factory(dropout=0.0) -> fresh plain nn.Module``, initialised from torch's global RNG),
+the **data** (``TrainingData``), a typed **settings** dataclass (its ``Settings``, which is
+also the schema of ``conf/methods/<name>.yaml``), and the experiment's training **recipe**.
+It never sees the Hydra config.
+
+It is then fitted around one trained base network (``fit(base, seed)``; one-mode) or, one
+at a time, around each of K base networks (multi-mode; ``methods.modes.run_mode``), and
+draws weight samples as a **sample set** keyed exactly like the plain model's state dict, so
+MMD and the symmetry engine treat every method alike. Methods that change the architecture
+(dropout masks, BLiTZ layers) still return plain-keyed weights.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Mapping
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Optional
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
-from benchmark.experiment import Experiment
-from benchmark.store import SampleSet, sample_count
+from benchmark.store import SampleSet
+from benchmark.training import Recipe, TrainingData
 
 MODES = ("one", "multi")
+ModelFactory = Callable[..., nn.Module]
 
 
 class MethodConfigError(ValueError):
@@ -30,28 +37,60 @@ class MethodFitError(RuntimeError):
     failed the recipe's convergence rule); NaN/Inf raises ``NonFiniteError`` instead."""
 
 
+@dataclass
+class MethodSettings:
+    """Settings every method has. ``unavailable``: why this experiment does not run the method
+    (e.g. the paper could not train it); ``null`` = it runs. Experiments set it in their config."""
+
+    unavailable: Optional[str] = None
+
+
 class PosteriorMethod(ABC):
     """Base class of the methods in ``methods/``.
 
-    Subclasses set ``name`` and ``modes`` (and ``samples_per_base`` if fixed) and implement ``fit``, ``sample`` and
-    ``predict_own``. ``settings`` is the method's config node (``cfg.methods.<name>``).
+    Subclasses set ``name``, ``label`` (the table's row name), ``Settings`` (a dataclass
+    deriving from ``MethodSettings``) and ``modes`` (and ``samples_per_base`` if fixed), and
+    implement ``fit``, ``sample`` and ``predict_own``; ``check`` refuses combinations that
+    cannot work before any training.
     """
 
     name: ClassVar[str]
+    label: ClassVar[str]
+    Settings: ClassVar[type[MethodSettings]] = MethodSettings
     modes: ClassVar[tuple[str, ...]] = MODES
     # Fixed number of samples drawn around each base network (Deep Ensembles: 1, each member
     # is a sample); None = the mode's split (one: all samples, multi: per_method / modes_multi).
     samples_per_base: ClassVar[int | None] = None
 
-    def __init__(self, exp: Experiment, settings: Mapping[str, Any]) -> None:
-        self.exp = exp
+    def __init__(
+        self,
+        model: ModelFactory,
+        data: TrainingData,
+        settings: MethodSettings | None = None,
+        *,
+        recipe: Recipe,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        settings = self.Settings() if settings is None else settings
+        if not isinstance(settings, self.Settings):
+            raise TypeError(f"method={self.name}: settings must be a {self.Settings.__name__}, got {type(settings).__name__}")
+        self.model_factory = model
+        self.data = data
         self.settings = settings
+        self.recipe = recipe
+        self.device = torch.device(device)
+
+    def new_model(self, **kwargs) -> nn.Module:
+        """A fresh plain model on the method's device (initialised from torch's global RNG)."""
+        return self.model_factory(**kwargs).to(self.device)
 
     def check(self, mode: str) -> None:
         """Refuse a combination that cannot work, with the reason and the setting to use instead.
 
-        Called before any training; the default checks only the mode.
+        Called before any training; the default checks the mode and ``settings.unavailable``.
         """
+        if self.settings.unavailable:
+            raise MethodConfigError(f"method={self.name}: {self.settings.unavailable}")
         if mode not in self.modes:
             raise MethodConfigError(
                 f"method={self.name} mode={mode}: this method supports mode={' or mode='.join(self.modes)}"
@@ -76,22 +115,3 @@ class PosteriorMethod(ABC):
         Must consume ``generator`` exactly as ``sample`` does, so that with two generators
         seeded alike, prediction i corresponds to weight sample i (the consistency test).
         """
-
-
-@torch.no_grad()
-def predict_with_weights(
-    model: nn.Module, sample_set: SampleSet, images: torch.Tensor, batch_size: int = 1024
-) -> torch.Tensor:
-    """Softmax probabilities ``[S, N, C]`` (float32, CPU) of the plain ``model`` run with each
-    weight sample of ``sample_set`` on ``images`` ``[N, ...]``, in eval mode."""
-    model.eval()
-    device = next(model.parameters()).device
-    out = []
-    for i in range(sample_count(sample_set)):
-        weights = {k: v[i].to(device) for k, v in sample_set.items()}
-        probs = [
-            torch.softmax(functional_call(model, weights, (images[a : a + batch_size].to(device),)), dim=-1).float().cpu()
-            for a in range(0, len(images), batch_size)
-        ]
-        out.append(torch.cat(probs))
-    return torch.stack(out)

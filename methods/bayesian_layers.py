@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 from blitz.modules import BayesianConv2d, BayesianLinear
 from blitz.modules.weight_sampler import TrainableRandomDistribution
 from torch import nn
 
-BNN_LAYERS = ("all", "last_layer")
+
+
+class BNNLayers(str, Enum):
+    """Which layers of the plain network become variational."""
+
+    all = "all"
+    """Every Conv2d and Linear."""
+    last_layer = "last_layer"
+    """The last Linear (in registration order)."""
 
 
 @dataclass
@@ -45,23 +54,19 @@ class BayesianNetwork:
         }
 
 
-def bayesian_layer_names(model: nn.Module, layers: str) -> list[str]:
-    """Module names of ``model`` that become Bayesian under ``model.bnn_layers=layers``.
-
-    ``all``: every Conv2d and Linear; ``last_layer``: the last Linear (in registration order).
-    """
-    if layers not in BNN_LAYERS:
-        raise ValueError(f"model.bnn_layers={layers!r}: expected one of {', '.join(BNN_LAYERS)}")
+def bayesian_layer_names(model: nn.Module, layers: BNNLayers | str) -> list[str]:
+    """Module names of ``model`` that become Bayesian under ``layers`` (see ``BNNLayers``)."""
+    layers = BNNLayers(layers)
     convs_and_linears = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-    if layers == "all":
+    if layers == BNNLayers.all:
         return convs_and_linears
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     if not linears:
-        raise ValueError(f"model.bnn_layers=last_layer: {type(model).__name__} has no Linear layer; use all")
+        raise ValueError(f"layers=last_layer: {type(model).__name__} has no Linear layer; use all")
     return linears[-1:]
 
 
-def check_convertible(model: nn.Module, layers: str) -> None:
+def check_convertible(model: nn.Module, layers: BNNLayers | str) -> None:
     """Raise ``ValueError`` naming the first chosen layer BLiTZ cannot represent exactly."""
     for name in bayesian_layer_names(model, layers):
         module = model.get_submodule(name)
@@ -88,7 +93,7 @@ def _bayesian_copy(module: nn.Module) -> nn.Module:
     return layer.to(module.weight.device)
 
 
-def to_bayesian(model: nn.Module, layers: str) -> BayesianNetwork:
+def to_bayesian(model: nn.Module, layers: BNNLayers | str) -> BayesianNetwork:
     """Convert a copy of ``model`` (left untouched) per ``layers`` (see ``bayesian_layer_names``).
 
     BLiTZ's default priors and posterior ``rho`` initialisation are kept; ``rho`` is drawn from

@@ -1,31 +1,53 @@
 """Variational BNN (Bayes by Backprop with BLiTZ layers; paper appendix B.1).
 
-The vBNN is trained from scratch with the experiment's recipe (overridable per experiment
-under ``methods.bnn.train``), no weight decay, and an ELBO of ``elbo_samples`` Monte Carlo
-terms per step with the KL weighted by ``kl_weight``. Its weight samples are BLiTZ draws,
-returned keyed like the plain model. Which layers are variational: ``model.bnn_layers``.
+The vBNN is trained from scratch with the experiment's recipe (changed per experiment by
+``train``), no weight decay, and an ELBO of ``elbo_samples`` Monte Carlo terms per step with
+the KL weighted by ``kl_weight``. Its weight samples are BLiTZ draws, returned keyed like
+the plain model. Which layers are variational: ``layers`` (from ``model.bnn_layers``).
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from blitz.losses import kl_divergence_from_nn
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from benchmark.settings import SettingsError, require
 from benchmark.store import SampleSet, stack_state_dicts
-from benchmark.training import LossFn, Recipe, seeded, train_network
-from methods.base import MethodConfigError, MethodFitError, PosteriorMethod
-from methods.bayesian_layers import BNN_LAYERS, BayesianNetwork, check_convertible, to_bayesian
+from benchmark.training import LossFn, Recipe, RecipeOverrides, seeded, train_network
+from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod
+from methods.bayesian_layers import BayesianNetwork, BNNLayers, check_convertible, to_bayesian
 
 log = logging.getLogger(__name__)
 
-# Datasets on which the paper could not train vBNNs (appendix B.1): no recipe to reproduce.
-UNTRAINABLE = {"tinyimagenet": "the paper did not manage to train vBNNs on TinyImageNet (appendix B.1)"}
 PREDICT_BATCH = 1024
+
+
+@dataclass
+class BNNSettings(MethodSettings):
+    """vBNN settings (appendix B.1).
+
+    ``elbo_samples``: Monte Carlo terms of the ELBO per step (paper: 3). ``kl_weight``: weight
+    of BLiTZ's KL term in the per-example loss; ``null`` = 1/N of the train set (the exact
+    per-example ELBO). ``train``: changes to the experiment's recipe for the vBNN (weight decay
+    is always 0). ``layers``: which layers are variational (``model.bnn_layers``).
+    """
+
+    elbo_samples: int = 3
+    kl_weight: Optional[float] = 1.6667e-5
+    train: RecipeOverrides = field(default_factory=RecipeOverrides)
+    layers: BNNLayers = BNNLayers.all
+
+    def __post_init__(self) -> None:
+        self.layers = BNNLayers(self.layers)
+        if isinstance(self.train, dict):
+            self.train = RecipeOverrides(**self.train)
+        require(self.elbo_samples >= 1, "elbo_samples", self.elbo_samples, "a positive integer")
+        require(self.kl_weight is None or self.kl_weight >= 0, "kl_weight", self.kl_weight, "a number >= 0 or null (= 1/N)")
 
 
 def elbo_loss(elbo_samples: int, kl_weight: float) -> LossFn:
@@ -41,10 +63,6 @@ def elbo_loss(elbo_samples: int, kl_weight: float) -> LossFn:
         return total / elbo_samples
 
     return loss
-
-
-def _plain(value: Any) -> Any:
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
 
 
 def draw_seeds(n: int, generator: torch.Generator) -> list[int]:
@@ -66,61 +84,34 @@ class BNNMethod(PosteriorMethod):
     """
 
     name = "bnn"
+    label = "BNN"
+    Settings = BNNSettings
 
-    def __init__(self, exp, settings: Mapping[str, Any]) -> None:
-        super().__init__(exp, settings)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self._net: BayesianNetwork | None = None
 
-    # --- settings -------------------------------------------------------------------------
     def check(self, mode: str) -> None:
         super().check(mode)
-        self._layers()
-        self._recipe()
-        self._elbo_settings()
-
-    def _layers(self) -> str:
-        dataset = self.exp.info.name
-        if dataset in UNTRAINABLE:
-            raise MethodConfigError(
-                f"method=bnn on dataset={dataset}: {UNTRAINABLE[dataset]}, so there is no recipe to reproduce; "
-                f"run the other methods on this experiment, or use experiment=cifar100_resnet18 for a ResNet-18 vBNN"
-            )
-        layers = str(self.exp.cfg.model.get("bnn_layers", "all"))
-        if layers not in BNN_LAYERS:
-            raise MethodConfigError(f"model.bnn_layers={layers!r}: expected one of {', '.join(BNN_LAYERS)}")
+        self.bnn_recipe()
         with seeded(0):  # building a model draws from the global RNG; leave it as it was
-            model = self.exp.model()
+            model = self.model_factory()
         try:
-            check_convertible(model, layers)
+            check_convertible(model, self.settings.layers)
         except ValueError as err:
-            raise MethodConfigError(f"method=bnn model={self.exp.cfg.model.name}: {err}") from err
-        return layers
+            raise MethodConfigError(f"method=bnn: {err}") from err
 
-    def _recipe(self) -> Recipe:
-        """The experiment's recipe, overridden by ``methods.bnn.train``, without weight decay."""
-        base = _plain(self.exp.cfg.train)
-        overrides = dict(_plain(self.settings.get("train")) or {})
-        unknown = sorted(set(overrides) - set(base))
-        if unknown:
-            raise MethodConfigError(
-                f"methods.bnn.train.{unknown[0]}: unknown recipe key; expected one of {', '.join(sorted(base))}"
-            )
+    def bnn_recipe(self) -> Recipe:
+        """The experiment's recipe changed by ``settings.train``, without weight decay."""
         try:
-            return Recipe.from_config({**base, **overrides, "weight_decay": 0.0})
-        except (ValueError, TypeError) as err:
-            raise MethodConfigError(f"methods.bnn.train: {err}") from err
+            return self.settings.train.apply(self.recipe, weight_decay=0.0)
+        except SettingsError as err:
+            raise SettingsError(f"train.{err.key}", err.value, err.expected) from err
 
-    def _elbo_settings(self) -> tuple[int, float]:
-        """``(elbo_samples, kl_weight)``; ``kl_weight: null`` = 1 / train-set size (the exact per-example ELBO)."""
-        samples = self.settings.get("elbo_samples", 3)
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-            raise MethodConfigError(f"methods.bnn.elbo_samples={samples!r}: expected a positive integer")
-        weight = self.settings.get("kl_weight")
-        if weight is None:
-            return samples, 1.0 / len(self.exp.train_set)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
-            raise MethodConfigError(f"methods.bnn.kl_weight={weight!r}: expected a number >= 0 or null (= 1/N)")
-        return samples, float(weight)
+    def kl_weight(self) -> float:
+        """``settings.kl_weight``, or 1 / train-set size when it is null."""
+        weight = self.settings.kl_weight
+        return 1.0 / len(self.data.train) if weight is None else float(weight)
 
     # --- interface ------------------------------------------------------------------------
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
@@ -130,15 +121,13 @@ class BNNMethod(PosteriorMethod):
         non-convergence rule fails; nothing is kept from a failed fit.
         """
         self._net = None
-        layers, recipe = self._layers(), self._recipe()
-        elbo_samples, kl_weight = self._elbo_settings()
-        where = f"{self.exp.name} bnn seed {seed}"
+        where = f"bnn seed {seed}"
         with seeded(seed):
-            net = to_bayesian(self.exp.model(), layers)
-            net.model.to(self.exp.device)
+            net = to_bayesian(self.model_factory(), self.settings.layers)
+            net.model.to(self.device)
             result = train_network(
-                net.model, self.exp.train_set, self.exp.test_tensors, recipe, seed, where=where,
-                loss_fn=elbo_loss(elbo_samples, kl_weight),
+                net.model, self.data.train, self.data.check, self.bnn_recipe(), seed, where=where,
+                loss_fn=elbo_loss(self.settings.elbo_samples, self.kl_weight()),
             )
         if result.failure:
             raise MethodFitError(f"{where}: {result.failure}")
@@ -158,8 +147,7 @@ class BNNMethod(PosteriorMethod):
         forward pass makes under seed i of ``draw_seeds(n, generator)``."""
         net = self.network
         net.model.eval()
-        info = self.exp.info
-        probe = torch.zeros(1, info.in_channels, info.image_size, info.image_size, device=self.exp.device)
+        probe = torch.zeros(1, *self.data.input_shape, device=self.device)
         draws = []
         for seed in draw_seeds(n, generator):
             with seeded(seed):
@@ -178,7 +166,7 @@ class BNNMethod(PosteriorMethod):
             probs = []
             for start in range(0, len(images), PREDICT_BATCH):
                 with seeded(seed):
-                    logits = net.model(images[start : start + PREDICT_BATCH].to(self.exp.device))
+                    logits = net.model(images[start : start + PREDICT_BATCH].to(self.device))
                 probs.append(torch.softmax(logits, dim=-1).float().cpu())
             out.append(torch.cat(probs))
         return torch.stack(out)

@@ -9,12 +9,16 @@ predicting with the mask.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
+from benchmark.models import predict_with_weights
+from benchmark.settings import require
 from benchmark.store import SampleSet
 from benchmark.training import seeded, train_network
-from methods.base import MethodConfigError, MethodFitError, PosteriorMethod, predict_with_weights
+from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod
 
 
 def dropout_layers(model: nn.Module) -> tuple[nn.Dropout, str, nn.Linear]:
@@ -42,29 +46,37 @@ def masked_weights(weight: torch.Tensor, masks: torch.Tensor, p: float) -> torch
     return weight[None] * (masks / (1.0 - p))[:, None, :]
 
 
+@dataclass
+class DropoutSettings(MethodSettings):
+    """``p``: dropout rate on the last layer's input, at train and test time (appendix B:
+    0.2 OptuNet, 0.5 ResNet-18; the config takes it from ``model.dropout_p``)."""
+
+    p: float = 0.2
+
+    def __post_init__(self) -> None:
+        require(0.0 < self.p < 1.0, "p", self.p, "a dropout rate in (0, 1)")
+
+
 class DropoutMethod(PosteriorMethod):
     """Last-layer MC Dropout; ``fit`` retrains a dropout network from the base's seed."""
 
     name = "dropout"
+    label = "Dropout"
+    Settings = DropoutSettings
 
-    def __init__(self, exp, settings) -> None:
-        super().__init__(exp, settings)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self._model: nn.Module | None = None
         self._weights: dict[str, torch.Tensor] | None = None
 
     @property
     def p(self) -> float:
-        """Dropout rate: ``methods.dropout.p`` (default ``model.dropout_p``), in (0, 1)."""
-        value = self.settings.get("p")
-        if value is None:
-            raise MethodConfigError("methods.dropout.p: missing; expected a dropout rate in (0, 1) (default model.dropout_p)")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
-            raise MethodConfigError(f"methods.dropout.p={value!r}: expected a dropout rate in (0, 1)")
-        return float(value)
+        return float(self.settings.p)
 
     def check(self, mode: str) -> None:
         super().check(mode)
-        dropout_layers(self.exp.model(dropout=self.p))
+        with seeded(0):  # building a model draws from the global RNG; leave it as it was
+            dropout_layers(self.model_factory(dropout=self.p))
 
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
         """Train a dropout network from scratch with the experiment's recipe; ``seed`` fixes its
@@ -74,12 +86,11 @@ class DropoutMethod(PosteriorMethod):
         Raises ``NonFiniteError`` on NaN/Inf, ``MethodFitError`` if the run fails the recipe's
         convergence rule.
         """
-        exp = self.exp
         self._model = self._weights = None
         with seeded(seed):  # the initialisation and the dropout masks drawn in training
-            model = exp.model(dropout=self.p).to(exp.device)
-            result = train_network(model, exp.train_set, exp.test_tensors, exp.recipe, seed,
-                                   where=f"{exp.name} dropout seed {seed}")
+            model = self.new_model(dropout=self.p)
+            result = train_network(model, self.data.train, self.data.check, self.recipe, seed,
+                                   where=f"dropout seed {seed}")
         if result.failure:
             raise MethodFitError(f"method=dropout: the dropout network of seed {seed} failed: {result.failure}")
         self._model, self._weights = model.eval(), result.state_dict
@@ -106,7 +117,7 @@ class DropoutMethod(PosteriorMethod):
         drop, _, last = dropout_layers(model)
         masks = draw_masks(n, last.in_features, self.p, generator)
         out = []
-        for mask in masks.to(self.exp.device):
+        for mask in masks.to(self.device):
             handle = drop.register_forward_hook(lambda _m, inputs, _out: inputs[0] * mask / (1.0 - self.p))
             try:
                 out.append(predict_with_weights(model, {k: v[None] for k, v in model.state_dict().items()}, images)[0])

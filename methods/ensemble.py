@@ -16,11 +16,12 @@ class EnsembleMethod(PosteriorMethod):
     """A member is its base checkpoint, unchanged: ``fit`` keeps it, ``sample(1)`` returns it."""
 
     name = "ensemble"
+    label = "Deep Ensembles"
     modes = ("multi",)
     samples_per_base = 1
 
-    def __init__(self, exp, settings) -> None:
-        super().__init__(exp, settings)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self._member: torch.nn.Module | None = None
 
     def check(self, mode: str) -> None:
@@ -29,11 +30,12 @@ class EnsembleMethod(PosteriorMethod):
                 f"method=ensemble mode={mode}: a Deep Ensemble is one sample per independently trained network "
                 f"(multi-mode by construction); use mode=multi"
             )
+        super().check(mode)
 
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
         """Keep ``base`` (a held-out checkpoint) as the member; ``seed`` is unused."""
         with seeded(seed):  # building a model draws from the global RNG; leave it as it was
-            model = self.exp.model().to(self.exp.device)
+            model = self.new_model()
         model.load_state_dict(base)  # refuses a checkpoint of another architecture
         self._member = model.eval()
 
@@ -49,5 +51,5 @@ class EnsembleMethod(PosteriorMethod):
     @torch.no_grad()
     def predict_own(self, images: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
         """Probabilities ``[n, N, C]`` of the member network, repeated ``n`` times."""
-        probs = torch.softmax(self._fitted()(images.to(self.exp.device)), dim=-1).float().cpu()
+        probs = torch.softmax(self._fitted()(images.to(self.device)), dim=-1).float().cpu()
         return probs[None].expand(n, *probs.shape).clone()

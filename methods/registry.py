@@ -1,24 +1,48 @@
-"""Method name -> class, imported lazily (BLiTZ and laplace-torch load only when used)."""
+"""The one list of methods: name -> class, in the paper's row order.
+
+Everything else derives from it: the config schema (``methods.<name>`` nodes and the
+``method=`` choices), the sample stage's units, the Makefile's sweep, the tables' row order
+and labels. A new method is one module in ``methods/`` with a ``PosteriorMethod`` subclass,
+one ``conf/methods/<name>.yaml``, and one entry here (or ``register_method`` from a plugin).
+"""
 from __future__ import annotations
 
-import importlib
-
 from methods.base import PosteriorMethod
+from methods.bnn import BNNMethod
+from methods.dropout import DropoutMethod
+from methods.ensemble import EnsembleMethod
+from methods.laplace import LaplaceMethod
+from methods.sghmc import SGHMCMethod
+from methods.swag import SWAGMethod
 
-_CLASSES = {
-    "dropout": "methods.dropout:DropoutMethod",
-    "bnn": "methods.bnn:BNNMethod",
-    "sghmc": "methods.sghmc:SGHMCMethod",
-    "swag": "methods.swag:SWAGMethod",
-    "laplace": "methods.laplace:LaplaceMethod",
-    "ensemble": "methods.ensemble:EnsembleMethod",
+METHODS: dict[str, type[PosteriorMethod]] = {
+    cls.name: cls for cls in (DropoutMethod, BNNMethod, SGHMCMethod, SWAGMethod, LaplaceMethod, EnsembleMethod)
 }
-METHOD_NAMES = tuple(_CLASSES)  # the paper's row order
+
+
+def method_names() -> tuple[str, ...]:
+    """Registered method names, in table row order."""
+    return tuple(METHODS)
 
 
 def method_class(name: str) -> type[PosteriorMethod]:
-    """The class implementing method ``name`` (one of ``METHOD_NAMES``)."""
-    if name not in _CLASSES:
-        raise ValueError(f"method={name!r}: unknown method; expected one of {', '.join(METHOD_NAMES)} or all")
-    module, cls = _CLASSES[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    """The class implementing method ``name``; ``ValueError`` listing the valid names otherwise."""
+    if name not in METHODS:
+        raise ValueError(f"method={name!r}: unknown method; expected one of {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def register_method(cls: type[PosteriorMethod]) -> type[PosteriorMethod]:
+    """Add ``cls`` (a ``PosteriorMethod`` subclass with ``name``, ``label`` and ``Settings``) after the
+    registered methods; usable as a class decorator. Register before the config is composed."""
+    if not (isinstance(cls, type) and issubclass(cls, PosteriorMethod)):
+        raise TypeError(f"register_method: expected a PosteriorMethod subclass, got {cls!r}")
+    for attribute in ("name", "label"):
+        if not isinstance(getattr(cls, attribute, None), str):
+            raise TypeError(f"register_method: {cls.__name__} needs a class attribute {attribute!r} (a string)")
+    if not cls.name.isidentifier() or cls.name in ("all", "external"):
+        raise ValueError(f"register_method: name {cls.name!r} must be an identifier other than 'all' and 'external'")
+    if cls.name in METHODS and METHODS[cls.name] is not cls:
+        raise ValueError(f"register_method: a method named {cls.name!r} is already registered ({METHODS[cls.name].__name__})")
+    METHODS[cls.name] = cls
+    return cls

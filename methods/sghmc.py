@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +29,11 @@ from torch import nn
 from torch.func import functional_call
 
 from benchmark.data import InMemoryImageDataset
+from benchmark.models import predict_with_weights
+from benchmark.settings import require
 from benchmark.store import SampleSet, stack_state_dicts
 from benchmark.training import NonFiniteError, iterate_batches, seeded
-from methods.base import MethodConfigError, PosteriorMethod, predict_with_weights
+from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
 
 with warnings.catch_warnings():  # tensordict warns about its dataclass defaults at import
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -114,9 +116,39 @@ def endless_batches(
         yield from iterate_batches(dataset, batch_size, generator, device)
 
 
+@dataclass
+class SGHMCSettings(MethodSettings):
+    """SGHMC settings. ``lr``: step size (lr 0.1 with friction 1 moves like SGD with learning
+    rate lr^2 = 0.01 and momentum exp(-0.1) = 0.90); ``friction``: alpha; ``temperature`` of the
+    target ``p(theta | D)^(1/temperature)``; ``weight_decay``: the Gaussian prior's precision
+    per example (null = the recipe's weight decay); ``batch_size`` (null = the recipe's);
+    ``burn_in_epochs``: steps discarded after the base checkpoint, in epochs of the train set;
+    ``thinning_epochs``: steps between kept states, in epochs (any positive fraction).
+    """
+
+    lr: float = 0.1
+    friction: float = 1.0
+    temperature: float = 1.0
+    weight_decay: Optional[float] = None
+    batch_size: Optional[int] = None
+    burn_in_epochs: float = 10.0
+    thinning_epochs: float = 1.0
+
+    def __post_init__(self) -> None:
+        for key in ("lr", "friction", "temperature", "thinning_epochs"):
+            value = getattr(self, key)
+            require(math.isfinite(value) and value > 0, key, value, "a positive number")
+        require(math.isfinite(self.burn_in_epochs) and self.burn_in_epochs >= 0, "burn_in_epochs",
+                self.burn_in_epochs, "a number >= 0")
+        require(self.weight_decay is None or self.weight_decay >= 0, "weight_decay", self.weight_decay,
+                "a number >= 0 or null (= train.weight_decay)")
+        require(self.batch_size is None or self.batch_size >= 1, "batch_size", self.batch_size,
+                "a positive integer or null (= train.batch_size)")
+
+
 @dataclass(frozen=True)
-class SGHMCSettings:
-    """Validated ``methods.sghmc`` settings; burn-in and thinning in steps."""
+class ChainPlan:
+    """The settings resolved against the recipe and the train set; burn-in and thinning in steps."""
 
     lr: float
     friction: float
@@ -140,10 +172,12 @@ class SGHMCMethod(PosteriorMethod):
     """
 
     name = "sghmc"
+    label = "SGHMC"
+    Settings = SGHMCSettings
     modes = ("one",)
 
-    def __init__(self, exp, settings: Mapping[str, Any]) -> None:
-        super().__init__(exp, settings)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self._state: baoa.BAOAState | None = None
         self._buffers: dict[str, torch.Tensor] = {}
         self._model: nn.Module | None = None
@@ -155,45 +189,27 @@ class SGHMCMethod(PosteriorMethod):
                 f"method=sghmc mode={mode}: SGHMC runs one chain from one trained checkpoint (the paper uses it "
                 f"one-mode only); use mode=one"
             )
-        self._settings()
+        super().check(mode)
 
-    def _settings(self) -> SGHMCSettings:
-        s, recipe = self.settings, self.exp.recipe
-
-        def number(key: str, default: Any = None, positive: bool = True) -> float:
-            value = s.get(key, default)
-            if value is None:
-                raise MethodConfigError(f"methods.sghmc.{key}: missing; expected a number")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
-                value <= 0 if positive else value < 0
-            ):
-                raise MethodConfigError(f"methods.sghmc.{key}={value!r}: expected a {'positive' if positive else 'non-negative'} number")
-            return float(value)
-
-        batch_size = s.get("batch_size")
-        if batch_size is None:
-            batch_size = recipe.batch_size
-        elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise MethodConfigError(f"methods.sghmc.batch_size={batch_size!r}: expected a positive integer or null (= train.batch_size)")
-        weight_decay = recipe.weight_decay if s.get("weight_decay") is None else number("weight_decay", positive=False)
+    def plan(self) -> ChainPlan:
+        """The chain's settings in steps, defaults taken from the recipe."""
+        s, recipe = self.settings, self.recipe
+        batch_size = recipe.batch_size if s.batch_size is None else s.batch_size
+        weight_decay = recipe.weight_decay if s.weight_decay is None else s.weight_decay
         steps_per_epoch = math.ceil(len(self._train_data()) / batch_size)
-        return SGHMCSettings(
-            lr=number("lr"),
-            friction=number("friction"),
-            temperature=number("temperature", 1.0),
-            weight_decay=weight_decay,
-            batch_size=batch_size,
-            burn_in=math.ceil(number("burn_in_epochs", positive=False) * steps_per_epoch),
-            thinning=max(1, math.ceil(number("thinning_epochs") * steps_per_epoch)),
+        return ChainPlan(
+            lr=s.lr, friction=s.friction, temperature=s.temperature, weight_decay=weight_decay, batch_size=batch_size,
+            burn_in=math.ceil(s.burn_in_epochs * steps_per_epoch),
+            thinning=max(1, math.ceil(s.thinning_epochs * steps_per_epoch)),
         )
 
     def _train_data(self) -> InMemoryImageDataset:
         """The un-augmented train split in memory: the data the posterior conditions on."""
         if self._train is None:
-            self._train = InMemoryImageDataset(*self.exp.train_tensors)
+            self._train = InMemoryImageDataset(*self.data.train_tensors)
         return self._train
 
-    def _chain(self, settings: SGHMCSettings) -> Chain:
+    def _chain(self, settings: ChainPlan) -> Chain:
         assert self._model is not None
         n = len(self._train_data())
         return Chain(
@@ -201,9 +217,9 @@ class SGHMCMethod(PosteriorMethod):
             lr=settings.lr, friction=settings.friction, temperature=settings.temperature / n,
         )
 
-    def _batches(self, settings: SGHMCSettings, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _batches(self, settings: ChainPlan, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         generator = torch.Generator().manual_seed(seed)
-        return endless_batches(self._train_data(), settings.batch_size, generator, self.exp.device)
+        return endless_batches(self._train_data(), settings.batch_size, generator, self.device)
 
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
         """Burn in a chain started at ``base`` (plain state dict); ``seed`` fixes its noise and data order.
@@ -211,17 +227,17 @@ class SGHMCMethod(PosteriorMethod):
         NaN/Inf raises ``NonFiniteError`` and leaves the method unfitted.
         """
         self._state = None
-        settings = self._settings()
+        settings = self.plan()
         with seeded(0):  # building a model draws from the global RNG; leave it as it was
-            model = self.exp.model().to(self.exp.device)
+            model = self.new_model()
         try:
             model.load_state_dict(base)
         except RuntimeError as err:
-            raise ValueError(f"method=sghmc: the base checkpoint does not fit model={self.exp.cfg.model.name}: {err}") from err
+            raise ValueError(f"method=sghmc: the base checkpoint does not fit the model: {err}") from err
         self._model = model
         self._buffers = {k: v.detach() for k, v in model.named_buffers()}
         chain = self._chain(settings)
-        where = f"{self.exp.name} sghmc seed {seed}, burn-in"
+        where = f"sghmc seed {seed}, burn-in"
         with seeded(seed):
             state = chain.run(chain.start(dict(model.named_parameters())), self._batches(settings, seed), settings.burn_in, where)
         self._state = state
@@ -232,13 +248,13 @@ class SGHMCMethod(PosteriorMethod):
             raise RuntimeError("method=sghmc: call fit() before sample() or predict_own()")
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"method=sghmc: number of samples must be a positive integer, got {n!r}")
-        settings = self._settings()
+        settings = self.plan()
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         chain = self._chain(settings)
         keys = list(self._model.state_dict())
         with seeded(seed):
             for params in chain.thinned(copy_state(self._state), self._batches(settings, seed), n, settings.thinning,
-                                        f"{self.exp.name} sghmc sampling"):
+                                        "sghmc sampling"):
                 merged = {**params, **self._buffers}
                 yield {k: merged[k] for k in keys}
 

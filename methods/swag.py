@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +27,12 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.optim.swa_utils import update_bn
 
+from benchmark.settings import require
 from benchmark.store import SampleSet, stack_state_dicts
 from benchmark.training import (
     NonFiniteError, check_weights_finite, iterate_batches, learning_rate, make_optimizer, seeded,
 )
-from methods.base import MethodConfigError, PosteriorMethod
+from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
 
 VAR_CLAMP = 1e-30  # the reference implementation's floor on the diagonal variance
 
@@ -100,72 +102,88 @@ class SwagSchedule:
         return self.lr_start + (self.lr_high - self.lr_start) * (step + 1) / self.ramp_steps
 
 
-def _number(settings, key: str, minimum: float, maximum: float = math.inf, integer: bool = False) -> float:
-    value = settings.get(key)
-    kind = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not minimum <= value <= maximum:
-        raise MethodConfigError(f"methods.swag.{key}={value!r}: expected {kind} in [{minimum}, {maximum}]")
-    return value
+@dataclass
+class SWAGSettings(MethodSettings):
+    """SWAG settings (appendix B; Maddox et al. 2019).
+
+    ``epochs_factor``: SWAG run length in units of the recipe's epochs (paper: twice).
+    ``lr``: the constant high learning rate (null = the recipe's initial ``lr``).
+    ``ramp_fraction``: fraction of the run spent ramping linearly from the recipe's final rate
+    up to ``lr``. ``snapshots``: collected evenly over the second half of the run (paper: 20).
+    ``rank``: deviation columns kept (paper: 20). ``scale``: multiplies the covariance
+    (paper: 0.1). ``bn_update_batches``: train batches per draw for the BatchNorm statistics
+    (null = one epoch; a no-op without BatchNorm).
+    """
+
+    epochs_factor: int = 2
+    lr: Optional[float] = None
+    ramp_fraction: float = 0.25
+    snapshots: int = 20
+    rank: int = 20
+    scale: float = 0.1
+    bn_update_batches: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        require(self.epochs_factor >= 1, "epochs_factor", self.epochs_factor, "an integer >= 1")
+        require(self.lr is None or self.lr > 0, "lr", self.lr, "a positive number or null (= train.lr)")
+        require(0.0 <= self.ramp_fraction <= 0.5, "ramp_fraction", self.ramp_fraction, "a number in [0, 0.5]")
+        require(self.snapshots >= 2, "snapshots", self.snapshots, "an integer >= 2")
+        require(self.rank >= 2, "rank", self.rank, "an integer >= 2")
+        require(self.scale >= 0.0, "scale", self.scale, "a number >= 0")
+        require(self.bn_update_batches is None or self.bn_update_batches >= 1, "bn_update_batches",
+                self.bn_update_batches, "a positive integer or null (= one epoch)")
 
 
 class SWAGMethod(PosteriorMethod):
     """SWAG around a trained base network (``fit`` continues its training and collects snapshots)."""
 
     name = "swag"
+    label = "SWAG"
+    Settings = SWAGSettings
 
-    def __init__(self, exp, settings) -> None:
-        super().__init__(exp, settings)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self._model: nn.Module | None = None
         self._moments: SwagMoments | None = None
         self._gaussian: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._seed = 0
 
-    @property
-    def scale(self) -> float:
-        return float(_number(self.settings, "scale", 0.0))
-
     def schedule(self) -> SwagSchedule:
-        """The validated step plan from ``methods.swag`` and the experiment's recipe."""
-        s, recipe = self.settings, self.exp.recipe
-        epochs = recipe.epochs * _number(s, "epochs_factor", 1, integer=True)
-        snapshots = _number(s, "snapshots", 2, integer=True)
-        _number(s, "rank", 2, integer=True)
-        ramp = _number(s, "ramp_fraction", 0.0, 0.5)
-        lr_high = recipe.lr if s.get("lr") is None else _number(s, "lr", 1e-12)
-        total = epochs * math.ceil(len(self.exp.train_set) / recipe.batch_size)
+        """The step plan from the settings and the experiment's recipe."""
+        s, recipe = self.settings, self.recipe
+        epochs = recipe.epochs * s.epochs_factor
+        lr_high = recipe.lr if s.lr is None else s.lr
+        total = epochs * math.ceil(len(self.data.train) / recipe.batch_size)
         half = total // 2
-        if snapshots > total - half:
+        if s.snapshots > total - half:
             raise MethodConfigError(
-                f"methods.swag.snapshots={snapshots}: the second half of the SWAG run has only {total - half} steps; "
+                f"methods.swag.snapshots={s.snapshots}: the second half of the SWAG run has only {total - half} steps; "
                 f"lower it or raise methods.swag.epochs_factor"
             )
-        steps = frozenset(half + round((i + 1) * (total - half) / snapshots) for i in range(snapshots))
-        return SwagSchedule(total, max(1, round(ramp * total)), learning_rate(recipe, recipe.epochs - 1),
+        steps = frozenset(half + round((i + 1) * (total - half) / s.snapshots) for i in range(s.snapshots))
+        return SwagSchedule(total, max(1, round(s.ramp_fraction * total)), learning_rate(recipe, recipe.epochs - 1),
                             float(lr_high), steps)
 
     def check(self, mode: str) -> None:
         super().check(mode)
         self.schedule()
-        _number(self.settings, "scale", 0.0)
-        if self.settings.get("bn_update_batches") is not None:
-            _number(self.settings, "bn_update_batches", 1, integer=True)
 
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
         """Continue training ``base`` under the SWAG schedule (data order from ``seed``) and collect
         the snapshot moments. NaN/Inf raises ``NonFiniteError`` and leaves the method unfitted."""
-        exp, recipe, plan = self.exp, self.exp.recipe, self.schedule()
+        recipe, plan = self.recipe, self.schedule()
         self._model = self._moments = self._gaussian = None
         with seeded(seed):  # building a model draws from the global RNG; leave it as it was
-            model = exp.model().to(exp.device)
+            model = self.new_model()
         model.load_state_dict(base)
-        moments = SwagMoments(rank=int(self.settings["rank"]))
+        moments = SwagMoments(rank=self.settings.rank)
         optimizer = make_optimizer(model.parameters(), recipe, lr=plan.lr(0))
         generator = torch.Generator().manual_seed(seed)
-        where = f"{exp.name} swag seed {seed}"
+        where = f"swag seed {seed}"
         step = 0
         model.train()
         while step < plan.total_steps:
-            for images, labels in iterate_batches(exp.train_set, recipe.batch_size, generator, exp.device):
+            for images, labels in iterate_batches(self.data.train, recipe.batch_size, generator, self.device):
                 for group in optimizer.param_groups:
                     group["lr"] = plan.lr(step)
                 loss = F.cross_entropy(model(images), labels)
@@ -186,11 +204,11 @@ class SWAGMethod(PosteriorMethod):
         """Load one SWAG draw into the fitted model and recompute its BatchNorm statistics."""
         if self._model is None or self._gaussian is None:
             raise RuntimeError("method=swag: call fit() before sample() or predict_own()")
-        model, exp = self._model, self.exp
-        theta = swag_draw(*self._gaussian, self.scale, generator)
-        vector_to_parameters(theta.to(exp.device), model.parameters())
-        batches = self.settings.get("bn_update_batches")
-        data = iterate_batches(exp.train_set, exp.recipe.batch_size, torch.Generator().manual_seed(self._seed), exp.device)
+        model = self._model
+        theta = swag_draw(*self._gaussian, self.settings.scale, generator)
+        vector_to_parameters(theta.to(self.device), model.parameters())
+        batches = self.settings.bn_update_batches
+        data = iterate_batches(self.data.train, self.recipe.batch_size, torch.Generator().manual_seed(self._seed), self.device)
         update_bn(itertools.islice(data, batches) if batches is not None else data, model)
         return model.eval()
 
@@ -208,5 +226,5 @@ class SWAGMethod(PosteriorMethod):
         out = []
         for _ in range(n):
             model = self._draw_weights(generator)
-            out.append(torch.softmax(model(images.to(self.exp.device)), dim=-1).float().cpu())
+            out.append(torch.softmax(model(images.to(self.device)), dim=-1).float().cpu())
         return torch.stack(out)

@@ -5,11 +5,11 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from benchmark import config
+
 REPO = Path(__file__).resolve().parent.parent
-CONF_DIR = REPO / "conf"
 
 # A recipe small enough for tests: 2 epochs of the digits recipe, convergence rule at epoch 1.
 TINY_TRAIN = ["train.epochs=2", "train.milestones=[1]", "train.fail_rule.epoch=1"]
@@ -17,8 +17,7 @@ TINY_TRAIN = ["train.epochs=2", "train.milestones=[1]", "train.fail_rule.epoch=1
 
 def compose_config(overrides: list[str]) -> DictConfig:
     """The project's config with ``overrides`` applied (as on the command line)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+    return config.compose_config(overrides)
 
 
 @pytest.fixture
@@ -27,6 +26,6 @@ def tiny_cfg(tmp_path) -> Iterator[DictConfig]:
     model's CPU backend switches applied, as the CLI does)."""
     from benchmark.experiment import Experiment
 
-    cfg = compose_config([f"store={tmp_path / 'store'}", *TINY_TRAIN])
+    cfg = compose_config([f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}", *TINY_TRAIN])
     with Experiment(cfg).backends():
         yield cfg

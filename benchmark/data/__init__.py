@@ -8,7 +8,7 @@
 from benchmark.data.errors import DatasetNotFoundError
 from benchmark.data.in_memory import InMemoryImageDataset, random_crop
 from benchmark.data.info import DATASET_NAMES, DatasetInfo, dataset_info
-from benchmark.data.loading import get_dataset, get_ood_dataset
+from benchmark.data.loading import check_ood_pairing, get_dataset, get_ood_dataset
 from benchmark.data.materialise import as_tensors
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "DatasetNotFoundError",
     "InMemoryImageDataset",
     "as_tensors",
+    "check_ood_pairing",
     "dataset_info",
     "get_dataset",
     "get_ood_dataset",

@@ -55,22 +55,29 @@ def get_ood_dataset(ood_name: str, id_name: str, data_dir: str | Path, download:
     ``OOD_MAX_ITEMS["svhn"]`` images as in the paper. The embedded ``digits_ood`` pairs only
     with ``digits``. Raises ValueError for unknown names or a channel mismatch.
     """
+    check_ood_pairing(ood_name, id_name)
     ood, target = dataset_info(ood_name), dataset_info(id_name)
-    if (ood_name in _EMBEDDED) != (id_name in _EMBEDDED):
-        raise ValueError(
-            f"dataset.ood: {ood_name!r} cannot serve as OOD set of {id_name!r}: the embedded sets "
-            f"({', '.join(_EMBEDDED)}) pair only with each other"
-        )
-    if ood.in_channels != target.in_channels:
-        raise ValueError(
-            f"dataset.ood: {ood_name!r} has {ood.in_channels} channel(s) but {id_name!r} has "
-            f"{target.in_channels}; pick an OOD set with the same channels"
-        )
     if ood_name in _EMBEDDED:
         return get_dataset(ood_name, "test", data_dir, download)
     resize = ood_name in _VARIABLE_SIZE or ood.image_size != target.image_size
     dataset = open_on_disk(ood_name, "test", data_dir, download, eval_transform(target, resize=resize))
     return fixed_subset(dataset, OOD_MAX_ITEMS.get(ood_name))
+
+
+def check_ood_pairing(ood_name: str, id_name: str) -> None:
+    """Raise ValueError (naming ``dataset.ood``) unless ``ood_name`` can serve as OOD set of ``id_name``:
+    the same number of channels, and the embedded sets only with each other."""
+    ood, target = dataset_info(ood_name), dataset_info(id_name)
+    if (ood_name in _EMBEDDED) != (id_name in _EMBEDDED):
+        raise ValueError(
+            f"dataset.ood={ood_name}: cannot serve as OOD set of {id_name!r}: the embedded sets "
+            f"({', '.join(_EMBEDDED)}) pair only with each other"
+        )
+    if ood.in_channels != target.in_channels:
+        raise ValueError(
+            f"dataset.ood={ood_name}: has {ood.in_channels} channel(s) but {id_name!r} has "
+            f"{target.in_channels}; pick an OOD set with the same channels"
+        )
 
 
 def fixed_subset(dataset: Dataset, max_items: int | None, seed: int = OOD_SUBSET_SEED) -> Dataset:

@@ -77,11 +77,9 @@ _ON_DISK: dict[str, _OnDisk] = {
         _dtd, lambda split: "dtd/dtd", "dtd/dtd/ with images/<class>/*.jpg and labels/{train,val,test}1.txt"
     ),
 }
-ON_DISK_NAMES = tuple(_ON_DISK)
-
 
 def open_on_disk(name: str, split: str, data_dir: str | Path, download: bool, transform: Callable) -> Dataset:
-    """Dataset ``name`` (one of ``ON_DISK_NAMES``), split ``"train"``/``"test"``, from
+    """On-disk dataset ``name`` (mnist, fashionmnist, cifar100, svhn, tinyimagenet, dtd), split ``"train"``/``"test"``, from
     ``data_dir`` (downloaded there first when ``download``); items ``(transform(PIL image), label)``.
 
     Raises ``DatasetNotFoundError`` naming the searched path when the files are missing (or,

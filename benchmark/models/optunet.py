@@ -35,6 +35,16 @@ class OptuNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.dropout(self.features(x)))
 
+    def layer_chain(self) -> list[tuple[str, nn.Module]]:
+        """The forward pass as a chain of ``(state-dict prefix, module)`` applied in order
+        (the functional ReLUs and the global pool as modules); running the chain equals
+        ``forward``. Whatever walks the network layer by layer (the symmetry specs) reads it."""
+        return [
+            ("conv1", self.conv1), ("relu1", nn.ReLU()), ("pool", self.pool), ("conv2", self.conv2),
+            ("relu2", nn.ReLU()), ("gap", nn.AdaptiveAvgPool2d(1)), ("flatten", nn.Flatten()), ("fc1", self.fc1),
+            ("relu3", nn.ReLU()), ("dropout", self.dropout), ("fc2", self.fc2),
+        ]
+
 
 def optunet(num_classes: int = 10, dropout: float = 0.0, in_channels: int = 1) -> OptuNet:
     """Build an OptuNet for ``num_classes`` outputs (355 parameters for 10 classes)."""

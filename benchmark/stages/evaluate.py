@@ -1,10 +1,10 @@
 """Evaluate stage: for every method x mode in the store, raw and symmetry-free (NS) MMD against
 the reference zoo plus the predictive metrics, into ``results/<experiment>/metrics.csv``.
 
-The reference (converged zoo seeds in ``[zoo.start, reference.stop)``) is canonicalised once
-and cached in ``store/<experiment>/reference/`` with its ensemble predictive; each row is
-cached in ``store/<experiment>/eval/`` keyed by the files it was computed from, so a second
-run recomputes nothing.
+The reference (the converged checkpoints of ``seeds.reference``) is canonicalised once and
+cached in ``store/<experiment>/reference/`` with its ensemble predictive; each row is cached
+in ``store/<experiment>/eval/`` keyed by the files it was computed from, so a second run
+recomputes nothing.
 """
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.cli import register_stage
 from benchmark.experiment import Experiment, stable_hash
+from benchmark.models import predict_with_weights
+from benchmark.results import write_metrics
 from benchmark.store import (
     CheckpointError,
+    CheckpointFiles,
+    SampleSetFile,
     StoreError,
-    atomic_path,
     atomic_write_text,
     iter_checkpoint_batches,
     load_checkpoints_as_sample_set,
@@ -35,33 +37,30 @@ from benchmark.store import (
     unstack,
     validate_tensors,
 )
-from methods.base import predict_with_weights
-from methods.registry import METHOD_NAMES
-from metrics.mmd import mmd_table, mmd_table_from_store
+from methods import MODES, METHODS
+from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import canonicalize, spec_for_model
 
 log = logging.getLogger(__name__)
-MODES = ("one", "multi")
-COLUMNS = [
-    "experiment", "method", "mode", "status", "reason", "n_samples",
-    "mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max",
-    "acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv",
-]
 
 
 def reference_seeds(exp: Experiment) -> list[int]:
-    """Converged zoo seeds of the reference range ``[zoo.start, reference.stop)``."""
-    return exp.store.converged_seeds(int(exp.cfg.zoo.start), int(exp.cfg.reference.stop))
+    """Converged zoo seeds of ``seeds.reference``."""
+    return exp.store.converged_seeds(exp.reference.start, exp.reference.stop)
 
 
 def available_rows(exp: Experiment) -> list[tuple[str, str]]:
-    """(method, mode) pairs whose sample set and predictions are both in the store."""
+    """(method, mode) pairs whose sample set and predictions are both in the store: registered
+    methods in registry order, then external ones, sorted."""
     store = exp.store
-    return [
-        (m, mode) for m in METHOD_NAMES for mode in MODES
-        if store.samples_path(m, mode).is_file() and store.preds_path(m, mode).is_file()
-    ]
+    found = set()
+    for path in store.samples_dir.glob("*.safetensors") if store.samples_dir.is_dir() else ():
+        method, _, mode = path.stem.rpartition("_")
+        if mode in MODES and method and store.preds_path(method, mode).is_file():
+            found.add((method, mode))
+    order = list(METHODS) + sorted({m for m, _ in found} - set(METHODS))
+    return sorted(found, key=lambda row: (order.index(row[0]), MODES.index(row[1])))
 
 
 def describe_store(exp: Experiment) -> str:
@@ -94,8 +93,8 @@ class Reference:
         if len(self.seeds) < 2:
             raise StoreError(
                 f"{exp.store.zoo_dir}: the reference needs at least 2 converged checkpoints in "
-                f"[{exp.cfg.zoo.start}, {exp.cfg.reference.stop}), found {len(self.seeds)}; run "
-                f"python -m benchmark stage=zoo experiment={exp.name} zoo.start={exp.cfg.zoo.start} zoo.stop={exp.cfg.reference.stop}"
+                f"seeds.reference={[exp.reference.start, exp.reference.stop]}, found {len(self.seeds)}; run "
+                f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=reference"
             )
         self.folder = exp.store.base / "reference"
         self.key = _fingerprint([], {"seeds": self.seeds, "steps": steps, "hash": exp.config_hash})
@@ -103,7 +102,7 @@ class Reference:
         self.model = exp.model().to(exp.device)
         self.spec = spec_for_model(exp.model())
         n_params = sum(math.prod(shape) for shape in exp.shapes().values())
-        limit = float(exp.cfg.get("evaluate", {}).get("max_in_memory_gb", 4.0))
+        limit = float(exp.config.evaluate.max_in_memory_gb)
         self.in_memory = len(self.seeds) * n_params * 4 <= limit * 2**30
         self.batch = max(1, int(limit * 2**30 // (8 * n_params * 4)))
 
@@ -157,13 +156,13 @@ class Reference:
         device = self.exp.device
         canonical = canonicalize(samples, self.spec, self.steps)[0]
         if self.in_memory:
-            return (mmd_table(self.weights(), samples, device=device).aggregate,
-                    mmd_table(self.canonical(), canonical, device=device).aggregate)
+            return (mmd(self.weights(), samples, device=device).aggregate,
+                    mmd(self.canonical(), canonical, device=device).aggregate)
         canonical_path = samples_path.with_name(f".{samples_path.stem}.canonical.safetensors")
         save_sample_set(canonical_path, canonical, {"experiment": self.exp.name})
         try:
-            return (mmd_table_from_store(self.paths, samples_path, device=device).aggregate,
-                    mmd_table_from_store(self.canonical_paths(), canonical_path, device=device).aggregate)
+            return (mmd(CheckpointFiles(self.paths), SampleSetFile(samples_path), device=device).aggregate,
+                    mmd(CheckpointFiles(self.canonical_paths()), SampleSetFile(canonical_path), device=device).aggregate)
         finally:
             canonical_path.unlink()
 
@@ -175,12 +174,17 @@ def _chunks(items: list[int], size: int) -> list[list[int]]:
 def evaluate_row(exp: Experiment, ref: Reference, method: str, mode: str) -> dict[str, Any]:
     """One metrics.csv row; a method whose samples or predictions are unusable is marked failed."""
     store = exp.store
-    row: dict[str, Any] = {"experiment": exp.name, "method": method, "mode": mode, "status": "ok", "reason": ""}
     samples_path, preds_path = store.samples_path(method, mode), store.preds_path(method, mode)
+    metas = []
     for path in (samples_path, preds_path):
-        got = read_metadata(path).get("experiment")
-        if got != exp.name:
-            raise StoreError(f"{path}: holds samples of experiment {got!r}, expected {exp.name!r}; the store holds: {describe_store(exp)}")
+        meta = read_metadata(path)
+        if meta.get("experiment") != exp.name:
+            raise StoreError(f"{path}: holds samples of experiment {meta.get('experiment')!r}, expected {exp.name!r}; "
+                             f"the store holds: {describe_store(exp)}")
+        metas.append(meta)
+    label = metas[0].get("label") or (METHODS[method].label if method in METHODS else method)
+    row: dict[str, Any] = {"experiment": exp.name, "experiment_label": exp.display_name, "method": method,
+                           "method_label": label, "mode": mode, "status": "ok", "reason": ""}
     try:
         samples = load_sample_set(samples_path)
         validate_tensors(samples, exp.model(), source=str(samples_path), leading=1)
@@ -197,17 +201,18 @@ def evaluate_row(exp: Experiment, ref: Reference, method: str, mode: str) -> dic
     return row
 
 
-def run_evaluate(exp: Experiment) -> pd.DataFrame:
+def run(exp: Experiment) -> pd.DataFrame:
     """Evaluate every (method, mode) present in the store; write ``results/<exp>/metrics.csv``."""
     rows = available_rows(exp)
     if not rows:
         raise StoreError(f"nothing to evaluate for {exp.name}: no sample set with predictions; the store holds: {describe_store(exp)}")
-    steps = list(exp.cfg.get("evaluate", {}).get("canonical_steps", ["scale", "sort", "softmax"]))
+    steps = [step.value for step in exp.config.evaluate.canonical_steps]
     ref = Reference(exp, steps)
     cache_dir = exp.store.base / "eval"
     out = []
     for method, mode in tqdm(rows, desc=f"evaluate {exp.name}", unit="row", dynamic_ncols=True):
-        key = _fingerprint([exp.store.samples_path(method, mode), exp.store.preds_path(method, mode)], ref.key)
+        key = _fingerprint([exp.store.samples_path(method, mode), exp.store.preds_path(method, mode)],
+                           {"reference": ref.key, "label": exp.display_name})
         cached = cache_dir / f"{method}_{mode}.json"
         if cached.is_file() and json.loads(cached.read_text()).get("key") == key:
             out.append(json.loads(cached.read_text())["row"])
@@ -215,18 +220,13 @@ def run_evaluate(exp: Experiment) -> pd.DataFrame:
         row = evaluate_row(exp, ref, method, mode)
         atomic_write_text(cached, json.dumps({"key": key, "row": row}, default=_jsonable))
         out.append(row)
-    df = pd.DataFrame(out).reindex(columns=COLUMNS)
-    path = Path(str(exp.cfg.results)) / exp.name / "metrics.csv"
-    with atomic_path(path) as tmp:
-        df.to_csv(tmp, index=False, float_format="%.8g")
-    log.info("wrote %s (%d rows, reference of %d checkpoints)", path, len(df), len(ref.seeds))
-    return df
+    path = exp.results_dir / "metrics.csv"
+    frame = write_metrics(out, path)
+    log.info("wrote %s (%d rows, reference of %d checkpoints)", path, len(frame), len(ref.seeds))
+    return frame
 
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         return None
     return float(value)
-
-
-register_stage("evaluate", run_evaluate)

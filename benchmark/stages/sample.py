@@ -1,43 +1,62 @@
 """Sample stage: each method's weight samples in each mode, and its predictions with them.
 
-``python -m benchmark stage=sample method=<all|name> mode=<both|one|multi>``
+``python -m benchmark stage=sample method=<all|name|external> mode=<both|one|multi>``
 
 A unit is one (method, mode). It is skipped when its sample set and its predictions are in the
 store and valid for the current settings; otherwise, under a per-unit lock, the method is fitted
-around the mode's base networks (``methods.modes``), and the sample set ``{key: [S, ...]}`` and
-the predictions ``{"id": [S, N, C], "ood": [S, M, C]}`` (float32 probabilities on the ID test set
-and the OOD set) are written atomically, predictions last: a unit counts as done only when both
-files validate, so a killed run redoes at most the unit in flight.
+around the mode's base networks (the converged checkpoints of ``seeds.heldout``, first seeds
+first; ``methods.modes``), and the sample set ``{key: [S, ...]}`` and the predictions
+``{"id": [S, N, C], "ood": [S, M, C]}`` (float32 probabilities on the ID test set and the OOD
+set) are written atomically, predictions last: a unit counts as done only when both files
+validate, so a killed run redoes at most the unit in flight.
 
-Every unit's ``check`` and bases are verified before any training. With ``method=all`` a
-unit that fails (bad combination, missing bases, NaN) is logged, writes nothing, and the stage
-goes on, raising ``SampleStageError`` listing the failures at the end; a named method fails at once.
+Every unit is built and checked (``prepare_units``) before any training. With ``method=all`` a
+unit that fails while fitting (NaN, no base converges) is logged, writes nothing, and the stage
+goes on, raising ``SampleStageError`` listing the failures at the end; a named method fails at
+once. ``method=external`` scores a sample set produced elsewhere (``external.path``).
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
-from benchmark.cli import register_stage
+from benchmark.config import ConfigError, ModeChoice
 from benchmark.experiment import Experiment, library_versions, stable_hash
-from benchmark.store import CheckpointError, SampleSet, read_metadata, sample_set_keys, save_sample_set, try_lock
+from benchmark.models import predict_with_weights
+from benchmark.settings import SettingsError
+from benchmark.store import (
+    CheckpointError,
+    SampleSet,
+    StoreError,
+    load_checkpoint,
+    load_sample_set,
+    read_metadata,
+    sample_set_keys,
+    save_sample_set,
+    try_lock,
+    validate_tensors,
+)
 from benchmark.training import NonFiniteError
-from methods.base import MODES, MethodConfigError, MethodFitError, PosteriorMethod, predict_with_weights
-from methods.modes import MissingBasesError, ModePlan, plan_mode, run_mode
-from methods.registry import METHOD_NAMES, method_class
+from methods import MODES, MethodConfigError, MethodFitError, PosteriorMethod, method_class, method_names
+from methods.modes import ModePlan, plan_counts, run_mode
 
 log = logging.getLogger(__name__)
-MODE_CHOICES = ("both", *MODES)
-UNIT_ERRORS = (MethodConfigError, MissingBasesError, NonFiniteError, MethodFitError)
+FIT_ERRORS = (NonFiniteError, MethodFitError)
 NOT_WRITTEN = "not written yet"
+ASSUMED_CONVERGENCE = 0.5  # for the suggested held-out range when no held-out seed was trained yet
 
 
 class SampleStageError(RuntimeError):
     """Some (method, mode) units failed under ``method=all``; the others were written."""
+
+
+class MissingBasesError(StoreError):
+    """Too few converged held-out checkpoints for a mode; the message gives the zoo command."""
 
 
 @dataclass
@@ -47,37 +66,45 @@ class SampleSummary:
     written: list[str] = field(default_factory=list)
     skipped_done: list[str] = field(default_factory=list)
     skipped_busy: list[str] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class Unit:
+    """One (method, mode) to run: the built method and its plan (bases and samples per base)."""
+
+    method: PosteriorMethod
+    plan: ModePlan
+
+    @property
+    def key(self) -> str:
+        return f"{self.method.name}/{self.plan.mode}"
+
+
 def selected_units(method: str, mode: str) -> list[tuple[str, str]]:
-    """``(method, mode)`` pairs of ``method`` x ``mode``.
+    """``(method, mode)`` pairs of ``method`` x ``mode`` (registered methods only).
 
     ``all``/``both`` expand to the modes each method supports; a named method with a named mode
     is kept even if unsupported, so that its ``check`` refuses it with the reason.
     """
-    if method != "all" and method not in METHOD_NAMES:
-        raise ValueError(f"method={method!r}: unknown method; expected all or one of {', '.join(METHOD_NAMES)}")
-    if mode not in MODE_CHOICES:
-        raise ValueError(f"mode={mode!r}: unknown mode; expected one of {', '.join(MODE_CHOICES)}")
-    names = METHOD_NAMES if method == "all" else (method,)
+    names = method_names() if method == "all" else (method,)
     units = []
     for name in names:
         supported = method_class(name).modes
-        wanted = supported if mode == "both" else (mode,)
+        wanted = supported if mode == ModeChoice.both.value else (mode,)
         units += [(name, m) for m in wanted if m in supported or method != "all"]
     return units
 
 
 def settings_hash(exp: Experiment, name: str) -> str:
-    """Hash of what determines a unit's output besides the zoo config: method settings, sample
-    counts, held-out range, and the model's method settings (``model.dropout_p``, ``model.laplace``)."""
+    """Hash of what determines a unit's output besides the zoo config: the method's settings,
+    sample counts and held-out range."""
     payload = {
         "zoo": exp.config_hash,
-        "method": OmegaConf.to_container(exp.cfg.methods[name], resolve=True),
-        "sample": {k: exp.cfg.sample[k] for k in ("per_method", "modes_multi")},
-        "heldout": [int(exp.cfg.heldout.start), int(exp.cfg.heldout.stop)],
-        "model": OmegaConf.to_container(exp.cfg.model, resolve=True),
+        "method": exp.method_settings(name),
+        "sample": exp.config.sample,
+        "heldout": [exp.heldout.start, exp.heldout.stop],
     }
     return stable_hash(payload)
 
@@ -85,8 +112,8 @@ def settings_hash(exp: Experiment, name: str) -> str:
 def unit_metadata(exp: Experiment, name: str, plan: ModePlan, seeds: tuple[int, ...]) -> dict[str, object]:
     """Metadata written with a unit's sample set and predictions (``seeds``: the base seeds used)."""
     return {
-        "method": name, "mode": plan.mode, "experiment": exp.name, "base_seeds": list(seeds),
-        "samples_per_base": plan.samples_per_base, "n_samples": plan.n_samples,
+        "method": name, "label": method_class(name).label, "mode": plan.mode, "experiment": exp.name,
+        "base_seeds": list(seeds), "samples_per_base": plan.samples_per_base, "n_samples": plan.n_samples,
         "config_hash": exp.config_hash, "settings_hash": settings_hash(exp, name), "versions": library_versions(),
     }
 
@@ -100,8 +127,9 @@ def predictions(exp: Experiment, samples: SampleSet) -> dict[str, torch.Tensor]:
     }
 
 
-def unit_problem(exp: Experiment, name: str, mode: str) -> str | None:
-    """Why the stored output of a unit is not usable (``None`` if it is done and valid)."""
+def stored_problem(exp: Experiment, name: str, mode: str, expected: dict[str, object]) -> str | None:
+    """Why the stored sample set and predictions of ``name``/``mode`` are not usable (``None``
+    if both are written, valid, and their metadata holds ``expected``)."""
     store = exp.store
     paths = (store.samples_path(name, mode), store.preds_path(name, mode))
     if not all(p.is_file() for p in paths):
@@ -112,7 +140,6 @@ def unit_problem(exp: Experiment, name: str, mode: str) -> str | None:
         preds = sample_set_keys(paths[1])
     except CheckpointError as err:
         return str(err)
-    expected = {"method": name, "mode": mode, "experiment": exp.name, "settings_hash": settings_hash(exp, name)}
     for path, meta in zip(paths, metas):
         stale = [k for k, v in expected.items() if meta.get(k) != v]
         if stale:
@@ -128,67 +155,136 @@ def unit_problem(exp: Experiment, name: str, mode: str) -> str | None:
     return None
 
 
-def prepare(exp: Experiment, name: str, mode: str) -> tuple[PosteriorMethod, ModePlan]:
-    """Build the method, refuse a bad combination, and find its bases (no training)."""
-    method = method_class(name)(exp, exp.cfg.methods[name])
-    method.check(mode)
-    return method, plan_mode(exp, method, mode)
+def unit_problem(exp: Experiment, name: str, mode: str) -> str | None:
+    """Why the stored output of a method's unit is not usable (``None`` if it is done and valid)."""
+    expected = {"method": name, "mode": mode, "experiment": exp.name, "settings_hash": settings_hash(exp, name)}
+    return stored_problem(exp, name, mode, expected)
 
 
-def write_unit(exp: Experiment, name: str, method: PosteriorMethod, plan: ModePlan) -> tuple[int, ...]:
+def select_bases(exp: Experiment, count: int) -> list[int]:
+    """All converged held-out seeds, checking there are at least ``count``.
+
+    Raises ``MissingBasesError`` naming the missing count, the seed range and the zoo command
+    that trains them (a larger ``seeds.heldout`` when the range is exhausted).
+    """
+    heldout = exp.heldout
+    seeds = exp.store.converged_seeds(heldout.start, heldout.stop)
+    if len(seeds) >= count:
+        return seeds
+    failed = sum(s in heldout for s in exp.store.failed_seeds())
+    tried = len(seeds) + failed
+    missing = count - len(seeds)
+    message = (
+        f"{exp.store.zoo_dir}: {count} converged held-out base checkpoints needed, {len(seeds)} found in "
+        f"seeds.heldout={[heldout.start, heldout.stop]} ({failed} failed, {len(heldout) - tried} not trained yet); "
+        f"{missing} missing."
+    )
+    if tried < len(heldout):
+        command = f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=heldout"
+        extra = " (if that is still too few, widen seeds.heldout)"
+    else:
+        rate = len(seeds) / tried if seeds else ASSUMED_CONVERGENCE
+        new_stop = heldout.stop + math.ceil(1.25 * missing / rate)
+        override = f"'seeds.heldout=[{heldout.start},{new_stop}]'"
+        command = f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=heldout {override}"
+        extra = f", then pass {override} to the sample stage too"
+    raise MissingBasesError(f"{message} Train them with: {command}{extra}")
+
+
+def prepare_units(exp: Experiment, summary: SampleSummary | None = None, check_bases: bool = True) -> list[Unit]:
+    """Build and check every selected unit before any training.
+
+    Raises ``MethodConfigError`` listing every refused unit (a bad method/model/mode
+    combination), and ``MissingBasesError`` when ``check_bases`` and the store lacks bases.
+    Under ``method=all``, methods the experiment marks ``unavailable`` are skipped (listed in
+    ``summary.unavailable``).
+    """
+    method, mode = exp.config.method.value, exp.config.mode.value
+    units, refused = [], []
+    for name, m in selected_units(method, mode):
+        instance = exp.build_method(name)
+        if method == "all" and instance.settings.unavailable:
+            log.info("%s/%s skipped: %s", name, m, instance.settings.unavailable)
+            if summary is not None:
+                summary.unavailable.append(f"{name}/{m}")
+            continue
+        try:
+            instance.check(m)
+            bases, per_base = plan_counts(instance, m, exp.config.sample.per_method, exp.config.sample.modes_multi)
+        except SettingsError as err:
+            raise ConfigError(f"methods.{name}.{err}") from None
+        except MethodConfigError as err:
+            refused.append(f"{name}/{m}: {err}")
+            continue
+        units.append(Unit(instance, ModePlan(m, (), bases, per_base)))
+    if refused:
+        raise MethodConfigError(f"{len(refused)} method/mode unit(s) refused before any work: {'; '.join(refused)}")
+    if check_bases:
+        for unit in units:
+            candidates = tuple(select_bases(exp, unit.plan.bases))
+            unit.plan = ModePlan(unit.plan.mode, candidates, unit.plan.bases, unit.plan.samples_per_base)
+    return units
+
+
+def load_base(exp: Experiment, seed: int) -> dict[str, torch.Tensor]:
+    """The validated plain state dict of held-out checkpoint ``seed``."""
+    path = exp.store.checkpoint_path(seed)
+    state_dict, metadata = load_checkpoint(path, exp.model())
+    trained_with = metadata.get("config_hash")
+    if trained_with is not None and trained_with != exp.config_hash:
+        log.warning("%s was trained with config hash %s, this run's is %s (model/data/recipe changed since)",
+                    path, trained_with, exp.config_hash)
+    return state_dict
+
+
+def write_unit(exp: Experiment, unit: Unit) -> tuple[int, ...]:
     """Fit, sample, predict, and write the unit's two files (atomically, predictions last); return the base seeds."""
-    samples, seeds = run_mode(method, plan)
+    name = unit.method.name
+    samples, seeds = run_mode(unit.method, unit.plan, lambda seed: load_base(exp, seed))
     preds = predictions(exp, samples)
-    metadata = unit_metadata(exp, name, plan, seeds)
-    save_sample_set(exp.store.samples_path(name, plan.mode), samples, metadata)
-    save_sample_set(exp.store.preds_path(name, plan.mode), preds, metadata)
+    metadata = unit_metadata(exp, name, unit.plan, seeds)
+    save_sample_set(exp.store.samples_path(name, unit.plan.mode), samples, metadata)
+    save_sample_set(exp.store.preds_path(name, unit.plan.mode), preds, metadata)
     return seeds
 
 
-def run_sample(exp: Experiment) -> SampleSummary:
-    """Run the units of ``cfg.method`` x ``cfg.mode`` that the store lacks (see module doc)."""
-    method, mode = str(exp.cfg.method), str(exp.cfg.mode)
-    units = selected_units(method, mode)
-    single = method != "all"
+def run(exp: Experiment) -> SampleSummary:
+    """Run the units of ``method`` x ``mode`` that the store lacks (see module doc)."""
+    if exp.config.method.value == "external":
+        return run_external(exp)
+    single = exp.config.method.value != "all"
     store = exp.store
     store.ensure_writable()
     summary = SampleSummary()
     todo = []
-    for name, m in units:
-        unit = f"{name}/{m}"
-        problem = unit_problem(exp, name, m)
+    for unit in prepare_units(exp, summary):
+        problem = unit_problem(exp, unit.method.name, unit.plan.mode)
         if problem is None:
-            summary.skipped_done.append(unit)
+            summary.skipped_done.append(unit.key)
             continue
         if problem != NOT_WRITTEN:
-            log.warning("%s: redoing (%s)", unit, problem)
-        try:
-            todo.append((name, *prepare(exp, name, m)))
-        except UNIT_ERRORS as err:
-            if single:
-                raise
-            log.error("%s refused: %s (nothing written)", unit, err)
-            summary.failed[unit] = f"{type(err).__name__}: {err}"
-    for name, instance, plan in todo:
-        unit = f"{name}/{plan.mode}"
-        with try_lock(store.lock_path(f"sample-{name}-{plan.mode}")) as locked:
+            log.warning("%s: redoing (%s)", unit.key, problem)
+        todo.append(unit)
+    for unit in todo:
+        name, mode = unit.method.name, unit.plan.mode
+        with try_lock(store.lock_path(f"sample-{name}-{mode}")) as locked:
             if not locked:
-                log.info("%s: in progress elsewhere, skipped", unit)
-                summary.skipped_busy.append(unit)
+                log.info("%s: in progress elsewhere, skipped", unit.key)
+                summary.skipped_busy.append(unit.key)
                 continue
-            if unit_problem(exp, name, plan.mode) is None:
-                summary.skipped_done.append(unit)
+            if unit_problem(exp, name, mode) is None:
+                summary.skipped_done.append(unit.key)
                 continue
             try:
-                seeds = write_unit(exp, name, instance, plan)
-            except UNIT_ERRORS as err:
+                seeds = write_unit(exp, unit)
+            except FIT_ERRORS as err:
                 if single:
                     raise
-                log.error("%s stopped: %s (nothing written)", unit, err)
-                summary.failed[unit] = f"{type(err).__name__}: {err}"
+                log.error("%s stopped: %s (nothing written)", unit.key, err)
+                summary.failed[unit.key] = f"{type(err).__name__}: {err}"
                 continue
-            log.info("%s: %d samples from base seeds %s written", unit, plan.n_samples, list(seeds))
-            summary.written.append(unit)
+            log.info("%s: %d samples from base seeds %s written", unit.key, unit.plan.n_samples, list(seeds))
+            summary.written.append(unit.key)
     log.info("sample stage: wrote %s; already done %s; busy elsewhere %s",
              summary.written or "nothing", summary.skipped_done or "none", summary.skipped_busy or "none")
     if summary.failed:
@@ -197,4 +293,59 @@ def run_sample(exp: Experiment) -> SampleSummary:
     return summary
 
 
-register_stage("sample", run_sample)
+def external_mode(exp: Experiment) -> str:
+    """The mode an external sample set is reported under (``mode=one`` or ``mode=multi``)."""
+    mode = exp.config.mode.value
+    if mode not in MODES:
+        raise ConfigError(f"mode={mode}: method=external needs mode=one or mode=multi (the table group of its row)")
+    return mode
+
+
+def load_external(exp: Experiment) -> SampleSet:
+    """The validated sample set of ``external.path``: the model's keys, each ``[S, *shape]`` with
+    one S >= 2, finite floats; errors name the key and the expected shape."""
+    path = exp.config.external.path
+    if not path:
+        raise ConfigError("external.path: missing; method=external needs external.path=/path/to/samples.safetensors")
+    if not Path(path).is_file():
+        raise ConfigError(f"external.path={path}: no such file")
+    samples = load_sample_set(path)
+    shapes = exp.shapes()
+    validate_tensors(samples, shapes, source=str(path), leading=1)
+    counts = {k: int(v.shape[0]) for k, v in samples.items()}
+    if len(set(counts.values())) != 1 or min(counts.values()) < 2:
+        raise CheckpointError(f"{path}: every key needs the same number S >= 2 of samples [S, ...], got {counts}")
+    model_state = exp.model().state_dict()
+    for key, value in samples.items():
+        if value.dtype != model_state[key].dtype:
+            samples[key] = value.to(model_state[key].dtype)
+    return samples
+
+
+def run_external(exp: Experiment) -> SampleSummary:
+    """Score a sample set produced elsewhere: validate it against the model, predict with every
+    sample, and store it as method ``external.name`` so evaluate and report add its row."""
+    external = exp.config.external
+    mode = external_mode(exp)
+    samples = load_external(exp)
+    exp.store.ensure_writable()
+    n = int(next(iter(samples.values())).shape[0])
+    source = str(Path(external.path).resolve())
+    metadata = {
+        "method": external.name, "label": external.label or external.name, "mode": mode, "experiment": exp.name,
+        "n_samples": n, "source": source, "source_size": Path(source).stat().st_size,
+        "config_hash": exp.config_hash, "versions": library_versions(),
+    }
+    expected = {k: str(metadata[k]) if isinstance(metadata[k], str) else json.dumps(metadata[k])
+                for k in ("method", "mode", "experiment", "source", "source_size")}
+    summary = SampleSummary()
+    key = f"{external.name}/{mode}"
+    if stored_problem(exp, external.name, mode, expected) is None:
+        summary.skipped_done.append(key)
+        return summary
+    preds = predictions(exp, samples)
+    save_sample_set(exp.store.samples_path(external.name, mode), samples, metadata)
+    save_sample_set(exp.store.preds_path(external.name, mode), preds, metadata)
+    log.info("%s: %d external samples from %s written", key, n, source)
+    summary.written.append(key)
+    return summary

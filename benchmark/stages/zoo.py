@@ -1,4 +1,5 @@
-"""Zoo stage: train the reference checkpoints of seeds [start, stop) that the store lacks.
+"""Zoo stage: train the checkpoints of ``seeds.reference`` and ``seeds.heldout`` (``zoo.range``
+selects one) that the store lacks.
 
 Resumable and shareable: each seed is trained under a per-seed lock, re-checked after the
 lock is taken, and written atomically, so killed runs and overlapping ranges on one store
@@ -12,9 +13,9 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from benchmark.experiment import Experiment, library_versions
-from benchmark.store import save_checkpoint, seed_name, try_lock
-from benchmark.store.checkpoint import metadata_float, read_metadata
+from benchmark.config import ZooRange
+from benchmark.experiment import Experiment, SeedRange, library_versions
+from benchmark.store import metadata_float, read_metadata, save_checkpoint, seed_name, try_lock
 from benchmark.training import NonFiniteError, TrainResult, seeded, train_network
 
 log = logging.getLogger(__name__)
@@ -36,12 +37,12 @@ class ZooSummary:
     accuracies: dict[int, float] = field(default_factory=dict)
     failed_in_range: int = 0
 
-    def describe(self, start: int, stop: int, this_run: bool = True) -> str:
+    def describe(self, seeds: SeedRange, this_run: bool = True) -> str:
         """Human-readable state of the range (and, with ``this_run``, what this run did)."""
-        n = stop - start
+        n = len(seeds)
         accs = list(self.accuracies.values())
         head = (
-            f"zoo seeds [{start}, {stop}): {len(self.accuracies)} checkpoints, {self.failed_in_range} failed "
+            f"{seeds.role} seeds {seeds}: {len(self.accuracies)} checkpoints, {self.failed_in_range} failed "
             f"({self.failed_in_range / max(1, n):.1%} failure rate)"
         )
         if this_run:
@@ -58,26 +59,14 @@ class ZooSummary:
         return "\n".join(lines)
 
 
-def parse_seed_range(start: object, stop: object) -> tuple[int, int]:
-    """Validate ``zoo.start``/``zoo.stop`` (0 <= start <= stop)."""
-    try:
-        a, b = int(start), int(stop)  # type: ignore[arg-type]
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"zoo.start={start!r}, zoo.stop={stop!r}: expected integers") from err
-    if a < 0 or b < 0:
-        raise ValueError(f"zoo.start={a}, zoo.stop={b}: seeds must be non-negative")
-    if a > b:
-        raise ValueError(f"zoo.start={a} > zoo.stop={b}: expected start <= stop (the range is [start, stop))")
-    return a, b
-
-
 def train_seed(exp: Experiment, seed: int, role: str = "zoo") -> TrainResult:
     """Train the experiment's plain model from ``seed`` (deterministic on CPU)."""
     with seeded(seed):
         model = exp.model().to(exp.device)
+    data = exp.training_data
     return train_network(
-        model, exp.train_set, exp.test_tensors, exp.recipe, seed,
-        where=f"{exp.name} {role} seed {seed}", train_eval=exp.train_tensors,
+        model, data.train, data.check, exp.recipe, seed,
+        where=f"{exp.name} {role} seed {seed}", train_eval=data.train_tensors,
     )
 
 
@@ -95,14 +84,20 @@ def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: s
     }
 
 
-def run_zoo(exp: Experiment, start: int, stop: int, shard: int = 0, num_shards: int = 1) -> ZooSummary:
-    """Train the missing seeds of ``[start, stop)`` (this shard's share: seed % num_shards == shard).
+def run(exp: Experiment) -> list[ZooSummary]:
+    """The zoo stage: the ranges ``zoo.range`` selects, this job's shard of each."""
+    zoo = exp.config.zoo
+    ranges = {ZooRange.both: (exp.reference, exp.heldout), ZooRange.reference: (exp.reference,),
+              ZooRange.heldout: (exp.heldout,)}[zoo.range]
+    return [run_zoo(exp, seeds, zoo.shard, zoo.num_shards) for seeds in ranges]
+
+
+def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int = 1) -> ZooSummary:
+    """Train the missing seeds of ``seeds`` (this shard's share: seed % num_shards == shard).
 
     Raises ``TrainingDivergedError`` at the end if any seed produced NaN/Inf.
     """
-    start, stop = parse_seed_range(start, stop)
-    if not 0 <= shard < num_shards:
-        raise ValueError(f"zoo.shard={shard}, zoo.num_shards={num_shards}: expected 0 <= shard < num_shards")
+    start, stop = seeds.start, seeds.stop
     store = exp.store
     store.ensure_writable()
     summary = ZooSummary()
@@ -110,8 +105,9 @@ def run_zoo(exp: Experiment, start: int, stop: int, shard: int = 0, num_shards: 
     done, failed = set(store.completed_seeds()), set(store.failed_seeds())
     todo = [s for s in mine if s not in done and s not in failed]
     summary.skipped_done = [s for s in mine if s in done or s in failed]
-    log.info("zoo %s: %d of %d seeds to train (shard %d/%d)", exp.name, len(todo), len(mine), shard, num_shards)
-    for seed in tqdm(todo, desc=f"zoo {exp.name}", unit="seed", dynamic_ncols=True):
+    log.info("zoo %s %s seeds %s: %d of %d to train (shard %d/%d)", exp.name, seeds.role, seeds, len(todo), len(mine),
+             shard, num_shards)
+    for seed in tqdm(todo, desc=f"zoo {exp.name} {seeds.role}", unit="seed", dynamic_ncols=True):
         with try_lock(store.lock_path(f"zoo-{seed_name(seed)}")) as locked:
             if not locked:
                 summary.skipped_busy.append(seed)
@@ -120,7 +116,7 @@ def run_zoo(exp: Experiment, start: int, stop: int, shard: int = 0, num_shards: 
                 summary.skipped_done.append(seed)
                 continue
             try:
-                result = train_seed(exp, seed)
+                result = train_seed(exp, seed, seeds.role)
             except NonFiniteError as err:
                 log.error("seed %d stopped: %s (nothing stored)", seed, err)
                 summary.diverged[seed] = str(err)
@@ -131,20 +127,20 @@ def run_zoo(exp: Experiment, start: int, stop: int, shard: int = 0, num_shards: 
                 summary.failed.append(seed)
             else:
                 save_checkpoint(store.checkpoint_path(seed), result.state_dict,
-                                checkpoint_metadata(exp, seed, result, "zoo"))
+                                checkpoint_metadata(exp, seed, result, seeds.role))
                 summary.trained.append(seed)
     _fill_range_state(exp, summary, start, stop)
-    log.info("%s", summary.describe(start, stop))
+    log.info("%s", summary.describe(seeds))
     if summary.diverged:
         details = "; ".join(f"seed {s}: {m}" for s, m in sorted(summary.diverged.items()))
         raise TrainingDivergedError(f"{len(summary.diverged)} seed(s) produced NaN/Inf and were not stored: {details}")
     return summary
 
 
-def zoo_summary(exp: Experiment, start: int, stop: int) -> ZooSummary:
-    """State of seeds ``[start, stop)`` in the store: checkpoints, accuracies, failures."""
+def zoo_summary(exp: Experiment, seeds: SeedRange) -> ZooSummary:
+    """State of ``seeds`` in the store: checkpoints, accuracies, failures."""
     summary = ZooSummary()
-    _fill_range_state(exp, summary, start, stop)
+    _fill_range_state(exp, summary, seeds.start, seeds.stop)
     return summary
 
 

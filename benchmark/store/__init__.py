@@ -26,11 +26,12 @@ from benchmark.store.sampleset import (
     stack_state_dicts,
     unstack,
 )
+from benchmark.store.sources import CheckpointFiles, SampleSetFile
 
 __all__ = [
     "atomic_path", "atomic_write_text", "check_finite", "load_checkpoint", "metadata_float", "read_metadata",
     "save_checkpoint", "validate_tensors", "CheckpointError", "StoreError", "ExperimentStore", "seed_name",
     "try_lock", "SampleSet", "iter_checkpoint_batches", "iter_column_chunks", "iter_layer_column_chunks",
     "load_checkpoints_as_sample_set", "load_layer", "load_sample_set", "sample_count", "sample_set_keys",
-    "save_sample_set", "stack_state_dicts", "unstack",
+    "save_sample_set", "stack_state_dicts", "unstack", "CheckpointFiles", "SampleSetFile",
 ]

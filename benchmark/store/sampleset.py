@@ -76,17 +76,17 @@ def sample_set_keys(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
         return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
 
 
-def _rows_per_block(shape: Sequence[int], samples: int, max_elements: int) -> int:
-    inner = math.prod(shape[1:]) if len(shape) > 1 else 1
-    return max(1, max_elements // max(1, samples * inner))
+def _rows_per_block(row_shape: Sequence[int], max_columns: int) -> int:
+    """Rows of a tensor whose rows have shape ``row_shape`` that fit in ``max_columns`` columns (>= 1)."""
+    return max(1, max_columns // max(1, math.prod(row_shape)))
 
 
-def iter_column_chunks(path: str | os.PathLike, key: str, max_elements: int = 2**26) -> Iterator[torch.Tensor]:
+def iter_column_chunks(path: str | os.PathLike, key: str, max_columns: int = 2**20) -> Iterator[torch.Tensor]:
     """Yield tensor ``key`` of a sample-set file as consecutive column blocks ``[S, d_i]``.
 
     The tensor ``[S, a, b, ...]`` is viewed as ``[S, D]`` (row-major flattening per sample);
-    blocks follow its second axis, so each block is ``S * (rows * b * ...)`` elements, at most
-    ``max_elements`` unless a single row is larger. Only the block's bytes are read from disk
+    blocks follow its second axis, whole rows ``b * ...`` at a time, at most ``max_columns``
+    columns unless a single row is wider. Only the block's bytes are read from disk
     (positional reads, no memory map), so resident memory stays at the block size.
     """
     shape = locate(path, key).shape
@@ -94,7 +94,7 @@ def iter_column_chunks(path: str | os.PathLike, key: str, max_elements: int = 2*
     if len(shape) == 1:
         yield read_rows(path, key, 0, 0, samples).reshape(samples, 1)
         return
-    step = _rows_per_block(shape[1:], samples, max_elements)
+    step = _rows_per_block(shape[2:], max_columns)
     for start in range(0, shape[1], step):
         yield read_rows(path, key, 1, start, start + step).reshape(samples, -1)
 
@@ -111,12 +111,11 @@ def load_layer(paths: Sequence[str | os.PathLike], key: str) -> torch.Tensor:
 
 
 def iter_layer_column_chunks(
-    paths: Sequence[str | os.PathLike], key: str, max_elements: int = 2**26
+    paths: Sequence[str | os.PathLike], key: str, max_columns: int = 2**20
 ) -> Iterator[torch.Tensor]:
-    """Like ``iter_column_chunks`` but over a zoo of single-checkpoint files: blocks ``[S, d_i]``.
-
-    Each block reads the same rows of the per-checkpoint tensor's first axis from every file.
-    """
+    """Like ``iter_column_chunks`` but over a zoo of single-checkpoint files: blocks ``[S, d_i]``
+    (S = number of files), each the same rows of the per-checkpoint tensor's first axis read
+    from every file."""
     if not paths:
         raise ValueError("iter_layer_column_chunks: no checkpoint paths given")
     shape = locate(paths[0], key).shape
@@ -127,7 +126,7 @@ def iter_layer_column_chunks(
     if len(shape) == 0:
         yield load_layer(paths, key).reshape(len(paths), 1)
         return
-    step = _rows_per_block(shape, len(paths), max_elements)
+    step = _rows_per_block(shape[1:], max_columns)
     for start in range(0, shape[0], step):
         yield torch.stack([read_rows(p, key, 0, start, start + step).reshape(-1) for p in paths])
 

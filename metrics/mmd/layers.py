@@ -7,9 +7,7 @@ BatchNorm running statistics are buffers, not parameters, and belong to no layer
 from __future__ import annotations
 
 import math
-from typing import Iterable, Iterator, Mapping
-
-import torch
+from typing import Iterable, Mapping
 
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 
@@ -77,17 +75,3 @@ def check_comparable_shapes(
                         f"layer {layer!r}: key {key!r} has {shape[0]} sample(s) in {side}; need at least 2"
                     )
     return x_layers
-
-
-def iter_layer_blocks(
-    sample_set: Mapping[str, torch.Tensor], keys: list[str], max_columns: int
-) -> Iterator[torch.Tensor]:
-    """Yield a layer of an in-memory sample set as column blocks ``[S, <= max_columns]``.
-
-    The layer is the concatenation of its keys flattened per sample; blocks are views
-    (no copy of the whole layer is made).
-    """
-    for key in keys:
-        flat = sample_set[key].reshape(sample_set[key].shape[0], -1)
-        for start in range(0, flat.shape[1], max_columns):
-            yield flat[:, start : start + max_columns]

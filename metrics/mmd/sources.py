@@ -1,55 +1,66 @@
-"""Column blocks of a layer read from the store, aligned between the two sides.
+"""Where MMD reads a sample set from: anything that can give a layer as column blocks.
 
-A *source* is either one sample-set file (``{key: [S, ...]}``) or a zoo: a list of
-single-checkpoint files (one sample each). Blocks are read with the store's column readers,
-so a layer is never in memory whole. X (m rows) and Y (n rows) come in blocks of different
-widths for the same element budget; ``zip_column_blocks`` re-cuts them into equal widths.
+A *source* is an in-memory sample set (``{key: [S, ...]}``) or any object with the
+``ColumnSource`` methods (the store's sample-set files and zoo file lists have them), so
+a layer is never in memory whole when it comes from disk. X (m rows) and Y (n rows) may
+arrive in blocks of different widths; ``zip_column_blocks`` re-cuts them into equal widths.
 """
 from __future__ import annotations
 
-import os
 from itertools import chain
-from typing import Iterable, Iterator, Sequence, Union
+from typing import Iterable, Iterator, Mapping, Protocol, Sequence, Union, runtime_checkable
 
 import torch
 
-from benchmark.store import iter_column_chunks, iter_layer_column_chunks, sample_set_keys
 from metrics.mmd.layers import MMDInputError
 
-PathLike = Union[str, os.PathLike]
-Source = Union[PathLike, Sequence[PathLike]]
+
+@runtime_checkable
+class ColumnSource(Protocol):
+    """A sample set readable key by key in column blocks."""
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Key -> full shape ``[S, ...]`` (S = number of samples), without reading the data."""
+
+    def columns(self, key: str, max_columns: int) -> Iterator[torch.Tensor]:
+        """Tensor ``key`` flattened per sample, as consecutive blocks ``[S, d_i]``; each block
+        holds at most ``max_columns`` columns unless one indivisible row of the tensor is wider."""
 
 
-def _is_zoo(source: Source) -> bool:
-    return not isinstance(source, (str, os.PathLike))
+class InMemorySource:
+    """A ``ColumnSource`` over an in-memory sample set ``{key: [S, ...]}`` (blocks are views)."""
+
+    def __init__(self, sample_set: Mapping[str, torch.Tensor]) -> None:
+        self.sample_set = sample_set
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v.shape) for k, v in self.sample_set.items()}
+
+    def columns(self, key: str, max_columns: int) -> Iterator[torch.Tensor]:
+        value = self.sample_set[key]
+        flat = value.reshape(value.shape[0], -1)
+        for start in range(0, flat.shape[1], max_columns):
+            yield flat[:, start : start + max_columns]
 
 
-def source_shapes(source: Source) -> dict[str, tuple[int, ...]]:
-    """Key -> full shape ``[S, ...]`` of a source, from file headers only.
-
-    For a zoo every file must hold the same keys and shapes (the error names the first that
-    does not); S is the number of files.
-    """
-    if not _is_zoo(source):
-        return sample_set_keys(source)
-    paths = list(source)
-    if not paths:
-        raise MMDInputError("empty zoo: no checkpoint files given")
-    first = sample_set_keys(paths[0])
-    for path in paths[1:]:
-        shapes = sample_set_keys(path)
-        if shapes != first:
-            differing = sorted(k for k in set(first) | set(shapes) if first.get(k) != shapes.get(k))
-            raise MMDInputError(f"{path}: keys/shapes {differing} differ from {paths[0]}")
-    return {key: (len(paths), *shape) for key, shape in first.items()}
+Source = Union[Mapping[str, torch.Tensor], ColumnSource]
 
 
-def iter_source_columns(source: Source, keys: Sequence[str], max_elements: int) -> Iterator[torch.Tensor]:
-    """The layer made of ``keys`` (flattened per sample, concatenated) as blocks ``[S, d_i]``."""
-    if _is_zoo(source):
-        paths = list(source)
-        return chain.from_iterable(iter_layer_column_chunks(paths, key, max_elements) for key in keys)
-    return chain.from_iterable(iter_column_chunks(source, key, max_elements) for key in keys)
+def as_column_source(source: Source) -> ColumnSource:
+    """``source`` itself when it is a ``ColumnSource``, an ``InMemorySource`` around a sample set."""
+    if isinstance(source, ColumnSource):
+        return source
+    if isinstance(source, Mapping):
+        return InMemorySource(source)
+    raise MMDInputError(
+        f"MMD source: expected a sample set {{key: [S, ...]}} or a column source (shapes(), columns()), "
+        f"got {type(source).__name__}"
+    )
+
+
+def layer_columns(source: ColumnSource, keys: Sequence[str], max_columns: int) -> Iterator[torch.Tensor]:
+    """The layer made of ``keys`` (each flattened per sample, concatenated) as blocks ``[S, d_i]``."""
+    return chain.from_iterable(source.columns(key, max_columns) for key in keys)
 
 
 def zip_column_blocks(

@@ -2,13 +2,14 @@
 
 Per layer: 20 MMD^2 U-statistics (10 Laplace + 10 Gaussian bandwidths), their median, mean
 and max; for the experiment, the mean over layers of each, weighted by parameter count.
-Entry points: ``mmd_table`` (in-memory sample sets), ``mmd_table_from_store`` (files, streamed
-layer by layer in column blocks), ``layer_mmd_from_chunks`` (any stream of column blocks).
+The entry point is ``mmd(x, y)``: two sources (in-memory sample sets or column sources such
+as the store's files), compared layer by layer in column blocks. ``layer_mmd`` is its
+one-layer step on a stream of aligned column blocks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 import pandas as pd
 import torch
@@ -16,9 +17,9 @@ from tqdm import tqdm
 
 from metrics.mmd.bandwidths import bandwidth_grid
 from metrics.mmd.distances import DEFAULT_MAX_CHUNK_ELEMENTS, PairwiseDistances, pairwise_distances
-from metrics.mmd.layers import MMDInputError, check_comparable_shapes, iter_layer_blocks
+from metrics.mmd.layers import MMDInputError, check_comparable_shapes
 from metrics.mmd.permutation_test import AggregatedTestResult, PermutationTestConfig, aggregated_permutation_test
-from metrics.mmd.sources import Source, iter_source_columns, source_shapes, zip_column_blocks
+from metrics.mmd.sources import Source, as_column_source, layer_columns, zip_column_blocks
 from metrics.mmd.statistic import KERNEL_DISTANCE, KERNELS, u_statistics
 
 MAX_BANDWIDTH_ROWS = 500
@@ -83,7 +84,7 @@ def layer_mmd_from_distances(
     return LayerMMD(layer, distances.n_params, distances.m, distances.n, bandwidths, values, test)
 
 
-def layer_mmd_from_chunks(
+def layer_mmd(
     chunks: Iterable[tuple[torch.Tensor, torch.Tensor]],
     *,
     layer: str = "layer",
@@ -101,33 +102,9 @@ def layer_mmd_from_chunks(
     )
 
 
-def layer_mmd_from_store(
-    x_source: Source,
-    y_source: Source,
-    keys: Sequence[str],
-    *,
-    layer: str = "layer",
-    max_elements: int = DEFAULT_MAX_CHUNK_ELEMENTS,
-    max_bandwidth_rows: int = MAX_BANDWIDTH_ROWS,
-    device: torch.device | str | None = None,
-    permutation_test: PermutationTestConfig | None = None,
-) -> LayerMMD:
-    """MMD of the layer made of ``keys``, read from two sources in column blocks.
-
-    A source is a sample-set file or a list of single-checkpoint files (a zoo);
-    ``max_elements`` bounds each block read (``S * d_i`` values per side).
-    """
-    chunks = zip_column_blocks(
-        iter_source_columns(x_source, keys, max_elements), iter_source_columns(y_source, keys, max_elements), layer
-    )
-    return layer_mmd_from_chunks(
-        chunks, layer=layer, max_bandwidth_rows=max_bandwidth_rows, device=device, permutation_test=permutation_test
-    )
-
-
-def mmd_table(
-    x: Mapping[str, torch.Tensor],
-    y: Mapping[str, torch.Tensor],
+def mmd(
+    x: Source,
+    y: Source,
     *,
     max_bandwidth_rows: int = MAX_BANDWIDTH_ROWS,
     device: torch.device | str | None = None,
@@ -135,56 +112,26 @@ def mmd_table(
     permutation_test: PermutationTestConfig | None = None,
     progress: bool = False,
 ) -> MMDResult:
-    """Layer-wise MMD of in-memory sample sets ``x`` (reference, ``{key: [m, ...]}``) and ``y``
-    (method, ``{key: [n, ...]}``), layers as ``group_layers``; see ``MMDResult``.
+    """Layer-wise MMD between reference ``x`` (m samples) and method ``y`` (n samples).
 
-    Layers are processed in column blocks of at most ``max_chunk_elements`` float64 values.
+    Each side is an in-memory sample set ``{key: [S, ...]}`` or a ``ColumnSource`` (e.g. the
+    store's sample-set file or zoo file list); keys and shapes are checked before any data is
+    read, layers are as ``group_layers``, and each layer is streamed in column blocks of at
+    most ``max_chunk_elements // (m + n)`` columns (float64 accumulation). See ``MMDResult``.
     """
-    layers = check_comparable_shapes(
-        {k: tuple(v.shape) for k, v in x.items()}, {k: tuple(v.shape) for k, v in y.items()}
-    )
+    xs, ys = as_column_source(x), as_column_source(y)
+    x_shapes, y_shapes = xs.shapes(), ys.shapes()
+    layers = check_comparable_shapes(x_shapes, y_shapes)
     results = []
     for layer, keys in tqdm(layers.items(), desc="MMD", unit="layer", disable=not progress):
-        width = max(1, max_chunk_elements // (x[keys[0]].shape[0] + y[keys[0]].shape[0]))
-        chunks = zip(iter_layer_blocks(x, keys, width), iter_layer_blocks(y, keys, width))
+        width = max(1, max_chunk_elements // (x_shapes[keys[0]][0] + y_shapes[keys[0]][0]))
+        chunks = zip_column_blocks(layer_columns(xs, keys, width), layer_columns(ys, keys, width), layer)
         results.append(
-            layer_mmd_from_chunks(
-                chunks,
-                layer=layer,
-                max_bandwidth_rows=max_bandwidth_rows,
-                device=device,
+            layer_mmd(
+                chunks, layer=layer, max_bandwidth_rows=max_bandwidth_rows, device=device,
                 permutation_test=permutation_test,
             )
         )
-    return tabulate(results)
-
-
-def mmd_table_from_store(
-    x_source: Source,
-    y_source: Source,
-    *,
-    max_elements: int = DEFAULT_MAX_CHUNK_ELEMENTS,
-    max_bandwidth_rows: int = MAX_BANDWIDTH_ROWS,
-    device: torch.device | str | None = None,
-    permutation_test: PermutationTestConfig | None = None,
-    progress: bool = False,
-) -> MMDResult:
-    """Like ``mmd_table`` but reading both sides from the store (sample-set file or zoo file list),
-    one layer at a time in column blocks; keys and shapes are checked from headers first."""
-    layers = check_comparable_shapes(source_shapes(x_source), source_shapes(y_source))
-    results = [
-        layer_mmd_from_store(
-            x_source,
-            y_source,
-            keys,
-            layer=layer,
-            max_elements=max_elements,
-            max_bandwidth_rows=max_bandwidth_rows,
-            device=device,
-            permutation_test=permutation_test,
-        )
-        for layer, keys in tqdm(layers.items(), desc="MMD", unit="layer", disable=not progress)
-    ]
     return tabulate(results)
 
 

@@ -7,7 +7,9 @@ Transforms (each returns the new sample set and what it applied): ``normalize_sc
 ``weight_matching``; ``canonicalize`` chains them into the symmetry-free form used by the
 NS MMD column.
 """
-from metrics.symmetries.architectures import SPEC_NAMES, chain_spec, optunet_spec, resnet_spec, sequential_spec, spec_for_model
+from metrics.symmetries.architectures import (
+    chain_spec, layer_chain_spec, optunet_spec, resnet_spec, sequential_spec, spec_for_model,
+)
 from metrics.symmetries.canonical import DEFAULT_STEPS, STEPS, canonicalize
 from metrics.symmetries.engine import (
     check_permutations, compose, permute, random_permutations, random_scales, rescale,
@@ -22,7 +24,7 @@ from metrics.symmetries.sorting import SORT_KEYS, sort_units
 from metrics.symmetries.spec import Axis, RunningStats, Scaling, SymmetrySpec, UnitGroup, check_sample_set
 
 __all__ = [
-    "SPEC_NAMES", "chain_spec", "optunet_spec", "resnet_spec", "sequential_spec", "spec_for_model",
+    "chain_spec", "layer_chain_spec", "optunet_spec", "resnet_spec", "sequential_spec", "spec_for_model",
     "DEFAULT_STEPS", "STEPS", "canonicalize", "check_permutations", "compose", "permute", "random_permutations",
     "random_scales", "rescale", "DegenerateMinMassError", "check_min_mass_defined", "mass", "mass_terms", "min_mass",
     "min_mass_cvxpy", "number_of_transpositions", "weight_matching", "normalize_scales", "center_logit_bias",

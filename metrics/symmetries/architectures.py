@@ -10,7 +10,7 @@ ResNet permutation spec.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 from torch import nn
 
@@ -165,17 +165,18 @@ def sequential_spec(model: nn.Sequential, architecture: str = "sequential") -> S
 
 
 def optunet_spec(model: nn.Module) -> SymmetrySpec:
-    """Spec of ``benchmark.models.OptuNet``: conv1's channels are the blocks of the grouped conv2,
-    whose output channels follow them; fc1's 3 hidden units are free."""
-    for attr in ("conv1", "pool", "conv2", "fc1", "dropout", "fc2"):
-        if not hasattr(model, attr):
-            raise ValueError(f"optunet_spec: module has no {attr!r}; expected a benchmark.models.OptuNet")
-    layers = [
-        ("conv1", model.conv1), ("relu1", nn.ReLU()), ("pool", model.pool), ("conv2", model.conv2),
-        ("relu2", nn.ReLU()), ("gap", nn.AdaptiveAvgPool2d(1)), ("flatten", nn.Flatten()), ("fc1", model.fc1),
-        ("relu3", nn.ReLU()), ("dropout", model.dropout), ("fc2", model.fc2),
-    ]
-    return chain_spec("optunet", model, layers)
+    """Spec of an OptuNet (``model.layer_chain()``): conv1's channels are the blocks of the grouped
+    conv2, whose output channels follow them; fc1's 3 hidden units are free."""
+    return layer_chain_spec(model, "optunet")
+
+
+def layer_chain_spec(model: nn.Module, architecture: str | None = None) -> SymmetrySpec:
+    """Spec of a model that declares its forward pass as ``model.layer_chain()``: a list of
+    ``(state-dict prefix, module)`` applied in order (see ``chain_spec`` for what is supported)."""
+    chain = getattr(model, "layer_chain", None)
+    if not callable(chain):
+        raise ValueError(f"{type(model).__name__} has no layer_chain() method describing its forward pass")
+    return chain_spec(architecture or type(model).__name__.lower(), model, chain())
 
 
 def resnet_spec(model: nn.Module, architecture: str = "resnet18") -> SymmetrySpec:
@@ -218,30 +219,19 @@ def resnet_spec(model: nn.Module, architecture: str = "resnet18") -> SymmetrySpe
     return _spec(architecture, model, groups, "fc.bias" if model.fc.bias is not None else None, mass)
 
 
-SPEC_NAMES = ("mlp", "optunet", "resnet18")
-
-
-def spec_for_model(name_or_module: str | nn.Module, **model_kwargs: Any) -> SymmetrySpec:
-    """The symmetry spec of a model given by config name (``"optunet"``, ``"resnet18"``, ``"mlp"``;
-    ``model_kwargs`` go to ``benchmark.models.build_model``) or by module instance (OptuNet,
-    a torchvision BasicBlock ResNet, or any plain ``nn.Sequential`` ReLU net)."""
+def spec_for_model(model: nn.Module) -> SymmetrySpec:
+    """The symmetry spec of a model instance: a torchvision BasicBlock ResNet, a model that
+    declares its forward pass with ``layer_chain()`` (OptuNet), or a plain ``nn.Sequential``
+    ReLU net (the MLP)."""
     from torchvision.models.resnet import ResNet
 
-    from benchmark.models import OptuNet, build_model
-
-    if isinstance(name_or_module, str):
-        if name_or_module not in SPEC_NAMES:
-            raise ValueError(f"spec_for_model: unknown model {name_or_module!r}; expected one of {', '.join(SPEC_NAMES)} or a module")
-        model = build_model(name_or_module, **model_kwargs)
-        return spec_for_model(model) if name_or_module != "mlp" else sequential_spec(model, "mlp")
-    model = name_or_module
-    if isinstance(model, OptuNet):
-        return optunet_spec(model)
     if isinstance(model, ResNet):
         return resnet_spec(model)
+    if callable(getattr(model, "layer_chain", None)):
+        return layer_chain_spec(model)
     if isinstance(model, nn.Sequential):
-        return sequential_spec(model)
+        return sequential_spec(model, "mlp")
     raise ValueError(
-        f"spec_for_model: no symmetry spec for module type {type(model).__name__}; supported: OptuNet, "
-        "torchvision BasicBlock ResNet, nn.Sequential ReLU nets"
+        f"spec_for_model: no symmetry spec for module type {type(model).__name__}; supported: torchvision "
+        "BasicBlock ResNets, models with a layer_chain() method (OptuNet), nn.Sequential ReLU nets"
     )

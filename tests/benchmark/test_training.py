@@ -3,23 +3,44 @@ import math
 import pytest
 import torch
 
+from benchmark.config import ConfigError
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages.zoo import train_seed
-from benchmark.training import NonFiniteError, Recipe, learning_rate
+from benchmark.training import FailRule, NonFiniteError, Recipe, RecipeOverrides, learning_rate
 from tests.conftest import compose_config
 
 
 def test_recipe_from_config_and_schedules():
-    r = Recipe.from_config(compose_config([]).train)
-    assert (r.epochs, r.batch_size, r.lr, r.momentum, r.milestones, r.gamma) == (30, 32, 0.05, 0.9, (8, 15), 0.5)
-    assert (r.fail_epoch, r.fail_below) == (3, 0.15)
+    r = Experiment(compose_config([])).recipe
+    assert (r.epochs, r.batch_size, r.lr, r.momentum, r.milestones, r.gamma) == (30, 32, 0.05, 0.9, [8, 15], 0.5)
+    assert r.fail_rule == FailRule(epoch=3, min_accuracy=0.15)
     assert [learning_rate(r, e) for e in (0, 7, 8, 14, 15, 29)] == [0.05, 0.05, 0.025, 0.025, 0.0125, 0.0125]
     cos = Recipe(epochs=4, batch_size=1, lr=1.0, schedule="cosine")
     assert [round(learning_rate(cos, e), 6) for e in range(4)] == [1.0, round(0.5 * (1 + math.cos(math.pi / 4)), 6), 0.5, round(0.5 * (1 + math.cos(3 * math.pi / 4)), 6)]
-    with pytest.raises(ValueError, match="train.schedule: unknown schedule 'step'"):
+    with pytest.raises(ValueError, match="'step' is not a valid Schedule"):
         Recipe(epochs=1, batch_size=1, lr=1.0, schedule="step")
-    with pytest.raises(ValueError, match="must be positive"):
+    with pytest.raises(ValueError, match="epochs=0: expected a positive integer"):
         Recipe(epochs=0, batch_size=1, lr=1.0)
+
+
+def test_recipe_overrides_change_only_what_they_set():
+    r = Recipe(epochs=4, batch_size=8, lr=0.1, weight_decay=1e-4, milestones=[2])
+    changed = RecipeOverrides(epochs=2, milestones=[1]).apply(r, weight_decay=0.0)
+    assert (changed.epochs, changed.milestones, changed.weight_decay, changed.lr, changed.batch_size) == (2, [1], 0.0, 0.1, 8)
+    assert r.epochs == 4
+    with pytest.raises(ValueError, match="lr=-1.0: expected a positive number"):
+        RecipeOverrides(lr=-1.0).apply(r)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.epochs=0", "train.epochs=0: expected a positive integer"),
+    ("train.momentum=1.5", "train.momentum=1.5: expected a number in [0, 1)"),
+    ("train.schedule=step", "train.schedule: Invalid value 'step', expected one of [multistep, cosine, constant]"),
+])
+def test_bad_recipes_are_refused_with_the_key(override, message):
+    from benchmark.cli import check_command_line
+
+    assert check_command_line([override]) == message
 
 
 def test_same_seed_gives_bit_identical_weights(tiny_cfg):
@@ -47,6 +68,7 @@ def test_divergence_raises_and_non_convergence_is_reported(tiny_cfg):
 
 def test_threads_per_job(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
-    assert threads_per_job("auto", 2) == 4 and threads_per_job("auto", 16) == 1 and threads_per_job(3, 1) == 3
-    with pytest.raises(ValueError, match="threads=0"):
-        threads_per_job(0, 1)
+    assert threads_per_job("auto", 2) == 4 and threads_per_job("auto", 16) == 1 and threads_per_job("3", 1) == 3
+    for bad in ("0", "many"):
+        with pytest.raises(ConfigError, match=f"threads='{bad}'"):
+            threads_per_job(bad, 1)

@@ -2,6 +2,7 @@
 
 ``tiny_exp``    an ``Experiment`` on digits/OptuNet with ``train.epochs=2`` and a session tmp store;
                 its held-out seed range ``[100000, 100008)`` is trained into the store (the zoo stage).
+``build``       ``build(exp, name) -> method``: method ``name`` built from ``exp`` as the sample stage does.
 ``tiny_bases``  ``[(seed, state_dict), ...]`` of the converged held-out checkpoints of that store.
 ``compose_tiny`` ``compose_tiny(store, *overrides) -> DictConfig``: the same tiny config with more overrides.
 ``tiny_resnet``  ``tiny_resnet(*overrides) -> Experiment``: ResNet-18 on 8 random 1x8x8 images
@@ -16,15 +17,14 @@ from typing import Callable, Iterator
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from benchmark import config
 from benchmark.data import InMemoryImageDataset
 from benchmark.experiment import Experiment
 from benchmark.stages.zoo import run_zoo
 from benchmark.store import load_checkpoint
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 HELDOUT = (100000, 100008)
 # 2 epochs, the OptuMNIST non-convergence rule moved to epoch 2 so dead seeds are still recorded as failed.
 TINY_OVERRIDES = (
@@ -32,17 +32,14 @@ TINY_OVERRIDES = (
     "device=cpu",
     "train.epochs=2",
     "train.fail_rule.epoch=2",
-    f"heldout.start={HELDOUT[0]}",
-    f"heldout.stop={HELDOUT[1]}",
-    "zoo.start=0",
-    "zoo.stop=0",
+    f"seeds.heldout=[{HELDOUT[0]},{HELDOUT[1]}]",
+    "seeds.reference=[0,0]",
 )
 
 
 def compose_config(store: Path, *overrides: str) -> DictConfig:
     """The tiny test config with the store at ``store`` and extra Hydra ``overrides``."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=[*TINY_OVERRIDES, f"store={store}", *overrides])
+    return config.compose_config([*TINY_OVERRIDES, f"store={store}", f"results={Path(store).parent / 'results'}", *overrides])
 
 
 @pytest.fixture(scope="session")
@@ -54,9 +51,9 @@ def compose_tiny() -> Callable[..., DictConfig]:
 @pytest.fixture(scope="session")
 def tiny_exp(tmp_path_factory: pytest.TempPathFactory) -> Experiment:
     """Tiny digits/OptuNet experiment whose store holds the trained held-out seeds (session-wide)."""
-    exp = Experiment(compose_config(tmp_path_factory.mktemp("tiny_store")))
+    exp = Experiment(compose_config(tmp_path_factory.mktemp("tiny_store") / "store"))
     with one_thread(), exp.backends():
-        run_zoo(exp, *HELDOUT)
+        run_zoo(exp, exp.heldout)
     return exp
 
 
@@ -87,7 +84,7 @@ def tiny_backends(request: pytest.FixtureRequest) -> Iterator[None]:
 def tiny_bases(tiny_exp: Experiment) -> list[tuple[int, dict[str, torch.Tensor]]]:
     """``(seed, state_dict)`` of every converged held-out checkpoint of ``tiny_exp`` (>= 3)."""
     store = tiny_exp.store
-    seeds = [s for s in store.completed_seeds() if HELDOUT[0] <= s < HELDOUT[1]]
+    seeds = store.converged_seeds(*HELDOUT)
     assert len(seeds) >= 3, f"tiny zoo: only {len(seeds)} of the held-out seeds {HELDOUT} converged"
     return [(s, load_checkpoint(store.checkpoint_path(s), tiny_exp.model())[0]) for s in seeds]
 
@@ -110,3 +107,14 @@ def tiny_resnet(tmp_path: Path) -> Callable[..., Experiment]:
         return exp
 
     return build
+
+
+def build(exp: Experiment, name: str, **changes):
+    """Method ``name`` built from ``exp`` as the sample stage builds it, its settings changed by
+    ``changes`` (keyword -> value, validated by the settings dataclass)."""
+    import dataclasses
+
+    from methods import method_class
+
+    settings = dataclasses.replace(exp.method_settings(name), **changes) if changes else exp.method_settings(name)
+    return method_class(name)(exp.model, exp.training_data, settings, recipe=exp.recipe, device=exp.device)

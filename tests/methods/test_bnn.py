@@ -7,33 +7,30 @@ import pytest
 import torch
 import torch.nn.functional as F
 from blitz.modules import BayesianConv2d, BayesianLinear
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from torch import nn
 
 import methods.bnn as bnn_module
+from benchmark.config import compose_config
+from benchmark.data import InMemoryImageDataset
 from benchmark.experiment import Experiment
-from benchmark.models import optunet, resnet18
-from benchmark.training import NonFiniteError, seeded
-from methods.base import MethodConfigError, predict_with_weights
+from benchmark.models import optunet, predict_with_weights, resnet18
+from benchmark.training import FailRule, NonFiniteError, RecipeOverrides, TrainingData, seeded
+from methods.base import MethodConfigError
 from methods.bayesian_layers import bayesian_layer_names, check_convertible, to_bayesian
 from methods.bnn import BNNMethod
-from tests.methods.conftest import CONF_DIR, one_thread
-
-NO_FAIL_RULE = {"fail_rule": {"epoch": None, "min_accuracy": None}}
+from tests.methods.conftest import build, one_thread
 
 
-def bnn_settings(exp: Experiment, **train) -> dict:
-    """The experiment's BNN settings with the vBNN recipe replaced by ``train`` (tiny runs)."""
-    settings = OmegaConf.to_container(exp.cfg.methods.bnn, resolve=True)
-    settings["train"] = {**NO_FAIL_RULE, **train}
-    return settings
+def tiny_bnn(exp: Experiment, elbo_samples: int = 3, **train) -> BNNMethod:
+    """The experiment's vBNN with its recipe changed by ``train`` and no convergence rule (tiny runs)."""
+    overrides = RecipeOverrides(fail_rule=FailRule(), **train)
+    return build(exp, "bnn", train=overrides, elbo_samples=elbo_samples)
 
 
 @pytest.fixture(scope="module")
 def fitted(tiny_exp, tiny_bases) -> BNNMethod:
     """A vBNN trained for one epoch from the first base's seed."""
-    method = BNNMethod(tiny_exp, bnn_settings(tiny_exp, epochs=1, milestones=[]))
+    method = tiny_bnn(tiny_exp, epochs=1, milestones=[])
     method.check("one")
     seed, base = tiny_bases[0]
     with one_thread(), tiny_exp.backends():
@@ -72,7 +69,7 @@ def test_last_layer_conversion_only_touches_the_last_linear():
 
 
 def test_conversion_refuses_what_blitz_cannot_represent():
-    with pytest.raises(ValueError, match="model.bnn_layers='middle'"):
+    with pytest.raises(ValueError, match="'middle' is not a valid BNNLayers"):
         bayesian_layer_names(optunet(), "middle")
     model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect"), nn.Flatten(), nn.Linear(2, 2))
     with pytest.raises(ValueError, match="padding_mode='reflect'"):
@@ -108,7 +105,7 @@ def test_draws_have_blitz_mean_and_softplus_rho_std(fitted):
 
 def test_sample_before_fit_and_bad_counts_are_refused(tiny_exp, fitted):
     with pytest.raises(RuntimeError, match="call fit"):
-        BNNMethod(tiny_exp, bnn_settings(tiny_exp)).sample(2, torch.Generator())
+        tiny_bnn(tiny_exp).sample(2, torch.Generator())
     with pytest.raises(ValueError, match="positive integer"):
         fitted.sample(0, torch.Generator())
 
@@ -116,8 +113,7 @@ def test_sample_before_fit_and_bad_counts_are_refused(tiny_exp, fitted):
 # --- ResNet-18 -------------------------------------------------------------------------------------
 def test_resnet18_one_step_and_draws_keyed_like_the_plain_model(tiny_resnet):
     exp = tiny_resnet()
-    settings = {**bnn_settings(exp, epochs=1, milestones=[], batch_size=8), "elbo_samples": 1}  # one step
-    method = BNNMethod(exp, settings)
+    method = tiny_bnn(exp, elbo_samples=1, epochs=1, milestones=[], batch_size=8)  # one step
     method.check("multi")
     with seeded(0):
         plain = exp.model()
@@ -139,38 +135,38 @@ def test_resnet18_one_step_and_draws_keyed_like_the_plain_model(tiny_resnet):
 
 # --- bad input -----------------------------------------------------------------------------------
 def test_tinyimagenet_is_refused_before_any_training(tmp_path: Path, monkeypatch):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=["experiment=tinyimagenet_resnet18", "device=cpu", f"store={tmp_path}"])
-    method = BNNMethod(Experiment(cfg), cfg.methods.bnn)
+    exp = Experiment(compose_config(["experiment=tinyimagenet_resnet18", "device=cpu", f"store={tmp_path}"]))
+    images, labels = torch.zeros(2, 3, 64, 64), torch.zeros(2, dtype=torch.long)
+    data = TrainingData(InMemoryImageDataset(images, labels), (images, labels), (images, labels))
+    method = BNNMethod(exp.model, data, exp.method_settings("bnn"), recipe=exp.recipe)
     monkeypatch.setattr(bnn_module, "train_network", lambda *a, **k: pytest.fail("training started"))
-    for call in (lambda: method.check("one"), lambda: method.fit({}, 0)):
-        with pytest.raises(MethodConfigError, match="did not manage to train vBNNs on TinyImageNet.*cifar100_resnet18"):
-            call()
+    with pytest.raises(MethodConfigError, match="did not manage to train vBNNs on TinyImageNet"):
+        method.check("one")
 
 
 @pytest.mark.parametrize(
-    "setting, match",
+    "override, match",
     [
-        ({"elbo_samples": 0}, "methods.bnn.elbo_samples=0"),
-        ({"kl_weight": -1.0}, "methods.bnn.kl_weight=-1.0"),
-        ({"train": {"epoch": 3}}, "methods.bnn.train.epoch: unknown recipe key"),
-        ({"train": {"lr": -1.0}}, "methods.bnn.train"),
+        ("methods.bnn.elbo_samples=0", "methods.bnn.elbo_samples=0: expected a positive integer"),
+        ("methods.bnn.kl_weight=-1.0", "methods.bnn.kl_weight=-1.0: expected a number >= 0"),
+        ("methods.bnn.train.epoch=3", "methods.bnn.train.epoch: Key 'epoch' not in 'RecipeOverrides'"),
+        ("+methods.bnn.train.epoch=3", "methods.bnn.train.epoch: not a key of RecipeOverrides; expected one of batch_size"),
+        ("model.bnn_layers=middle", "model.bnn_layers: Invalid value 'middle', expected one of [all, last_layer]"),
     ],
 )
-def test_bad_settings_are_refused(tiny_exp, setting, match):
-    settings = {**bnn_settings(tiny_exp), **setting}
-    with pytest.raises(MethodConfigError, match=match):
-        BNNMethod(tiny_exp, settings).check("one")
+def test_bad_settings_are_refused_by_the_schema(tmp_path, override, match):
+    from benchmark.cli import check_command_line
+
+    assert match in check_command_line([override, f"store={tmp_path}"])
 
 
-def test_unknown_bnn_layers_is_refused(compose_tiny, tmp_path):
-    exp = Experiment(compose_tiny(tmp_path, "model.bnn_layers=middle"))
-    with pytest.raises(MethodConfigError, match="model.bnn_layers='middle'.*all, last_layer"):
-        BNNMethod(exp, exp.cfg.methods.bnn).check("one")
+def test_a_bad_recipe_override_is_refused_before_training(tiny_exp):
+    with pytest.raises(ValueError, match="train.lr=-1.0: expected a positive number"):
+        tiny_bnn(tiny_exp, lr=-1.0).check("one")
 
 
 def test_nan_during_fitting_stops_with_non_finite_error(tiny_exp, tiny_bases):
-    method = BNNMethod(tiny_exp, bnn_settings(tiny_exp, epochs=1, milestones=[], lr=1e12))
+    method = tiny_bnn(tiny_exp, epochs=1, milestones=[], lr=1e12)
     seed, base = tiny_bases[0]
     with pytest.raises(NonFiniteError, match="bnn seed"):
         method.fit(base, seed)

@@ -5,10 +5,13 @@ import pytest
 import torch
 from torch import nn
 
+from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
+from benchmark.models import predict_with_weights
 from benchmark.training import NonFiniteError
-from methods.base import MethodConfigError, MethodFitError, predict_with_weights
-from methods.dropout import DropoutMethod, draw_masks, masked_weights
+from methods.base import MethodFitError
+from methods.dropout import DropoutMethod, DropoutSettings, draw_masks, masked_weights
+from tests.methods.conftest import build
 
 
 def test_masked_weights_equal_dropping_the_inputs() -> None:
@@ -34,7 +37,7 @@ def test_masks_keep_each_unit_with_probability_one_minus_p() -> None:
 
 
 def _fitted(exp: Experiment, seed: int) -> DropoutMethod:
-    method = DropoutMethod(exp, exp.cfg.methods.dropout)
+    method = build(exp, "dropout")
     method.check("one")
     method.fit({}, seed)
     return method
@@ -52,7 +55,7 @@ def _assert_consistent(method: DropoutMethod, exp: Experiment, images: torch.Ten
 def test_optunet_samples_are_the_dropout_network_with_masked_last_layer(tiny_exp, tiny_bases) -> None:
     seed = tiny_bases[0][0]
     method = _fitted(tiny_exp, seed)
-    assert method.p == tiny_exp.cfg.model.dropout_p == 0.2
+    assert method.p == tiny_exp.config.model.dropout_p == 0.2
     samples = _assert_consistent(method, tiny_exp, tiny_exp.test_tensors[0][:64], 6)
     trained = method._weights
     for key, value in samples.items():
@@ -75,11 +78,12 @@ def test_resnet18_last_layer_dropout(tiny_resnet) -> None:
     assert torch.equal(samples["layer4.1.bn2.running_var"][0], method._weights["layer4.1.bn2.running_var"])
 
 
-@pytest.mark.parametrize("p", [0.0, 1.0, 1.5, "x", None])
-def test_bad_rate_is_refused_before_training(compose_tiny, tmp_path, p) -> None:
-    exp = Experiment(compose_tiny(tmp_path, f"methods.dropout.p={'null' if p is None else p}"))
-    with pytest.raises(MethodConfigError, match="methods.dropout.p"):
-        DropoutMethod(exp, exp.cfg.methods.dropout).check("one")
+@pytest.mark.parametrize("p", [0.0, 1.0, 1.5])
+def test_bad_rate_is_refused_by_the_schema(compose_tiny, tmp_path, p) -> None:
+    with pytest.raises(ConfigError, match=rf"methods.dropout.p={p}: expected a dropout rate in \(0, 1\)"):
+        Experiment(compose_tiny(tmp_path, f"methods.dropout.p={p}"))
+    with pytest.raises(ValueError, match=rf"p={p}: expected a dropout rate"):
+        DropoutSettings(p=p)
 
 
 def test_retraining_depends_only_on_the_seed(tiny_exp) -> None:
@@ -95,7 +99,7 @@ def test_non_converged_retraining_is_a_fit_error(compose_tiny, tmp_path) -> None
     with pytest.raises(MethodFitError, match="seed 5 failed: held-out accuracy"):
         _fitted(exp, 5)
     with pytest.raises(RuntimeError, match="call fit"):
-        DropoutMethod(exp, exp.cfg.methods.dropout).sample(1, torch.Generator())
+        build(exp, "dropout").sample(1, torch.Generator())
 
 
 def test_nan_during_training_stops_the_fit(compose_tiny, tmp_path) -> None:

@@ -5,13 +5,15 @@ import pytest
 import torch
 
 from benchmark.experiment import Experiment
-from methods.base import MethodConfigError, predict_with_weights
-from methods.ensemble import EnsembleMethod
-from methods.modes import plan_mode, run_mode
+from benchmark.models import predict_with_weights
+from benchmark.stages.sample import load_base, prepare_units
+from methods.base import MethodConfigError
+from methods.modes import run_mode
+from tests.methods.conftest import build
 
 
 def test_one_mode_is_refused(tiny_exp) -> None:
-    method = EnsembleMethod(tiny_exp, tiny_exp.cfg.methods.ensemble)
+    method = build(tiny_exp, "ensemble")
     with pytest.raises(MethodConfigError, match="use mode=multi"):
         method.check("one")
     method.check("multi")
@@ -19,7 +21,7 @@ def test_one_mode_is_refused(tiny_exp) -> None:
 
 def test_member_is_the_checkpoint_and_predictions_agree(tiny_exp, tiny_bases) -> None:
     seed, base = tiny_bases[2]
-    method = EnsembleMethod(tiny_exp, tiny_exp.cfg.methods.ensemble)
+    method = build(tiny_exp, "ensemble")
     method.fit(base, seed)
     samples = method.sample(2, torch.Generator())
     assert all(torch.equal(samples[k][i], base[k]) for k in base for i in range(2))
@@ -29,11 +31,10 @@ def test_member_is_the_checkpoint_and_predictions_agree(tiny_exp, tiny_bases) ->
 
 
 def test_multi_mode_takes_one_sample_from_each_of_the_first_converged_seeds(tiny_exp, tiny_bases, compose_tiny) -> None:
-    exp = Experiment(compose_tiny(tiny_exp.store.root, "sample.per_method=3"))
-    method = EnsembleMethod(exp, exp.cfg.methods.ensemble)
-    plan = plan_mode(exp, method, "multi")
-    assert (plan.bases, plan.samples_per_base) == (3, 1)
-    samples, seeds = run_mode(method, plan, progress=False)
+    exp = Experiment(compose_tiny(tiny_exp.store.root, "sample.per_method=3", "method=ensemble"))
+    (unit,) = prepare_units(exp)
+    assert (unit.plan.bases, unit.plan.samples_per_base) == (3, 1)
+    samples, seeds = run_mode(unit.method, unit.plan, lambda seed: load_base(exp, seed), progress=False)
     assert list(seeds) == [s for s, _ in tiny_bases[:3]]
     for i, (_, base) in enumerate(tiny_bases[:3]):
         assert all(torch.equal(samples[k][i], base[k]) for k in base)

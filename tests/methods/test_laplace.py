@@ -8,13 +8,16 @@ import torch
 from laplace import Laplace
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
-from methods.base import MethodConfigError, predict_with_weights
-from methods.laplace import LaplaceMethod, PerSampleJacobianGGN
+from benchmark.models import predict_with_weights
+from methods.base import MethodConfigError
+from methods.laplace import LaplaceMethod, per_sample_jacobian_ggn
+from tests.methods.conftest import build
 
 
 def _fitted(exp: Experiment, base: dict, mode: str = "one") -> LaplaceMethod:
-    method = LaplaceMethod(exp, exp.cfg.methods.laplace)
+    method = build(exp, "laplace")
     method.check(mode)
     method.fit(base, 0)
     return method
@@ -35,7 +38,7 @@ def test_per_sample_jacobian_ggn_equals_curvlinops(tiny_exp, tiny_bases) -> None
     hessians = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for backend in ({}, {"backend": PerSampleJacobianGGN}):
+        for backend in ({}, {"backend": per_sample_jacobian_ggn()}):
             la = Laplace(model, "classification", subset_of_weights="all", hessian_structure="full", **backend)
             la.fit(loader)
             hessians.append(la.H)
@@ -66,7 +69,7 @@ def test_full_laplace_consistency(tiny_exp, tiny_bases) -> None:
 
 def test_resnet18_last_layer_kfac_keeps_the_map_elsewhere(tiny_resnet) -> None:
     exp = tiny_resnet()
-    assert exp.cfg.model.laplace.hessian_structure == "kron"
+    assert exp.method_settings("laplace").hessian_structure == "kron"
     base = exp.model().state_dict()
     method = _fitted(exp, base, mode="multi")
     assert method._keys == ["fc.weight", "fc.bias"]
@@ -81,19 +84,20 @@ def test_resnet18_last_layer_kfac_keeps_the_map_elsewhere(tiny_resnet) -> None:
 def test_full_hessian_on_resnet18_is_refused_before_training(tiny_resnet) -> None:
     exp = tiny_resnet("model.laplace.subset_of_weights=all", "model.laplace.hessian_structure=full")
     with pytest.raises(MethodConfigError) as err:
-        LaplaceMethod(exp, exp.cfg.methods.laplace).check("one")
+        build(exp, "laplace").check("one")
     message = str(err.value)
     assert "does not fit" in message and "BatchNorm" in message
     assert "model.laplace.subset_of_weights=last_layer model.laplace.hessian_structure=kron" in message
 
 
 @pytest.mark.parametrize(
-    ("override", "key"),
-    [("model.laplace.hessian_structure=lowrankish", "model.laplace.hessian_structure"),
-     ("model.laplace.subset_of_weights=some", "model.laplace.subset_of_weights"),
-     ("methods.laplace.prior_optimization=grid", "methods.laplace.prior_optimization")],
+    ("override", "message"),
+    [("model.laplace.hessian_structure=lowrankish", "model.laplace.hessian_structure: Invalid value 'lowrankish', expected one of [full, kron, diag]"),
+     ("model.laplace.subset_of_weights=some", "model.laplace.subset_of_weights: Invalid value 'some', expected one of [all, last_layer]"),
+     ("methods.laplace.prior_optimization=grid", "methods.laplace.prior_optimization: Invalid value 'grid', expected one of [marglik]"),
+     ("methods.laplace.marglik_steps=0", "methods.laplace.marglik_steps=0: expected a positive integer")],
 )
-def test_bad_settings_are_refused(compose_tiny, tmp_path, override, key) -> None:
-    exp = Experiment(compose_tiny(tmp_path, override))
-    with pytest.raises(MethodConfigError, match=key):
-        LaplaceMethod(exp, exp.cfg.methods.laplace).check("one")
+def test_bad_settings_are_refused_by_the_schema(tmp_path, override, message) -> None:
+    from benchmark.cli import check_command_line
+
+    assert check_command_line([override, f"store={tmp_path}"]) == message

@@ -7,13 +7,13 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from benchmark.data import InMemoryImageDataset
+from benchmark.models import predict_with_weights
 from benchmark.training import NonFiniteError, seeded
-from methods.base import MethodConfigError, predict_with_weights
-from methods.sghmc import Chain, SGHMCMethod, network_log_posterior
-from tests.methods.conftest import one_thread
+from methods.base import MethodConfigError
+from methods.sghmc import Chain, SGHMCMethod, SGHMCSettings, network_log_posterior
+from tests.methods.conftest import build, one_thread
 
 MEAN = torch.tensor([1.0, -2.0])
 COV = torch.tensor([[1.0, 0.6], [0.6, 0.5]])  # curvatures 0.71 and 10: one stiff direction
@@ -50,14 +50,10 @@ def test_network_log_posterior_is_minus_mean_nll_minus_l2(tiny_exp, tiny_bases):
     assert float(value.detach()) == pytest.approx(expected, abs=1e-5)
 
 
-def sghmc_settings(exp, **changes) -> dict:
-    return {**OmegaConf.to_container(exp.cfg.methods.sghmc, resolve=True), **changes}
-
-
 @pytest.fixture(scope="module")
 def fitted(tiny_exp, tiny_bases) -> SGHMCMethod:
     """A chain burnt in for ~9 steps from the first base; kept states ~5 steps apart."""
-    method = SGHMCMethod(tiny_exp, sghmc_settings(tiny_exp, burn_in_epochs=0.2, thinning_epochs=0.1))
+    method = build(tiny_exp, "sghmc", burn_in_epochs=0.2, thinning_epochs=0.1)
     method.check("one")
     seed, base = tiny_bases[0]
     with one_thread(), tiny_exp.backends():
@@ -95,7 +91,7 @@ def test_resnet18_chain_keeps_the_base_batchnorm_statistics(tiny_resnet):
     with seeded(0):
         base = exp.model().state_dict()
     base["layer1.0.bn1.running_mean"] += 0.5  # trained-looking statistics that must survive unchanged
-    method = SGHMCMethod(exp, sghmc_settings(exp, burn_in_epochs=1, thinning_epochs=0.5, batch_size=4))
+    method = build(exp, "sghmc", burn_in_epochs=1, thinning_epochs=0.5, batch_size=4)
     method.check("one")
     method.fit(base, 0)  # 2 burn-in steps, then 1 step per kept state
     samples = method.sample(2, torch.Generator().manual_seed(0))
@@ -108,28 +104,31 @@ def test_resnet18_chain_keeps_the_base_batchnorm_statistics(tiny_resnet):
 # --- bad input -----------------------------------------------------------------------------------
 def test_multi_mode_is_refused_with_the_reason(tiny_exp):
     with pytest.raises(MethodConfigError, match="one chain from one trained checkpoint.*use mode=one"):
-        SGHMCMethod(tiny_exp, sghmc_settings(tiny_exp)).check("multi")
+        build(tiny_exp, "sghmc").check("multi")
 
 
 @pytest.mark.parametrize(
-    "change, match",
+    "override, match",
     [
-        ({"lr": 0}, "methods.sghmc.lr=0"),
-        ({"friction": -1.0}, "methods.sghmc.friction=-1.0"),
-        ({"thinning_epochs": 0}, "methods.sghmc.thinning_epochs=0"),
-        ({"burn_in_epochs": None}, "methods.sghmc.burn_in_epochs: missing"),
-        ({"batch_size": 2.5}, "methods.sghmc.batch_size=2.5"),
-        ({"temperature": "hot"}, "methods.sghmc.temperature='hot'"),
+        ("methods.sghmc.lr=0", "methods.sghmc.lr=0.0: expected a positive number"),
+        ("methods.sghmc.friction=-1.0", "methods.sghmc.friction=-1.0: expected a positive number"),
+        ("methods.sghmc.thinning_epochs=0", "methods.sghmc.thinning_epochs=0.0: expected a positive number"),
+        ("methods.sghmc.burn_in_epochs=null", "methods.sghmc.burn_in_epochs: field 'methods.sghmc.burn_in_epochs' is not Optional"),
+        ("methods.sghmc.batch_size=2.5", "methods.sghmc.batch_size: Value '2.5' of type 'float' could not be converted to Integer"),
+        ("methods.sghmc.temperature=hot", "methods.sghmc.temperature: Value 'hot' of type 'str' could not be converted to Float"),
     ],
 )
-def test_bad_settings_are_refused(tiny_exp, change, match):
-    with pytest.raises(MethodConfigError, match=match):
-        SGHMCMethod(tiny_exp, sghmc_settings(tiny_exp, **change)).check("one")
+def test_bad_settings_are_refused_by_the_schema(tmp_path, override, match):
+    from benchmark.cli import check_command_line
+
+    assert check_command_line([override, f"store={tmp_path}"]) == match
+    with pytest.raises(ValueError, match="lr=0: expected a positive number"):
+        SGHMCSettings(lr=0)
 
 
 def test_nan_during_the_chain_stops_with_non_finite_error(tiny_exp, tiny_bases):
     seed, base = tiny_bases[0]
-    method = SGHMCMethod(tiny_exp, sghmc_settings(tiny_exp, lr=1e6, burn_in_epochs=1))
+    method = build(tiny_exp, "sghmc", lr=1e6, burn_in_epochs=1)
     with pytest.raises(NonFiniteError, match="sghmc seed .* burn-in"):
         method.fit(base, seed)
     with pytest.raises(RuntimeError, match="call fit"):
@@ -137,8 +136,8 @@ def test_nan_during_the_chain_stops_with_non_finite_error(tiny_exp, tiny_bases):
 
 
 def test_a_base_of_another_model_and_bad_counts_are_refused(tiny_exp, tiny_bases, fitted):
-    method = SGHMCMethod(tiny_exp, sghmc_settings(tiny_exp))
-    with pytest.raises(ValueError, match="does not fit model=optunet"):
+    method = build(tiny_exp, "sghmc")
+    with pytest.raises(ValueError, match="the base checkpoint does not fit the model"):
         method.fit({"fc.weight": torch.zeros(3, 3)}, 0)
     with pytest.raises(ValueError, match="positive integer"):
         fitted.sample(0, torch.Generator())
@@ -151,6 +150,6 @@ def test_chain_refuses_non_finite_targets():
 
 
 def test_train_data_are_the_unaugmented_split(tiny_exp):
-    data = SGHMCMethod(tiny_exp, sghmc_settings(tiny_exp))._train_data()
+    data = build(tiny_exp, "sghmc")._train_data()
     assert isinstance(data, InMemoryImageDataset) and not data.augment
     assert torch.equal(data.images, tiny_exp.train_tensors[0])

@@ -7,10 +7,13 @@ import numpy as np
 import pytest
 import torch
 
+from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
+from benchmark.models import predict_with_weights
 from benchmark.training import NonFiniteError
-from methods.base import MethodConfigError, predict_with_weights
+from methods.base import MethodConfigError
 from methods.swag import SwagMoments, SWAGMethod, swag_draw
+from tests.methods.conftest import build
 
 SMALL = ("methods.swag.epochs_factor=1", "methods.swag.snapshots=4", "methods.swag.rank=3")
 
@@ -60,7 +63,7 @@ def test_draws_have_the_swag_mean_and_covariance() -> None:
 
 def test_schedule_ramps_then_collects_over_the_second_half(compose_tiny, tmp_path) -> None:
     exp = Experiment(compose_tiny(tmp_path, "methods.swag.snapshots=5", "methods.swag.lr=0.2"))
-    plan = SWAGMethod(exp, exp.cfg.methods.swag).schedule()
+    plan = build(exp, "swag").schedule()
     steps_per_epoch = math.ceil(len(exp.train_set) / 32)
     assert plan.total_steps == 2 * 2 * steps_per_epoch
     assert len(plan.snapshot_steps) == 5 and max(plan.snapshot_steps) == plan.total_steps
@@ -79,7 +82,7 @@ def _assert_consistent(method: SWAGMethod, exp: Experiment, images: torch.Tensor
 
 def test_optunet_consistency_and_spread(compose_tiny, tiny_exp, tiny_bases) -> None:
     exp = Experiment(compose_tiny(tiny_exp.store.root, *SMALL))
-    method = SWAGMethod(exp, exp.cfg.methods.swag)
+    method = build(exp, "swag")
     method.check("one")
     seed, base = tiny_bases[0]
     method.fit(base, seed)
@@ -91,7 +94,7 @@ def test_optunet_consistency_and_spread(compose_tiny, tiny_exp, tiny_bases) -> N
 
 def test_resnet18_draws_recompute_batchnorm_statistics(tiny_resnet) -> None:
     exp = tiny_resnet("methods.swag.snapshots=2", "methods.swag.rank=2", "methods.swag.bn_update_batches=1")
-    method = SWAGMethod(exp, exp.cfg.methods.swag)
+    method = build(exp, "swag")
     method.check("multi")
     base = exp.model().state_dict()
     method.fit(base, 0)
@@ -104,17 +107,22 @@ def test_resnet18_draws_recompute_batchnorm_statistics(tiny_resnet) -> None:
 @pytest.mark.parametrize(
     ("override", "key"),
     [("methods.swag.snapshots=1", "snapshots"), ("methods.swag.rank=1", "rank"), ("methods.swag.scale=-1", "scale"),
-     ("methods.swag.ramp_fraction=0.7", "ramp_fraction"), ("methods.swag.bn_update_batches=0", "bn_update_batches"), ("methods.swag.snapshots=100000", "snapshots=100000")],
+     ("methods.swag.ramp_fraction=0.7", "ramp_fraction"), ("methods.swag.bn_update_batches=0", "bn_update_batches")],
 )
-def test_bad_settings_are_refused_before_training(compose_tiny, tmp_path, override, key) -> None:
-    exp = Experiment(compose_tiny(tmp_path, override))
-    with pytest.raises(MethodConfigError, match=f"methods.swag.{key}"):
-        SWAGMethod(exp, exp.cfg.methods.swag).check("one")
+def test_bad_settings_are_refused_by_the_schema(compose_tiny, tmp_path, override, key) -> None:
+    with pytest.raises(ConfigError, match=f"methods.swag.{key}="):
+        Experiment(compose_tiny(tmp_path, override))
+
+
+def test_more_snapshots_than_steps_are_refused_before_training(compose_tiny, tmp_path) -> None:
+    exp = Experiment(compose_tiny(tmp_path, "methods.swag.snapshots=100000"))
+    with pytest.raises(MethodConfigError, match="methods.swag.snapshots=100000: the second half of the SWAG run"):
+        build(exp, "swag").check("one")
 
 
 def test_nan_during_swag_training_stops_the_fit(compose_tiny, tiny_exp, tiny_bases) -> None:
     exp = Experiment(compose_tiny(tiny_exp.store.root, "methods.swag.lr=1e30", *SMALL))
-    method = SWAGMethod(exp, exp.cfg.methods.swag)
+    method = build(exp, "swag")
     with pytest.raises(NonFiniteError, match="swag seed"):
         method.fit(tiny_bases[0][1], tiny_bases[0][0])
     with pytest.raises(RuntimeError, match="call fit"):

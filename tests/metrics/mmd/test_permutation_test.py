@@ -6,7 +6,7 @@ from metrics.mmd import (
     PermutationTestConfig,
     aggregate_decision,
     kernel_matrix,
-    layer_mmd_from_chunks,
+    layer_mmd,
     pairwise_distances,
     relabelled_statistics,
     relabelling_indicators,
@@ -56,10 +56,10 @@ def test_p_values_and_decision_of_a_hand_built_case():
 def test_same_distribution_does_not_reject_and_shift_rejects():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(60, 4, generator=gen, dtype=torch.float64)
-    same = layer_mmd_from_chunks(
+    same = layer_mmd(
         [(x, torch.randn(30, 4, generator=gen, dtype=torch.float64))], permutation_test=SMALL
     ).test
-    shifted = layer_mmd_from_chunks(
+    shifted = layer_mmd(
         [(x, torch.randn(30, 4, generator=gen, dtype=torch.float64) + 1.0)], permutation_test=SMALL
     ).test
     assert not same.reject and same.p_values.min() > 0.05

@@ -3,8 +3,7 @@ import pandas as pd
 import pytest
 import torch
 
-from benchmark.store import save_checkpoint, save_sample_set
-from metrics.mmd import MMDInputError, layer_mmd_from_chunks, mmd_table, mmd_table_from_store, source_shapes
+from metrics.mmd import InMemorySource, MMDInputError, layer_mmd, mmd
 from tests.metrics.mmd.brute_force import mmd_values_by_loops
 
 
@@ -27,7 +26,7 @@ def _sample_sets(m=12, n=7, seed=0):
 
 def test_tables_layout_summaries_and_weighted_aggregate():
     x, y = _sample_sets()
-    result = mmd_table(x, y)
+    result = mmd(x, y)
     assert list(result.per_kernel.columns) == ["layer", "n_params", "kernel", "bandwidth_index", "bandwidth", "mmd"]
     assert list(result.per_layer.columns) == ["layer", "n_params", "median", "mean", "max"]
     assert result.per_layer["layer"].tolist() == ["conv1", "bn1", "fc"]
@@ -48,7 +47,7 @@ def test_layer_values_match_brute_force_on_the_concatenated_weight_and_bias():
     x, y = _sample_sets()
     x64 = {k: v.double() for k, v in x.items()}
     y64 = {k: v.double() for k, v in y.items()}
-    result = mmd_table(x64, y64, max_chunk_elements=19 * 3)  # several chunks per layer
+    result = mmd(x64, y64, max_chunk_elements=19 * 3)  # several chunks per layer
     flat_x = torch.cat([x64["fc.weight"].reshape(12, -1), x64["fc.bias"]], 1).numpy()
     flat_y = torch.cat([y64["fc.weight"].reshape(7, -1), y64["fc.bias"]], 1).numpy()
     expected, _ = mmd_values_by_loops(flat_x, flat_y)
@@ -56,69 +55,46 @@ def test_layer_values_match_brute_force_on_the_concatenated_weight_and_bias():
     np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-14)
 
 
-def test_store_streaming_equals_in_memory(tmp_path):
-    x, y = _sample_sets()
-    save_sample_set(tmp_path / "x.safetensors", x, {"method": "zoo"})
-    save_sample_set(tmp_path / "y.safetensors", y, {"method": "test"})
-    zoo = []
-    for s in range(12):
-        path = tmp_path / "zoo" / f"seed{s}.safetensors"
-        save_checkpoint(path, {k: v[s] for k, v in x.items()}, {"seed": s})
-        zoo.append(path)
-    in_memory = mmd_table(x, y)
-    from_files = mmd_table_from_store(tmp_path / "x.safetensors", tmp_path / "y.safetensors", max_elements=25)
-    from_zoo = mmd_table_from_store(zoo, tmp_path / "y.safetensors", max_elements=13)
-    def by_layer(frame):  # safetensors headers list keys alphabetically
-        return frame.sort_values("layer", kind="stable").reset_index(drop=True)
-
-    for streamed in (from_files, from_zoo):
-        pd.testing.assert_frame_equal(by_layer(streamed.per_kernel), by_layer(in_memory.per_kernel), rtol=1e-12)
-        assert streamed.aggregate == pytest.approx(in_memory.aggregate, rel=1e-12)
-
-
-def test_zoo_with_a_mismatched_checkpoint_is_named(tmp_path):
-    good, bad = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
-    save_checkpoint(good, {"fc.weight": torch.zeros(3, 2)}, {})
-    save_checkpoint(bad, {"fc.weight": torch.zeros(3, 3)}, {})
-    with pytest.raises(MMDInputError, match="b.safetensors.*fc.weight"):
-        source_shapes([good, bad])
-    assert source_shapes([good, good]) == {"fc.weight": (2, 3, 2)}
-
-
-def test_store_sides_with_different_shapes_are_rejected(tmp_path):
-    save_sample_set(tmp_path / "x.safetensors", {"fc.weight": torch.zeros(4, 3, 2)}, {})
-    save_sample_set(tmp_path / "y.safetensors", {"fc.weight": torch.zeros(4, 3, 5)}, {})
-    with pytest.raises(MMDInputError, match="layer 'fc'"):
-        mmd_table_from_store(tmp_path / "x.safetensors", tmp_path / "y.safetensors")
-
-
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_weights_name_the_layer(bad):
     x, y = _sample_sets()
     y["fc.bias"][3, 1] = bad
     with pytest.raises(MMDInputError, match="layer 'fc': Y"):
-        mmd_table(x, y)
+        mmd(x, y)
 
 
 def test_bad_sample_sets_are_rejected():
     x, y = _sample_sets()
     with pytest.raises(MMDInputError, match="layer 'conv1': key 'conv1.weight'"):
-        mmd_table(x, {**y, "conv1.weight": torch.zeros(7, 2, 1, 3, 3)})
+        mmd(x, {**y, "conv1.weight": torch.zeros(7, 2, 1, 3, 3)})
     with pytest.raises(MMDInputError, match="layer 'conv1'.*1 sample\\(s\\) in Y"):
-        mmd_table(x, {k: v[:1] for k, v in y.items()})
+        mmd(x, {k: v[:1] for k, v in y.items()})
     with pytest.raises(MMDInputError, match="layer 'head' exists only in the method Y"):
-        mmd_table(x, {**y, "head.weight": torch.zeros(7, 2)})
+        mmd(x, {**y, "head.weight": torch.zeros(7, 2)})
     with pytest.raises(MMDInputError, match="no layers"):
-        mmd_table({"bn.running_var": torch.ones(3, 2)}, {"bn.running_var": torch.ones(3, 2)})
+        mmd({"bn.running_var": torch.ones(3, 2)}, {"bn.running_var": torch.ones(3, 2)})
     with pytest.raises(ValueError, match="max_bandwidth_rows"):
-        mmd_table(x, y, max_bandwidth_rows=0)
+        mmd(x, y, max_bandwidth_rows=0)
+
+
+def test_a_column_source_gives_the_numbers_of_its_sample_set():
+    x, y = _sample_sets()
+
+    class Narrow(InMemorySource):  # any object with shapes() and columns() is a source
+        def columns(self, key, max_columns):
+            return super().columns(key, 1)
+
+    by_dicts, by_sources = mmd(x, y), mmd(Narrow(x), InMemorySource(y))
+    pd.testing.assert_frame_equal(by_sources.per_kernel, by_dicts.per_kernel, rtol=1e-12)
+    with pytest.raises(MMDInputError, match="expected a sample set"):
+        mmd([1, 2], y)
 
 
 def test_bandwidth_rows_limit_changes_only_the_bandwidths():
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(30, 4, generator=gen, dtype=torch.float64), torch.randn(20, 4, generator=gen, dtype=torch.float64)
-    full = layer_mmd_from_chunks([(x, y)])
-    few = layer_mmd_from_chunks([(x, y)], max_bandwidth_rows=3)
+    full = layer_mmd([(x, y)])
+    few = layer_mmd([(x, y)], max_bandwidth_rows=3)
     cross = torch.cdist(x[:3], y[:3], p=1).reshape(-1)
     assert float(few.bandwidths["laplace"][0]) == pytest.approx(float(cross.min()) / 2, rel=1e-12)
     assert not torch.equal(full.bandwidths["laplace"], few.bandwidths["laplace"])
@@ -128,7 +104,7 @@ def test_permutation_test_columns_when_requested():
     from metrics.mmd import PermutationTestConfig
 
     x, y = _sample_sets()
-    result = mmd_table(x, y, permutation_test=PermutationTestConfig(b1=50, b2=50, b3=10))
+    result = mmd(x, y, permutation_test=PermutationTestConfig(b1=50, b2=50, b3=10))
     assert {"p_value", "reject"} <= set(result.per_kernel.columns)
     assert "reject" in result.per_layer.columns
     assert result.per_kernel["p_value"].between(1 / 51 - 1e-12, 1).all()

@@ -59,7 +59,7 @@ def test_every_sort_key_removes_permutations_and_keeps_the_function(key):
 def test_first_weight_sort_orders_units_ascending():
     """After sorting, each hidden layer's first incoming weights are ascending (the paper's rule)."""
     weights = random_sample_set(lambda: mlp(3, [6, 5], 2), 3, 0)
-    spec = spec_for_model("mlp", in_features=3, hidden=[6, 5], num_classes=2)
+    spec = spec_for_model(mlp(in_features=3, hidden=[6, 5], num_classes=2))
     out, _ = sort_units(weights, spec, "first")
     for key in ("fc1.weight", "fc2.weight"):
         first = out[key][:, :, 0]
@@ -68,17 +68,17 @@ def test_first_weight_sort_orders_units_ascending():
 
 def test_bias_ordering_sorts_biases_and_needs_a_bias():
     weights = random_sample_set(lambda: mlp(3, [6], 2), 2, 1)
-    spec = spec_for_model("mlp", in_features=3, hidden=[6], num_classes=2)
+    spec = spec_for_model(mlp(in_features=3, hidden=[6], num_classes=2))
     out, perms = sort_units(weights, spec, "bias")
     torch.testing.assert_close(out["fc1.bias"], weights["fc1.bias"].sort(dim=1).values)
     assert_same_function(mlp(3, [6], 2), weights, out)
     with pytest.raises(ValueError, match="group 'conv1' has no bias"):
-        sort_units(random_sample_set(optunet, 1, 0), spec_for_model("optunet"), "bias")
+        sort_units(random_sample_set(optunet, 1, 0), spec_for_model(optunet()), "bias")
 
 
 def test_lexicographic_sort_matches_python_tuple_sort():
     """NodeSort (seed 004): ties on the first weight are broken by the next ones."""
-    spec = spec_for_model("mlp", in_features=3, hidden=[5], num_classes=2)
+    spec = spec_for_model(mlp(in_features=3, hidden=[5], num_classes=2))
     w = {k: torch.randn(1, *s, dtype=torch.float64) for k, s in spec.shapes.items()}
     w["fc1.weight"][0, :, 0] = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0], dtype=torch.float64)
     out, _ = sort_units(w, spec, "lexicographic")
@@ -87,7 +87,7 @@ def test_lexicographic_sort_matches_python_tuple_sort():
 
 
 def test_scale_normalisation_gives_unit_norms_pushes_factors_forward_and_keeps_dead_units():
-    spec = spec_for_model("mlp", in_features=4, hidden=[3, 2], num_classes=2)
+    spec = spec_for_model(mlp(in_features=4, hidden=[3, 2], num_classes=2))
     weights = random_sample_set(lambda: mlp(4, [3, 2], 2), 2, 5)
     weights["fc1.weight"][0, 1] = 0.0  # a dead unit: zero incoming weights
     weights["fc1.bias"][0, 1] = 0.0
@@ -109,7 +109,7 @@ def test_scale_normalisation_gives_unit_norms_pushes_factors_forward_and_keeps_d
 
 def test_softmax_step_sets_the_bias_sum():
     weights = random_sample_set(optunet, 3, 2)
-    spec = spec_for_model("optunet")
+    spec = spec_for_model(optunet())
     out, info = center_logit_bias(weights, spec, total=1.0)
     torch.testing.assert_close(out["fc2.bias"].sum(dim=1), torch.ones(3, dtype=torch.float64))
     torch.testing.assert_close(out["fc2.bias"] - weights["fc2.bias"], info["shift"][:, None].expand(-1, 10))
@@ -120,7 +120,7 @@ def test_softmax_step_sets_the_bias_sum():
 
 def test_canonicalize_keeps_keys_shapes_dtypes_and_reports_steps():
     weights = {k: v.float() for k, v in random_sample_set(optunet, 2, 0).items()}
-    spec = spec_for_model("optunet")
+    spec = spec_for_model(optunet())
     out, applied = canonicalize(weights, spec)
     assert list(out) == list(weights)
     assert all(out[k].shape == weights[k].shape and out[k].dtype == weights[k].dtype for k in weights)
@@ -150,5 +150,5 @@ def test_resnet18_transforms_keep_the_function_and_canonical_form_is_invariant()
 @pytest.mark.parametrize("steps", list(itertools.permutations(["scale", "sort"])))
 def test_steps_compose_in_either_order_without_changing_the_function(steps):
     weights = random_sample_set(optunet, 2, 9)
-    out, _ = canonicalize(weights, spec_for_model("optunet"), steps=steps)
+    out, _ = canonicalize(weights, spec_for_model(optunet()), steps=steps)
     assert_same_function(optunet(), weights, out)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from benchmark.models import optunet
+from benchmark.models import mlp, optunet, resnet18
 from metrics.symmetries import compose, permute, random_permutations, random_scales, rescale, spec_for_model
 from metrics.symmetries.engine import check_permutations, lift_block_permutation
 from tests.metrics.symmetries.nets import assert_same_function, drawn_weights, random_sample_set, small_networks
@@ -26,7 +26,7 @@ def test_random_permutation_and_scaling_keep_the_function(network):
 def test_optunet_group_swap_moves_conv2_blocks_explicitly():
     """Swapping conv1's two channels must swap conv2's two blocks of 5 output channels (each block
     reads one conv1 channel) and fc1's matching input columns: checked entry by entry."""
-    spec = spec_for_model("optunet")
+    spec = spec_for_model(optunet())
     w = random_sample_set(optunet, 1, 0)
     swapped = permute(w, spec, {"conv1": torch.tensor([[1, 0]])})
     torch.testing.assert_close(swapped["conv1.weight"], w["conv1.weight"][:, [1, 0]])
@@ -38,7 +38,7 @@ def test_optunet_group_swap_moves_conv2_blocks_explicitly():
 
 def test_batchnorm_running_stats_absorb_the_scale_exactly():
     """Eval-mode BatchNorm with eps: mean -> s mean, var -> s^2 (var + eps) - eps (closed form)."""
-    spec = spec_for_model("resnet18", num_classes=10)
+    spec = spec_for_model(resnet18(num_classes=10))
     shapes = {k: torch.zeros(1, *v, dtype=torch.float64) for k, v in spec.shapes.items()}
     shapes["bn1.running_mean"] = torch.full((1, 64), 2.0, dtype=torch.float64)
     shapes["bn1.running_var"] = torch.full((1, 64), 3.0, dtype=torch.float64)
@@ -48,7 +48,7 @@ def test_batchnorm_running_stats_absorb_the_scale_exactly():
 
 
 def test_compose_matches_applying_twice():
-    spec = spec_for_model("mlp", in_features=3, hidden=[6], num_classes=2)
+    spec = spec_for_model(mlp(in_features=3, hidden=[6], num_classes=2))
     w = {k: torch.randn(4, *s, dtype=torch.float64) for k, s in spec.shapes.items()}
     generator = torch.Generator().manual_seed(1)
     p, q = random_permutations(spec, 4, generator)["fc1"], random_permutations(spec, 4, generator)["fc1"]
@@ -58,7 +58,7 @@ def test_compose_matches_applying_twice():
 
 
 def test_invalid_permutations_and_scales_are_rejected():
-    spec = spec_for_model("optunet")
+    spec = spec_for_model(optunet())
     w = {k: torch.randn(2, *s, dtype=torch.float64) for k, s in spec.shapes.items()}
     with pytest.raises(ValueError, match="group 'fc1' is not a permutation of 0..2"):
         permute(w, spec, {"fc1": torch.tensor([[0, 0, 1], [0, 1, 2]])})

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from benchmark.models import mlp, optunet
+from benchmark.models import mlp, optunet, resnet18
 from metrics.symmetries import (
     DegenerateMinMassError, canonicalize, mass, min_mass, min_mass_cvxpy, permute, random_permutations,
     random_scales, rescale, spec_for_model,
@@ -47,7 +47,7 @@ def test_torch_matches_cvxpy_on_100_random_mlps_and_optunets():
 def test_single_hidden_unit_has_the_closed_form_minimum():
     """One hidden unit: mass(s) = s^2 |w1|^2 + |w2|^2 / s^2, minimum 2 |w1| |w2| at s^2 = |w2| / |w1|."""
     weights = random_sample_set(lambda: mlp(3, [1], 2), 4, 1)
-    spec = spec_for_model("mlp", in_features=3, hidden=[1], num_classes=2)
+    spec = spec_for_model(mlp(in_features=3, hidden=[1], num_classes=2))
     out, info = min_mass(weights, spec)
     a, b = weights["fc1.weight"].flatten(1).norm(dim=1), weights["fc2.weight"].flatten(1).norm(dim=1)
     torch.testing.assert_close(info["mass_after"], 2 * a * b, rtol=1e-10, atol=0)
@@ -98,7 +98,7 @@ def test_dead_unit_is_left_at_scale_one_and_both_solvers_agree():
 
 @pytest.mark.parametrize("model", ["resnet18", "chain"])
 def test_batchnorm_makes_min_mass_degenerate_and_it_says_so(model):
-    spec = spec_for_model("resnet18", num_classes=10) if model == "resnet18" else spec_for_model(conv_chain())
+    spec = spec_for_model(resnet18(num_classes=10)) if model == "resnet18" else spec_for_model(conv_chain())
     weights = {k: torch.randn(1, *s, dtype=torch.float64) for k, s in spec.shapes.items()}
     weights = {k: v.abs() if k.endswith("running_var") else v for k, v in weights.items()}
     with pytest.raises(DegenerateMinMassError, match="absorbed by BatchNorm .* lowers the mass without bound"):

@@ -74,7 +74,7 @@ def test_weight_matching_keeps_the_function_and_never_lowers_the_objective(netwo
 
 
 def test_weight_matching_rejects_a_batched_reference():
-    spec = spec_for_model("optunet")
+    spec = spec_for_model(optunet())
     weights = random_sample_set(optunet, 2, 0)
     with pytest.raises(ValueError, match="the reference must be one network"):
         weight_matching(weights, weights, spec)

@@ -14,7 +14,7 @@ from tests.metrics.symmetries.nets import conv_chain
 
 
 def test_optunet_spec_ties_conv2_blocks_to_conv1_channels():
-    spec = spec_for_model("optunet")
+    spec = spec_for_model(optunet())
     conv1, conv2, fc1 = spec.groups
     assert (conv1.name, conv1.size, conv1.blocks, conv1.follows) == ("conv1", 2, 2, None)
     assert (conv2.name, conv2.size, conv2.blocks, conv2.follows) == ("conv2", 10, 2, "conv1")
@@ -25,7 +25,7 @@ def test_optunet_spec_ties_conv2_blocks_to_conv1_channels():
 
 
 def test_mlp_spec_is_derived_from_the_sequential_module():
-    spec = spec_for_model("mlp", in_features=5, hidden=[4, 3], num_classes=2)
+    spec = spec_for_model(mlp(in_features=5, hidden=[4, 3], num_classes=2))
     assert [(g.name, g.size) for g in spec.groups] == [("fc1", 4), ("fc2", 3)]
     assert set(spec.group("fc1").axes()) == {Axis("fc1.weight", 0), Axis("fc1.bias", 0), Axis("fc2.weight", 1)}
     assert spec.shapes == {k: tuple(v.shape) for k, v in mlp(5, [4, 3], 2).state_dict().items()}
@@ -73,15 +73,24 @@ def test_sequential_spec_names_the_module_it_cannot_handle(layers, message):
         sequential_spec(nn.Sequential(*layers))
 
 
-def test_spec_for_model_rejects_unknown_names_and_modules():
-    with pytest.raises(ValueError, match="unknown model 'vgg'; expected one of mlp, optunet, resnet18"):
-        spec_for_model("vgg")
+def test_spec_for_model_rejects_unknown_modules():
     with pytest.raises(ValueError, match="no symmetry spec for module type Linear"):
         spec_for_model(nn.Linear(2, 2))
 
 
+def test_layer_chain_is_the_forward_pass_of_optunet():
+    model = optunet()
+    x = torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    chained = x
+    for _, module in model.eval().layer_chain():
+        chained = module(chained)
+    torch.testing.assert_close(chained, model(x), rtol=1e-6, atol=1e-6)
+    assert [name for name, _ in model.layer_chain() if name in dict(model.named_modules())] == [
+        "conv1", "pool", "conv2", "fc1", "dropout", "fc2"]
+
+
 def test_spec_rejects_grouped_conv_whose_channels_are_not_divisible_by_groups():
-    spec = spec_for_model("optunet")
+    spec = spec_for_model(optunet())
     with pytest.raises(ValueError, match=r"'conv2.weight' has 9 output channels, not divisible by groups=2"):
         dataclasses.replace(spec, shapes={**spec.shapes, "conv2.weight": (9, 1, 5, 5)})
     with pytest.raises(ValueError, match=r"'fc1.weight' has shape \[3, 9\], expected \[3, 10\]"):
@@ -93,7 +102,7 @@ def _weights(spec, samples=2):
 
 
 def test_check_sample_set_names_missing_and_misshaped_keys():
-    spec = spec_for_model("optunet")
+    spec = spec_for_model(optunet())
     weights = _weights(spec)
     assert check_sample_set(spec, weights) == 2
     with pytest.raises(ValueError, match=r"missing key 'fc1.bias' \(expected shape \[S, 3\]\)"):

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pandas as pd
@@ -6,12 +7,13 @@ import torch
 from safetensors.torch import save_file
 
 from benchmark.experiment import Experiment
-from benchmark.stages.evaluate import COLUMNS, run_evaluate
-from benchmark.stages.report import run_report
+from benchmark.models import predict_with_weights
+from benchmark.results import COLUMNS
+from benchmark.stages.evaluate import run as run_evaluate
+from benchmark.stages.report import run as run_report
 from benchmark.store import StoreError, load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
 from benchmark.training import seeded
-from methods.base import predict_with_weights
-from metrics.mmd import mmd_table
+from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from tests.conftest import compose_config
 
@@ -22,8 +24,8 @@ def filled(tmp_path_factory):
     and a 'dropout' row with broken predictions. Evaluation does not care whether the networks
     were trained, and untrained ones keep this fixture fast."""
     root = tmp_path_factory.mktemp("eval")
-    cfg = compose_config([f"store={root / 'store'}", f"results={root / 'results'}", "reference.stop=8",
-                          "reference.heldout_stop=100006"])
+    cfg = compose_config([f"store={root / 'store'}", f"results={root / 'results'}", "seeds.reference=[0,8]",
+                          "seeds.heldout=[100000,100006]"])
     exp = Experiment(cfg)
     store = exp.store
     store.ensure_writable()
@@ -55,7 +57,7 @@ def test_metrics_csv_matches_independent_computation(filled):
     row = df.set_index(["method", "mode"]).loc[("ensemble", "multi")]
     assert row.status == "ok" and row.n_samples == len(members)
     ref = load_checkpoints_as_sample_set(exp.store.checkpoint_paths([s for s in exp.store.completed_seeds() if s < 8]))
-    expected = mmd_table(ref, ensemble).aggregate
+    expected = mmd(ref, ensemble).aggregate
     assert row.mmd_median == pytest.approx(expected["median"], rel=1e-6, abs=1e-12)
     assert row.mmd_max == pytest.approx(expected["max"], rel=1e-6, abs=1e-12)
     ref_pred = predict_with_weights(exp.model(), ref, exp.test_tensors[0]).double().mean(0)
@@ -65,7 +67,7 @@ def test_metrics_csv_matches_independent_computation(filled):
     assert not math.isnan(row.ns_mmd_median)
     failed = df.set_index(["method", "mode"]).loc[("dropout", "one")]
     assert failed.status == "failed" and "probs_id" in failed.reason and "NaN" in failed.reason
-    on_disk = pd.read_csv(exp.cfg.results + "/digits_optunet/metrics.csv")
+    on_disk = pd.read_csv(exp.results_dir / "metrics.csv")
     assert len(on_disk) == 2
 
 
@@ -114,9 +116,8 @@ def test_streamed_reference_gives_the_in_memory_numbers(filled, tmp_path):
     """A memory limit below the zoo's size switches to the store-streamed path; same figures."""
     exp = filled[0]
     in_memory = run_evaluate(exp)
-    streamed_cfg = exp.cfg.copy()
-    streamed_cfg.evaluate.max_in_memory_gb = 1e-6
-    streamed_cfg.results = str(tmp_path / "results")
+    streamed_cfg = dataclasses.replace(exp.config, evaluate=dataclasses.replace(exp.config.evaluate, max_in_memory_gb=1e-6),
+                                       results=str(tmp_path / "results"))
     for cached in (exp.store.base / "eval").glob("*.json"):
         cached.unlink()
     streamed = run_evaluate(Experiment(streamed_cfg))

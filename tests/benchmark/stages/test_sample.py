@@ -8,24 +8,28 @@ from pathlib import Path
 import pytest
 import torch
 
-import benchmark.stages.sample as sample_stage
+import methods.registry as registry
 from benchmark.cli import run
+from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
-from benchmark.stages.sample import SampleStageError, run_sample, selected_units
+from benchmark.models import predict_with_weights
+from benchmark.stages.sample import (
+    MissingBasesError, SampleStageError, prepare_units, select_bases, selected_units,
+)
+from benchmark.stages.sample import run as run_sample
 from benchmark.stages.zoo import run_zoo
 from benchmark.store import load_checkpoint, load_sample_set, read_metadata, try_lock
 from benchmark.training import NonFiniteError
-from methods.base import MethodConfigError, predict_with_weights
-from methods.modes import MissingBasesError
-from tests.methods.conftest import HELDOUT, compose_config, one_thread
+from methods.base import MethodConfigError
+from tests.methods.conftest import compose_config, one_thread
 
 
 @pytest.fixture(scope="module")
 def zoo_dir(tmp_path_factory) -> Path:
     """A trained tiny held-out zoo (digits/OptuNet, 2 epochs), copied into each test's store."""
-    exp = Experiment(compose_config(tmp_path_factory.mktemp("sample_stage_zoo")))
+    exp = Experiment(compose_config(tmp_path_factory.mktemp("sample_stage_zoo") / "store"))
     with one_thread(), exp.backends():
-        run_zoo(exp, *HELDOUT)
+        run_zoo(exp, exp.heldout)
     return exp.store.zoo_dir
 
 
@@ -38,6 +42,7 @@ def make_exp(zoo_dir, tmp_path):
     def build(*overrides: str) -> Experiment:
         return Experiment(compose_config(store, *overrides))
 
+    build.store = store
     with one_thread():
         yield build
 
@@ -53,15 +58,41 @@ def test_unit_selection() -> None:
     assert {("swag", "one"), ("swag", "multi"), ("laplace", "one"), ("dropout", "multi")} <= set(units)
     assert selected_units("all", "one") == [(m, "one") for m in ("dropout", "bnn", "sghmc", "swag", "laplace")]
     assert selected_units("ensemble", "one") == [("ensemble", "one")]  # kept so that check() refuses it
-    with pytest.raises(ValueError, match="method='mcmc'.*all or one of dropout, bnn, sghmc, swag, laplace, ensemble"):
+    with pytest.raises(ValueError, match="method='mcmc'.*dropout, bnn, sghmc, swag, laplace, ensemble"):
         selected_units("mcmc", "both")
-    with pytest.raises(ValueError, match="mode='two'.*both, one, multi"):
-        selected_units("swag", "two")
+
+
+def test_bases_are_the_converged_heldout_seeds_in_order(make_exp) -> None:
+    exp = make_exp("method=dropout", "mode=one")
+    seeds = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
+    assert seeds and not set(exp.store.failed_seeds()) & set(seeds) and all(s in exp.heldout for s in seeds)
+    (unit,) = prepare_units(exp)
+    assert unit.plan.candidates == tuple(seeds) and (unit.plan.bases, unit.plan.samples_per_base) == (1, 100)
+
+
+def test_too_few_bases_in_a_trained_range_suggest_a_larger_range(make_exp) -> None:
+    exp = make_exp()
+    found = len(exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop))
+    with pytest.raises(MissingBasesError) as err:
+        select_bases(exp, found + 3)
+    message = str(err.value)
+    assert f"{found + 3} converged held-out base checkpoints needed, {found} found" in message
+    assert "seeds.heldout=[100000, 100008]" in message and "3 missing" in message
+    stop = int(message.split("'seeds.heldout=[100000,")[1].split("]")[0])
+    assert stop > 100008 and "python -m benchmark stage=zoo experiment=digits_optunet zoo.range=heldout" in message
+    assert f"then pass 'seeds.heldout=[100000,{stop}]' to the sample stage too" in message
+
+
+def test_untrained_range_suggests_training_it(tmp_path) -> None:
+    exp = Experiment(compose_config(tmp_path / "store", "method=dropout", "mode=one"))
+    with pytest.raises(MissingBasesError, match=r"8 not trained yet.*stage=zoo experiment=digits_optunet zoo.range=heldout"):
+        prepare_units(exp)
 
 
 def test_ensemble_unit_is_written_validated_and_resumed(make_exp) -> None:
-    exp = make_exp("stage=sample", "method=ensemble", "sample.per_method=3")
-    run(exp.cfg)  # through the CLI's stage registry
+    cfg = compose_config(make_exp.store, "stage=sample", "method=ensemble", "sample.per_method=3")
+    run(cfg)  # through the CLI: preflight, then the stage table
+    exp = Experiment(cfg)
     samples_path, preds_path = exp.store.samples_path("ensemble", "multi"), exp.store.preds_path("ensemble", "multi")
     meta = read_metadata(samples_path)
     seeds = json.loads(meta["base_seeds"])
@@ -114,14 +145,14 @@ def test_nan_in_a_named_method_fails_at_once_and_writes_nothing(make_exp) -> Non
 
 
 def test_all_methods_go_on_past_failures_and_list_them(make_exp, monkeypatch) -> None:
-    monkeypatch.setattr(sample_stage, "METHOD_NAMES", ("dropout", "swag", "ensemble"))
-    exp = make_exp("sample.per_method=2", "sample.modes_multi=2", "methods.dropout.p=1.5", "methods.swag.lr=1e30",
+    kept = {name: registry.METHODS[name] for name in ("swag", "ensemble")}
+    monkeypatch.setattr(registry, "METHODS", kept)
+    exp = make_exp("sample.per_method=2", "sample.modes_multi=2", "methods.swag.lr=1e30",
                    "methods.swag.epochs_factor=1", "methods.swag.snapshots=4", "methods.swag.rank=3")
     with pytest.raises(SampleStageError) as err:
         run_sample(exp)
     message = str(err.value)
-    assert message.startswith("4 method/mode unit(s) failed")
-    assert "dropout/one: MethodConfigError: methods.dropout.p=1.5" in message and "dropout/multi" in message
+    assert message.startswith("2 method/mode unit(s) failed")
     assert "swag/one: NonFiniteError" in message and "swag/multi: NonFiniteError" in message
     assert _written(exp) == ["ensemble_multi.safetensors", "ensemble_multi.safetensors"]
 
@@ -131,7 +162,9 @@ def test_refusals_and_missing_bases_come_before_any_training(make_exp) -> None:
         run_sample(make_exp("method=ensemble", "mode=one"))
     with pytest.raises(MissingBasesError, match=r"50 converged held-out base checkpoints needed.*stage=zoo"):
         run_sample(make_exp("method=ensemble", "sample.per_method=50"))
-    exp = make_exp("method=dropout", "methods.dropout.p=0")
-    with pytest.raises(MethodConfigError, match="methods.dropout.p=0"):
+    with pytest.raises(ConfigError, match="methods.dropout.p=0.0"):
+        make_exp("method=dropout", "methods.dropout.p=0")
+    exp = make_exp("method=swag", "methods.swag.snapshots=100000")
+    with pytest.raises(MethodConfigError, match="2 method/mode unit.*refused before any work: swag/one: .*snapshots=100000"):
         run_sample(exp)
     assert _written(exp) == []

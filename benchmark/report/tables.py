@@ -1,13 +1,13 @@
 """The paper's Table 1 (posterior MMD next to predictive metrics) and Table 2 (median /
-mean / max MMD), built from ``metrics.csv`` and written as Markdown, CSV and LaTeX.
+mean / max MMD), built from metrics.csv frames (``benchmark.results``) and written as
+Markdown, CSV and LaTeX.
 
-``metrics.csv`` has one row per (experiment, method, mode) with the columns of
-``REQUIRED_COLUMNS`` (values as fractions, MMDs raw, MI in nats). The display tables
-have a row index (experiment label, group "One Mode" | "Multi Mode", method label) in
-the paper's order and cells formatted as text with one decimal, scaled as the paper
-prints them (every metric x100, i.e. percentages for Acc, ECE, AUPR, FPR95). Failed
-rows read "failed" in every cell; their reasons go in a note below the table. Missing
-values of rows that did not fail read "n/a".
+The display tables have a row index (experiment label, group "One Mode" | "Multi Mode",
+method label) in the paper's order (experiments as they appear, methods in registry order,
+others after, sorted) and cells formatted as text with one decimal, scaled as the paper
+prints them (every metric x100, i.e. percentages for Acc, ECE, AUPR, FPR95). Failed rows
+read "failed" in every cell; their reasons go in a note below the table. Missing values of
+rows that did not fail read "n/a".
 """
 from __future__ import annotations
 
@@ -17,27 +17,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmark.store.atomic import atomic_write_text
-
-EXPERIMENT_LABELS = {
-    "digits_optunet": "Digits - OptuNet",
-    "mnist_optunet": "MNIST - OptuNet",
-    "cifar100_resnet18": "CIFAR100 - ResNet18",
-    "tinyimagenet_resnet18": "TinyImageNet - ResNet18",
-}
-"""Display names; their order is the block order, unknown experiments follow as they appear."""
+from benchmark.results import check_metrics
+from benchmark.store import atomic_write_text
+from methods import method_names
 
 GROUP_LABELS = {"one": "One Mode", "multi": "Multi Mode"}
-
-METHOD_LABELS = {
-    "dropout": "Dropout",
-    "bnn": "BNN",
-    "sghmc": "SGHMC",
-    "swag": "SWAG",
-    "laplace": "Laplace",
-    "ensemble": "Deep Ensembles",
-}
-"""Display names in the paper's row order; unknown methods follow, sorted, under their raw name."""
 
 INDEX_NAMES = ["Experiment", "Group", "Method"]
 
@@ -63,11 +47,6 @@ TABLE2_SOURCES = {
     for statistic in ("median", "mean", "max")
 }
 
-KEY_COLUMNS = ["experiment", "method", "mode", "status", "reason"]
-REQUIRED_COLUMNS = KEY_COLUMNS + [*TABLE1_SOURCES.values()] + [
-    c for c in TABLE2_SOURCES.values() if c not in TABLE1_SOURCES.values()
-]
-
 FAILED = "failed"
 MISSING = "n/a"
 
@@ -89,7 +68,7 @@ _LATEX_UNITS = {"times": r"$\times 100$", "pct": r"\%"}
 
 
 def table1(df: pd.DataFrame) -> pd.DataFrame:
-    """Table 1 of the paper from a metrics.csv frame.
+    """Table 1 of the paper from a metrics.csv frame (``benchmark.results.ResultRow`` columns).
 
     Index (Experiment, Group, Method) in the paper's order; columns ``TABLE1_SOURCES``;
     cells are text: value x100 with one decimal, "failed" or "n/a".
@@ -183,31 +162,10 @@ def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
 
 def _ordered(df: pd.DataFrame, value_columns) -> pd.DataFrame:
     """Validated rows of ``df`` indexed by display labels and sorted in the paper's order."""
-    if not isinstance(df, pd.DataFrame):
-        raise ValueError(f"df: expected a pandas DataFrame (metrics.csv), got {type(df).__name__}")
-    value_columns = list(value_columns)
-    missing = [c for c in KEY_COLUMNS + value_columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"df: metrics.csv is missing required columns {missing}")
-    rows = df[KEY_COLUMNS + value_columns].copy()
-    for column, allowed in (("mode", GROUP_LABELS), ("status", ("ok", "failed"))):
-        bad = sorted(set(rows[column].astype(str)) - set(allowed))
-        if bad:
-            raise ValueError(f"df: column {column!r} expects values in {list(allowed)}, got {bad}")
-    for column in ("experiment", "method"):
-        rows[column] = rows[column].astype(str)
-    duplicated = rows.duplicated(["experiment", "method", "mode"], keep=False)
-    if duplicated.any():
-        keys = rows.loc[duplicated, ["experiment", "method", "mode"]].drop_duplicates()
-        raise ValueError(f"df: duplicate (experiment, method, mode) rows: {keys.values.tolist()}")
-    for column in value_columns:
-        try:
-            rows[column] = pd.to_numeric(rows[column]).astype(np.float64)
-        except (ValueError, TypeError) as error:
-            raise ValueError(f"df: column {column!r} expects numbers ({error})") from None
-
-    experiments = list(EXPERIMENT_LABELS) + [e for e in rows["experiment"].unique() if e not in EXPERIMENT_LABELS]
-    methods = list(METHOD_LABELS) + sorted(set(rows["method"]) - set(METHOD_LABELS))
+    rows = check_metrics(df)
+    experiments = list(dict.fromkeys(rows["experiment"]))
+    registered = list(method_names())
+    methods = registered + sorted(set(rows["method"]) - set(registered))
     rows = rows.assign(
         _e=rows["experiment"].map(experiments.index),
         _g=rows["mode"].map(list(GROUP_LABELS).index),
@@ -215,13 +173,13 @@ def _ordered(df: pd.DataFrame, value_columns) -> pd.DataFrame:
     ).sort_values(["_e", "_g", "_m"], kind="stable")
     rows.index = pd.MultiIndex.from_arrays(
         [
-            rows["experiment"].map(lambda e: EXPERIMENT_LABELS.get(e, e)),
+            [label or name for label, name in zip(rows["experiment_label"], rows["experiment"])],
             rows["mode"].map(GROUP_LABELS),
-            rows["method"].map(lambda m: METHOD_LABELS.get(m, m)),
+            [label or name for label, name in zip(rows["method_label"], rows["method"])],
         ],
         names=INDEX_NAMES,
     )
-    return rows.drop(columns=["_e", "_g", "_m"])
+    return rows[["status", "reason", *value_columns]]
 
 
 def _display(rows: pd.DataFrame, sources: dict) -> pd.DataFrame:

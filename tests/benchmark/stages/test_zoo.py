@@ -8,16 +8,20 @@ import time
 import pytest
 import torch
 
-from benchmark.experiment import Experiment
-from benchmark.stages.zoo import TrainingDivergedError, parse_seed_range, run_zoo
+from benchmark.config import ConfigError
+from benchmark.experiment import Experiment, SeedRange
+from benchmark.stages import zoo
+from benchmark.stages.zoo import TrainingDivergedError, run_zoo
 from benchmark.store import load_checkpoint
 from benchmark.store.atomic import is_temp_file
-from tests.conftest import REPO, TINY_TRAIN
+from tests.conftest import REPO, TINY_TRAIN, compose_config
+
+FIRST_SIX = SeedRange("reference", 0, 6)
 
 
 def test_zoo_trains_records_failures_and_resumes(tiny_cfg):
     exp = Experiment(tiny_cfg)
-    first = run_zoo(exp, 0, 6)
+    first = run_zoo(exp, FIRST_SIX)
     store = exp.store
     assert sorted(first.trained + first.failed) == list(range(6))
     assert store.completed_seeds() == sorted(first.trained) and sorted(store.failed_seeds()) == sorted(first.failed)
@@ -28,23 +32,42 @@ def test_zoo_trains_records_failures_and_resumes(tiny_cfg):
         assert "torch" in json.loads(meta["versions"])
     for seed, record in store.failed_seeds().items():
         assert "did not converge" in record["reason"]
-    again = run_zoo(exp, 0, 6)
+    again = run_zoo(exp, FIRST_SIX)
     assert again.trained == [] and again.failed == [] and sorted(again.skipped_done) == list(range(6))
-    assert "failure rate" in again.describe(0, 6)
+    assert "failure rate" in again.describe(FIRST_SIX)
+
+
+def test_the_stage_trains_both_ranges_or_the_one_selected(tmp_path):
+    common = [f"store={tmp_path}", *TINY_TRAIN, "seeds.reference=[0,2]", "seeds.heldout=[100000,100001]"]
+
+    def seeds_in_store(exp):
+        return sorted(exp.store.completed_seeds() + list(exp.store.failed_seeds()))
+
+    exp = Experiment(compose_config([*common, "zoo.range=heldout"]))
+    assert len(zoo.run(exp)) == 1 and seeds_in_store(exp) == [100000]
+    exp = Experiment(compose_config(common))  # zoo.range=both by default
+    summaries = zoo.run(exp)
+    assert [sorted(s.trained + s.failed) for s in summaries] == [[0, 1], []]
+    assert summaries[1].skipped_done == [100000] and seeds_in_store(exp) == [0, 1, 100000]
 
 
 def test_diverging_seed_is_not_stored(tiny_cfg):
     tiny_cfg.train.lr = 1e9
     exp = Experiment(tiny_cfg)
     with pytest.raises(TrainingDivergedError, match="NaN/Inf and were not stored: seed 0: .*loss became nan"):
-        run_zoo(exp, 0, 1)
+        run_zoo(exp, SeedRange("reference", 0, 1))
     assert exp.store.completed_seeds() == [] and exp.store.failed_seeds() == {}
 
 
-@pytest.mark.parametrize("start, stop, message", [(5, 2, "start <= stop"), (-1, 3, "non-negative"), ("a", 3, "integers")])
-def test_bad_seed_ranges(start, stop, message):
-    with pytest.raises(ValueError, match=message):
-        parse_seed_range(start, stop)
+@pytest.mark.parametrize("value, message", [
+    ("[5,2]", r"seeds.reference=\[5, 2\]: expected \[start, stop\) with 0 <= start <= stop"),
+    ("[-1,3]", r"seeds.reference=\[-1, 3\]: expected"),
+    ("[1,2,3]", r"seeds.reference=\[1, 2, 3\]: expected"),
+    ("[0,100005]", r"seeds.reference=\[0, 100005\] and seeds.heldout=\[100000, 100160\] overlap"),
+])
+def test_bad_seed_ranges_are_refused(value, message):
+    with pytest.raises(ConfigError, match=message):
+        Experiment(compose_config([f"seeds.reference={value}"]))
 
 
 def _cli(*args, **kwargs):
@@ -63,8 +86,9 @@ def _output(proc, timeout=240):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["stage=train"], "stage='train': unknown stage; expected one of zoo"),
-        (["stage=zoo", "zoo.start=4", "zoo.stop=2"], "zoo.start=4 > zoo.stop=2"),
+        (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, all]"),
+        (["stage=zoo", "seeds.reference=[4,2]"], "seeds.reference=[4, 2]: expected [start, stop)"),
+        (["stage=zoo", "zoo.shard=3", "zoo.num_shards=2"], "zoo.shard=3: expected an integer in [0, num_shards=2)"),
         (["stage=zoo", "store=/proc/version/x"], "store=/proc/version/x: cannot write"),
     ],
 )
@@ -76,7 +100,8 @@ def test_cli_bad_input_exits_non_zero_with_a_clear_message(tmp_path, args, messa
 @pytest.mark.slow
 def test_killed_run_resumes_with_every_seed_present_and_no_partial_file(tmp_path):
     store = tmp_path / "store"
-    args = ["stage=zoo", f"store={store}", "zoo.start=0", "zoo.stop=5", "train.epochs=4", "train.fail_rule.epoch=1"]
+    args = ["stage=zoo", f"store={store}", "seeds.reference=[0,5]", "zoo.range=reference", "train.epochs=4",
+            "train.fail_rule.epoch=1"]
     proc = _cli(*args, run_dir=tmp_path / "r1")
     zoo = store / "digits_optunet" / "zoo"
     deadline = time.time() + 180
@@ -101,9 +126,9 @@ def test_killed_run_resumes_with_every_seed_present_and_no_partial_file(tmp_path
 @pytest.mark.slow
 def test_two_processes_with_overlapping_ranges_share_the_work(tmp_path):
     store = tmp_path / "store"
-    common = [f"store={store}", "stage=zoo", *TINY_TRAIN]
-    a = _cli(*common, "zoo.start=0", "zoo.stop=6", run_dir=tmp_path / "a")
-    b = _cli(*common, "zoo.start=2", "zoo.stop=8", run_dir=tmp_path / "b")
+    common = [f"store={store}", "stage=zoo", "zoo.range=reference", *TINY_TRAIN]
+    a = _cli(*common, "seeds.reference=[0,6]", run_dir=tmp_path / "a")
+    b = _cli(*common, "seeds.reference=[2,8]", run_dir=tmp_path / "b")
     (code_a, out_a), (code_b, out_b) = _output(a), _output(b)
     assert code_a == 0 and code_b == 0, out_a + out_b
     zoo = store / "digits_optunet" / "zoo"

@@ -1,15 +1,15 @@
 """The training loop shared by the zoo and by the methods that (re)train networks.
 
-A ``Recipe`` is plain data (from ``cfg.train``); ``train_network`` runs it for one seed,
-deterministically on CPU: the seed fixes the initialisation (through the caller's model
-construction under ``seeded``) and the data order (its own generator).
+``train_network`` runs a ``Recipe`` for one seed, deterministically on CPU: the seed fixes
+the initialisation (through the caller's model construction under ``seeded``) and the data
+order (its own generator).
 """
 from __future__ import annotations
 
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +17,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from benchmark.data import InMemoryImageDataset, random_crop
+from benchmark.training.recipe import Recipe, Schedule
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-SCHEDULES = ("multistep", "cosine", "constant")
+Tensors = tuple[torch.Tensor, torch.Tensor]
 
 
 class NonFiniteError(FloatingPointError):
@@ -27,48 +28,23 @@ class NonFiniteError(FloatingPointError):
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """SGD training recipe (appendix B). ``lr`` per step; ``milestones`` in epochs.
+class TrainingData:
+    """The data a network is trained on, and what its convergence rule is judged on.
 
-    ``fail_epoch``/``fail_below``: the recipe's non-convergence rule (OptuMNIST: stop a run
-    whose held-out accuracy is below ``fail_below`` after ``fail_epoch`` epochs).
+    ``train``: the training stream (``(image [C, H, W], label)`` items, augmented as the
+    experiment says); ``train_tensors``: the same split un-augmented in memory ``(images
+    [N, C, H, W], labels [N])`` (the data a posterior conditions on); ``check``: the
+    held-out ``(images, labels)`` of the recipe's non-convergence rule and reported accuracy.
     """
 
-    epochs: int
-    batch_size: int
-    lr: float
-    momentum: float = 0.0
-    nesterov: bool = False
-    weight_decay: float = 0.0
-    schedule: str = "multistep"
-    milestones: tuple[int, ...] = ()
-    gamma: float = 0.1
-    fail_epoch: int | None = None
-    fail_below: float | None = None
+    train: Dataset
+    train_tensors: Tensors
+    check: Tensors
 
-    def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
-            raise ValueError(f"train: epochs, batch_size and lr must be positive, got {self}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"train.schedule: unknown schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}")
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "Recipe":
-        """Build from the ``train`` config node (a dict or DictConfig)."""
-        fail = cfg.get("fail_rule") or {}
-        return cls(
-            epochs=int(cfg["epochs"]),
-            batch_size=int(cfg["batch_size"]),
-            lr=float(cfg["lr"]),
-            momentum=float(cfg.get("momentum", 0.0)),
-            nesterov=bool(cfg.get("nesterov", False)),
-            weight_decay=float(cfg.get("weight_decay", 0.0)),
-            schedule=str(cfg.get("schedule", "multistep")),
-            milestones=tuple(int(m) for m in cfg.get("milestones", ()) or ()),
-            gamma=float(cfg.get("gamma", 0.1)),
-            fail_epoch=None if fail.get("epoch") is None else int(fail["epoch"]),
-            fail_below=None if fail.get("min_accuracy") is None else float(fail["min_accuracy"]),
-        )
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """``(C, H, W)`` of one input image."""
+        return tuple(self.train_tensors[0].shape[1:])
 
 
 @dataclass
@@ -107,9 +83,9 @@ def make_optimizer(params, recipe: Recipe, lr: float | None = None) -> torch.opt
 
 def learning_rate(recipe: Recipe, epoch: int) -> float:
     """Learning rate of ``epoch`` (0-based) under the recipe's schedule."""
-    if recipe.schedule == "multistep":
+    if recipe.schedule == Schedule.multistep:
         return recipe.lr * recipe.gamma ** sum(epoch >= m for m in recipe.milestones)
-    if recipe.schedule == "cosine":
+    if recipe.schedule == Schedule.cosine:
         return 0.5 * recipe.lr * (1 + math.cos(math.pi * epoch / recipe.epochs))
     return recipe.lr
 
@@ -190,19 +166,20 @@ def train_epoch(
 def train_network(
     model: nn.Module,
     train_set: Dataset,
-    check_set: tuple[torch.Tensor, torch.Tensor],
+    check_set: Tensors,
     recipe: Recipe,
     seed: int,
     where: str = "training",
     loss_fn: LossFn = cross_entropy_loss,
-    train_eval: tuple[torch.Tensor, torch.Tensor] | None = None,
+    train_eval: Tensors | None = None,
 ) -> TrainResult:
     """Train ``model`` in place with ``recipe``; data order drawn from ``seed``.
 
     ``check_set`` ``(images [N, ...], labels [N])`` is the held-out set for the recipe's
     non-convergence rule and the reported test accuracy; ``train_eval`` (optional) the same
-    for the reported train accuracy. A run below ``fail_below`` after ``fail_epoch`` stops
-    early, and one that ends below it is also failed; both return with ``failure`` set.
+    for the reported train accuracy. A run below ``recipe.fail_rule.min_accuracy`` after
+    ``fail_rule.epoch`` epochs stops early, and one that ends below it is also failed; both
+    return with ``failure`` set.
     NaN/Inf raises ``NonFiniteError`` (nothing to store).
     """
     generator = torch.Generator().manual_seed(seed)
@@ -214,21 +191,22 @@ def train_network(
         loss = train_epoch(model, train_set, optimizer, recipe.batch_size, generator, f"{where}, epoch {epoch + 1}", loss_fn)
         check_weights_finite(model, f"{where}, epoch {epoch + 1}")
         record = {"epoch": epoch + 1, "loss": loss}
-        if recipe.fail_epoch is not None and epoch + 1 == recipe.fail_epoch:
+        rule = recipe.fail_rule
+        if rule.epoch is not None and epoch + 1 == rule.epoch:
             acc = accuracy(model, *check_set)
             record["check_accuracy"] = acc
             history.append(record)
-            if recipe.fail_below is not None and acc < recipe.fail_below:
-                reason = f"held-out accuracy {acc:.3f} < {recipe.fail_below} after epoch {epoch + 1} (did not converge)"
+            if rule.min_accuracy is not None and acc < rule.min_accuracy:
+                reason = f"held-out accuracy {acc:.3f} < {rule.min_accuracy} after epoch {epoch + 1} (did not converge)"
                 return TrainResult(_cpu_state(model), math.nan, acc, epoch + 1, failure=reason, history=history)
         else:
             history.append(record)
     test_acc = accuracy(model, *check_set)
     train_acc = accuracy(model, *train_eval) if train_eval is not None else math.nan
     failure = None
-    if recipe.fail_epoch is not None and recipe.fail_below is not None and test_acc < recipe.fail_below:
+    if recipe.fail_rule.active and test_acc < recipe.fail_rule.min_accuracy:
         # Passed the early check, then collapsed (e.g. every ReLU died later): same threshold.
-        failure = f"held-out accuracy {test_acc:.3f} < {recipe.fail_below} at the end of training (collapsed)"
+        failure = f"held-out accuracy {test_acc:.3f} < {recipe.fail_rule.min_accuracy} at the end of training (collapsed)"
     return TrainResult(_cpu_state(model), train_acc, test_acc, recipe.epochs, failure=failure, history=history)
 
 

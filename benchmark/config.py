@@ -1,0 +1,299 @@
+"""The schema of the Hydra config: typed dataclasses registered in Hydra's ConfigStore.
+
+``conf/*.yaml`` hold values; these dataclasses hold the types, the allowed values (enums)
+and the defaults, so Hydra refuses a bad override at composition with the key, the value
+and what is allowed. Range checks live in each settings dataclass's ``__post_init__`` and run
+when ``resolve_config`` turns the composed config into typed objects; their errors name the
+full key. Method settings come from the method registry: every registered method gets a
+``methods.<name>`` node typed by its ``Settings`` and a ``conf/methods/<name>.yaml``.
+
+Only the runners (``benchmark.cli``, ``benchmark.experiment``, ``benchmark.stages``) import this.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, make_dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from benchmark.data import DATASET_NAMES
+from benchmark.models import MODEL_NAMES
+from benchmark.settings import SettingsError, require
+from benchmark.training import Recipe
+from methods.bayesian_layers import BNNLayers
+from methods.laplace import HessianStructure, SubsetOfWeights
+from methods.registry import METHODS
+from metrics.symmetries import STEPS
+
+MAX_SEED = 999_999
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the key, the value and what is expected."""
+
+
+class Stage(str, Enum):
+    """What ``python -m benchmark`` runs (``all`` = zoo, sample, evaluate, report in order)."""
+
+    zoo = "zoo"
+    sample = "sample"
+    evaluate = "evaluate"
+    report = "report"
+    all = "all"
+
+
+class ModeChoice(str, Enum):
+    """Which modes the sample stage runs: both, or one of them."""
+
+    both = "both"
+    one = "one"
+    multi = "multi"
+
+
+class ZooRange(str, Enum):
+    """Which seed ranges the zoo stage trains."""
+
+    both = "both"
+    reference = "reference"
+    heldout = "heldout"
+
+
+CanonicalStep = Enum("CanonicalStep", {name: name for name in STEPS}, type=str)
+CanonicalStep.__doc__ = "A step of the symmetry-free (NS) form: scale, minmass, sort or softmax."
+DatasetName = Enum("DatasetName", {name: name for name in DATASET_NAMES}, type=str)
+DatasetName.__doc__ = "A dataset the suite can load."
+ModelName = Enum("ModelName", {name: name for name in MODEL_NAMES}, type=str)
+ModelName.__doc__ = "A model the suite can build."
+
+
+@dataclass
+class SeedsConfig:
+    """Seed ranges ``[start, stop)``: the reference zoo, and the held-out seeds that give the
+    methods' base networks and the Deep-Ensemble members. They must not overlap."""
+
+    reference: List[int] = MISSING
+    heldout: List[int] = MISSING
+
+
+@dataclass
+class ZooConfig:
+    """``range``: which ranges ``stage=zoo`` trains; this job trains the seeds with
+    ``seed % num_shards == shard``."""
+
+    range: ZooRange = ZooRange.both
+    shard: int = 0
+    num_shards: int = 1
+
+    def __post_init__(self) -> None:
+        require(self.num_shards >= 1, "num_shards", self.num_shards, "a positive integer")
+        require(0 <= self.shard < self.num_shards, "shard", self.shard, f"an integer in [0, num_shards={self.num_shards})")
+
+
+@dataclass
+class SampleConfig:
+    """``per_method``: weight samples per method and mode (paper: 100); ``modes_multi``:
+    multi-mode base networks (paper: 10), ``per_method / modes_multi`` samples each."""
+
+    per_method: int = 100
+    modes_multi: int = 10
+
+    def __post_init__(self) -> None:
+        require(self.per_method >= 1, "per_method", self.per_method, "a positive integer")
+        require(self.modes_multi >= 1, "modes_multi", self.modes_multi, "a positive integer")
+
+
+@dataclass
+class EvaluateConfig:
+    """``canonical_steps``: the symmetry-free form of the NS MMD column, applied in order;
+    ``max_in_memory_gb``: larger zoos are streamed from the store."""
+
+    canonical_steps: List[CanonicalStep] = field(
+        default_factory=lambda: [CanonicalStep.scale, CanonicalStep.sort, CanonicalStep.softmax]
+    )
+    max_in_memory_gb: float = 4.0
+
+    def __post_init__(self) -> None:
+        require(self.max_in_memory_gb > 0, "max_in_memory_gb", self.max_in_memory_gb, "a positive number")
+
+
+@dataclass
+class ExternalConfig:
+    """``method=external``: score a sample set produced elsewhere. ``path``: a safetensors file
+    ``{state-dict key: [S, ...]}``; ``name``: its row's method id; ``label``: its row name in the
+    tables (null = ``name``)."""
+
+    path: Optional[str] = None
+    name: str = "external"
+    label: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        ok = self.name.replace("-", "_").isidentifier() and self.name not in METHODS and self.name != "all"
+        require(ok, "name", self.name, f"a name of letters, digits, - and _ other than all, {', '.join(METHODS)}")
+
+
+@dataclass
+class DatasetConfig:
+    """ID dataset, its OOD set, where they live on disk, and whether training augments."""
+
+    name: DatasetName = MISSING
+    data_dir: str = "data"
+    download: bool = False
+    ood: DatasetName = MISSING
+    augment: bool = False
+
+
+@dataclass
+class LaplaceModelConfig:
+    """Which weights and Hessian structure Laplace uses on this model (appendix B)."""
+
+    subset_of_weights: SubsetOfWeights = SubsetOfWeights.all
+    hessian_structure: HessianStructure = HessianStructure.full
+
+
+@dataclass
+class ModelConfig:
+    """The architecture and the method settings that depend on it (appendix B).
+
+    ``cpu_native_conv``: PyTorch's native CPU convolution instead of oneDNN/NNPACK (several
+    times faster for OptuNet's tiny convolutions).
+    """
+
+    name: ModelName = MISSING
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+    dropout_p: float = 0.2
+    laplace: LaplaceModelConfig = field(default_factory=LaplaceModelConfig)
+    bnn_layers: BNNLayers = BNNLayers.all
+    cpu_native_conv: bool = False
+
+
+@dataclass
+class ClusterConfig:
+    """``parallel_jobs``: jobs sharing one machine (sets torch threads per job with ``threads=auto``)."""
+
+    name: str = "local"
+    parallel_jobs: int = 1
+
+    def __post_init__(self) -> None:
+        require(self.parallel_jobs >= 1, "parallel_jobs", self.parallel_jobs, "a positive integer")
+
+
+def _method_choice() -> type[Enum]:
+    names = ["all", *METHODS, "external"]
+    choice = Enum("MethodChoice", {name: name for name in names}, type=str)
+    choice.__doc__ = "What the sample stage runs: all methods, one of them, or an external sample set."
+    return choice
+
+
+def build_schema() -> type:
+    """The root config dataclass ``Config``, with one ``methods.<name>`` node per registered method.
+
+    Keys: ``experiment_name``; ``display_name`` (the experiment's name in the tables); ``stage``;
+    ``store`` (checkpoint store root: store/<experiment>/...); ``results`` (tables and figures:
+    results/<experiment>/...); ``device`` (auto | cpu | cuda | cuda:N); ``threads`` (torch threads
+    per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead of one-line
+    errors); ``method`` and ``mode`` (what the sample stage runs); then the nodes typed above,
+    ``train`` (the ``Recipe``) and ``methods``.
+    """
+    methods = make_dataclass(
+        "MethodsConfig", [(name, cls.Settings, field(default_factory=cls.Settings)) for name, cls in METHODS.items()]
+    )
+    method_choice = _method_choice()
+    defaults = ["_self_"] + [{f"methods@methods.{name}": name} for name in METHODS]  # schema values first
+    return make_dataclass("Config", [
+        ("defaults", List[Any], field(default_factory=lambda: list(defaults))),
+        ("experiment_name", str, MISSING),
+        ("display_name", str, MISSING),
+        ("stage", Stage, Stage.all),
+        ("store", str, "store"),
+        ("results", str, "results"),
+        ("device", str, "auto"),
+        ("threads", str, "auto"),
+        ("debug", bool, False),
+        ("method", method_choice, method_choice["all"]),
+        ("mode", ModeChoice, ModeChoice.both),
+        ("seeds", SeedsConfig, field(default_factory=SeedsConfig)),
+        ("zoo", ZooConfig, field(default_factory=ZooConfig)),
+        ("sample", SampleConfig, field(default_factory=SampleConfig)),
+        ("evaluate", EvaluateConfig, field(default_factory=EvaluateConfig)),
+        ("external", ExternalConfig, field(default_factory=ExternalConfig)),
+        ("dataset", DatasetConfig, field(default_factory=DatasetConfig)),
+        ("model", ModelConfig, field(default_factory=ModelConfig)),
+        ("train", Recipe, MISSING),
+        ("cluster", ClusterConfig, field(default_factory=ClusterConfig)),
+        ("methods", methods, field(default_factory=methods)),
+    ])
+
+
+def register_configs() -> None:
+    """Store the schema in Hydra's ConfigStore: the root ``base_config`` and ``methods/base_<name>``
+    for every registered method (``conf/methods/<name>.yaml`` lists it first in its defaults)."""
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=build_schema())
+    for name, cls in METHODS.items():
+        store.store(group="methods", name=f"base_{name}", node=cls.Settings)
+
+
+def resolve_config(cfg: DictConfig) -> Any:
+    """The composed config as typed objects (``Config`` with ``Recipe``, method settings ...).
+
+    Every dataclass node is converted innermost first, so a range violation (``SettingsError``)
+    or a missing value is reported as ``ConfigError`` with its full key.
+    """
+    for path, node in _dataclass_nodes(cfg, ""):
+        known = {f.name for f in dataclasses.fields(OmegaConf.get_type(node))}
+        unknown = [key for key in node.keys() if key not in known]
+        if unknown:  # a '+key=value' override opens the schema; refuse what it added
+            raise ConfigError(f"{path}.{unknown[0]}: not a key of {OmegaConf.get_type(node).__name__}; "
+                              f"expected one of {', '.join(sorted(known))}")
+        try:
+            OmegaConf.to_object(node)
+        except SettingsError as err:
+            raise ConfigError(f"{path}.{err}") from None
+        except OmegaConfBaseException as err:
+            raise ConfigError(one_line(err)) from None
+    return OmegaConf.to_object(cfg)
+
+
+def _dataclass_nodes(node: Any, path: str) -> list[tuple[str, DictConfig]]:
+    """``(dotted path, node)`` of every nested structured (dataclass) node, children before parents."""
+    out: list[tuple[str, DictConfig]] = []
+    if not isinstance(node, DictConfig):
+        return out
+    for key in node.keys():
+        if OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key):
+            continue
+        out += _dataclass_nodes(node._get_node(key), f"{path}.{key}" if path else str(key))
+    if path and dataclasses.is_dataclass(OmegaConf.get_type(node)):
+        out.append((path, node))
+    return out
+
+
+def one_line(err: BaseException) -> str:
+    """An OmegaConf/Hydra error as one line: ``full.key: message`` (their messages span lines
+    and append the key, the types and Hydra's search path)."""
+    cause = err
+    while cause.__cause__ is not None and isinstance(cause.__cause__, OmegaConfBaseException):
+        cause = cause.__cause__
+    text = str(getattr(cause, "msg", None) or cause)
+    text = text.split("\n    full_key:")[0].split("\nConfig search path:")[0]
+    text = text.replace("Available options in", "available options in")
+    message = " ".join(text.replace("\t", " ").split())
+    key = getattr(cause, "full_key", None)
+    return f"{key}: {message}" if key and not message.startswith(str(key)) else message
+
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def compose_config(overrides: Sequence[str] = (), config_dir: str = CONF_DIR) -> DictConfig:
+    """The project's config with command-line style ``overrides`` applied (Hydra's compose API),
+    as ``python -m benchmark`` would compose it (without the ``hydra`` node)."""
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
