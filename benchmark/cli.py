@@ -23,8 +23,8 @@ from benchmark.config import CONF_DIR, ConfigError, Stage, compose_config, one_l
 from benchmark.data import check_ood_pairing, get_dataset
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages import PIPELINE, STAGES
-from benchmark.stages.sample import load_external, prepare_units
-from methods import METHODS
+from benchmark.stages.sample import external_mode, load_external, prepare_units
+from methods import registry
 
 log = logging.getLogger("benchmark")
 MAX_CHECKED_SWEEP = 256  # sweep combinations composed up front; larger sweeps are checked by Hydra per job
@@ -49,6 +49,7 @@ def preflight(exp: Experiment, stages: Sequence[str]) -> None:
     if set(stages) & {"zoo", "sample"}:
         if config.method.value == "external":
             if "sample" in stages:
+                external_mode(exp)
                 load_external(exp)
         else:
             prepare_units(exp, check_bases="sample" in stages and "zoo" not in stages)
@@ -81,13 +82,12 @@ def _hydra_main(cfg: DictConfig) -> None:
 def check_command_line(argv: Sequence[str]) -> str | None:
     """Compose the config of every run the command line asks for; the first problem as one line.
 
-    Runs with Hydra's own flags other than ``-m`` are left to Hydra; ``hydra.*`` overrides are
-    Hydra's and not composed here.
+    Runs with Hydra's own flags other than ``-m`` are left to Hydra.
     """
     multirun = any(a in ("-m", "--multirun") for a in argv)
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return None
-    overrides = [a for a in argv if not a.startswith("-") and not a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
+    overrides = [a for a in argv if not a.startswith("-")]
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
         if multirun:
@@ -110,7 +110,7 @@ def _help(what: str) -> str:
     if what == "stages":
         return ", ".join([*PIPELINE, "all"])
     if what == "methods":
-        return ", ".join(f"{name} ({cls.label}: mode={'|'.join(cls.modes)})" for name, cls in METHODS.items())
+        return ", ".join(f"{name} ({cls.label}: mode={'|'.join(cls.modes)})" for name, cls in registry.METHODS.items())
     if what == "experiments":
         return ", ".join(sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")))
     raise ValueError(f"help: unknown entry {what!r}")

@@ -28,7 +28,7 @@ from benchmark.settings import SettingsError, require
 from benchmark.training import Recipe
 from methods.bayesian_layers import BNNLayers
 from methods.laplace import HessianStructure, SubsetOfWeights
-from methods.registry import METHODS
+from methods import registry
 from metrics.symmetries import STEPS
 
 MAX_SEED = 999_999
@@ -133,8 +133,8 @@ class ExternalConfig:
     label: Optional[str] = None
 
     def __post_init__(self) -> None:
-        ok = self.name.replace("-", "_").isidentifier() and self.name not in METHODS and self.name != "all"
-        require(ok, "name", self.name, f"a name of letters, digits, - and _ other than all, {', '.join(METHODS)}")
+        ok = self.name.replace("-", "_").isidentifier() and self.name not in registry.METHODS and self.name != "all"
+        require(ok, "name", self.name, f"a name of letters, digits, - and _ other than all, {', '.join(registry.METHODS)}")
 
 
 @dataclass
@@ -184,7 +184,7 @@ class ClusterConfig:
 
 
 def _method_choice() -> type[Enum]:
-    names = ["all", *METHODS, "external"]
+    names = ["all", *registry.METHODS, "external"]
     choice = Enum("MethodChoice", {name: name for name in names}, type=str)
     choice.__doc__ = "What the sample stage runs: all methods, one of them, or an external sample set."
     return choice
@@ -201,10 +201,10 @@ def build_schema() -> type:
     ``train`` (the ``Recipe``) and ``methods``.
     """
     methods = make_dataclass(
-        "MethodsConfig", [(name, cls.Settings, field(default_factory=cls.Settings)) for name, cls in METHODS.items()]
+        "MethodsConfig", [(name, cls.Settings, field(default_factory=cls.Settings)) for name, cls in registry.METHODS.items()]
     )
     method_choice = _method_choice()
-    defaults = ["_self_"] + [{f"methods@methods.{name}": name} for name in METHODS]  # schema values first
+    defaults = ["_self_"] + [{f"methods@methods.{name}": name} for name in registry.METHODS]  # schema values first
     return make_dataclass("Config", [
         ("defaults", List[Any], field(default_factory=lambda: list(defaults))),
         ("experiment_name", str, MISSING),
@@ -235,7 +235,7 @@ def register_configs() -> None:
     for every registered method (``conf/methods/<name>.yaml`` lists it first in its defaults)."""
     store = ConfigStore.instance()
     store.store(name="base_config", node=build_schema())
-    for name, cls in METHODS.items():
+    for name, cls in registry.METHODS.items():
         store.store(group="methods", name=f"base_{name}", node=cls.Settings)
 
 

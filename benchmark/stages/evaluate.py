@@ -37,7 +37,7 @@ from benchmark.store import (
     unstack,
     validate_tensors,
 )
-from methods import MODES, METHODS
+from methods import MODES, method_class, method_names
 from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import canonicalize, spec_for_model
@@ -59,7 +59,8 @@ def available_rows(exp: Experiment) -> list[tuple[str, str]]:
         method, _, mode = path.stem.rpartition("_")
         if mode in MODES and method and store.preds_path(method, mode).is_file():
             found.add((method, mode))
-    order = list(METHODS) + sorted({m for m, _ in found} - set(METHODS))
+    registered = list(method_names())
+    order = registered + sorted({m for m, _ in found} - set(registered))
     return sorted(found, key=lambda row: (order.index(row[0]), MODES.index(row[1])))
 
 
@@ -182,7 +183,7 @@ def evaluate_row(exp: Experiment, ref: Reference, method: str, mode: str) -> dic
             raise StoreError(f"{path}: holds samples of experiment {meta.get('experiment')!r}, expected {exp.name!r}; "
                              f"the store holds: {describe_store(exp)}")
         metas.append(meta)
-    label = metas[0].get("label") or (METHODS[method].label if method in METHODS else method)
+    label = metas[0].get("label") or (method_class(method).label if method in method_names() else method)
     row: dict[str, Any] = {"experiment": exp.name, "experiment_label": exp.display_name, "method": method,
                            "method_label": label, "mode": mode, "status": "ok", "reason": ""}
     try:

@@ -337,7 +337,7 @@ def run_external(exp: Experiment) -> SampleSummary:
         "config_hash": exp.config_hash, "versions": library_versions(),
     }
     expected = {k: str(metadata[k]) if isinstance(metadata[k], str) else json.dumps(metadata[k])
-                for k in ("method", "mode", "experiment", "source", "source_size")}
+                for k in ("method", "label", "mode", "experiment", "source", "source_size")}
     summary = SampleSummary()
     key = f"{external.name}/{mode}"
     if stored_problem(exp, external.name, mode, expected) is None:

@@ -1,0 +1,107 @@
+"""The command line: help, one-line refusals of bad values (sweeps too), and the checks that
+refuse a configuration that cannot run before any work starts."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from benchmark.cli import check_command_line, preflight, run, stages_of
+from benchmark.config import Stage
+from benchmark.data import DatasetNotFoundError
+from benchmark.experiment import Experiment
+from methods import MethodConfigError, method_names
+from tests.benchmark.data import formats
+from tests.conftest import REPO, TINY_TRAIN, compose_config
+
+
+@pytest.mark.slow
+def test_help_introduces_the_suite():
+    out = subprocess.run([sys.executable, "-m", "benchmark", "--help"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.startswith("posterior-bench:") and "powered by Hydra" not in out
+    assert "zoo, sample, evaluate, report, all" in out
+    assert "cifar100_resnet18, digits_optunet, mnist_optunet, tinyimagenet_resnet18" in out
+    assert all(f"{name} (" in out for name in method_names()) and "Deep Ensembles: mode=multi" in out
+    assert out.count("python -m benchmark") >= 3
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, all]"),
+        (["methods.swag.scale=abc"], "methods.swag.scale: Value 'abc' of type 'str' could not be converted to Float"),
+        (["methods.swag.scale=-1"], "methods.swag.scale=-1.0: expected a number >= 0"),
+        (["methods.swag.pork=1"], "methods.swag.pork: Key 'pork' not in 'SWAGSettings'"),
+        (["mode=two"], "mode: Invalid value 'two', expected one of [both, one, multi]"),
+        (["experiment=cifar10"], "In 'config': Could not find 'experiment/cifar10' available options in 'experiment': "
+                                 "cifar100_resnet18 digits_optunet mnist_optunet tinyimagenet_resnet18"),
+        (["seeds.heldout=[100,300]"], "seeds.reference=[0, 280] and seeds.heldout=[100, 300] overlap"),
+        (["-m", "method=swag,mcmc"], "method: Invalid value 'mcmc', expected one of [all, dropout, bnn"),
+        (["-m", "zoo.num_shards=2", "zoo.shard=range(3)"], "zoo.shard=2: expected an integer in [0, num_shards=2)"),
+    ],
+)
+def test_bad_values_are_refused_in_one_line(argv, message):
+    problem = check_command_line(argv)
+    assert problem.startswith(message) and "\n" not in problem
+
+
+def test_good_command_lines_pass():
+    assert check_command_line(["stage=sample", "method=swag", "mode=one", "methods.swag.scale=0.5"]) is None
+    assert check_command_line(["-m", "stage=zoo", "zoo.num_shards=2", "zoo.shard=range(2)", "hydra.launcher.n_jobs=2"]) is None
+    assert check_command_line(["--cfg", "job"]) is None  # Hydra's own flags are Hydra's
+
+
+@pytest.mark.slow
+def test_the_cli_exits_with_the_one_line_error_before_hydra_starts(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "benchmark", "methods.laplace.hessian_structure=lowrank"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "posterior-bench: error: methods.laplace.hessian_structure: Invalid value 'lowrank', "
+        "expected one of [full, kron, diag]"]
+
+
+def test_stage_all_is_the_pipeline_in_order():
+    assert stages_of(Stage.all) == ("zoo", "sample", "evaluate", "report")
+    assert stages_of(Stage.evaluate) == ("evaluate",)
+
+
+def _nothing_written(root):
+    return not any(p.is_file() for p in root.rglob("*")) if root.exists() else True
+
+
+def test_an_ood_set_that_cannot_pair_is_refused_before_training(tmp_path):
+    cfg = compose_config(["experiment=mnist_optunet", "dataset.ood=digits_ood", f"store={tmp_path / 'store'}", "stage=zoo"])
+    with pytest.raises(ValueError, match="dataset.ood=digits_ood: cannot serve as OOD set of 'mnist'"):
+        run(cfg)
+    assert _nothing_written(tmp_path / "store")
+
+
+def test_a_missing_ood_dataset_is_refused_before_training(tmp_path):
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (4, 28, 28), dtype=np.uint8), np.arange(4, dtype=np.uint8)
+    formats.write_mnist_like(tmp_path / "data", "MNIST", {"train": (images, labels), "t10k": (images, labels)})
+    cfg = compose_config(["experiment=mnist_optunet", f"dataset.data_dir={tmp_path / 'data'}",
+                          f"store={tmp_path / 'store'}", "stage=zoo"])
+    with pytest.raises(DatasetNotFoundError, match="dataset 'fashionmnist' not found.*FashionMNIST/raw"):
+        run(cfg)
+    assert _nothing_written(tmp_path / "store")
+
+
+def test_a_method_the_sample_stage_would_refuse_stops_the_zoo_before_training(tmp_path):
+    cfg = compose_config([*TINY_TRAIN, f"store={tmp_path / 'store'}", "stage=zoo", "model=resnet18",
+                          "model.laplace.subset_of_weights=all", "model.laplace.hessian_structure=full"])
+    with pytest.raises(MethodConfigError, match="laplace/one: method=laplace on CifarResNet18 with subset_of_weights=all"):
+        run(cfg)
+    assert _nothing_written(tmp_path / "store")
+
+
+def test_the_sample_stage_alone_checks_its_bases_first(tmp_path):
+    from benchmark.stages.sample import MissingBasesError
+
+    exp = Experiment(compose_config([f"store={tmp_path / 'store'}", "stage=sample", "method=swag"]))
+    with pytest.raises(MissingBasesError, match=r"\d+ converged held-out base checkpoints needed, 0 found"):
+        preflight(exp, ("sample",))
+    preflight(exp, ("zoo", "sample"))  # with the zoo stage first, the bases will be there
