@@ -139,13 +139,20 @@ class ExternalConfig:
 
 @dataclass
 class DatasetConfig:
-    """ID dataset, its OOD set, where they live on disk, and whether training augments."""
+    """ID dataset, its OOD set, where they live on disk, and whether training augments.
+    ``validation_fraction``: the part of the train split held out (stratified, fixed seed) to
+    judge the recipe's convergence rule on; 0 = train on all of it (needs no rule)."""
 
     name: DatasetName = MISSING
     data_dir: str = "data"
     download: bool = False
     ood: DatasetName = MISSING
     augment: bool = False
+    validation_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        require(0.0 <= self.validation_fraction < 0.5, "validation_fraction", self.validation_fraction,
+                "a fraction in [0, 0.5)")
 
 
 @dataclass

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from benchmark.config import MAX_SEED, ConfigError, resolve_config
-from benchmark.data import DatasetInfo, as_tensors, dataset_info, get_dataset, get_ood_dataset
+from benchmark.data import DatasetInfo, TrainSplit, as_tensors, dataset_info, get_dataset, get_ood_dataset, get_train_split
 from benchmark.models import build_model
 from benchmark.store import ExperimentStore
 from benchmark.training import Recipe, TrainingData
@@ -122,6 +122,12 @@ class Experiment:
     def __init__(self, cfg: DictConfig | Any) -> None:
         self.config = resolve_config(cfg) if isinstance(cfg, DictConfig) else cfg
         self.reference, self.heldout = seed_ranges(self.config.seeds)
+        if self.config.train.fail_rule.active and self.config.dataset.validation_fraction == 0:
+            raise ConfigError(
+                f"train.fail_rule={{epoch: {self.config.train.fail_rule.epoch}, min_accuracy: "
+                f"{self.config.train.fail_rule.min_accuracy}}} needs held-out data to be judged on: set "
+                "dataset.validation_fraction > 0 (never the test set)"
+            )
 
     @property
     def name(self) -> str:
@@ -197,14 +203,27 @@ class Experiment:
         return str(dataset.data_dir), bool(dataset.download)
 
     @cached_property
+    def train_split(self) -> TrainSplit:
+        """The official train split less ``dataset.validation_fraction`` of it held out."""
+        dataset = self.config.dataset
+        return get_train_split(self.info.name, *self._location(), augment=bool(dataset.augment),
+                               validation_fraction=float(dataset.validation_fraction))
+
+    @property
     def train_set(self):
-        """The training stream (augmented as ``dataset.augment`` says)."""
-        return get_dataset(self.info.name, "train", *self._location(), augment=bool(self.config.dataset.augment))
+        """The training stream (augmented as ``dataset.augment`` says), without the validation part."""
+        return self.train_split.train
 
     @cached_property
     def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Un-augmented train split in memory (reported train accuracy, Laplace and SGHMC)."""
-        return as_tensors(get_dataset(self.info.name, "train", *self._location(), augment=False))
+        """The training images un-augmented, in memory (reported train accuracy, Laplace and SGHMC)."""
+        return as_tensors(self.train_split.train_plain)
+
+    @cached_property
+    def validation_tensors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The held-out validation part of the train split in memory (None when there is none)."""
+        validation = self.train_split.validation
+        return None if validation is None else as_tensors(validation)
 
     @cached_property
     def test_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,8 +242,8 @@ class Experiment:
 
     @property
     def training_data(self) -> TrainingData:
-        """What the zoo and the methods train on; the convergence rule is judged on ``check``."""
-        return TrainingData(train=self.train_set, train_tensors=self.train_tensors, check=self.test_tensors)
+        """What the zoo and the methods train on; the convergence rule is judged on the validation part."""
+        return TrainingData(train=self.train_set, train_tensors=self.train_tensors, check=self.validation_tensors)
 
     def method_settings(self, name: str) -> Any:
         """The typed settings of method ``name`` (``methods.<name>``)."""

@@ -131,7 +131,7 @@ class BNNMethod(PosteriorMethod):
             )
         if result.failure:
             raise MethodFitError(f"{where}: {result.failure}")
-        log.info("%s: test accuracy of one draw %.3f after %d epochs", where, result.test_accuracy, result.epochs_run)
+        log.info("%s: validation accuracy of one draw %.3f after %d epochs", where, result.check_accuracy, result.epochs_run)
         self._net = net
 
     @property

@@ -2,17 +2,19 @@
 
 From the base checkpoint, training continues for ``epochs_factor`` x the recipe's epochs with
 a learning rate ramped linearly (over ``ramp_fraction`` of the run) from the recipe's final
-rate up to the constant ``lr``; ``snapshots`` parameter vectors are collected evenly over the
-second half (appendix B). With the snapshots' running mean ``theta_SWA``, diagonal variance
-``Sigma_diag = mean(theta^2) - theta_SWA^2`` and deviation matrix ``D`` (the last ``rank``
-columns ``theta_i - theta_SWA,i``, K of them), a sample is the SWAG paper's
+rate up to the constant ``lr``; ``snapshots`` parameter vectors are collected, evenly over the
+second half of the run or ``snapshot_interval_epochs`` apart up to its end (appendix B). With
+the snapshots' running mean ``theta_SWA``, diagonal variance ``Sigma_diag = mean(theta^2) -
+theta_SWA^2`` and deviation matrix ``D`` (the last ``rank`` columns ``theta_i - theta_SWA,i``,
+K of them), a sample is what the SWAG authors' code draws (``SWAG.sample(scale, cov=True)``),
+which the paper used with scale 0.1:
 
-    theta = theta_SWA + sqrt(scale) * (Sigma_diag^(1/2) z1 / sqrt(2) + D z2 / sqrt(2 (K - 1)))
+    theta = theta_SWA + sqrt(scale) * (Sigma_diag^(1/2) z1 + D z2 / sqrt(K - 1))
 
-so ``Cov = scale * (Sigma_diag + D D^T / (K - 1)) / 2`` (``scale`` multiplies the covariance as
-in the reference code's ``scale``; its code omits the two 1/sqrt(2), so our scale s equals
-its scale s/2). BatchNorm statistics of each sample are recomputed with a pass over training
-data (``bn_update``); models without BatchNorm skip it.
+so ``Cov = scale * (Sigma_diag + D D^T / (K - 1))``. (The SWAG paper's text writes the two terms
+with 1/sqrt(2) each; the authors' code, and hence the paper we reproduce, has no factor 1/2.)
+BatchNorm statistics of each sample are recomputed with a pass over training data
+(``bn_update``); models without BatchNorm skip it.
 """
 from __future__ import annotations
 
@@ -76,13 +78,13 @@ def swag_draw(mean: torch.Tensor, std: torch.Tensor, deviations: torch.Tensor, s
               generator: torch.Generator) -> torch.Tensor:
     """One SWAG sample ``[P]`` in ``mean``'s dtype (see module doc) from ``theta_SWA`` ``mean`` ``[P]``,
     ``Sigma_diag^(1/2)`` ``std`` ``[P]`` and ``D`` ``deviations`` ``[P, K]``; z1 ``[P]`` then z2 ``[K]``
-    are drawn from ``generator``."""
+    are drawn from ``generator``. Its covariance is ``scale * (diag(std^2) + D D^T / (K - 1))``."""
     k = deviations.shape[1]
     if k < 2:
         raise MethodConfigError(f"method=swag: the low-rank term needs at least 2 snapshots, got {k}")
     z1 = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
     z2 = torch.randn(k, generator=generator, dtype=mean.dtype)
-    return mean + math.sqrt(scale) * (std * z1 / math.sqrt(2.0) + deviations @ z2 / math.sqrt(2.0 * (k - 1)))
+    return mean + math.sqrt(scale) * (std * z1 + deviations @ z2 / math.sqrt(k - 1))
 
 
 @dataclass(frozen=True)
@@ -109,16 +111,21 @@ class SWAGSettings(MethodSettings):
     ``epochs_factor``: SWAG run length in units of the recipe's epochs (paper: twice).
     ``lr``: the constant high learning rate (null = the recipe's initial ``lr``).
     ``ramp_fraction``: fraction of the run spent ramping linearly from the recipe's final rate
-    up to ``lr``. ``snapshots``: collected evenly over the second half of the run (paper: 20).
+    up to ``lr``. ``snapshots``: parameter vectors collected (paper: 20).
+    ``snapshot_interval_epochs``: epochs between snapshots, the last at the end of the run;
+    null = evenly over the run's second half. (The paper writes "20 models with 10-epoch
+    intervals" within a run twice the recipe; for MNIST, 20 x 10 = 200 epochs do not fit in 120,
+    so the three cannot all hold: by default we keep the run length and the 20 snapshots.)
     ``rank``: deviation columns kept (paper: 20). ``scale``: multiplies the covariance
-    (paper: 0.1). ``bn_update_batches``: train batches per draw for the BatchNorm statistics
-    (null = one epoch; a no-op without BatchNorm).
+    (paper: 0.1, the authors' code's ``scale``). ``bn_update_batches``: train batches per draw
+    for the BatchNorm statistics (null = one epoch; a no-op without BatchNorm).
     """
 
     epochs_factor: int = 2
     lr: Optional[float] = None
     ramp_fraction: float = 0.25
     snapshots: int = 20
+    snapshot_interval_epochs: Optional[float] = None
     rank: int = 20
     scale: float = 0.1
     bn_update_batches: Optional[int] = None
@@ -128,6 +135,8 @@ class SWAGSettings(MethodSettings):
         require(self.lr is None or self.lr > 0, "lr", self.lr, "a positive number or null (= train.lr)")
         require(0.0 <= self.ramp_fraction <= 0.5, "ramp_fraction", self.ramp_fraction, "a number in [0, 0.5]")
         require(self.snapshots >= 2, "snapshots", self.snapshots, "an integer >= 2")
+        require(self.snapshot_interval_epochs is None or self.snapshot_interval_epochs > 0, "snapshot_interval_epochs",
+                self.snapshot_interval_epochs, "a positive number of epochs or null (= evenly over the second half)")
         require(self.rank >= 2, "rank", self.rank, "an integer >= 2")
         require(self.scale >= 0.0, "scale", self.scale, "a number >= 0")
         require(self.bn_update_batches is None or self.bn_update_batches >= 1, "bn_update_batches",
@@ -153,16 +162,27 @@ class SWAGMethod(PosteriorMethod):
         s, recipe = self.settings, self.recipe
         epochs = recipe.epochs * s.epochs_factor
         lr_high = recipe.lr if s.lr is None else s.lr
-        total = epochs * math.ceil(len(self.data.train) / recipe.batch_size)
-        half = total // 2
-        if s.snapshots > total - half:
-            raise MethodConfigError(
-                f"methods.swag.snapshots={s.snapshots}: the second half of the SWAG run has only {total - half} steps; "
-                f"lower it or raise methods.swag.epochs_factor"
-            )
-        steps = frozenset(half + round((i + 1) * (total - half) / s.snapshots) for i in range(s.snapshots))
-        return SwagSchedule(total, max(1, round(s.ramp_fraction * total)), learning_rate(recipe, recipe.epochs - 1),
-                            float(lr_high), steps)
+        steps_per_epoch = math.ceil(len(self.data.train) / recipe.batch_size)
+        total = epochs * steps_per_epoch
+        ramp = max(1, round(s.ramp_fraction * total))
+        if s.snapshot_interval_epochs is None:
+            half = total // 2
+            if s.snapshots > total - half:
+                raise MethodConfigError(
+                    f"methods.swag.snapshots={s.snapshots}: the second half of the SWAG run has only {total - half} "
+                    f"steps; lower it or raise methods.swag.epochs_factor"
+                )
+            steps = frozenset(half + round((i + 1) * (total - half) / s.snapshots) for i in range(s.snapshots))
+        else:
+            interval = s.snapshot_interval_epochs * steps_per_epoch
+            steps = frozenset(total - round(i * interval) for i in range(s.snapshots))
+            if len(steps) < s.snapshots or min(steps) <= ramp:
+                raise MethodConfigError(
+                    f"methods.swag.snapshot_interval_epochs={s.snapshot_interval_epochs}: {s.snapshots} snapshots that "
+                    f"far apart do not fit after the {ramp}-step ramp of the {total}-step run; raise "
+                    f"methods.swag.epochs_factor or lower the interval or methods.swag.snapshots"
+                )
+        return SwagSchedule(total, ramp, learning_rate(recipe, recipe.epochs - 1), float(lr_high), steps)
 
     def check(self, mode: str) -> None:
         super().check(mode)

@@ -8,7 +8,9 @@
 from benchmark.data.errors import DatasetNotFoundError
 from benchmark.data.in_memory import InMemoryImageDataset, random_crop
 from benchmark.data.info import DATASET_NAMES, DatasetInfo, dataset_info
-from benchmark.data.loading import check_ood_pairing, get_dataset, get_ood_dataset
+from benchmark.data.loading import (
+    TrainSplit, check_ood_pairing, get_dataset, get_ood_dataset, get_train_split, stratified_split,
+)
 from benchmark.data.materialise import as_tensors
 
 __all__ = [
@@ -18,6 +20,9 @@ __all__ = [
     "InMemoryImageDataset",
     "as_tensors",
     "check_ood_pairing",
+    "get_train_split",
+    "stratified_split",
+    "TrainSplit",
     "dataset_info",
     "get_dataset",
     "get_ood_dataset",

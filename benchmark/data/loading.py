@@ -1,6 +1,7 @@
 """``get_dataset`` / ``get_ood_dataset``: every dataset of the suite, processed as the paper does."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ _VARIABLE_SIZE = frozenset({"dtd"})
 # The paper keeps "a fixed set of 10,000" SVHN test images as OOD set (appendix B.3.2).
 OOD_MAX_ITEMS = {"svhn": 10_000}
 OOD_SUBSET_SEED = 0
+VALIDATION_SEED = 0
 
 
 def get_dataset(
@@ -44,6 +46,65 @@ def get_dataset(
     else:
         transform = eval_transform(info, resize=name in _VARIABLE_SIZE)
     return open_on_disk(name, split, data_dir, download, transform)
+
+
+@dataclass(frozen=True)
+class TrainSplit:
+    """The official train split of a dataset, less a held-out validation part: ``train`` (augmented
+    as asked), ``train_plain`` (the same images un-augmented) and ``validation`` (un-augmented;
+    None when no validation part is carved)."""
+
+    train: Dataset
+    train_plain: Dataset
+    validation: Dataset | None
+
+
+def get_train_split(
+    name: str, data_dir: str | Path, download: bool = False, augment: bool = False, validation_fraction: float = 0.0,
+) -> TrainSplit:
+    """Dataset ``name``'s train split with a stratified ``validation_fraction`` of it held out
+    (per class, ``round(fraction * class size)`` images drawn with a fixed seed), so that a
+    convergence rule is never judged on the test set nor on training images."""
+    if not 0.0 <= validation_fraction < 1.0:
+        raise ValueError(f"dataset.validation_fraction={validation_fraction}: expected a fraction in [0, 1)")
+    train = get_dataset(name, "train", data_dir, download, augment=augment)
+    plain = get_dataset(name, "train", data_dir, download, augment=False) if augment else train
+    if validation_fraction == 0.0:
+        return TrainSplit(train, plain, None)
+    train_idx, val_idx = stratified_split(dataset_labels(plain), validation_fraction)
+    return TrainSplit(subset(train, train_idx), subset(plain, train_idx), subset(plain, val_idx))
+
+
+def dataset_labels(dataset: Dataset) -> torch.Tensor:
+    """Labels ``[N]`` of a dataset without loading its images (in-memory or torchvision ``targets``)."""
+    if isinstance(dataset, InMemoryImageDataset):
+        return dataset.labels
+    targets = getattr(dataset, "targets", None)
+    if targets is None:
+        raise ValueError(f"{type(dataset).__name__}: no labels to stratify a validation split on (no .targets)")
+    return torch.as_tensor(targets, dtype=torch.int64)
+
+
+def stratified_split(labels: torch.Tensor, fraction: float, seed: int = VALIDATION_SEED) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(kept indices, held-out indices)``, both sorted: per class, ``round(fraction * count)``
+    indices drawn at random with ``seed`` are held out."""
+    generator = torch.Generator().manual_seed(seed)
+    held = []
+    for label in torch.unique(labels).tolist():
+        members = torch.nonzero(labels == label).flatten()
+        chosen = members[torch.randperm(len(members), generator=generator)[: round(fraction * len(members))]]
+        held.append(chosen)
+    held_out = torch.cat(held).sort().values
+    mask = torch.ones(len(labels), dtype=torch.bool)
+    mask[held_out] = False
+    return torch.nonzero(mask).flatten(), held_out
+
+
+def subset(dataset: Dataset, indices: torch.Tensor) -> Dataset:
+    """The items ``indices`` of ``dataset``; an in-memory dataset stays in memory (fast batches)."""
+    if isinstance(dataset, InMemoryImageDataset):
+        return InMemoryImageDataset(dataset.images[indices], dataset.labels[indices], dataset.augment_padding, dataset.fill)
+    return Subset(dataset, indices.tolist())
 
 
 def get_ood_dataset(ood_name: str, id_name: str, data_dir: str | Path, download: bool = False) -> Dataset:

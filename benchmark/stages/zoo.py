@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from benchmark.config import ZooRange
 from benchmark.experiment import Experiment, SeedRange, library_versions
 from benchmark.store import metadata_float, read_metadata, save_checkpoint, seed_name, try_lock
-from benchmark.training import NonFiniteError, TrainResult, seeded, train_network
+from benchmark.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +71,19 @@ def train_seed(exp: Experiment, seed: int, role: str = "zoo") -> TrainResult:
 
 
 def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: str) -> dict[str, object]:
-    """Metadata stored with every trained checkpoint."""
+    """Metadata stored with every trained checkpoint (accuracies as fractions: train, validation
+    (the convergence rule's held-out data, NaN without one) and test)."""
+    with seeded(seed):  # building a model draws from the global RNG; leave it as it was
+        model = exp.model().to(exp.device)
+    model.load_state_dict(result.state_dict)
     return {
         "seed": seed,
         "experiment": exp.name,
         "role": role,
         "config_hash": exp.config_hash,
         "train_accuracy": result.train_accuracy,
-        "test_accuracy": result.test_accuracy,
+        "validation_accuracy": result.check_accuracy,
+        "test_accuracy": accuracy(model, *exp.test_tensors),
         "epochs": result.epochs_run,
         "versions": library_versions(),
     }
@@ -122,7 +127,7 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
                 summary.diverged[seed] = str(err)
                 continue
             if result.failure:
-                store.record_failure(seed, {"reason": result.failure, "check_accuracy": result.test_accuracy,
+                store.record_failure(seed, {"reason": result.failure, "validation_accuracy": result.check_accuracy,
                                             "epoch": result.epochs_run, "config_hash": exp.config_hash})
                 summary.failed.append(seed)
             else:

@@ -33,13 +33,14 @@ class TrainingData:
 
     ``train``: the training stream (``(image [C, H, W], label)`` items, augmented as the
     experiment says); ``train_tensors``: the same split un-augmented in memory ``(images
-    [N, C, H, W], labels [N])`` (the data a posterior conditions on); ``check``: the
-    held-out ``(images, labels)`` of the recipe's non-convergence rule and reported accuracy.
+    [N, C, H, W], labels [N])`` (the data a posterior conditions on); ``check``: the held-out
+    validation ``(images, labels)`` (carved from the official train split, never the test set)
+    on which the recipe's non-convergence rule is judged; None when the experiment has none.
     """
 
     train: Dataset
     train_tensors: Tensors
-    check: Tensors
+    check: Tensors | None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -49,11 +50,12 @@ class TrainingData:
 
 @dataclass
 class TrainResult:
-    """Outcome of one training: final weights, accuracies (fractions), and failure reason if any."""
+    """Outcome of one training: final weights, accuracies (fractions: on the un-augmented train
+    data and on the held-out ``check`` data, NaN when not measured), and failure reason if any."""
 
     state_dict: dict[str, torch.Tensor]
     train_accuracy: float
-    test_accuracy: float
+    check_accuracy: float
     epochs_run: int
     failure: str | None = None
     history: list[dict[str, float]] = field(default_factory=list)
@@ -166,7 +168,7 @@ def train_epoch(
 def train_network(
     model: nn.Module,
     train_set: Dataset,
-    check_set: Tensors,
+    check_set: Tensors | None,
     recipe: Recipe,
     seed: int,
     where: str = "training",
@@ -176,12 +178,15 @@ def train_network(
     """Train ``model`` in place with ``recipe``; data order drawn from ``seed``.
 
     ``check_set`` ``(images [N, ...], labels [N])`` is the held-out set for the recipe's
-    non-convergence rule and the reported test accuracy; ``train_eval`` (optional) the same
-    for the reported train accuracy. A run below ``recipe.fail_rule.min_accuracy`` after
+    non-convergence rule and the reported check accuracy (None: no rule can be judged; an
+    active rule then raises ValueError); ``train_eval`` (optional) the same for the reported
+    train accuracy. A run below ``recipe.fail_rule.min_accuracy`` after
     ``fail_rule.epoch`` epochs stops early, and one that ends below it is also failed; both
     return with ``failure`` set.
     NaN/Inf raises ``NonFiniteError`` (nothing to store).
     """
+    if check_set is None and recipe.fail_rule.active:
+        raise ValueError(f"{where}: the recipe's convergence rule needs held-out data; set dataset.validation_fraction > 0")
     generator = torch.Generator().manual_seed(seed)
     optimizer = make_optimizer(model.parameters(), recipe)
     history = []
@@ -201,13 +206,13 @@ def train_network(
                 return TrainResult(_cpu_state(model), math.nan, acc, epoch + 1, failure=reason, history=history)
         else:
             history.append(record)
-    test_acc = accuracy(model, *check_set)
+    check_acc = accuracy(model, *check_set) if check_set is not None else math.nan
     train_acc = accuracy(model, *train_eval) if train_eval is not None else math.nan
     failure = None
-    if recipe.fail_rule.active and test_acc < recipe.fail_rule.min_accuracy:
+    if recipe.fail_rule.active and check_acc < recipe.fail_rule.min_accuracy:
         # Passed the early check, then collapsed (e.g. every ReLU died later): same threshold.
-        failure = f"held-out accuracy {test_acc:.3f} < {recipe.fail_rule.min_accuracy} at the end of training (collapsed)"
-    return TrainResult(_cpu_state(model), train_acc, test_acc, recipe.epochs, failure=failure, history=history)
+        failure = f"held-out accuracy {check_acc:.3f} < {recipe.fail_rule.min_accuracy} at the end of training (collapsed)"
+    return TrainResult(_cpu_state(model), train_acc, check_acc, recipe.epochs, failure=failure, history=history)
 
 
 def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -19,10 +19,12 @@ from metrics.mmd.permutation_test import (
 )
 from metrics.mmd.sources import ColumnSource, InMemorySource, Source, as_column_source, zip_column_blocks
 from metrics.mmd.statistic import KERNELS, iter_kernel_matrices, kernel_matrix, u_statistics
-from metrics.mmd.table import LayerMMD, MMDResult, layer_mmd, layer_mmd_from_distances, mmd, tabulate
+from metrics.mmd.table import (
+    LayerMMD, MMDResult, ReferenceResampling, layer_mmd, layer_mmd_from_distances, mmd, summarize, tabulate,
+)
 
 __all__ = [
-    "mmd", "MMDResult", "LayerMMD", "layer_mmd", "layer_mmd_from_distances", "tabulate", "Source", "ColumnSource",
+    "mmd", "MMDResult", "LayerMMD", "ReferenceResampling", "summarize", "layer_mmd", "layer_mmd_from_distances", "tabulate", "Source", "ColumnSource",
     "InMemorySource", "as_column_source", "zip_column_blocks", "bandwidth_grid", "DistanceAccumulator",
     "PairwiseDistances", "pairwise_distances", "split_columns", "MMDInputError", "check_comparable_shapes",
     "group_layers", "layer_name", "AggregatedTestResult", "PermutationTestConfig", "aggregate_decision",

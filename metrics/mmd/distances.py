@@ -35,6 +35,12 @@ class PairwiseDistances:
     n: int
     n_params: int
 
+    def subset_x(self, rows: torch.Tensor) -> "PairwiseDistances":
+        """The distances of Z' = [X[rows]; Y]: a sub-sample of the reference, Y kept whole."""
+        index = torch.cat([rows.to(self.l1.device), torch.arange(self.m, self.m + self.n, device=self.l1.device)])
+        pick = lambda matrix: matrix.index_select(0, index).index_select(1, index)  # noqa: E731
+        return PairwiseDistances(pick(self.l1), pick(self.l2), len(rows), self.n, self.n_params)
+
     def cross(self, which: str, max_rows: int) -> torch.Tensor:
         """Distances between the first ``max_rows`` rows of X and of Y, flattened: ``[<=500*500]``."""
         matrix = {"l1": self.l1, "l2": self.l2}[which]

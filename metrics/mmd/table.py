@@ -26,10 +26,17 @@ MAX_BANDWIDTH_ROWS = 500
 SUMMARIES = ("median", "mean", "max")
 
 
+def summarize(values: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Median (mean of the two middle values), mean and max over the last axis of ``values [..., 20]``."""
+    return {"median": torch.quantile(values, 0.5, dim=-1), "mean": values.mean(-1), "max": values.max(-1).values}
+
+
 @dataclass(frozen=True)
 class LayerMMD:
     """MMD of one layer. ``values [20]`` float64: Laplace bandwidths 0..9 then Gaussian 0..9
-    (MMD^2 U-statistics, unitless); ``bandwidths``: ``{kernel: [10]}`` in distance units."""
+    (MMD^2 U-statistics, unitless); ``bandwidths``: ``{kernel: [10]}`` in distance units.
+    ``resampled [B, 20]``: the same values with the reference replaced by B random halves of
+    itself (drawn without replacement; empty when no resampling was asked)."""
 
     layer: str
     n_params: int
@@ -38,37 +45,32 @@ class LayerMMD:
     bandwidths: dict[str, torch.Tensor]
     values: torch.Tensor
     test: AggregatedTestResult | None = None
+    resampled: torch.Tensor = field(default_factory=lambda: torch.empty(0, 20, dtype=torch.float64))
 
     def summary(self) -> dict[str, float]:
         """Median (mean of the two middle values), mean and max of the 20 values."""
-        return {
-            "median": float(torch.quantile(self.values, 0.5)),
-            "mean": float(self.values.mean()),
-            "max": float(self.values.max()),
-        }
+        return {name: float(value) for name, value in summarize(self.values).items()}
 
 
 @dataclass(frozen=True)
 class MMDResult:
     """``per_kernel``: one row per (layer, kernel, bandwidth); ``per_layer``: median/mean/max per
-    layer; ``aggregate``: ``{median, mean, max}`` weighted by ``n_params`` over layers."""
+    layer; ``aggregate``: ``{median, mean, max}`` weighted by ``n_params`` over layers.
+    ``resampled``: the aggregate of each reference half-sample, ``{median, mean, max}: [B]``
+    (their spread estimates the standard error due to the finite reference: a half-sample drawn
+    without replacement has the variance of the full-sample mean); ``reject_fraction``: the
+    fraction of layers whose MMDAgg test rejects "same distribution" (NaN without a test)."""
 
     per_kernel: pd.DataFrame
     per_layer: pd.DataFrame
     aggregate: dict[str, float]
     layers: list[LayerMMD] = field(repr=False)
+    resampled: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    reject_fraction: float = float("nan")
 
 
-def layer_mmd_from_distances(
-    distances: PairwiseDistances,
-    layer: str = "layer",
-    *,
-    max_bandwidth_rows: int = MAX_BANDWIDTH_ROWS,
-    permutation_test: PermutationTestConfig | None = None,
-) -> LayerMMD:
-    """The 20 MMD values (and optionally MMDAgg's test) of one layer from its distance matrices."""
-    if max_bandwidth_rows < 1:
-        raise ValueError(f"max_bandwidth_rows must be >= 1, got {max_bandwidth_rows}")
+def _kernel_values(distances: PairwiseDistances, max_bandwidth_rows: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``(bandwidths {kernel: [10]}, the 20 U-statistics [20])`` of one layer's distances."""
     bandwidths = {
         kernel: bandwidth_grid(distances.cross(KERNEL_DISTANCE[kernel], max_bandwidth_rows)) for kernel in KERNELS
     }
@@ -78,10 +80,51 @@ def layer_mmd_from_distances(
             for kernel in KERNELS
         ]
     )
+    return bandwidths, values
+
+
+@dataclass(frozen=True)
+class ReferenceResampling:
+    """``count`` random halves of the reference (``floor(m / 2)`` rows each, without replacement),
+    drawn from ``seed``; the same halves for every layer of one comparison."""
+
+    count: int = 20
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 2:
+            raise ValueError(f"reference resampling: count must be >= 2, got {self.count}")
+
+    def halves(self, m: int) -> torch.Tensor:
+        """Row indices ``[count, m // 2]`` of the halves (sorted within each)."""
+        if m < 4:
+            raise MMDInputError(f"reference resampling needs at least 4 reference samples, got {m}")
+        generator = torch.Generator().manual_seed(self.seed)
+        return torch.rand(self.count, m, generator=generator).argsort(dim=1)[:, : m // 2].sort(dim=1).values
+
+
+def layer_mmd_from_distances(
+    distances: PairwiseDistances,
+    layer: str = "layer",
+    *,
+    max_bandwidth_rows: int = MAX_BANDWIDTH_ROWS,
+    permutation_test: PermutationTestConfig | None = None,
+    resampling: ReferenceResampling | None = None,
+) -> LayerMMD:
+    """The 20 MMD values of one layer from its distance matrices, optionally MMDAgg's test and
+    the values of reference half-samples (each with its own bandwidths, as a fresh comparison)."""
+    if max_bandwidth_rows < 1:
+        raise ValueError(f"max_bandwidth_rows must be >= 1, got {max_bandwidth_rows}")
+    bandwidths, values = _kernel_values(distances, max_bandwidth_rows)
     test = None
     if permutation_test is not None:
         test = aggregated_permutation_test(distances, bandwidths, values, permutation_test)
-    return LayerMMD(layer, distances.n_params, distances.m, distances.n, bandwidths, values, test)
+    resampled = torch.empty(0, len(values), dtype=torch.float64)
+    if resampling is not None:
+        resampled = torch.stack([
+            _kernel_values(distances.subset_x(rows), max_bandwidth_rows)[1] for rows in resampling.halves(distances.m)
+        ])
+    return LayerMMD(layer, distances.n_params, distances.m, distances.n, bandwidths, values, test, resampled)
 
 
 def layer_mmd(
@@ -91,6 +134,7 @@ def layer_mmd(
     max_bandwidth_rows: int = MAX_BANDWIDTH_ROWS,
     device: torch.device | str | None = None,
     permutation_test: PermutationTestConfig | None = None,
+    resampling: ReferenceResampling | None = None,
 ) -> LayerMMD:
     """MMD of one layer streamed as aligned column blocks ``(X [m, d_i], Y [n, d_i])``.
 
@@ -98,7 +142,8 @@ def layer_mmd(
     """
     distances = pairwise_distances(chunks, layer=layer, device=device)
     return layer_mmd_from_distances(
-        distances, layer, max_bandwidth_rows=max_bandwidth_rows, permutation_test=permutation_test
+        distances, layer, max_bandwidth_rows=max_bandwidth_rows, permutation_test=permutation_test,
+        resampling=resampling,
     )
 
 
@@ -110,6 +155,7 @@ def mmd(
     device: torch.device | str | None = None,
     max_chunk_elements: int = DEFAULT_MAX_CHUNK_ELEMENTS,
     permutation_test: PermutationTestConfig | None = None,
+    resampling: ReferenceResampling | None = None,
     progress: bool = False,
 ) -> MMDResult:
     """Layer-wise MMD between reference ``x`` (m samples) and method ``y`` (n samples).
@@ -129,7 +175,7 @@ def mmd(
         results.append(
             layer_mmd(
                 chunks, layer=layer, max_bandwidth_rows=max_bandwidth_rows, device=device,
-                permutation_test=permutation_test,
+                permutation_test=permutation_test, resampling=resampling,
             )
         )
     return tabulate(results)
@@ -164,4 +210,11 @@ def tabulate(layers: Sequence[LayerMMD]) -> MMDResult:
     per_layer = pd.DataFrame(layer_rows)
     weights = per_layer["n_params"] / per_layer["n_params"].sum()
     aggregate = {name: float((weights * per_layer[name]).sum()) for name in SUMMARIES}
-    return MMDResult(pd.DataFrame(kernel_rows), per_layer, aggregate, list(layers))
+    resampled = {}
+    if all(len(result.resampled) for result in layers):
+        w = torch.tensor(weights.to_numpy(), dtype=torch.float64)
+        per_resample = [summarize(result.resampled) for result in layers]  # each {name: [B]}
+        resampled = {name: sum(w[i] * s[name] for i, s in enumerate(per_resample)) for name in SUMMARIES}
+    tested = [result.test for result in layers if result.test is not None]
+    reject = sum(t.reject for t in tested) / len(tested) if len(tested) == len(layers) else float("nan")
+    return MMDResult(pd.DataFrame(kernel_rows), per_layer, aggregate, list(layers), resampled, reject)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from benchmark.config import ConfigError
+from benchmark.data import stratified_split
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages.zoo import train_seed
 from benchmark.training import FailRule, NonFiniteError, Recipe, RecipeOverrides, learning_rate
@@ -50,7 +51,7 @@ def test_same_seed_gives_bit_identical_weights(tiny_cfg):
     assert a.state_dict.keys() == b.state_dict.keys()
     assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
     assert not all(torch.equal(a.state_dict[k], c.state_dict[k]) for k in a.state_dict)
-    assert a.test_accuracy == b.test_accuracy
+    assert a.check_accuracy == b.check_accuracy
 
 
 def test_divergence_raises_and_non_convergence_is_reported(tiny_cfg):
@@ -72,3 +73,21 @@ def test_threads_per_job(monkeypatch):
     for bad in ("0", "many"):
         with pytest.raises(ConfigError, match=f"threads='{bad}'"):
             threads_per_job(bad, 1)
+
+
+def test_the_convergence_rule_is_judged_on_a_validation_part_of_the_train_split(tiny_cfg):
+    exp = Experiment(tiny_cfg)
+    train, validation = exp.train_tensors, exp.validation_tensors
+    assert (len(train[1]), len(validation[1])) == (1295, 142)  # digits: 10% of each class of the 1437 held out
+    assert torch.bincount(validation[1]).tolist() == [round(0.1 * n) for n in torch.bincount(torch.cat([train[1], validation[1]])).tolist()]
+    kept, held = stratified_split(torch.cat([train[1], validation[1]]).sort().values, 0.1)
+    assert len(set(kept.tolist()) & set(held.tolist())) == 0 and len(kept) + len(held) == 1437
+    full = exp.test_tensors[0]  # none of the validation images is a test image
+    assert not any(torch.equal(v, t) for v in validation[0][:20] for t in full)
+    assert exp.training_data.check is exp.validation_tensors and len(exp.train_set) == 1295
+
+
+def test_a_rule_without_held_out_data_is_refused():
+    with pytest.raises(ConfigError, match="train.fail_rule=.*needs held-out data.*dataset.validation_fraction > 0"):
+        Experiment(compose_config(["dataset.validation_fraction=0"]))
+    assert Experiment(compose_config(["dataset.validation_fraction=0", "train.fail_rule.epoch=null"])).validation_tensors is None

@@ -42,20 +42,19 @@ def test_draw_is_the_swag_formula() -> None:
     g = torch.Generator().manual_seed(3)
     z1, z2 = torch.randn(4, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
     d = (snapshots - np.cumsum(snapshots, 0) / np.arange(1, 6)[:, None]).T
-    expected = snapshots.mean(0) + math.sqrt(scale) * (
-        np.sqrt(snapshots.var(0)) * z1.numpy() / math.sqrt(2) + d @ z2.numpy() / math.sqrt(2 * 4)
-    )
+    expected = snapshots.mean(0) + math.sqrt(scale) * (np.sqrt(snapshots.var(0)) * z1.numpy() + d @ z2.numpy() / 2)
     np.testing.assert_allclose(theta.numpy(), expected, rtol=1e-12)
 
 
-def test_draws_have_the_swag_mean_and_covariance() -> None:
+def test_draws_have_the_swag_authors_mean_and_covariance() -> None:
+    """Cov = scale * (Sigma_diag + D D^T / (K - 1)), as the SWAG authors' ``sample(scale, cov=True)``."""
     snapshots = np.random.default_rng(2).normal(size=(4, 3)) * [1.0, 2.0, 0.5]
-    moments, scale, n = _moments_of(snapshots, rank=4), 0.5, 40000
+    moments, scale, n = _moments_of(snapshots, rank=4), 0.1, 40000
     g = torch.Generator().manual_seed(0)
     gaussian = moments.gaussian(torch.float64)
     draws = torch.stack([swag_draw(*gaussian, scale, g) for _ in range(n)]).numpy()
     d = (snapshots - np.cumsum(snapshots, 0) / np.arange(1, 5)[:, None]).T
-    covariance = scale * (np.diag(snapshots.var(0)) + d @ d.T / 3) / 2
+    covariance = scale * (np.diag(snapshots.var(0)) + d @ d.T / 3)
     tolerance = 5 * np.sqrt(np.diag(covariance).max() ** 2 * 2 / n)  # ~5 standard errors of a covariance entry
     np.testing.assert_allclose(draws.mean(0), snapshots.mean(0), atol=5 * np.sqrt(np.diag(covariance).max() / n))
     np.testing.assert_allclose(np.cov(draws.T), covariance, atol=tolerance)
@@ -71,6 +70,16 @@ def test_schedule_ramps_then_collects_over_the_second_half(compose_tiny, tmp_pat
     lrs = [plan.lr(s) for s in range(plan.total_steps)]
     assert lrs[0] > plan.lr_start == exp.recipe.lr * 0.5 ** 0 and lrs[plan.ramp_steps - 1] == pytest.approx(0.2)
     assert np.all(np.diff(lrs[: plan.ramp_steps]) > 0) and set(lrs[plan.ramp_steps :]) == {0.2}
+
+
+def test_snapshots_at_a_fixed_interval_end_the_run(compose_tiny, tmp_path) -> None:
+    exp = Experiment(compose_tiny(tmp_path, "methods.swag.snapshots=3", "methods.swag.snapshot_interval_epochs=1"))
+    plan = build(exp, "swag").schedule()
+    steps_per_epoch = math.ceil(len(exp.train_set) / 32)
+    assert sorted(plan.snapshot_steps) == [plan.total_steps - i * steps_per_epoch for i in (2, 1, 0)]
+    far = Experiment(compose_tiny(tmp_path, "methods.swag.snapshots=3", "methods.swag.snapshot_interval_epochs=10"))
+    with pytest.raises(MethodConfigError, match="snapshot_interval_epochs=10.0: 3 snapshots that far apart do not fit"):
+        build(far, "swag").check("one")
 
 
 def _assert_consistent(method: SWAGMethod, exp: Experiment, images: torch.Tensor, n: int) -> dict:

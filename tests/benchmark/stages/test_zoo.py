@@ -101,7 +101,7 @@ def test_cli_bad_input_exits_non_zero_with_a_clear_message(tmp_path, args, messa
 def test_killed_run_resumes_with_every_seed_present_and_no_partial_file(tmp_path):
     store = tmp_path / "store"
     args = ["stage=zoo", f"store={store}", "seeds.reference=[0,5]", "zoo.range=reference", "train.epochs=4",
-            "train.fail_rule.epoch=1"]
+            "train.fail_rule.epoch=null"]
     proc = _cli(*args, run_dir=tmp_path / "r1")
     zoo = store / "digits_optunet" / "zoo"
     deadline = time.time() + 180

@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 import torch
 
-from metrics.mmd import InMemorySource, MMDInputError, layer_mmd, mmd
+from metrics.mmd import InMemorySource, MMDInputError, ReferenceResampling, layer_mmd, mmd
 from tests.metrics.mmd.brute_force import mmd_values_by_loops
 
 
@@ -108,3 +108,42 @@ def test_permutation_test_columns_when_requested():
     assert {"p_value", "reject"} <= set(result.per_kernel.columns)
     assert "reject" in result.per_layer.columns
     assert result.per_kernel["p_value"].between(1 / 51 - 1e-12, 1).all()
+
+
+def test_reference_halves_are_fresh_comparisons_on_half_the_reference():
+    x, y = _sample_sets(m=16, n=7)
+    x64 = {k: v.double() for k, v in x.items()}
+    y64 = {k: v.double() for k, v in y.items()}
+    resampling = ReferenceResampling(count=3, seed=5)
+    result = mmd(x64, y64, resampling=resampling)
+    halves = resampling.halves(16)
+    assert halves.shape == (3, 8) and all(len(set(h.tolist())) == 8 for h in halves)
+    for b, rows in enumerate(halves):
+        direct = mmd({k: v[rows] for k, v in x64.items()}, y64)
+        for layer, direct_layer in zip(result.layers, direct.layers):
+            torch.testing.assert_close(layer.resampled[b], direct_layer.values, rtol=1e-10, atol=1e-14)
+        for name in ("median", "mean", "max"):
+            assert float(result.resampled[name][b]) == pytest.approx(direct.aggregate[name], rel=1e-10, abs=1e-14)
+
+
+def test_half_sample_spread_estimates_the_standard_error_of_a_finite_reference():
+    """The spread of the MMD over halves of one reference is close to its spread over
+    independently drawn references of the full size (what the error bars claim)."""
+    gen = torch.Generator().manual_seed(0)
+    y = {"fc.weight": torch.randn(40, 6, generator=gen, dtype=torch.float64) + 0.3}
+    independent = [mmd({"fc.weight": torch.randn(120, 6, generator=gen, dtype=torch.float64)}, y).aggregate["median"]
+                   for _ in range(40)]
+    one = {"fc.weight": torch.randn(120, 6, generator=gen, dtype=torch.float64)}
+    halves = mmd(one, y, resampling=ReferenceResampling(count=40, seed=1)).resampled["median"]
+    ratio = float(halves.std()) / float(np.std(independent, ddof=1))
+    assert 0.5 < ratio < 2.0, ratio  # the standard error of a standard deviation from 40 draws is ~11%
+
+
+def test_reject_fraction_counts_the_layers_whose_test_rejects():
+    from metrics.mmd import PermutationTestConfig
+
+    x, y = _sample_sets()
+    result = mmd(x, y, permutation_test=PermutationTestConfig(b1=100, b2=100, b3=10))
+    rejected = [layer.test.reject for layer in result.layers]
+    assert result.reject_fraction == pytest.approx(sum(rejected) / len(rejected))
+    assert np.isnan(mmd(x, y).reject_fraction)
