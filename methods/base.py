@@ -108,6 +108,11 @@ class PosteriorMethod(ABC):
     def sample(self, n: int, generator: torch.Generator) -> SampleSet:
         """``n`` weight samples ``{key: [n, ...]}`` keyed like the plain model's state dict."""
 
+    def diagnostics(self) -> dict[str, float]:
+        """Numbers that explain the fitted approximation (e.g. its variances), after ``fit`` and
+        ``sample``; the report's diagnostics table shows them. Default: none."""
+        return {}
+
     @abstractmethod
     def predict_own(self, images: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
         """Probabilities ``[n, N, C]`` on ``images`` ``[N, ...]`` through the method's own machinery.

@@ -39,6 +39,19 @@ class BayesianNetwork:
     samplers: dict[str, TrainableRandomDistribution]
     plain_keys: tuple[str, ...]
 
+    def sigma_over_mu(self) -> dict[str, float]:
+        """Per plain key: the mean over its weights of ``softplus(rho) / |mu|`` (how far the
+        variational posterior is from a point mass, relative to the weights' size)."""
+        out = {}
+        for key, sampler in self.samplers.items():
+            sigma = torch.nn.functional.softplus(sampler.rho.detach())
+            out[key] = float((sigma / sampler.mu.detach().abs().clamp_min(1e-12)).mean())
+        return out
+
+    def sigma_mean(self) -> dict[str, float]:
+        """Per plain key: the mean posterior standard deviation ``softplus(rho)``."""
+        return {key: float(torch.nn.functional.softplus(s.rho.detach()).mean()) for key, s in self.samplers.items()}
+
     def last_draw(self) -> dict[str, torch.Tensor]:
         """The weights the last forward pass used, keyed like the plain model's state dict.
 
@@ -76,16 +89,19 @@ def check_convertible(model: nn.Module, layers: BNNLayers | str) -> None:
             raise ValueError(f"layer {name!r}: padding_mode={module.padding_mode!r}; BLiTZ convolutions pad with zeros only")
 
 
-def _bayesian_copy(module: nn.Module) -> nn.Module:
-    """A BLiTZ layer with the shapes of ``module``; its posterior means are ``module``'s weights."""
+def _bayesian_copy(module: nn.Module, rho_init: float | None = None) -> nn.Module:
+    """A BLiTZ layer with the shapes of ``module``; its posterior means are ``module``'s weights,
+    its ``rho`` drawn around ``rho_init`` (None: BLiTZ's defaults, -6 Conv2d, -7 Linear)."""
     has_bias = module.bias is not None
+    init = {} if rho_init is None else {"posterior_rho_init": rho_init}
     if isinstance(module, nn.Conv2d):
         layer = BayesianConv2d(
             in_channels=module.in_channels, out_channels=module.out_channels, kernel_size=tuple(module.kernel_size),
             groups=module.groups, stride=module.stride, padding=module.padding, dilation=module.dilation, bias=has_bias,
+            **init,
         )
     else:
-        layer = BayesianLinear(in_features=module.in_features, out_features=module.out_features, bias=has_bias)
+        layer = BayesianLinear(in_features=module.in_features, out_features=module.out_features, bias=has_bias, **init)
     with torch.no_grad():
         layer.weight_sampler.mu.copy_(module.weight)  # shares memory with layer.weight_mu
         if has_bias:
@@ -93,18 +109,19 @@ def _bayesian_copy(module: nn.Module) -> nn.Module:
     return layer.to(module.weight.device)
 
 
-def to_bayesian(model: nn.Module, layers: BNNLayers | str) -> BayesianNetwork:
+def to_bayesian(model: nn.Module, layers: BNNLayers | str, rho_init: float | None = None) -> BayesianNetwork:
     """Convert a copy of ``model`` (left untouched) per ``layers`` (see ``bayesian_layer_names``).
 
-    BLiTZ's default priors and posterior ``rho`` initialisation are kept; ``rho`` is drawn from
-    torch's global RNG (wrap the call in ``benchmark.training.seeded`` for reproducibility).
+    BLiTZ's default priors are kept, and its posterior ``rho`` initialisation unless ``rho_init``
+    is given (``rho ~ N(rho_init, 0.1^2)``, sigma = softplus(rho)); ``rho`` is drawn from torch's
+    global RNG (wrap the call in ``benchmark.training.seeded`` for reproducibility).
     """
     check_convertible(model, layers)
     plain_keys = tuple(model.state_dict())
     bnn = copy.deepcopy(model)
     samplers: dict[str, TrainableRandomDistribution] = {}
     for name in bayesian_layer_names(model, layers):
-        layer = _bayesian_copy(model.get_submodule(name))
+        layer = _bayesian_copy(model.get_submodule(name), rho_init)
         parent_name, _, child = name.rpartition(".")
         setattr(bnn.get_submodule(parent_name) if parent_name else bnn, child, layer)
         samplers[f"{name}.weight"] = layer.weight_sampler

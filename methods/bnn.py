@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Optional
 
 import torch
@@ -18,13 +19,46 @@ from torch import nn
 
 from benchmark.settings import SettingsError, require
 from benchmark.store import SampleSet, stack_state_dicts
-from benchmark.training import LossFn, Recipe, RecipeOverrides, seeded, train_network
+from benchmark.training import LossFn, OptimizerChain, Recipe, RecipeOverrides, make_optimizer, seeded, train_network
 from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod
 from methods.bayesian_layers import BayesianNetwork, BNNLayers, check_convertible, to_bayesian
 
 log = logging.getLogger(__name__)
 
 PREDICT_BATCH = 1024
+
+
+class RhoOptimizer(str, Enum):
+    """What trains the variational scales ``rho`` (sigma = softplus(rho))."""
+
+    sgd = "sgd"
+    """The recipe's SGD, with the means (the paper's vBNN)."""
+    adam = "adam"
+    """A separate Adam on the rho parameters (the means keep the recipe's SGD)."""
+
+
+@dataclass
+class VarianceSettings:
+    """How the variational posterior's standard deviations start and learn.
+
+    The defaults are the paper's (BLiTZ's initialisation rho ~ -7 Linear / -6 Conv2d, i.e.
+    sigma ~ 1e-3, trained by the recipe's SGD with the means). Under SGD the gradient on rho
+    is scaled by sigmoid(rho) ~ sigma ~ 1e-3, so sigma barely moves from its initial value and the
+    vBNN is close to a point mass. ``rho_init`` (null = BLiTZ's), ``optimizer`` and ``lr`` (the
+    rate of the rho group at the recipe's initial rate, following its schedule; null = the
+    recipe's lr for sgd, 1e-3 for adam) let sigma learn, e.g. ``rho_init: -5, optimizer: adam,
+    lr: 0.003``.
+    """
+
+    rho_init: Optional[float] = None
+    optimizer: RhoOptimizer = RhoOptimizer.sgd
+    lr: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        self.optimizer = RhoOptimizer(self.optimizer)
+        require(self.rho_init is None or -20 < self.rho_init < 5, "rho_init", self.rho_init,
+                "a number in (-20, 5) or null (= BLiTZ's -7 / -6)")
+        require(self.lr is None or self.lr > 0, "lr", self.lr, "a positive number or null")
 
 
 @dataclass
@@ -34,16 +68,20 @@ class BNNSettings(MethodSettings):
     ``elbo_samples``: Monte Carlo terms of the ELBO per step (paper: 3). ``kl_weight``: weight
     of BLiTZ's KL term in the per-example loss; ``null`` = 1/N of the train set (the exact
     per-example ELBO). ``train``: changes to the experiment's recipe for the vBNN (weight decay
-    is always 0). ``layers``: which layers are variational (``model.bnn_layers``).
+    is always 0). ``layers``: which layers are variational (``model.bnn_layers``). ``variance``:
+    how the posterior scales start and learn (``VarianceSettings``; default the paper's).
     """
 
     elbo_samples: int = 3
     kl_weight: Optional[float] = 1.6667e-5
     train: RecipeOverrides = field(default_factory=RecipeOverrides)
     layers: BNNLayers = BNNLayers.all
+    variance: VarianceSettings = field(default_factory=VarianceSettings)
 
     def __post_init__(self) -> None:
         self.layers = BNNLayers(self.layers)
+        if isinstance(self.variance, dict):
+            self.variance = VarianceSettings(**self.variance)
         if isinstance(self.train, dict):
             self.train = RecipeOverrides(**self.train)
         require(self.elbo_samples >= 1, "elbo_samples", self.elbo_samples, "a positive integer")
@@ -108,6 +146,26 @@ class BNNMethod(PosteriorMethod):
         except SettingsError as err:
             raise SettingsError(f"train.{err.key}", err.value, err.expected) from err
 
+    def optimizer_factory(self, net: BayesianNetwork):
+        """None (the recipe's SGD for every parameter) for the paper's vBNN; otherwise SGD for the
+        means and the other parameters, and a separate group for the samplers' rho parameters."""
+        variance, recipe = self.settings.variance, self.bnn_recipe()
+        if variance.optimizer == RhoOptimizer.sgd and variance.lr is None:
+            return None
+        default = recipe.lr if variance.optimizer == RhoOptimizer.sgd else 1e-3
+
+        def build(model: nn.Module, recipe: Recipe):
+            rho = [sampler.rho for sampler in net.samplers.values()]
+            ids = {id(p) for p in rho}
+            others = make_optimizer([p for p in model.parameters() if id(p) not in ids], recipe)
+            group = {"params": rho, "lr_scale": (variance.lr or default) / recipe.lr}
+            if variance.optimizer == RhoOptimizer.adam:
+                return OptimizerChain(others, torch.optim.Adam([group], lr=variance.lr or default))
+            others.add_param_group({**group, "weight_decay": 0.0})
+            return others
+
+        return build
+
     def kl_weight(self) -> float:
         """``settings.kl_weight``, or 1 / train-set size when it is null."""
         weight = self.settings.kl_weight
@@ -123,11 +181,12 @@ class BNNMethod(PosteriorMethod):
         self._net = None
         where = f"bnn seed {seed}"
         with seeded(seed):
-            net = to_bayesian(self.model_factory(), self.settings.layers)
+            net = to_bayesian(self.model_factory(), self.settings.layers, self.settings.variance.rho_init)
             net.model.to(self.device)
             result = train_network(
                 net.model, self.data.train, self.data.check, self.bnn_recipe(), seed, where=where,
                 loss_fn=elbo_loss(self.settings.elbo_samples, self.kl_weight()),
+                optimizer_factory=self.optimizer_factory(net),
             )
         if result.failure:
             raise MethodFitError(f"{where}: {result.failure}")

@@ -83,6 +83,30 @@ def make_optimizer(params, recipe: Recipe, lr: float | None = None) -> torch.opt
     )
 
 
+class OptimizerChain:
+    """Several optimizers stepped as one (e.g. SGD for the weights, Adam for variational scales).
+    ``param_groups`` lists every group; a group's ``lr_scale`` (default 1) multiplies the
+    recipe's scheduled rate in ``train_network``."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+
+OptimizerFactory = Callable[[nn.Module, Recipe], "torch.optim.Optimizer | OptimizerChain"]
+
+
 def learning_rate(recipe: Recipe, epoch: int) -> float:
     """Learning rate of ``epoch`` (0-based) under the recipe's schedule."""
     if recipe.schedule == Schedule.multistep:
@@ -143,7 +167,7 @@ def check_weights_finite(model: nn.Module, where: str) -> None:
 def train_epoch(
     model: nn.Module,
     dataset: Dataset,
-    optimizer: torch.optim.Optimizer,
+    optimizer: "torch.optim.Optimizer | OptimizerChain",
     batch_size: int,
     generator: torch.Generator,
     where: str,
@@ -174,13 +198,15 @@ def train_network(
     where: str = "training",
     loss_fn: LossFn = cross_entropy_loss,
     train_eval: Tensors | None = None,
+    optimizer_factory: OptimizerFactory | None = None,
 ) -> TrainResult:
     """Train ``model`` in place with ``recipe``; data order drawn from ``seed``.
 
     ``check_set`` ``(images [N, ...], labels [N])`` is the held-out set for the recipe's
     non-convergence rule and the reported check accuracy (None: no rule can be judged; an
     active rule then raises ValueError); ``train_eval`` (optional) the same for the reported
-    train accuracy. A run below ``recipe.fail_rule.min_accuracy`` after
+    train accuracy. ``optimizer_factory(model, recipe)`` replaces the recipe's SGD (its groups
+    follow the recipe's schedule, scaled by their ``lr_scale``). A run below ``recipe.fail_rule.min_accuracy`` after
     ``fail_rule.epoch`` epochs stops early, and one that ends below it is also failed; both
     return with ``failure`` set.
     NaN/Inf raises ``NonFiniteError`` (nothing to store).
@@ -188,11 +214,11 @@ def train_network(
     if check_set is None and recipe.fail_rule.active:
         raise ValueError(f"{where}: the recipe's convergence rule needs held-out data; set dataset.validation_fraction > 0")
     generator = torch.Generator().manual_seed(seed)
-    optimizer = make_optimizer(model.parameters(), recipe)
+    optimizer = make_optimizer(model.parameters(), recipe) if optimizer_factory is None else optimizer_factory(model, recipe)
     history = []
     for epoch in range(recipe.epochs):
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(recipe, epoch)
+            group["lr"] = learning_rate(recipe, epoch) * group.get("lr_scale", 1.0)
         loss = train_epoch(model, train_set, optimizer, recipe.batch_size, generator, f"{where}, epoch {epoch + 1}", loss_fn)
         check_weights_finite(model, f"{where}, epoch {epoch + 1}")
         record = {"epoch": epoch + 1, "loss": loss}

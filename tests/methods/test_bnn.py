@@ -172,3 +172,29 @@ def test_nan_during_fitting_stops_with_non_finite_error(tiny_exp, tiny_bases):
         method.fit(base, seed)
     with pytest.raises(RuntimeError, match="call fit"):
         method.sample(1, torch.Generator())
+
+
+def test_the_papers_variance_barely_moves_and_the_learned_one_does(tiny_exp, tiny_bases):
+    """BLiTZ's rho ~ -7 under SGD: sigma stays at its init (the gradient on rho is scaled by
+    sigmoid(rho) ~ 1e-3); a separate Adam on rho from rho_init -5 moves it (VarianceSettings)."""
+    from methods.bnn import VarianceSettings
+
+    seed = tiny_bases[0][0]
+    changes = {}
+    for variance in (VarianceSettings(), VarianceSettings(rho_init=-5.0, optimizer="adam", lr=0.05)):
+        method = build(tiny_exp, "bnn", variance=variance, train=RecipeOverrides(epochs=1, milestones=[], fail_rule=FailRule()))
+        with seeded(seed):
+            start = to_bayesian(tiny_exp.model(), "all", variance.rho_init).sigma_mean()
+        with one_thread(), tiny_exp.backends():
+            method.fit({}, seed)
+        end = method.network.sigma_mean()
+        changes[variance.optimizer.value] = max(abs(end[k] / start[k] - 1) for k in start)
+        assert all(v > 0 for v in method.network.sigma_over_mu().values())
+    assert changes["sgd"] < 0.01 < 0.2 < changes["adam"], changes
+
+
+def test_bad_variance_settings_are_refused():
+    from benchmark.cli import check_command_line
+
+    assert check_command_line(["methods.bnn.variance.rho_init=9"]).startswith("methods.bnn.variance.rho_init=9.0: expected")
+    assert "Invalid value 'rmsprop'" in check_command_line(["methods.bnn.variance.optimizer=rmsprop"])

@@ -153,3 +153,62 @@ def test_train_data_are_the_unaugmented_split(tiny_exp):
     data = build(tiny_exp, "sghmc")._train_data()
     assert isinstance(data, InMemoryImageDataset) and not data.augment
     assert torch.equal(data.images, tiny_exp.train_tensors[0])
+
+
+def _regression(n=200, d=3, prior=0.05, seed=0):
+    """Bayesian linear regression y = x w + N(0, 1): data and the exact posterior ``(mean [d], cov [d, d])``
+    of ``exp(N * per-example log posterior)`` with the Gaussian prior of precision ``N * prior``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = x @ torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)[:d] + torch.randn(n, generator=g, dtype=torch.float64)
+    precision = x.T @ x + n * prior * torch.eye(d, dtype=torch.float64)
+    cov = torch.linalg.inv(precision)
+    return x, y, cov @ x.T @ y, cov
+
+
+def _run_regression_chains(noise_correction, chains=200, batch=10, lr=0.05, friction=1.0):
+    x, y, mean, cov = _regression()
+    n, prior = len(y), 0.05
+
+    def log_posterior(params, minibatch):  # per-example: -mean over the batch of (y - x w)^2 / 2 - prior / 2 |w|^2
+        xb, yb = minibatch  # [B, C, d], [B, C]: every chain its own batch
+        w = params["w"]  # [C, d]
+        residual = yb - (xb * w).sum(-1)
+        return (-0.5 * (residual**2).mean(0) - 0.5 * prior * (w**2).sum(-1)).sum(), torch.empty(0)
+
+    def batches(generator):
+        while True:
+            index = torch.stack([torch.randperm(n, generator=generator)[:batch] for _ in range(chains)], dim=1)
+            yield x[index], y[index]
+
+    chain = Chain(log_posterior, lr=lr, friction=friction, temperature=1.0 / n, noise_correction=noise_correction)
+    stream = batches(torch.Generator().manual_seed(1))
+    with seeded(2):
+        state = chain.run(chain.start({"w": mean.expand(chains, -1).clone()}), stream, 400, "regression burn-in")
+        kept = torch.cat([s["w"] for s in chain.thinned(state, stream, 60, 25, "regression")])
+    return kept, mean, cov, state
+
+
+def test_minibatch_chain_samples_the_exact_posterior_of_a_bayesian_linear_regression():
+    """Minibatches of 10 of 200 points: the gradient noise is half the intended noise. With the
+    correction, the kept states have the exact posterior's mean and covariance (within 10%);
+    without it, the same chain's variances come out inflated (the test sees the difference)."""
+    kept, mean, cov, state = _run_regression_chains(noise_correction=True)
+    sd = cov.diagonal().sqrt()
+    assert ((kept.mean(0) - mean).abs() < 0.1 * sd).all()
+    ratio = torch.cov(kept.T).diagonal() / cov.diagonal()
+    assert ((ratio - 1).abs() < 0.1).all(), ratio
+    torch.testing.assert_close(torch.cov(kept.T), cov, rtol=0, atol=0.1 * float(cov.diagonal().max()))
+    assert state.clamped_sum / state.steps < 0.01  # only while the running estimate settles
+    hot, *_ = _run_regression_chains(noise_correction=False)
+    assert (torch.cov(hot.T).diagonal() / cov.diagonal() > 1.25).all(), torch.cov(hot.T).diagonal() / cov.diagonal()
+
+
+def test_the_gradient_noise_estimate_is_the_minibatch_variance():
+    x, y, mean, _ = _regression()
+    _, _, _, state = _run_regression_chains(noise_correction=True, chains=50)
+    residual = y - x @ mean
+    per_example = (residual[:, None] * x)  # gradients of -(y - x w)^2 / 2 at the mean
+    expected = per_example.var(0) / 10  # of a mean over 10 examples
+    estimated = state.noise_variance["w"].mean(0)
+    assert ((estimated / expected - 1).abs() < 0.2).all(), (estimated, expected)
