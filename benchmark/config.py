@@ -98,28 +98,41 @@ class ZooConfig:
 @dataclass
 class SampleConfig:
     """``per_method``: weight samples per method and mode (paper: 100); ``modes_multi``:
-    multi-mode base networks (paper: 10), ``per_method / modes_multi`` samples each."""
+    multi-mode base networks (paper: 10), ``per_method / modes_multi`` samples each;
+    ``repetitions``: independent repetitions of every method x mode (each on its own base
+    networks, hence its own method seeds), whose spread gives the tables' error bars."""
 
     per_method: int = 100
     modes_multi: int = 10
+    repetitions: int = 3
 
     def __post_init__(self) -> None:
         require(self.per_method >= 1, "per_method", self.per_method, "a positive integer")
         require(self.modes_multi >= 1, "modes_multi", self.modes_multi, "a positive integer")
+        require(self.repetitions >= 1, "repetitions", self.repetitions, "a positive integer")
 
 
 @dataclass
 class EvaluateConfig:
-    """``canonical_steps``: the symmetry-free form of the NS MMD column, applied in order;
-    ``max_in_memory_gb``: larger zoos are streamed from the store."""
+    """``canonical_steps``: the symmetries removed for the NS MMD columns, in order (default
+    scaling then permutation, as the paper's Table 1; ``softmax`` also removes the softmax
+    additive symmetry, ``minmass`` scales by the min-mass problem instead of unit norms);
+    ``max_in_memory_gb``: larger zoos are streamed from the store; ``reference_resamples``:
+    random halves of the reference whose MMD spread gives its standard error (0 = none);
+    ``test_permutations``: relabellings B1 = B2 of MMDAgg's aggregated test per layer (MMDAgg's
+    own experiments use 500; 0 = no test)."""
 
-    canonical_steps: List[CanonicalStep] = field(
-        default_factory=lambda: [CanonicalStep.scale, CanonicalStep.sort, CanonicalStep.softmax]
-    )
+    canonical_steps: List[CanonicalStep] = field(default_factory=lambda: [CanonicalStep.scale, CanonicalStep.sort])
     max_in_memory_gb: float = 4.0
+    reference_resamples: int = 20
+    test_permutations: int = 500
 
     def __post_init__(self) -> None:
         require(self.max_in_memory_gb > 0, "max_in_memory_gb", self.max_in_memory_gb, "a positive number")
+        require(self.reference_resamples == 0 or self.reference_resamples >= 2, "reference_resamples",
+                self.reference_resamples, "0 or an integer >= 2")
+        require(self.test_permutations == 0 or self.test_permutations >= 100, "test_permutations",
+                self.test_permutations, "0 or an integer >= 100")
 
 
 @dataclass

@@ -3,6 +3,7 @@ seed ranges, and the methods built from their typed settings. Only runners use i
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -58,6 +59,28 @@ def threads_per_job(setting: str, parallel_jobs: int) -> int:
     if threads < 1:
         raise ConfigError(f"threads={setting!r}: expected auto or a positive integer")
     return threads
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@functools.lru_cache(maxsize=None)
+def code_fingerprint(sources: tuple[str, ...]) -> str:
+    """Hash of the Python sources under ``sources`` (paths relative to the repository: packages,
+    folders or files) and the versions of the numerical libraries: results computed by other code
+    are stale."""
+    import numpy
+    import scipy
+
+    files = sorted(p for source in sources for p in ((REPO / source).rglob("*.py") if (REPO / source).is_dir()
+                                                     else [REPO / source]))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(REPO)).encode())
+        digest.update(path.read_bytes())
+    versions = {**library_versions(), "numpy": numpy.__version__, "scipy": scipy.__version__}
+    digest.update(json.dumps(versions, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
 
 
 def library_versions() -> dict[str, str]:

@@ -3,12 +3,17 @@ evaluate stage and read by the report.
 
 One row per (experiment, method, mode). Labels are the display names the tables print (the
 experiment's ``display_name``, the method's ``label``), so a report can be rendered from the
-CSV files alone. Values are raw: fractions for accuracy, ECE, AUPR, FPR95; MMD^2 unitless;
-MI in nats; NaN where a metric does not apply.
+CSV files alone. Values are raw: fractions for accuracy, ECE, AUPR, FPR95; MMD^2 unitless; MI in
+nats; NaN where a metric does not apply. Each value is the mean over ``n_repetitions``
+independent repetitions of the sample stage, and ``<value>_hw`` the half-width of its 95%
+interval (``metrics.uncertainty``: the spread over repetitions, and for MMD also the standard
+error due to the finite reference zoo). ``mmd_reject``/``ns_mmd_reject``: the fraction of layers
+whose MMDAgg test rejects "same distribution" at level 0.05 (first repetition). ``ns_steps``:
+the symmetries removed for the NS columns (``scale+sort`` ...).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import math
 from pathlib import Path
 
 import numpy as np
@@ -17,47 +22,33 @@ import pandas as pd
 from benchmark.store import atomic_path
 
 STATUSES = ("ok", "failed")
-
-
-@dataclass
-class ResultRow:
-    """One row of metrics.csv (see the module doc for units)."""
-
-    experiment: str
-    experiment_label: str
-    method: str
-    method_label: str
-    mode: str  # one | multi
-    status: str  # ok | failed
-    reason: str = ""  # why the row failed
-    n_samples: float = np.nan
-    mmd_median: float = np.nan  # raw MMD^2 over layers (parameter-weighted) of the median over 20 kernels
-    mmd_mean: float = np.nan
-    mmd_max: float = np.nan
-    ns_mmd_median: float = np.nan  # the same after removing the symmetries (evaluate.canonical_steps)
-    ns_mmd_mean: float = np.nan
-    ns_mmd_max: float = np.nan
-    acc: float = np.nan
-    nll: float = np.nan
-    brier: float = np.nan
-    ece: float = np.nan
-    aupr: float = np.nan
-    fpr95: float = np.nan
-    id_mi: float = np.nan
-    ood_mi: float = np.nan
-    agreement: float = np.nan  # with the zoo ensemble's predictive (seed 002)
-    tv: float = np.nan  # total variation to the zoo ensemble's predictive
-
-
-COLUMNS: list[str] = [f.name for f in fields(ResultRow)]
+MODES = ("one", "multi")
 KEY_COLUMNS = ["experiment", "method", "mode"]
-TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "status", "reason"]
+TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "status", "reason", "ns_steps"]
+COUNT_COLUMNS = ["n_samples", "n_repetitions"]
+MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max"]
+METRIC_COLUMNS = ["acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv"]
+MEASURED = MMD_COLUMNS + METRIC_COLUMNS  # the columns that get an interval
+TEST_COLUMNS = ["mmd_reject", "ns_mmd_reject"]
+
+
+def half_width(column: str) -> str:
+    """The metrics.csv column holding the 95% half-width of ``column``."""
+    return f"{column}_hw"
+
+
+COLUMNS: list[str] = TEXT_COLUMNS + COUNT_COLUMNS + MEASURED + [half_width(c) for c in MEASURED] + TEST_COLUMNS
 VALUE_COLUMNS = [c for c in COLUMNS if c not in TEXT_COLUMNS]
 
 
 def write_metrics(rows: list[dict], path: Path) -> pd.DataFrame:
-    """Write ``rows`` (dicts with ``ResultRow``'s fields) to ``path`` atomically; return the frame."""
-    frame = pd.DataFrame([ResultRow(**row).__dict__ for row in rows], columns=COLUMNS)
+    """Write ``rows`` (dicts keyed by ``COLUMNS``; missing values become NaN or "") to ``path``
+    atomically; return the validated frame."""
+    unknown = sorted({k for row in rows for k in row} - set(COLUMNS))
+    if unknown:
+        raise ValueError(f"metrics rows have columns {unknown} that metrics.csv does not (benchmark.results.COLUMNS)")
+    filled = [{c: row.get(c, "" if c in TEXT_COLUMNS else math.nan) for c in COLUMNS} for row in rows]
+    frame = check_metrics(pd.DataFrame(filled, columns=COLUMNS), source=str(path))
     with atomic_path(path) as tmp:
         frame.to_csv(tmp, index=False, float_format="%.8g")
     return frame
@@ -70,11 +61,11 @@ def check_metrics(frame: pd.DataFrame, source: str = "metrics.csv") -> pd.DataFr
         raise ValueError(f"{source}: expected a pandas DataFrame, got {type(frame).__name__}")
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
-        raise ValueError(f"{source}: missing columns {missing}; expected the columns of benchmark.results.ResultRow")
+        raise ValueError(f"{source}: missing columns {missing}; expected the columns of benchmark.results.COLUMNS")
     frame = frame[COLUMNS].copy()
     for column in TEXT_COLUMNS:
         frame[column] = frame[column].fillna("").astype(str)
-    for column, allowed in (("mode", ("one", "multi")), ("status", STATUSES)):
+    for column, allowed in (("mode", MODES), ("status", STATUSES)):
         bad = sorted(set(frame[column]) - set(allowed))
         if bad:
             raise ValueError(f"{source}: column {column!r} expects values in {list(allowed)}, got {bad}")

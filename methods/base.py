@@ -61,6 +61,9 @@ class PosteriorMethod(ABC):
     # Fixed number of samples drawn around each base network (Deep Ensembles: 1, each member
     # is a sample); None = the mode's split (one: all samples, multi: per_method / modes_multi).
     samples_per_base: ClassVar[int | None] = None
+    # Whether ``fit`` can fail on a base (MethodFitError: a retrained network that does not
+    # converge), so that spare base networks are reserved for it.
+    fits_can_fail: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -108,9 +111,10 @@ class PosteriorMethod(ABC):
     def sample(self, n: int, generator: torch.Generator) -> SampleSet:
         """``n`` weight samples ``{key: [n, ...]}`` keyed like the plain model's state dict."""
 
-    def diagnostics(self) -> dict[str, float]:
-        """Numbers that explain the fitted approximation (e.g. its variances), after ``fit`` and
-        ``sample``; the report's diagnostics table shows them. Default: none."""
+    def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        """Numbers that explain the fitted approximation (e.g. its variances; accuracies as
+        fractions on ``images [N, ...]``/``labels [N]`` where useful), after ``fit`` and ``sample``;
+        the report's diagnostics table shows their mean over bases. Default: none."""
         return {}
 
     @abstractmethod

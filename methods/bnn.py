@@ -123,6 +123,7 @@ class BNNMethod(PosteriorMethod):
 
     name = "bnn"
     label = "BNN"
+    fits_can_fail = True
     Settings = BNNSettings
 
     def __init__(self, *args, **kwargs) -> None:
@@ -192,6 +193,17 @@ class BNNMethod(PosteriorMethod):
             raise MethodFitError(f"{where}: {result.failure}")
         log.info("%s: validation accuracy of one draw %.3f after %d epochs", where, result.check_accuracy, result.epochs_run)
         self._net = net
+
+    def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        """Per layer, the mean ``sigma / |mu|`` (``sigma_over_mu.<layer>``, how far from a point
+        mass the posterior is) and the mean ``sigma`` over the layer's weights."""
+        if self._net is None:
+            return {}
+        out = {}
+        for key, ratio in self._net.sigma_over_mu().items():
+            out[f"sigma_over_mu.{key}"] = ratio
+        out["sigma_mean"] = sum(self._net.sigma_mean().values()) / len(self._net.samplers)
+        return out
 
     @property
     def network(self) -> BayesianNetwork:

@@ -62,6 +62,7 @@ class DropoutMethod(PosteriorMethod):
 
     name = "dropout"
     label = "Dropout"
+    fits_can_fail = True
     Settings = DropoutSettings
 
     def __init__(self, *args, **kwargs) -> None:

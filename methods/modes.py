@@ -67,10 +67,12 @@ def run_mode(
     plan: ModePlan,
     load_base: Callable[[int], dict[str, torch.Tensor]],
     progress: bool = True,
-) -> tuple[SampleSet, tuple[int, ...]]:
+    diagnostic_data: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[SampleSet, tuple[int, ...], dict[str, float]]:
     """Fit ``method`` around ``plan.bases`` base networks and draw their samples.
 
-    Returns ``({key: [plan.n_samples, ...]}, base seeds used)``. Base ``seed`` is fitted with
+    Returns ``({key: [plan.n_samples, ...]}, base seeds used, diagnostics)``, the last the mean
+    over bases of ``method.diagnostics(*diagnostic_data)`` (empty without ``diagnostic_data``). Base ``seed`` is fitted with
     ``fit(load_base(seed), seed)`` and sampled with a generator seeded with ``seed`` (reproducible);
     samples are grouped by base, in seed order. A ``MethodFitError`` skips to the next
     candidate seed (raised again when candidates run out); non-finite samples raise
@@ -79,6 +81,7 @@ def run_mode(
     parts: list[SampleSet] = []
     used: list[int] = []
     skipped: dict[int, str] = {}
+    diagnostics: dict[str, list[float]] = {}
     bar = tqdm(total=plan.bases, desc=f"{method.name} {plan.mode}-mode", unit="base", dynamic_ncols=True,
                disable=not progress)
     for seed in plan.candidates:
@@ -96,6 +99,9 @@ def run_mode(
                 raise NonFiniteError(f"method={method.name} base seed {seed}: sampled {key!r} contains NaN/Inf")
         parts.append({k: v.detach().cpu() for k, v in samples.items()})
         used.append(seed)
+        if diagnostic_data is not None:
+            for name, value in method.diagnostics(*diagnostic_data).items():
+                diagnostics.setdefault(name, []).append(float(value))
         bar.update()
     bar.close()
     if len(used) < plan.bases:
@@ -104,4 +110,5 @@ def run_mode(
             f"method={method.name} mode={plan.mode}: only {len(used)} of {plan.bases} base networks could be fitted "
             f"from the {len(plan.candidates)} candidate seeds ({details})"
         )
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, tuple(used)
+    means = {name: sum(values) / len(values) for name, values in diagnostics.items()}
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, tuple(used), means

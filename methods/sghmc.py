@@ -333,7 +333,7 @@ class SGHMCMethod(PosteriorMethod):
         state.steps -= start  # the sums cover the sampling steps only
         self._sampled = state
 
-    def diagnostics(self) -> dict[str, float]:
+    def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         """Of the last ``sample`` call's chain segment: ``kinetic_temperature`` (mean over steps of
         mean(m^2) / T: 1 when the momenta are at the configured temperature), ``clamped_fraction``
         (coordinates where the gradient noise alone exceeded the target), ``noise_to_target``

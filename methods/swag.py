@@ -232,6 +232,17 @@ class SWAGMethod(PosteriorMethod):
         update_bn(itertools.islice(data, batches) if batches is not None else data, model)
         return model.eval()
 
+    def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        """Mean over weights of the diagonal variance ``Sigma_diag``, of the low-rank variance
+        ``diag(D D^T) / (K - 1)``, and of the variance a draw has (``scale`` x their sum)."""
+        if self._gaussian is None:
+            return {}
+        _, std, deviations = self._gaussian
+        diagonal = float((std.double() ** 2).mean())
+        low_rank = float((deviations.double() ** 2).sum(1).mean() / (deviations.shape[1] - 1))
+        return {"diagonal_variance": diagonal, "low_rank_variance": low_rank,
+                "sample_variance": self.settings.scale * (diagonal + low_rank), "snapshots": float(self._moments.count)}
+
     def sample(self, n: int, generator: torch.Generator) -> SampleSet:
         """``n`` SWAG draws as full state dicts ``{key: [n, ...]}`` (BatchNorm buffers recomputed per draw)."""
         states = []

@@ -1,6 +1,7 @@
 """The paper's Table 1 (posterior MMD next to predictive metrics) and Table 2 (median /
 mean / max MMD), built from metrics.csv frames (``benchmark.results``) and written as
-Markdown, CSV and LaTeX.
+Markdown, CSV and LaTeX. Every value carries its 95% half-width: ``value ± half-width`` in
+Markdown and LaTeX, a separate ``<column> ±`` column in CSV.
 
 The display tables have a row index (experiment label, group "One Mode" | "Multi Mode",
 method label) in the paper's order (experiments as they appear, methods in registry order,
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmark.results import check_metrics
+from benchmark.results import check_metrics, half_width
 from benchmark.store import atomic_write_text
 from methods import method_names
 
@@ -41,6 +42,9 @@ TABLE1_SOURCES = {
 }
 """Table 1 column -> metrics.csv column (MMD = the median over kernels, as the paper reports)."""
 
+TEST_SOURCES = {"MMD rej.": "mmd_reject", "NS rej.": "ns_mmd_reject"}
+"""Table 1's test columns (percent of layers rejected; no interval)."""
+
 TABLE2_SOURCES = {
     (name, statistic): f"{prefix}_{statistic}"
     for name, prefix in (("MMD", "mmd"), ("NS MMD", "ns_mmd"))
@@ -50,35 +54,70 @@ TABLE2_SOURCES = {
 FAILED = "failed"
 MISSING = "n/a"
 
-_MMD_TEXT = (
-    "MMD and NS MMD (MMD after removing the permutation and scaling symmetries) between the method's "
-    "weight samples and the checkpoint zoo: per layer, {statistic} over 20 Gaussian and Laplace "
-    "kernels, then the mean over layers weighted by parameter count; {times}."
-)
-TABLE1_CAPTION = (
-    "Table 1: Posterior estimation and predictive performance. "
-    + _MMD_TEXT.format(statistic="the median", times="{times}")
-    + " Acc, ECE (top-label, 15 bins), AUPR and FPR95 (OOD as positive class, FPR at 95{pct} TPR) in {pct}; "
-    "Brier (sum over classes) {times}; ID MI and OOD MI (mutual information, nats) {times}."
-)
-TABLE2_CAPTION = "Table 2: Full MMD table. " + _MMD_TEXT.format(statistic="the median, mean or max", times="{times}")
+STEP_TEXT = {
+    "scale": "scaling (each hidden unit's incoming weights normalised to unit L2 norm, the factor pushed into the next layer)",
+    "minmass": "scaling (the minimum-mass rescaling)",
+    "sort": "permutation (hidden units sorted by their first incoming weight)",
+    "softmax": "the softmax additive symmetry (last-layer biases shifted to sum to 0)",
+}
+"""What each step of ``evaluate.canonical_steps`` removes, for the captions."""
 
 _MARKDOWN_UNITS = {"times": "x100", "pct": "%"}
 _LATEX_UNITS = {"times": r"$\times 100$", "pct": r"\%"}
 
 
-def table1(df: pd.DataFrame) -> pd.DataFrame:
+def _mmd_text(df: pd.DataFrame, statistic: str) -> str:
+    steps = [step for value in sorted(set(df["ns_steps"].dropna().astype(str)) - {""}) for step in value.split("+")]
+    removed = "; then ".join(STEP_TEXT.get(step, step) for step in dict.fromkeys(steps)) or "nothing"
+    return (
+        "MMD between the method's weight samples and the checkpoint zoo, and NS MMD after removing, from both, "
+        f"{removed}: per layer, {statistic} over 20 Gaussian and Laplace kernels, then the mean over layers "
+        "weighted by parameter count; {times}."
+    )
+
+
+def _uncertainty_text(df: pd.DataFrame) -> str:
+    counts = sorted({int(n) for n in df["n_repetitions"].dropna()})
+    repetitions = "/".join(map(str, counts)) or "?"
+    return (
+        f"Values are means over {repetitions} independent repetitions of the sample stage (each on its own "
+        "base networks, hence its own method seeds) ± the half-width of a 95{pct} t-interval; for MMD and NS MMD "
+        "the half-width also includes, in quadrature, the reference zoo's standard error (the spread of the MMD "
+        "over random halves of the zoo, first repetition)."
+    )
+
+
+def captions(df: pd.DataFrame) -> tuple[str, str]:
+    """The captions of Tables 1 and 2 for the rows of ``df`` (with ``{times}``/``{pct}`` unit slots)."""
+    table1_caption = (
+        "Table 1: Posterior estimation and predictive performance. " + _mmd_text(df, "the median")
+        + " Acc, ECE (top-label, 15 bins), AUPR and FPR95 (OOD as positive class, FPR at 95{pct} TPR) in {pct}; "
+        "Brier (sum over classes) {times}; ID MI and OOD MI (mutual information, nats) {times}. "
+        + _uncertainty_text(df)
+        + " MMD rej. and NS rej.: {pct} of layers where MMDAgg's aggregated test (the 20 kernels, level 0.05) "
+        "rejects \"same distribution\" (first repetition; SGHMC's samples are consecutive chain states, "
+        "which the test's exchangeability assumption does not cover)."
+    )
+    table2_caption = "Table 2: Full MMD table. " + _mmd_text(df, "the median, mean or max") + " " + _uncertainty_text(df)
+    return table1_caption, table2_caption
+
+
+def table1(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
     """Table 1 of the paper from a metrics.csv frame (``benchmark.results.ResultRow`` columns).
 
-    Index (Experiment, Group, Method) in the paper's order; columns ``TABLE1_SOURCES``;
-    cells are text: value x100 with one decimal, "failed" or "n/a".
+    Index (Experiment, Group, Method) in the paper's order; columns ``TABLE1_SOURCES`` then
+    ``TEST_SOURCES``; cells are text: value x100 with one decimal ``± half-width`` (separate
+    ``<column> ±`` columns with ``separate``), "failed" or "n/a".
     """
-    return _display(_ordered(df, TABLE1_SOURCES.values()), TABLE1_SOURCES)
+    rows = _ordered(df, [*TABLE1_SOURCES.values(), *TEST_SOURCES.values()])
+    table = _display(rows, TABLE1_SOURCES, separate)
+    tests = _display(rows, TEST_SOURCES, separate, with_half_widths=False)
+    return pd.concat([table, tests], axis=1)
 
 
-def table2(df: pd.DataFrame) -> pd.DataFrame:
+def table2(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
     """Table 2 of the paper: the rows of :func:`table1`, columns (MMD | NS MMD) x (median, mean, max)."""
-    table = _display(_ordered(df, TABLE2_SOURCES.values()), TABLE2_SOURCES)
+    table = _display(_ordered(df, TABLE2_SOURCES.values()), TABLE2_SOURCES, separate)
     table.columns = pd.MultiIndex.from_tuples(table.columns)
     return table
 
@@ -114,7 +153,7 @@ def render_markdown(table: pd.DataFrame, caption: str, reasons: dict[tuple, str]
 def render_latex(table: pd.DataFrame, caption: str, reasons: dict[tuple, str], label: str) -> str:
     """A LaTeX ``table`` (booktabs rules, multirow row labels) with caption, label and the notes."""
     text = table.to_latex(
-        caption=caption.format(**_LATEX_UNITS),
+        caption=caption.replace('"same distribution"', "``same distribution''").format(**_LATEX_UNITS),
         label=label,
         escape=True,
         multirow=True,
@@ -124,6 +163,7 @@ def render_latex(table: pd.DataFrame, caption: str, reasons: dict[tuple, str], l
     )
     # pandas closes the last block with \cline rules that would double the \bottomrule.
     text = re.sub(r"(\\cline\{[^}]*\}\s*)+\\bottomrule", r"\\bottomrule", text)
+    text = text.replace(" ± ", r" $\pm$ ")
     if reasons:
         lines = r" \\ ".join(_escape_latex(note) for note in _notes(reasons))
         text = text.replace(r"\end{table}", f"\\par\\smallskip{{\\footnotesize Failed runs: {lines}}}\n\\end{{table}}")
@@ -143,14 +183,16 @@ def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     Both tables are built (and the frame validated) before anything is written; each file
     is written atomically.
     """
-    tables = {"table1": (table1(df), TABLE1_CAPTION), "table2": (table2(df), TABLE2_CAPTION)}
+    caption1, caption2 = captions(check_metrics(df))
+    tables = {"table1": (table1, caption1), "table2": (table2, caption2)}
     reasons = failure_reasons(df)
     out_dir = Path(out_dir)
     written = []
-    for name, (table, caption) in tables.items():
+    rendered = {name: (build(df), build(df, separate=True), caption) for name, (build, caption) in tables.items()}
+    for name, (table, numbers, caption) in rendered.items():
         texts = {
             "md": render_markdown(table, caption, reasons),
-            "csv": render_csv(table, reasons),
+            "csv": render_csv(numbers, reasons),
             "tex": render_latex(table, caption, reasons, label=f"tab:{name}"),
         }
         for suffix, text in texts.items():
@@ -161,7 +203,8 @@ def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
 
 
 def _ordered(df: pd.DataFrame, value_columns) -> pd.DataFrame:
-    """Validated rows of ``df`` indexed by display labels and sorted in the paper's order."""
+    """Validated rows of ``df`` (the value columns and their half-widths) indexed by display
+    labels and sorted in the paper's order."""
     rows = check_metrics(df)
     experiments = list(dict.fromkeys(rows["experiment"]))
     registered = list(method_names())
@@ -179,19 +222,32 @@ def _ordered(df: pd.DataFrame, value_columns) -> pd.DataFrame:
         ],
         names=INDEX_NAMES,
     )
-    return rows[["status", "reason", *value_columns]]
+    value_columns = list(value_columns)
+    widths = [half_width(c) for c in value_columns if half_width(c) in rows.columns]
+    return rows[["status", "reason", *value_columns, *widths]]
 
 
-def _display(rows: pd.DataFrame, sources: dict) -> pd.DataFrame:
-    """Text cells: value x SCALE to one decimal, "failed" for failed rows, "n/a" for missing values."""
+def _display(rows: pd.DataFrame, sources: dict, separate: bool = False, with_half_widths: bool = True) -> pd.DataFrame:
+    """Text cells: value x SCALE to one decimal with `` ± half-width`` (when known; in a separate
+    ``(label, "±")`` column with ``separate``), "failed" for failed rows, "n/a" for missing values."""
     failed = rows["status"].eq("failed")
     table = pd.DataFrame(index=rows.index)
+
+    def text(v: float, is_failed: bool) -> str:
+        return FAILED if is_failed else MISSING if np.isnan(v) else f"{v * SCALE:.1f}"
+
     for label, column in sources.items():
-        values = rows[column]
-        table[label] = [
-            FAILED if is_failed else MISSING if np.isnan(v) else f"{v * SCALE:.1f}"
-            for v, is_failed in zip(values, failed)
-        ]
+        values = [text(v, f) for v, f in zip(rows[column], failed)]
+        widths = rows[half_width(column)] if with_half_widths and half_width(column) in rows else None
+        if widths is None:
+            table[label] = values
+        elif separate:
+            table[label] = values
+            table[(*label[:-1], f"{label[-1]} ±") if isinstance(label, tuple) else f"{label} ±"] = [
+                "" if f else text(w, False) for w, f in zip(widths, failed)]
+        else:
+            table[label] = [v if f or np.isnan(w) or v == MISSING else f"{v} ± {w * SCALE:.1f}"
+                            for v, w, f in zip(values, widths, failed)]
     return table
 
 

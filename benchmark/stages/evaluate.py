@@ -1,10 +1,18 @@
 """Evaluate stage: for every method x mode in the store, raw and symmetry-free (NS) MMD against
 the reference zoo plus the predictive metrics, into ``results/<experiment>/metrics.csv``.
 
+Each of the ``sample.repetitions`` repetitions of a unit is evaluated on its own and the row
+holds their mean and 95% half-width (``metrics.uncertainty``); the first repetition also gets
+MMDAgg's test per layer and the MMD of ``evaluate.reference_resamples`` halves of the
+reference, whose spread is the standard error due to the finite zoo. A repetition that is
+missing or stale (settings or code changed since it was drawn) stops the stage with the files
+named and the command that redoes them: it is never mixed into the spread.
+
 The reference (the converged checkpoints of ``seeds.reference``) is canonicalised once and
-cached in ``store/<experiment>/reference/`` with its ensemble predictive; each row is cached
-in ``store/<experiment>/eval/`` keyed by the files it was computed from, so a second run
-recomputes nothing.
+cached in ``store/<experiment>/reference/`` with its ensemble predictive; each repetition's
+numbers are cached in ``store/<experiment>/eval/``, keyed by the files they were computed from
+and by the code that computes them (``EVALUATE_CODE`` sources, library versions), so a second
+run recomputes nothing and a fix in ``metrics/`` recomputes everything.
 """
 from __future__ import annotations
 
@@ -18,9 +26,10 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.experiment import Experiment, stable_hash
+from benchmark.experiment import Experiment, code_fingerprint, stable_hash
 from benchmark.models import predict_with_weights
-from benchmark.results import write_metrics
+from benchmark.results import MEASURED, MMD_COLUMNS, half_width, write_metrics
+from benchmark.stages.sample import unit_problem
 from benchmark.store import (
     CheckpointError,
     CheckpointFiles,
@@ -38,11 +47,18 @@ from benchmark.store import (
     validate_tensors,
 )
 from methods import MODES, method_class, method_names
-from metrics.mmd import mmd
+from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import canonicalize, spec_for_model
+from metrics.uncertainty import interval
 
 log = logging.getLogger(__name__)
+EVALUATE_CODE = ("metrics", "benchmark/stages/evaluate.py", "benchmark/models", "benchmark/results.py")
+SUMMARIES = ("median", "mean", "max")
+
+
+class StaleSamplesError(StoreError):
+    """A repetition of a unit is missing or was drawn with other settings or code."""
 
 
 def reference_seeds(exp: Experiment) -> list[int]:
@@ -51,17 +67,36 @@ def reference_seeds(exp: Experiment) -> list[int]:
 
 
 def available_rows(exp: Experiment) -> list[tuple[str, str]]:
-    """(method, mode) pairs whose sample set and predictions are both in the store: registered
-    methods in registry order, then external ones, sorted."""
+    """(method, mode) pairs with at least one repetition's sample set and predictions in the
+    store: registered methods in registry order, then external ones, sorted."""
     store = exp.store
     found = set()
-    for path in store.samples_dir.glob("*.safetensors") if store.samples_dir.is_dir() else ():
-        method, _, mode = path.stem.rpartition("_")
-        if mode in MODES and method and store.preds_path(method, mode).is_file():
+    for path in store.samples_dir.glob("*_r*.safetensors") if store.samples_dir.is_dir() else ():
+        stem, _, repetition = path.stem.rpartition("_r")
+        method, _, mode = stem.rpartition("_")
+        if mode in MODES and method and repetition.isdigit() and store.preds_path(method, mode, int(repetition)).is_file():
             found.add((method, mode))
     registered = list(method_names())
     order = registered + sorted({m for m, _ in found} - set(registered))
     return sorted(found, key=lambda row: (order.index(row[0]), MODES.index(row[1])))
+
+
+def repetitions_of(exp: Experiment, method: str, mode: str) -> list[int]:
+    """The repetitions a row averages: ``0 .. sample.repetitions - 1`` for a registered method,
+    all checked done and current (``StaleSamplesError`` otherwise); ``[0]`` for an external one."""
+    if method not in method_names():
+        return [0]
+    problems = []
+    for r in range(exp.config.sample.repetitions):
+        problem = unit_problem(exp, method, mode, r)
+        if problem is not None:
+            problems.append(f"repetition {r}: {problem}")
+    if problems:
+        raise StaleSamplesError(
+            f"{method}/{mode}: {'; '.join(problems)}. Redo them with: python -m benchmark stage=sample "
+            f"experiment={exp.name} method={method} mode={mode} (or lower sample.repetitions)"
+        )
+    return list(range(exp.config.sample.repetitions))
 
 
 def describe_store(exp: Experiment) -> str:
@@ -89,6 +124,10 @@ class Reference:
     """
 
     def __init__(self, exp: Experiment, steps: list[str]) -> None:
+        settings = exp.config.evaluate
+        self.resampling = ReferenceResampling(count=settings.reference_resamples) if settings.reference_resamples else None
+        self.test = PermutationTestConfig(b1=settings.test_permutations, b2=settings.test_permutations) \
+            if settings.test_permutations else None
         self.exp = exp
         self.seeds = reference_seeds(exp)
         if len(self.seeds) < 2:
@@ -152,53 +191,75 @@ class Reference:
             return {"id": (total / len(self.seeds))[None]}
         return self._cached("predictive", build)["id"][0]
 
-    def mmd(self, samples_path: Path, samples: dict[str, torch.Tensor]) -> tuple[dict, dict]:
-        """Aggregate raw and NS MMD (``{median, mean, max}`` each) of a method's samples."""
-        device = self.exp.device
+    def mmd(self, samples_path: Path, samples: dict[str, torch.Tensor], full: bool) -> dict[str, float]:
+        """Raw and NS MMD of a method's samples: ``{mmd_median, ..., ns_mmd_max}``; with ``full``
+        also the standard errors due to the reference (``<column>_ref_sd``, from its halves) and
+        the fraction of layers MMDAgg's test rejects (``mmd_reject``, ``ns_mmd_reject``)."""
+        options = {"device": self.exp.device}
+        if full:
+            options |= {"resampling": self.resampling, "permutation_test": self.test}
         canonical = canonicalize(samples, self.spec, self.steps)[0]
         if self.in_memory:
-            return (mmd(self.weights(), samples, device=device).aggregate,
-                    mmd(self.canonical(), canonical, device=device).aggregate)
-        canonical_path = samples_path.with_name(f".{samples_path.stem}.canonical.safetensors")
-        save_sample_set(canonical_path, canonical, {"experiment": self.exp.name})
-        try:
-            return (mmd(CheckpointFiles(self.paths), SampleSetFile(samples_path), device=device).aggregate,
-                    mmd(CheckpointFiles(self.canonical_paths()), SampleSetFile(canonical_path), device=device).aggregate)
-        finally:
-            canonical_path.unlink()
+            results = {"mmd": mmd(self.weights(), samples, **options),
+                       "ns_mmd": mmd(self.canonical(), canonical, **options)}
+        else:
+            canonical_path = samples_path.with_name(f".{samples_path.stem}.canonical.safetensors")
+            save_sample_set(canonical_path, canonical, {"experiment": self.exp.name})
+            try:
+                results = {"mmd": mmd(CheckpointFiles(self.paths), SampleSetFile(samples_path), **options),
+                           "ns_mmd": mmd(CheckpointFiles(self.canonical_paths()), SampleSetFile(canonical_path), **options)}
+            finally:
+                canonical_path.unlink()
+        out = {}
+        for prefix, result in results.items():
+            for name in SUMMARIES:
+                out[f"{prefix}_{name}"] = result.aggregate[name]
+                if result.resampled:
+                    out[f"{prefix}_{name}_ref_sd"] = float(result.resampled[name].std())
+            if full:
+                out[f"{prefix}_reject"] = result.reject_fraction
+        return out
 
 
 def _chunks(items: list[int], size: int) -> list[list[int]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def evaluate_row(exp: Experiment, ref: Reference, method: str, mode: str) -> dict[str, Any]:
-    """One metrics.csv row; a method whose samples or predictions are unusable is marked failed."""
+def evaluate_repetition(exp: Experiment, ref: Reference, method: str, mode: str, r: int) -> dict[str, Any]:
+    """The numbers of one repetition (the first with the reference's standard errors and the
+    test); ``{"failed": reason}`` when its samples or predictions are unusable."""
     store = exp.store
-    samples_path, preds_path = store.samples_path(method, mode), store.preds_path(method, mode)
-    metas = []
+    samples_path, preds_path = store.samples_path(method, mode, r), store.preds_path(method, mode, r)
     for path in (samples_path, preds_path):
-        meta = read_metadata(path)
-        if meta.get("experiment") != exp.name:
-            raise StoreError(f"{path}: holds samples of experiment {meta.get('experiment')!r}, expected {exp.name!r}; "
+        got = read_metadata(path).get("experiment")
+        if got != exp.name:
+            raise StoreError(f"{path}: holds samples of experiment {got!r}, expected {exp.name!r}; "
                              f"the store holds: {describe_store(exp)}")
-        metas.append(meta)
-    label = metas[0].get("label") or (method_class(method).label if method in method_names() else method)
-    row: dict[str, Any] = {"experiment": exp.name, "experiment_label": exp.display_name, "method": method,
-                           "method_label": label, "mode": mode, "status": "ok", "reason": ""}
     try:
         samples = load_sample_set(samples_path)
         validate_tensors(samples, exp.model(), source=str(samples_path), leading=1)
         preds = load_sample_set(preds_path, ["id", "ood"])
-        row["n_samples"] = int(next(iter(samples.values())).shape[0])
-        metrics = predictive_metrics(preds["id"], exp.test_tensors[1], preds["ood"], reference_id=ref.predictive())
+        numbers: dict[str, Any] = {"n_samples": int(next(iter(samples.values())).shape[0])}
+        numbers |= predictive_metrics(preds["id"], exp.test_tensors[1], preds["ood"], reference_id=ref.predictive())
     except (CheckpointError, ValueError) as err:
-        log.error("%s/%s marked failed: %s", method, mode, err)
-        return {**row, "status": "failed", "reason": str(err)}
-    raw, ns = ref.mmd(samples_path, samples)
-    row.update({f"mmd_{k}": raw[k] for k in ("median", "mean", "max")})
-    row.update({f"ns_mmd_{k}": ns[k] for k in ("median", "mean", "max")})
-    row.update(metrics)
+        log.error("%s/%s repetition %d marked failed: %s", method, mode, r, err)
+        return {"failed": str(err)}
+    numbers |= ref.mmd(samples_path, samples, full=r == 0)
+    return numbers
+
+
+def combine(row: dict[str, Any], repetitions: list[dict[str, Any]]) -> dict[str, Any]:
+    """The metrics.csv row of ``row``'s unit from its repetitions' numbers: each measured value's
+    mean and 95% half-width (the MMD ones widened by the reference's standard error)."""
+    failed = [rep["failed"] for rep in repetitions if "failed" in rep]
+    if failed:
+        return {**row, "status": "failed", "reason": failed[0]}
+    first = repetitions[0]
+    row = {**row, "n_samples": first["n_samples"], "n_repetitions": len(repetitions),
+           "mmd_reject": first.get("mmd_reject", math.nan), "ns_mmd_reject": first.get("ns_mmd_reject", math.nan)}
+    for column in MEASURED:
+        extra = first.get(f"{column}_ref_sd", math.nan) if column in MMD_COLUMNS else math.nan
+        row[column], row[half_width(column)] = interval([rep[column] for rep in repetitions], extra)
     return row
 
 
@@ -207,20 +268,40 @@ def run(exp: Experiment) -> pd.DataFrame:
     rows = available_rows(exp)
     if not rows:
         raise StoreError(f"nothing to evaluate for {exp.name}: no sample set with predictions; the store holds: {describe_store(exp)}")
+    units, stale = {}, []
+    for method, mode in rows:  # every missing or stale repetition is named before any work
+        try:
+            units[(method, mode)] = repetitions_of(exp, method, mode)
+        except StaleSamplesError as err:
+            stale.append(str(err))
+    if stale:
+        raise StaleSamplesError(" | ".join(stale))
     steps = [step.value for step in exp.config.evaluate.canonical_steps]
     ref = Reference(exp, steps)
     cache_dir = exp.store.base / "eval"
+    code = code_fingerprint(EVALUATE_CODE)
+    settings = {"resamples": exp.config.evaluate.reference_resamples, "test": exp.config.evaluate.test_permutations}
     out = []
-    for method, mode in tqdm(rows, desc=f"evaluate {exp.name}", unit="row", dynamic_ncols=True):
-        key = _fingerprint([exp.store.samples_path(method, mode), exp.store.preds_path(method, mode)],
-                           {"reference": ref.key, "label": exp.display_name})
-        cached = cache_dir / f"{method}_{mode}.json"
-        if cached.is_file() and json.loads(cached.read_text()).get("key") == key:
-            out.append(json.loads(cached.read_text())["row"])
-            continue
-        row = evaluate_row(exp, ref, method, mode)
-        atomic_write_text(cached, json.dumps({"key": key, "row": row}, default=_jsonable))
-        out.append(row)
+    bar = tqdm(total=sum(len(r) for r in units.values()), desc=f"evaluate {exp.name}", unit="repetition",
+               dynamic_ncols=True)
+    for (method, mode), repetitions in units.items():
+        numbers = []
+        for r in repetitions:
+            paths = [exp.store.samples_path(method, mode, r), exp.store.preds_path(method, mode, r)]
+            key = _fingerprint(paths, {"reference": ref.key, "code": code, "settings": settings})
+            cached = cache_dir / f"{method}_{mode}_r{r}.json"
+            if cached.is_file() and json.loads(cached.read_text()).get("key") == key:
+                numbers.append(_from_json(json.loads(cached.read_text())["numbers"]))
+            else:
+                numbers.append(evaluate_repetition(exp, ref, method, mode, r))
+                atomic_write_text(cached, json.dumps({"key": key, "numbers": numbers[-1]}, default=_jsonable))
+            bar.update()
+        meta = read_metadata(exp.store.samples_path(method, mode, 0))
+        label = meta.get("label") or (method_class(method).label if method in method_names() else method)
+        row = {"experiment": exp.name, "experiment_label": exp.display_name, "method": method, "method_label": label,
+               "mode": mode, "status": "ok", "reason": "", "ns_steps": "+".join(steps)}
+        out.append(combine(row, numbers))
+    bar.close()
     path = exp.results_dir / "metrics.csv"
     frame = write_metrics(out, path)
     log.info("wrote %s (%d rows, reference of %d checkpoints)", path, len(frame), len(ref.seeds))
@@ -231,3 +312,7 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         return None
     return float(value)
+
+
+def _from_json(numbers: dict[str, Any]) -> dict[str, Any]:
+    return {k: math.nan if v is None else v for k, v in numbers.items()}

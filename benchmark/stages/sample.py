@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmark.config import ConfigError, ModeChoice
-from benchmark.experiment import Experiment, library_versions, stable_hash
+from benchmark.experiment import Experiment, code_fingerprint, library_versions, stable_hash
 from benchmark.models import predict_with_weights
 from benchmark.settings import SettingsError
 from benchmark.store import (
@@ -72,14 +72,16 @@ class SampleSummary:
 
 @dataclass
 class Unit:
-    """One (method, mode) to run: the built method and its plan (bases and samples per base)."""
+    """One repetition of a (method, mode) to run: the built method and its plan (candidate bases,
+    bases and samples per base)."""
 
     method: PosteriorMethod
     plan: ModePlan
+    repetition: int = 0
 
     @property
     def key(self) -> str:
-        return f"{self.method.name}/{self.plan.mode}"
+        return f"{self.method.name}/{self.plan.mode}/r{self.repetition}"
 
 
 def selected_units(method: str, mode: str) -> list[tuple[str, str]]:
@@ -97,24 +99,33 @@ def selected_units(method: str, mode: str) -> list[tuple[str, str]]:
     return units
 
 
+SAMPLE_CODE = ("methods", "benchmark/training", "benchmark/models")  # what a sample set is computed by
+
+
 def settings_hash(exp: Experiment, name: str) -> str:
-    """Hash of what determines a unit's output besides the zoo config: the method's settings,
-    sample counts and held-out range."""
+    """Hash of what determines a unit's output besides the zoo config and the repetition: the
+    method's settings, the sample counts, the held-out range, and the code that draws the samples
+    (``SAMPLE_CODE`` sources and library versions). The number of repetitions is not in it: more
+    repetitions keep the ones done."""
     payload = {
         "zoo": exp.config_hash,
         "method": exp.method_settings(name),
-        "sample": exp.config.sample,
+        "sample": {"per_method": exp.config.sample.per_method, "modes_multi": exp.config.sample.modes_multi},
         "heldout": [exp.heldout.start, exp.heldout.stop],
+        "code": code_fingerprint(SAMPLE_CODE),
     }
     return stable_hash(payload)
 
 
-def unit_metadata(exp: Experiment, name: str, plan: ModePlan, seeds: tuple[int, ...]) -> dict[str, object]:
-    """Metadata written with a unit's sample set and predictions (``seeds``: the base seeds used)."""
+def unit_metadata(exp: Experiment, unit: Unit, seeds: tuple[int, ...], diagnostics: dict[str, float]) -> dict[str, object]:
+    """Metadata written with a unit's sample set and predictions (``seeds``: the base seeds used;
+    ``diagnostics``: the method's, averaged over its bases)."""
+    name, plan = unit.method.name, unit.plan
     return {
-        "method": name, "label": method_class(name).label, "mode": plan.mode, "experiment": exp.name,
-        "base_seeds": list(seeds), "samples_per_base": plan.samples_per_base, "n_samples": plan.n_samples,
-        "config_hash": exp.config_hash, "settings_hash": settings_hash(exp, name), "versions": library_versions(),
+        "method": name, "label": method_class(name).label, "mode": plan.mode, "repetition": unit.repetition,
+        "experiment": exp.name, "base_seeds": list(seeds), "samples_per_base": plan.samples_per_base,
+        "n_samples": plan.n_samples, "config_hash": exp.config_hash, "settings_hash": settings_hash(exp, name),
+        "diagnostics": diagnostics, "versions": library_versions(),
     }
 
 
@@ -127,11 +138,11 @@ def predictions(exp: Experiment, samples: SampleSet) -> dict[str, torch.Tensor]:
     }
 
 
-def stored_problem(exp: Experiment, name: str, mode: str, expected: dict[str, object]) -> str | None:
-    """Why the stored sample set and predictions of ``name``/``mode`` are not usable (``None``
-    if both are written, valid, and their metadata holds ``expected``)."""
+def stored_problem(exp: Experiment, name: str, mode: str, expected: dict[str, object], repetition: int = 0) -> str | None:
+    """Why the stored sample set and predictions of ``name``/``mode`` (``repetition``) are not
+    usable (``None`` if both are written, valid, and their metadata holds ``expected``)."""
     store = exp.store
-    paths = (store.samples_path(name, mode), store.preds_path(name, mode))
+    paths = (store.samples_path(name, mode, repetition), store.preds_path(name, mode, repetition))
     if not all(p.is_file() for p in paths):
         return NOT_WRITTEN
     try:
@@ -155,10 +166,24 @@ def stored_problem(exp: Experiment, name: str, mode: str, expected: dict[str, ob
     return None
 
 
-def unit_problem(exp: Experiment, name: str, mode: str) -> str | None:
-    """Why the stored output of a method's unit is not usable (``None`` if it is done and valid)."""
-    expected = {"method": name, "mode": mode, "experiment": exp.name, "settings_hash": settings_hash(exp, name)}
-    return stored_problem(exp, name, mode, expected)
+def unit_problem(exp: Experiment, name: str, mode: str, repetition: int = 0) -> str | None:
+    """Why the stored output of one repetition of a method's unit is not usable (``None`` if it
+    is done and valid: its settings and code are the current ones)."""
+    expected = {"method": name, "mode": mode, "experiment": exp.name, "repetition": str(repetition),
+                "settings_hash": settings_hash(exp, name)}
+    return stored_problem(exp, name, mode, expected, repetition)
+
+
+def pool_size(method: PosteriorMethod, bases: int) -> int:
+    """Candidate seeds reserved for one repetition: the bases, plus spares (a fifth, and one)
+    for methods whose fit around a base can fail (retrained networks that do not converge)."""
+    return bases + (math.ceil(0.2 * bases) + 1 if method.fits_can_fail else 0)
+
+
+def repetition_candidates(seeds: list[int], pool: int, repetition: int) -> tuple[int, ...]:
+    """The candidate bases of ``repetition``: its own block of ``pool`` seeds, so repetitions never
+    share a base network, and a block does not depend on how many repetitions are asked."""
+    return tuple(seeds[repetition * pool : (repetition + 1) * pool])
 
 
 def select_bases(exp: Experiment, count: int) -> list[int]:
@@ -192,7 +217,9 @@ def select_bases(exp: Experiment, count: int) -> list[int]:
 
 
 def prepare_units(exp: Experiment, summary: SampleSummary | None = None, check_bases: bool = True) -> list[Unit]:
-    """Build and check every selected unit before any training.
+    """Build and check every selected unit (each method x mode, ``sample.repetitions`` times)
+    before any training. Repetition k takes its bases from the k-th block of converged held-out
+    seeds (``repetition_candidates``).
 
     Raises ``MethodConfigError`` listing every refused unit (a bad method/model/mode
     combination), and ``MissingBasesError`` when ``check_bases`` and the store lacks bases.
@@ -200,6 +227,7 @@ def prepare_units(exp: Experiment, summary: SampleSummary | None = None, check_b
     ``summary.unavailable``).
     """
     method, mode = exp.config.method.value, exp.config.mode.value
+    repetitions = exp.config.sample.repetitions
     units, refused = [], []
     for name, m in selected_units(method, mode):
         instance = exp.build_method(name)
@@ -216,12 +244,14 @@ def prepare_units(exp: Experiment, summary: SampleSummary | None = None, check_b
         except MethodConfigError as err:
             refused.append(f"{name}/{m}: {err}")
             continue
-        units.append(Unit(instance, ModePlan(m, (), bases, per_base)))
+        units += [Unit(instance, ModePlan(m, (), bases, per_base), r) for r in range(repetitions)]
     if refused:
         raise MethodConfigError(f"{len(refused)} method/mode unit(s) refused before any work: {'; '.join(refused)}")
     if check_bases:
         for unit in units:
-            candidates = tuple(select_bases(exp, unit.plan.bases))
+            pool = pool_size(unit.method, unit.plan.bases)
+            seeds = select_bases(exp, (repetitions - 1) * pool + unit.plan.bases)
+            candidates = repetition_candidates(seeds, pool, unit.repetition)
             unit.plan = ModePlan(unit.plan.mode, candidates, unit.plan.bases, unit.plan.samples_per_base)
     return units
 
@@ -239,12 +269,13 @@ def load_base(exp: Experiment, seed: int) -> dict[str, torch.Tensor]:
 
 def write_unit(exp: Experiment, unit: Unit) -> tuple[int, ...]:
     """Fit, sample, predict, and write the unit's two files (atomically, predictions last); return the base seeds."""
-    name = unit.method.name
-    samples, seeds = run_mode(unit.method, unit.plan, lambda seed: load_base(exp, seed))
+    name, mode, r = unit.method.name, unit.plan.mode, unit.repetition
+    samples, seeds, diagnostics = run_mode(unit.method, unit.plan, lambda seed: load_base(exp, seed),
+                                           diagnostic_data=exp.test_tensors)
     preds = predictions(exp, samples)
-    metadata = unit_metadata(exp, name, unit.plan, seeds)
-    save_sample_set(exp.store.samples_path(name, unit.plan.mode), samples, metadata)
-    save_sample_set(exp.store.preds_path(name, unit.plan.mode), preds, metadata)
+    metadata = unit_metadata(exp, unit, seeds, diagnostics)
+    save_sample_set(exp.store.samples_path(name, mode, r), samples, metadata)
+    save_sample_set(exp.store.preds_path(name, mode, r), preds, metadata)
     return seeds
 
 
@@ -258,7 +289,7 @@ def run(exp: Experiment) -> SampleSummary:
     summary = SampleSummary()
     todo = []
     for unit in prepare_units(exp, summary):
-        problem = unit_problem(exp, unit.method.name, unit.plan.mode)
+        problem = unit_problem(exp, unit.method.name, unit.plan.mode, unit.repetition)
         if problem is None:
             summary.skipped_done.append(unit.key)
             continue
@@ -266,13 +297,13 @@ def run(exp: Experiment) -> SampleSummary:
             log.warning("%s: redoing (%s)", unit.key, problem)
         todo.append(unit)
     for unit in todo:
-        name, mode = unit.method.name, unit.plan.mode
-        with try_lock(store.lock_path(f"sample-{name}-{mode}")) as locked:
+        name, mode, r = unit.method.name, unit.plan.mode, unit.repetition
+        with try_lock(store.lock_path(f"sample-{name}-{mode}-r{r}")) as locked:
             if not locked:
                 log.info("%s: in progress elsewhere, skipped", unit.key)
                 summary.skipped_busy.append(unit.key)
                 continue
-            if unit_problem(exp, name, mode) is None:
+            if unit_problem(exp, name, mode, r) is None:
                 summary.skipped_done.append(unit.key)
                 continue
             try:
@@ -332,14 +363,15 @@ def run_external(exp: Experiment) -> SampleSummary:
     n = int(next(iter(samples.values())).shape[0])
     source = str(Path(external.path).resolve())
     metadata = {
-        "method": external.name, "label": external.label or external.name, "mode": mode, "experiment": exp.name,
+        "method": external.name, "label": external.label or external.name, "mode": mode, "repetition": 0,
+        "experiment": exp.name,
         "n_samples": n, "source": source, "source_size": Path(source).stat().st_size,
         "config_hash": exp.config_hash, "versions": library_versions(),
     }
     expected = {k: str(metadata[k]) if isinstance(metadata[k], str) else json.dumps(metadata[k])
                 for k in ("method", "label", "mode", "experiment", "source", "source_size")}
     summary = SampleSummary()
-    key = f"{external.name}/{mode}"
+    key = f"{external.name}/{mode}/r0"
     if stored_problem(exp, external.name, mode, expected) is None:
         summary.skipped_done.append(key)
         return summary

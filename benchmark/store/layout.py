@@ -3,8 +3,8 @@
 ```
 <root>/<experiment>/zoo/seed_000042.safetensors    trained checkpoint (validated on read)
 <root>/<experiment>/zoo/failed/seed_000007.json   seed that did not converge, with its reason
-<root>/<experiment>/samples/<method>_<mode>.safetensors   weight sample set of a method
-<root>/<experiment>/preds/<method>_<mode>.safetensors     per-sample probabilities (ID, OOD)
+<root>/<experiment>/samples/<method>_<mode>_r<k>.safetensors   weight sample set of a method (repetition k)
+<root>/<experiment>/preds/<method>_<mode>_r<k>.safetensors     per-sample probabilities (ID, OOD)
 <root>/<experiment>/.locks/                        one lock file per unit of work
 ```
 """
@@ -67,11 +67,13 @@ class ExperimentStore:
     def failed_path(self, seed: int) -> Path:
         return self.failed_dir / f"{seed_name(seed)}.json"
 
-    def samples_path(self, method: str, mode: str) -> Path:
-        return self.samples_dir / f"{method}_{mode}.safetensors"
+    def samples_path(self, method: str, mode: str, repetition: int = 0) -> Path:
+        """The sample set of one repetition of a (method, mode) unit."""
+        return self.samples_dir / f"{method}_{mode}_r{repetition}.safetensors"
 
-    def preds_path(self, method: str, mode: str) -> Path:
-        return self.preds_dir / f"{method}_{mode}.safetensors"
+    def preds_path(self, method: str, mode: str, repetition: int = 0) -> Path:
+        """The per-sample predictions of one repetition of a (method, mode) unit."""
+        return self.preds_dir / f"{method}_{mode}_r{repetition}.safetensors"
 
     def lock_path(self, name: str) -> Path:
         return self.locks_dir / f"{name}.lock"

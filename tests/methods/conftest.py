@@ -34,6 +34,7 @@ TINY_OVERRIDES = (
     "train.fail_rule.epoch=2",
     f"seeds.heldout=[{HELDOUT[0]},{HELDOUT[1]}]",
     "seeds.reference=[0,0]",
+    "sample.repetitions=1",
 )
 
 

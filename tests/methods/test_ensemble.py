@@ -34,7 +34,7 @@ def test_multi_mode_takes_one_sample_from_each_of_the_first_converged_seeds(tiny
     exp = Experiment(compose_tiny(tiny_exp.store.root, "sample.per_method=3", "method=ensemble"))
     (unit,) = prepare_units(exp)
     assert (unit.plan.bases, unit.plan.samples_per_base) == (3, 1)
-    samples, seeds = run_mode(unit.method, unit.plan, lambda seed: load_base(exp, seed), progress=False)
+    samples, seeds, _ = run_mode(unit.method, unit.plan, lambda seed: load_base(exp, seed), progress=False)
     assert list(seeds) == [s for s, _ in tiny_bases[:3]]
     for i, (_, base) in enumerate(tiny_bases[:3]):
         assert all(torch.equal(samples[k][i], base[k]) for k in base)

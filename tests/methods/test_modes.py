@@ -45,7 +45,7 @@ def test_a_failed_fit_moves_on_to_the_next_seed(tiny_exp, tiny_bases) -> None:
     method = _FailingFirst(tiny_exp.model, tiny_exp.training_data, recipe=tiny_exp.recipe)
     method.refused = (seeds[0],)
     plan = ModePlan("multi", tuple(seeds), 2, 1)
-    _, used = run_mode(method, plan, _load(tiny_bases), progress=False)
+    _, used, _ = run_mode(method, plan, _load(tiny_bases), progress=False)
     assert used == tuple(seeds[1:3])
     method.refused = tuple(seeds[:-1])
     with pytest.raises(MethodFitError, match=f"only 1 of 2 base networks.*seed {seeds[0]}: seed {seeds[0]} did not converge"):

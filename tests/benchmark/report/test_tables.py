@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from benchmark.report import table1, table2, write_tables
-from benchmark.results import VALUE_COLUMNS
+from benchmark.results import MEASURED, VALUE_COLUMNS, half_width
 
 # The paper's MNIST - OptuNet Dropout and DE rows (Table 1), as metrics.csv stores them.
 DROPOUT_ONE = dict(
@@ -26,9 +26,11 @@ METHOD_LABELS = {"dropout": "Dropout", "bnn": "BNN", "sghmc": "SGHMC", "swag": "
 
 def row(experiment, method, mode, status="ok", reason="", **values):
     """A metrics.csv row; labels as the evaluate stage writes them (raw names when unknown)."""
-    filled = {c: 0.01 for c in VALUE_COLUMNS} | {"n_samples": 100, "nll": 0.5, "agreement": 0.9, "tv": 0.1} | values
+    filled = {c: 0.01 for c in VALUE_COLUMNS} | {half_width(c): np.nan for c in MEASURED}
+    filled |= {"n_samples": 100, "n_repetitions": 1, "nll": 0.5, "agreement": 0.9, "tv": 0.1} | values
     return dict(experiment=experiment, experiment_label=EXPERIMENT_LABELS.get(experiment, experiment), method=method,
-                method_label=METHOD_LABELS.get(method, method), mode=mode, status=status, reason=reason, **filled)
+                method_label=METHOD_LABELS.get(method, method), mode=mode, status=status, reason=reason,
+                ns_steps="scale+sort", **filled)
 
 
 def paper_rows(experiment="mnist_optunet"):
@@ -56,8 +58,8 @@ PAPER_ORDER = [
 
 def test_table1_values_scaled_and_rounded_like_the_paper():
     t = table1(pd.DataFrame(paper_rows()))
-    assert list(t.columns) == ["MMD", "NS MMD", "Acc", "ECE", "Brier", "AUPR", "FPR95", "ID MI", "OOD MI"]
-    assert list(t.loc[("MNIST - OptuNet", "One Mode", "Dropout")]) == DROPOUT_ONE_TABLE1
+    assert list(t.columns) == ["MMD", "NS MMD", "Acc", "ECE", "Brier", "AUPR", "FPR95", "ID MI", "OOD MI", "MMD rej.", "NS rej."]
+    assert list(t.loc[("MNIST - OptuNet", "One Mode", "Dropout")])[:9] == DROPOUT_ONE_TABLE1
     bnn = t.loc[("MNIST - OptuNet", "One Mode", "BNN")]
     assert (bnn["Acc"], bnn["ECE"], bnn["ID MI"], bnn["MMD"]) == ("12.3", "12.4", "n/a", "1.0")
     assert t.loc[("MNIST - OptuNet", "One Mode", "SGHMC"), "Brier"] == "123.5"  # Brier (sum) can exceed 1
@@ -121,8 +123,8 @@ def test_write_tables_round_trips_through_files(tmp_path):
 
     expected = table1(df)
     csv = pd.read_csv(out / "table1.csv", dtype=str, keep_default_na=False)
-    assert list(csv.columns) == ["Experiment", "Group", "Method", *expected.columns, "Note"]
-    assert csv[list(expected.columns)].values.tolist() == expected.values.tolist()
+    assert list(csv.columns) == ["Experiment", "Group", "Method", *table1(df, separate=True).columns, "Note"]
+    assert csv[list(expected.columns)].values.tolist() == expected.values.tolist()  # no half-widths in these rows
     assert csv["Note"].tolist().count("failed: ELBO diverged: loss NaN at epoch 3") == 2
     csv2 = pd.read_csv(out / "table2.csv", dtype=str, keep_default_na=False)
     assert "MMD median" in csv2.columns and csv2["NS MMD max"].tolist() == table2(df)[("NS MMD", "max")].tolist()
@@ -140,7 +142,7 @@ def test_write_tables_round_trips_through_files(tmp_path):
     assert re.search(r"\\caption\{Table 1:.*\$\\times 100\$.*in \\%", tex)
     assert not re.search(r"(?<!\\)%", tex)  # an unescaped % would comment out the rest of a line
     assert r"\multirow" in tex and r"\label{tab:table1}" in tex
-    assert "15.0 & 14.3 & 83.3 & 33.4 & 26.1 & 96.4 & 98.6 & 26.1 & 22.2" in tex
+    assert "15.0 & 14.3 & 83.3 & 33.4 & 26.1 & 96.4 & 98.6 & 26.1 & 22.2 & 1.0 & 1.0" in tex
     assert tex.count("failed") >= 2 * 9 and "Failed runs:" in tex
     assert r"\multicolumn{3}{c}{NS MMD}" in (out / "table2.tex").read_text()
 
@@ -156,6 +158,24 @@ def test_latex_escapes_raw_experiment_names_and_reasons(tmp_path):
     write_tables(df, tmp_path)
     tex = (tmp_path / "table1.tex").read_text()
     assert r"my\_exp" in tex and r"50\% of runs\_x \& more" in tex
+
+
+def test_half_widths_are_printed_with_their_values_and_in_their_own_csv_columns(tmp_path):
+    rows = paper_rows()
+    rows[5] |= {"mmd_median_hw": 0.021, "acc_hw": 0.0049, "n_repetitions": 3}  # dropout one-mode
+    df = pd.DataFrame(rows)
+    label = ("MNIST - OptuNet", "One Mode", "Dropout")
+    t = table1(df)
+    assert (t.loc[label, "MMD"], t.loc[label, "Acc"], t.loc[label, "ECE"]) == ("15.0 ± 2.1", "83.3 ± 0.5", "33.4")
+    numbers = table1(df, separate=True)
+    assert (numbers.loc[label, "MMD"], numbers.loc[label, "MMD ±"], numbers.loc[label, "ECE ±"]) == ("15.0", "2.1", "n/a")
+    assert table2(df, separate=True).loc[label, ("MMD", "median ±")] == "2.1"
+    write_tables(df, tmp_path)
+    assert r"15.0 $\pm$ 2.1" in (tmp_path / "table1.tex").read_text()
+    caption = (tmp_path / "table1.md").read_text().splitlines()[0]
+    assert "means over 1/3 independent repetitions" in caption and "95% t-interval" in caption
+    assert "scaling (each hidden unit's incoming weights normalised" in caption and "then permutation" in caption
+    assert "softmax" not in caption
 
 
 def _markdown_rows(md):

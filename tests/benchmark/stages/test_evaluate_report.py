@@ -13,62 +13,97 @@ from benchmark.stages.evaluate import run as run_evaluate
 from benchmark.stages.report import run as run_report
 from benchmark.store import StoreError, load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
 from benchmark.training import seeded
-from metrics.mmd import mmd
+from benchmark.stages.evaluate import StaleSamplesError
+from benchmark.stages.sample import settings_hash
+from metrics.mmd import ReferenceResampling, mmd
 from metrics.predictive import predictive_metrics
+from metrics.uncertainty import interval
 from tests.conftest import compose_config
+
+
+def _write_unit(exp, method, mode, repetition, samples, preds, damaged=False):
+    """A unit's files as the sample stage writes them (metadata included); ``damaged``: the
+    predictions hold a NaN (written directly: the store refuses NaN)."""
+    store = exp.store
+    n = next(iter(samples.values())).shape[0]
+    meta = {"experiment": exp.name, "method": method, "mode": mode, "repetition": repetition, "n_samples": n,
+            "settings_hash": settings_hash(exp, method)}
+    save_sample_set(store.samples_path(method, mode, repetition), samples, meta)
+    if damaged:
+        save_file({k: v.contiguous() for k, v in preds.items()}, str(store.preds_path(method, mode, repetition)),
+                  metadata={k: str(v) for k, v in meta.items()})
+    else:
+        save_sample_set(store.preds_path(method, mode, repetition), preds, meta)
 
 
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory):
-    """A zoo of seeded initialisations (reference seeds 0-7), an 'ensemble' of held-out seeds,
-    and a 'dropout' row with broken predictions. Evaluation does not care whether the networks
-    were trained, and untrained ones keep this fixture fast."""
+    """A zoo of seeded initialisations (reference seeds 0-11), an 'ensemble' of held-out seeds in
+    2 repetitions of 3 members, and a 'dropout' row whose first repetition's predictions are
+    broken. Evaluation does not care whether the networks were trained, and untrained ones keep
+    this fixture fast."""
     root = tmp_path_factory.mktemp("eval")
-    cfg = compose_config([f"store={root / 'store'}", f"results={root / 'results'}", "seeds.reference=[0,8]",
-                          "seeds.heldout=[100000,100006]"])
+    cfg = compose_config([f"store={root / 'store'}", f"results={root / 'results'}", "seeds.reference=[0,12]",
+                          "seeds.heldout=[100000,100006]", "sample.repetitions=2", "evaluate.reference_resamples=6",
+                          "evaluate.test_permutations=100"])
     exp = Experiment(cfg)
     store = exp.store
     store.ensure_writable()
-    for seed in [*range(8), *range(100000, 100006)]:
+    for seed in [*range(12), *range(100000, 100006)]:
         with seeded(seed):
             state = exp.model().state_dict()
         save_checkpoint(store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name, "test_accuracy": 0.1})
     members = [s for s in store.completed_seeds() if s >= 100000]
-    ensemble = load_checkpoints_as_sample_set(store.checkpoint_paths(members))
-    meta = {"experiment": exp.name, "method": "ensemble", "mode": "multi"}
-    save_sample_set(store.samples_path("ensemble", "multi"), ensemble, meta)
     model = exp.model()
-    preds = {"id": predict_with_weights(model, ensemble, exp.test_tensors[0]),
-             "ood": predict_with_weights(model, ensemble, exp.ood_tensors[0])}
-    save_sample_set(store.preds_path("ensemble", "multi"), preds, meta)
-    bad = {k: v.clone() for k, v in preds.items()}
-    save_sample_set(store.samples_path("dropout", "one"), ensemble, {**meta, "method": "dropout", "mode": "one"})
-    # The store refuses to write NaN; a predictions file damaged by another tool is written
-    # directly with safetensors.
-    bad["id"][0, 5] = float("nan")
-    save_file(bad, str(store.preds_path("dropout", "one")), metadata={**meta, "method": "dropout", "mode": "one"})
-    return exp, ensemble, preds, members
+    reps = []
+    for r in range(2):
+        ensemble = load_checkpoints_as_sample_set(store.checkpoint_paths(members[3 * r : 3 * r + 3]))
+        preds = {"id": predict_with_weights(model, ensemble, exp.test_tensors[0]),
+                 "ood": predict_with_weights(model, ensemble, exp.ood_tensors[0])}
+        _write_unit(exp, "ensemble", "multi", r, ensemble, preds)
+        bad = {k: v.clone() for k, v in preds.items()}
+        bad["id"][0, 5] = float("nan") if r == 0 else bad["id"][0, 5]
+        _write_unit(exp, "dropout", "one", r, ensemble, bad, damaged=r == 0)
+        reps.append((ensemble, preds))
+    return exp, reps
 
 
 def test_metrics_csv_matches_independent_computation(filled):
-    exp, ensemble, preds, members = filled
+    exp, reps = filled
     df = run_evaluate(exp)
     assert list(df.columns) == COLUMNS
     row = df.set_index(["method", "mode"]).loc[("ensemble", "multi")]
-    assert row.status == "ok" and row.n_samples == len(members)
-    ref = load_checkpoints_as_sample_set(exp.store.checkpoint_paths([s for s in exp.store.completed_seeds() if s < 8]))
-    expected = mmd(ref, ensemble).aggregate
-    assert row.mmd_median == pytest.approx(expected["median"], rel=1e-6, abs=1e-12)
-    assert row.mmd_max == pytest.approx(expected["max"], rel=1e-6, abs=1e-12)
+    assert row.status == "ok" and row.n_samples == 3 and row.n_repetitions == 2 and row.ns_steps == "scale+sort"
+    ref = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(range(12)))
+    by_rep = [mmd(ref, ensemble).aggregate["median"] for ensemble, _ in reps]
+    halves = mmd(ref, reps[0][0], resampling=ReferenceResampling(count=6)).resampled["median"]
+    mean, hw = interval(by_rep, float(halves.std()))
+    assert row.mmd_median == pytest.approx(mean, rel=1e-6) and row.mmd_median_hw == pytest.approx(hw, rel=1e-6)
+    assert 0 <= row.mmd_reject <= 1 and 0 <= row.ns_mmd_reject <= 1
     ref_pred = predict_with_weights(exp.model(), ref, exp.test_tensors[0]).double().mean(0)
-    m = predictive_metrics(preds["id"], exp.test_tensors[1], preds["ood"], reference_id=ref_pred)
+    metrics = [predictive_metrics(p["id"], exp.test_tensors[1], p["ood"], reference_id=ref_pred) for _, p in reps]
     for key in ("acc", "ece", "brier", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv"):
-        assert row[key] == pytest.approx(m[key], rel=1e-6, abs=1e-9), key
+        mean, hw = interval([m[key] for m in metrics])
+        assert row[key] == pytest.approx(mean, rel=1e-6, abs=1e-9), key
+        assert row[f"{key}_hw"] == pytest.approx(hw, rel=1e-6, abs=1e-9), key
     assert not math.isnan(row.ns_mmd_median)
     failed = df.set_index(["method", "mode"]).loc[("dropout", "one")]
     assert failed.status == "failed" and "probs_id" in failed.reason and "NaN" in failed.reason
     on_disk = pd.read_csv(exp.results_dir / "metrics.csv")
     assert len(on_disk) == 2
+
+
+def test_a_missing_or_stale_repetition_is_named_never_mixed(filled, tmp_path):
+    exp = filled[0]
+    more = dataclasses.replace(exp.config, sample=dataclasses.replace(exp.config.sample, repetitions=3),
+                               results=str(tmp_path / "results"))
+    with pytest.raises(StaleSamplesError, match=r"ensemble/multi: repetition 2: not written yet\. Redo them with: "
+                                                r"python -m benchmark stage=sample experiment=digits_optunet method=ensemble mode=multi"):
+        run_evaluate(Experiment(more))
+    other = dataclasses.replace(exp.config, methods=dataclasses.replace(exp.config.methods, dropout=dataclasses.replace(
+        exp.config.methods.dropout, p=0.3)), results=str(tmp_path / "results"))
+    with pytest.raises(StaleSamplesError, match=r"dropout/one: repetition 0: .*metadata settings_hash differ"):
+        run_evaluate(Experiment(other))
 
 
 def test_second_run_reuses_cached_rows_and_gives_identical_tables(filled):
@@ -93,17 +128,17 @@ def test_evaluate_refuses_an_empty_store_and_foreign_samples(tmp_path):
 
 
 def test_foreign_experiment_samples_are_refused(filled, tmp_path):
-    exp = filled[0]
+    exp, reps = filled
     store = exp.store
-    path = store.samples_path("swag", "one")
-    save_sample_set(path, {k: v[:2] for k, v in filled[1].items()}, {"experiment": "mnist_optunet"})
-    save_sample_set(store.preds_path("swag", "one"), {k: v[:2] for k, v in filled[2].items()}, {"experiment": "mnist_optunet"})
+    path = store.samples_path("hmc", "one")
+    save_sample_set(path, {k: v[:2] for k, v in reps[0][0].items()}, {"experiment": "mnist_optunet"})
+    save_sample_set(store.preds_path("hmc", "one"), {k: v[:2] for k, v in reps[0][1].items()}, {"experiment": "mnist_optunet"})
     try:
         with pytest.raises(StoreError, match="experiment 'mnist_optunet', expected 'digits_optunet'.*the store holds"):
             run_evaluate(exp)
     finally:
         path.unlink()
-        store.preds_path("swag", "one").unlink()
+        store.preds_path("hmc", "one").unlink()
 
 
 def test_report_without_metrics_names_the_command(tmp_path):

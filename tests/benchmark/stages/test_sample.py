@@ -67,7 +67,8 @@ def test_bases_are_the_converged_heldout_seeds_in_order(make_exp) -> None:
     seeds = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
     assert seeds and not set(exp.store.failed_seeds()) & set(seeds) and all(s in exp.heldout for s in seeds)
     (unit,) = prepare_units(exp)
-    assert unit.plan.candidates == tuple(seeds) and (unit.plan.bases, unit.plan.samples_per_base) == (1, 100)
+    # one base and spares for a retrained method (pool_size): the first converged seeds
+    assert unit.plan.candidates == tuple(seeds[:3]) and (unit.plan.bases, unit.plan.samples_per_base) == (1, 100)
 
 
 def test_too_few_bases_in_a_trained_range_suggest_a_larger_range(make_exp) -> None:
@@ -109,19 +110,19 @@ def test_ensemble_unit_is_written_validated_and_resumed(make_exp) -> None:
     torch.testing.assert_close(preds["id"].sum(-1), torch.ones(3, 360))
 
     mtime = preds_path.stat().st_mtime_ns
-    assert run_sample(exp).skipped_done == ["ensemble/multi"]
+    assert run_sample(exp).skipped_done == ["ensemble/multi/r0"]
     assert preds_path.stat().st_mtime_ns == mtime
     preds_path.write_bytes(preds_path.read_bytes()[:100])  # truncated: redone
-    assert run_sample(exp).written == ["ensemble/multi"]
+    assert run_sample(exp).written == ["ensemble/multi/r0"]
     changed = make_exp("method=ensemble", "sample.per_method=2")  # other settings: redone
-    assert run_sample(changed).written == ["ensemble/multi"]
+    assert run_sample(changed).written == ["ensemble/multi/r0"]
     assert load_sample_set(preds_path)["id"].shape[0] == 2
 
 
 def test_dropout_one_mode_unit(make_exp) -> None:
     exp = make_exp("method=dropout", "mode=one", "sample.per_method=4")
     with exp.backends():
-        assert run_sample(exp).written == ["dropout/one"]
+        assert run_sample(exp).written == ["dropout/one/r0"]
     samples = load_sample_set(exp.store.samples_path("dropout", "one"))
     assert samples["fc2.weight"].shape == (4, 10, 3)
     seeds = json.loads(read_metadata(exp.store.preds_path("dropout", "one"))["base_seeds"])
@@ -130,9 +131,9 @@ def test_dropout_one_mode_unit(make_exp) -> None:
 
 def test_busy_unit_is_skipped(make_exp) -> None:
     exp = make_exp("method=ensemble", "sample.per_method=2")
-    with try_lock(exp.store.lock_path("sample-ensemble-multi")) as locked:
+    with try_lock(exp.store.lock_path("sample-ensemble-multi-r0")) as locked:
         assert locked
-        assert run_sample(exp).skipped_busy == ["ensemble/multi"]
+        assert run_sample(exp).skipped_busy == ["ensemble/multi/r0"]
     assert _written(exp) == []
 
 
@@ -152,8 +153,8 @@ def test_all_methods_go_on_past_failures_and_list_them(make_exp, monkeypatch) ->
         run_sample(exp)
     message = str(err.value)
     assert message.startswith("2 method/mode unit(s) failed")
-    assert "swag/one: NonFiniteError" in message and "swag/multi: NonFiniteError" in message
-    assert _written(exp) == ["ensemble_multi.safetensors", "ensemble_multi.safetensors"]
+    assert "swag/one/r0: NonFiniteError" in message and "swag/multi/r0: NonFiniteError" in message
+    assert _written(exp) == ["ensemble_multi_r0.safetensors", "ensemble_multi_r0.safetensors"]
 
 
 def test_refusals_and_missing_bases_come_before_any_training(make_exp) -> None:
@@ -167,3 +168,25 @@ def test_refusals_and_missing_bases_come_before_any_training(make_exp) -> None:
     with pytest.raises(MethodConfigError, match="2 method/mode unit.*refused before any work: swag/one: .*snapshots=100000"):
         run_sample(exp)
     assert _written(exp) == []
+
+
+def test_repetitions_use_disjoint_blocks_of_bases_and_survive_a_change_of_their_number(make_exp) -> None:
+    exp = make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=3")
+    converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
+    assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1", "ensemble/multi/r2"]
+    bases = [json.loads(read_metadata(exp.store.samples_path("ensemble", "multi", r))["base_seeds"]) for r in range(3)]
+    assert bases == [converged[0:2], converged[2:4], converged[4:6]]
+    assert run_sample(make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=2")).skipped_done == [
+        "ensemble/multi/r0", "ensemble/multi/r1"]
+    with pytest.raises(MissingBasesError, match=r"8 converged held-out base checkpoints needed"):
+        run_sample(make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=4"))
+
+
+def test_a_retrained_method_reserves_spare_bases_per_repetition(make_exp) -> None:
+    from benchmark.stages.sample import pool_size
+
+    exp = make_exp("method=dropout", "mode=multi", "sample.per_method=4", "sample.modes_multi=2", "sample.repetitions=2")
+    units = prepare_units(exp)
+    converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
+    pool = pool_size(units[0].method, 2)
+    assert pool == 4 and [u.plan.candidates for u in units] == [tuple(converged[:4]), tuple(converged[4:8])]
