@@ -1,7 +1,9 @@
-"""Report stage: Tables 1 and 2 (Markdown, CSV, LaTeX) from every ``results/*/metrics.csv``.
+"""Report stage: Tables 1 and 2 (Markdown, CSV, LaTeX) from every ``results/*/metrics.csv``,
+the zoo summary, the diagnostics of every method and mode (``diagnostics.{md,csv}``) and the
+paper's claims checked with error bars (``findings.md``).
 
-The current experiment's tables go to ``results/<experiment>/``; when several experiments
-have results, the side-by-side tables go to ``results/all/``.
+The current experiment's files go to ``results/<experiment>/``; when several experiments have
+results, the side-by-side tables go to ``results/all/``.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from benchmark.experiment import Experiment
-from benchmark.report import write_tables
+from benchmark.report import diagnostics, findings, write_tables
 from benchmark.results import read_metrics
 from benchmark.stages.zoo import zoo_summary
 from benchmark.store import atomic_write_text
@@ -24,8 +26,12 @@ def run(exp: Experiment) -> list[Path]:
     own = exp.results_dir / "metrics.csv"
     if not own.is_file():
         raise FileNotFoundError(f"{own}: no metrics for {exp.name}; run python -m benchmark stage=evaluate experiment={exp.name}")
-    written = write_tables(read_metrics(own), exp.results_dir)
+    metrics = read_metrics(own)
+    written = write_tables(metrics, exp.results_dir)
     written.append(write_zoo_summary(exp, exp.results_dir / "zoo.md"))
+    written += diagnostics.write(exp, exp.results_dir)
+    atomic_write_text(exp.results_dir / "findings.md", findings.render(metrics))
+    written.append(exp.results_dir / "findings.md")
     results = exp.results_dir.parent
     others = [p for p in sorted(results.glob("*/metrics.csv")) if p.parent.name != "all"]
     if len(others) > 1:

@@ -116,7 +116,16 @@ def test_second_run_reuses_cached_rows_and_gives_identical_tables(filled):
     run_report(exp)
     assert {p: p.read_text() for p in tables} == contents
     names = sorted(p.name for p in tables)
-    assert names == ["table1.csv", "table1.md", "table1.tex", "table2.csv", "table2.md", "table2.tex", "zoo.md"]
+    assert names == ["diagnostics.csv", "diagnostics.md", "findings.md", "table1.csv", "table1.md", "table1.tex",
+                     "table2.csv", "table2.md", "table2.tex", "zoo.md"]
+    diagnostics = pd.read_csv(tables[0].parent / "diagnostics.csv").set_index(["method", "mode"])
+    members = filled[1][0][1]["id"]  # repetition 0's predictions
+    per_sample = (members.argmax(-1) == exp.test_tensors[1]).double().mean(1)
+    row = diagnostics.loc[("ensemble", "multi")]
+    assert row.repetitions == 2 and row.sample_acc_min == pytest.approx(float(per_sample.min()))
+    assert row.sample_acc_max == pytest.approx(float(per_sample.max()))
+    found = (tables[0].parent / "findings.md").read_text()
+    assert "No claim can be checked" in found and "Rows that failed are left out: Dropout (one)." in found
     assert "Deep Ensembles" in (tables[0].parent / "table1.md").read_text()
 
 

@@ -1,0 +1,104 @@
+"""``results/<experiment>/diagnostics.{md,csv}``: per method and mode, the numbers that explain
+its row of Table 1: the spread of its samples' accuracies, and each method's own diagnostics
+(``PosteriorMethod.diagnostics``, recorded by the sample stage, mean over bases and repetitions):
+SWAG's diagonal and low-rank variances, the vBNN's sigma/|mu| per layer, Laplace's prior
+precision, near-flat GGN directions and GLM vs sampled accuracy, SGHMC's temperature and
+effective sample size."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from benchmark.experiment import Experiment
+from benchmark.stages.evaluate import available_rows
+from benchmark.store import atomic_write_text, load_sample_set, read_metadata
+from metrics.chains import effective_sample_size
+
+BASE_COLUMNS = ["method", "method_label", "mode", "repetitions", "n_samples", "sample_acc_min", "sample_acc_median",
+                "sample_acc_max", "ensemble_acc", "ess_median"]
+
+EXPLANATIONS = {
+    "swag": ("SWAG: mean over weights of the snapshots' diagonal variance and of the low-rank variance diag(D D^T)/(K-1); "
+             "a draw's variance is scale x their sum."),
+    "bnn": ("vBNN: mean sigma/|mu| per parameter tensor (0 = a point mass); with BLiTZ's initialisation (sigma ~ 1e-3) "
+            "trained by SGD, sigma barely leaves its start (methods.bnn.variance lets it learn)."),
+    "laplace": ("Laplace: optimised prior precision; GGN eigen-directions below it (near-flat: the posterior variance "
+                "there is the prior's, 1/precision); test accuracy of laplace-torch's GLM predictive (probit), of the "
+                "sampled predictive (100 draws) and of one draw. A sampled predictive far below the GLM one means the "
+                "weight samples are broader than the linearised model assumes."),
+    "sghmc": ("SGHMC: kinetic temperature mean(m^2)/T of the sampling segment (1 = at the configured temperature), "
+              "fraction of coordinates where the minibatch gradient noise alone exceeded the target (there the chain "
+              "runs hot), that noise as a share of the target, and the effective sample size of the kept states "
+              "(median over weights)."),
+}
+
+
+def collect(exp: Experiment) -> pd.DataFrame:
+    """One row per (method, mode) in the store: ``BASE_COLUMNS`` then the method's diagnostics."""
+    labels = exp.test_tensors[1].numpy()
+    rows = []
+    for method, mode in available_rows(exp):
+        repetitions = sorted(int(p.stem.rpartition("_r")[2]) for p in exp.store.samples_dir.glob(f"{method}_{mode}_r*.safetensors"))
+        preds = load_sample_set(exp.store.preds_path(method, mode, 0), ["id"])["id"].numpy()
+        per_sample = (preds.argmax(-1) == labels[None]).mean(1)
+        row = {"method": method, "mode": mode, "repetitions": len(repetitions), "n_samples": len(per_sample),
+               "sample_acc_min": per_sample.min(), "sample_acc_median": float(np.median(per_sample)),
+               "sample_acc_max": per_sample.max(), "ensemble_acc": float((preds.mean(0).argmax(-1) == labels).mean())}
+        diagnostics: dict[str, list[float]] = {}
+        for r in repetitions:
+            meta = read_metadata(exp.store.samples_path(method, mode, r))
+            row["method_label"] = meta.get("label", method)
+            for key, value in json.loads(meta.get("diagnostics", "{}")).items():
+                diagnostics.setdefault(key, []).append(float(value))
+        row |= {key: float(np.mean(values)) for key, values in diagnostics.items()}
+        if method == "sghmc":
+            samples = load_sample_set(exp.store.samples_path(method, mode, 0))
+            draws = np.concatenate([v.reshape(len(v), -1).double().numpy() for v in samples.values()
+                                    if v.is_floating_point() and v.reshape(len(v), -1).std(0).max() > 0], axis=1)
+            row["ess_median"] = float(np.median(effective_sample_size(draws))) if len(draws) >= 4 else math.nan
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    extra = sorted(c for c in frame.columns if c not in BASE_COLUMNS)
+    return frame.reindex(columns=BASE_COLUMNS + extra)
+
+
+def render(frame: pd.DataFrame, experiment: str) -> str:
+    """Markdown: the samples' accuracy spread for every row, then each method's diagnostics."""
+    lines = [f"# Diagnostics of {experiment}", "",
+             "Accuracy (%) on the ID test set of each weight sample (first repetition), and of their ensemble; ESS: "
+             "effective sample size of SGHMC's kept states.", ""]
+    table = pd.DataFrame({
+        "Method": frame["method_label"], "Mode": frame["mode"],
+        "Samples": frame["n_samples"].map("{:.0f}".format),
+        "Per-sample acc. min / median / max": [
+            f"{a * 100:.1f} / {b * 100:.1f} / {c * 100:.1f}"
+            for a, b, c in zip(frame["sample_acc_min"], frame["sample_acc_median"], frame["sample_acc_max"])],
+        "Ensemble acc.": (frame["ensemble_acc"] * 100).map("{:.1f}".format),
+        "ESS": frame["ess_median"].map(lambda v: "" if np.isnan(v) else f"{v:.0f}"),
+    })
+    lines += [table.to_markdown(index=False), ""]
+    for method, explanation in EXPLANATIONS.items():
+        rows = frame[frame["method"] == method]
+        if rows.empty:
+            continue
+        columns = [c for c in frame.columns if c not in BASE_COLUMNS and rows[c].notna().any()]
+        if not columns:
+            continue
+        lines += [f"## {rows['method_label'].iloc[0]}", "", explanation, ""]
+        body = rows[["mode", *columns]].T.reset_index()
+        body.columns = ["", *rows["mode"]]
+        lines += [body.iloc[1:].to_markdown(index=False, floatfmt=".4g"), ""]
+    return "\n".join(lines)
+
+
+def write(exp: Experiment, out_dir: Path) -> list[Path]:
+    """Write ``diagnostics.csv`` and ``diagnostics.md`` into ``out_dir``; return their paths."""
+    frame = collect(exp)
+    paths = [out_dir / "diagnostics.csv", out_dir / "diagnostics.md"]
+    atomic_write_text(paths[0], frame.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(paths[1], render(frame, exp.display_name))
+    return paths

@@ -1,0 +1,54 @@
+"""findings.md: the paper's claims as comparisons with error bars, and their verdicts."""
+import pandas as pd
+
+from benchmark.report.findings import paper_claims, render
+from metrics.uncertainty import compare, interval
+from tests.benchmark.report.test_tables import row
+
+
+def test_compare_uses_the_interval_of_the_difference():
+    assert compare(1.0, 0.1, 2.0, 0.1) == "lower"
+    assert compare(2.0, 0.1, 1.0, 0.1) == "higher"
+    assert compare(1.0, 0.8, 2.0, 0.8) == "not distinguishable"  # sqrt(0.64 + 0.64) = 1.13 > 1
+    assert compare(1.0, float("nan"), 2.0, 0.1) == "not distinguishable"
+
+
+def test_interval_is_a_t_interval_widened_by_an_independent_standard_error():
+    mean, hw = interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and abs(hw - 4.302653 * 1.0 / 3**0.5) < 1e-6
+    _, wider = interval([1.0, 2.0, 3.0], extra_sd=1.0)
+    assert abs(wider - (hw**2 + 1.959964**2) ** 0.5) < 1e-6
+    assert interval([5.0])[1] != interval([5.0])[1]  # NaN: one repetition, no extra error
+    assert abs(interval([5.0], extra_sd=0.5)[1] - 0.979982) < 1e-5
+
+
+def _rows():
+    values = {  # (method, mode): (mmd, acc, ece); small half-widths except where a verdict must be unclear
+        ("dropout", "one"): (0.60, 0.50, 0.10), ("dropout", "multi"): (0.10, 0.90, 0.30),
+        ("laplace", "one"): (0.20, 0.60, 0.20), ("laplace", "multi"): (0.05, 0.92, 0.25),
+        ("swag", "one"): (0.80, 0.85, 0.05), ("swag", "multi"): (0.12, 0.96, 0.21),
+        ("ensemble", "multi"): (0.00, 0.96, 0.35),
+    }
+    out = []
+    for (method, mode), (mmd, acc, ece) in values.items():
+        r = row("digits_optunet", method, mode, mmd_median=mmd, ns_mmd_median=mmd, acc=acc, ece=ece,
+                nll=1.0 - acc, aupr=acc, fpr95=1 - acc)
+        r |= {f"{c}_hw": 0.01 for c in ("mmd_median", "ns_mmd_median", "acc", "ece", "nll", "aupr", "fpr95")}
+        out.append(r)
+    out[-2]["acc_hw"] = 0.5  # SWAG multi: accuracy too uncertain to compare
+    return pd.DataFrame(out)
+
+
+def test_claims_and_verdicts():
+    text = render(_rows())
+    claims = {c.text: c for c in paper_claims({("dropout", "one"), ("dropout", "multi"), ("ensemble", "multi")})}
+    assert len(claims["For every method, the multi-mode MMD is below the one-mode MMD."].comparisons) == 1
+    assert "| Deep Ensembles have the lowest MMD of all rows. | holds | 6/6 |" in text
+    assert "| For every method, the multi-mode MMD is below the one-mode MMD. | holds | 3/3 |" in text
+    assert "| Multi-mode methods are more accurate than their one-mode form. | not distinguishable | 2/3 |" in text
+    assert "| One-mode methods have a lower ECE than their multi-mode form. | holds | 3/3 |" in text
+    assert "| After Deep Ensembles, Laplace has the lowest MMD and NS MMD (within each mode). | holds | 8/8 |" in text
+    assert "| Dropout (one) < Dropout (multi) | ece      | 10.0 ± 1.0 | 30.0 ± 1.0 | holds" in text
+    frame = _rows()
+    frame.loc[frame["method"] == "laplace", "mmd_median"] = 0.9
+    assert "| After Deep Ensembles, Laplace has the lowest MMD and NS MMD (within each mode). | fails |" in render(frame)
