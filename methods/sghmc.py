@@ -27,6 +27,7 @@ BAOA has no such correction, hence this integrator.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Optional
@@ -43,6 +44,7 @@ from benchmark.store import SampleSet, stack_state_dicts
 from benchmark.training import NonFiniteError, iterate_batches, seeded
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
 
+log = logging.getLogger(__name__)
 LogPosterior = Callable[[Mapping[str, torch.Tensor], Any], tuple[torch.Tensor, Any]]
 Params = dict[str, torch.Tensor]
 
@@ -189,7 +191,10 @@ class SGHMCSettings(MethodSettings):
     ``burn_in_epochs``: steps discarded after the base checkpoint, in epochs of the train set;
     ``thinning_epochs``: steps between kept states, in epochs (any positive fraction);
     ``noise_correction``: remove the estimated minibatch gradient noise from the injected noise
-    (see the module doc; false = plain SGHMC, which runs hot).
+    (see the module doc; false = plain SGHMC, which runs hot); ``step_halvings``: when the
+    burn-in diverges (a step too large for the curvature at the base, e.g. a barely trained
+    ResNet-18 whose BatchNorm statistics are far off), restart it with half the step, at most
+    this many times (the step used is in the diagnostics).
     """
 
     lr: float = 0.05
@@ -200,8 +205,10 @@ class SGHMCSettings(MethodSettings):
     burn_in_epochs: float = 10.0
     thinning_epochs: float = 2.0
     noise_correction: bool = True
+    step_halvings: int = 2
 
     def __post_init__(self) -> None:
+        require(self.step_halvings >= 0, "step_halvings", self.step_halvings, "an integer >= 0")
         for key in ("lr", "friction", "temperature", "thinning_epochs"):
             value = getattr(self, key)
             require(math.isfinite(value) and value > 0, key, value, "a positive number")
@@ -248,6 +255,7 @@ class SGHMCMethod(PosteriorMethod):
         super().__init__(*args, **kwargs)
         self._state: ChainState | None = None
         self._sampled: ChainState | None = None
+        self._lr_factor = 1.0
         self._buffers: dict[str, torch.Tensor] = {}
         self._model: nn.Module | None = None
         self._train: InMemoryImageDataset | None = None
@@ -284,7 +292,7 @@ class SGHMCMethod(PosteriorMethod):
         n = len(self._train_data())
         return Chain(
             network_log_posterior(self._model, self._buffers, settings.weight_decay),
-            lr=settings.lr, friction=settings.friction, temperature=settings.temperature / n,
+            lr=settings.lr * self._lr_factor, friction=settings.friction, temperature=settings.temperature / n,
             noise_correction=settings.noise_correction,
         )
 
@@ -307,10 +315,19 @@ class SGHMCMethod(PosteriorMethod):
             raise ValueError(f"method=sghmc: the base checkpoint does not fit the model: {err}") from err
         self._model = model
         self._buffers = {k: v.detach() for k, v in model.named_buffers()}
-        chain = self._chain(settings)
-        where = f"sghmc seed {seed}, burn-in"
-        with seeded(seed):
-            state = chain.run(chain.start(dict(model.named_parameters())), self._batches(settings, seed), settings.burn_in, where)
+        for halvings in range(self.settings.step_halvings + 1):
+            self._lr_factor = 0.5**halvings
+            chain = self._chain(settings)
+            where = f"sghmc seed {seed}, burn-in at lr {chain.lr:g}"
+            try:
+                with seeded(seed):
+                    state = chain.run(chain.start(dict(model.named_parameters())), self._batches(settings, seed),
+                                      settings.burn_in, where)
+                break
+            except NonFiniteError as err:
+                if halvings == self.settings.step_halvings:
+                    raise
+                log.warning("%s; restarting the burn-in with half the step", err)
         self._state = state
 
     def _kept_states(self, n: int, generator: torch.Generator) -> Iterator[dict[str, torch.Tensor]]:
@@ -347,6 +364,7 @@ class SGHMCMethod(PosteriorMethod):
         ratio = [v * settings.lr / (2 * settings.friction * target) for v in state.noise_variance.values()]
         coordinates = sum(r.numel() for r in ratio)
         return {
+            "lr": settings.lr * self._lr_factor,
             "kinetic_temperature": state.kinetic_sum / state.steps,
             "clamped_fraction": state.clamped_sum / state.steps,
             "noise_to_target": float(sum(r.sum() for r in ratio)) / coordinates,

@@ -212,3 +212,15 @@ def test_the_gradient_noise_estimate_is_the_minibatch_variance():
     expected = per_example.var(0) / 10  # of a mean over 10 examples
     estimated = state.noise_variance["w"].mean(0)
     assert ((estimated / expected - 1).abs() < 0.2).all(), (estimated, expected)
+
+
+def test_a_diverging_burn_in_is_restarted_with_half_the_step(tiny_exp, tiny_bases):
+    seed, base = tiny_bases[0]
+    method = build(tiny_exp, "sghmc", lr=100.0, burn_in_epochs=1, thinning_epochs=0.1, step_halvings=12)
+    with one_thread(), tiny_exp.backends():
+        method.fit(base, seed)
+        method.sample(2, torch.Generator().manual_seed(0))
+    used = method.diagnostics(*tiny_exp.test_tensors)["lr"]
+    assert used < 100.0 and any(used == 100.0 * 0.5**k for k in range(1, 13))
+    with pytest.raises(NonFiniteError, match="burn-in at lr 100"):
+        build(tiny_exp, "sghmc", lr=100.0, burn_in_epochs=1, step_halvings=0).fit(base, seed)
