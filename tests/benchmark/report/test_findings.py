@@ -52,3 +52,11 @@ def test_claims_and_verdicts():
     frame = _rows()
     frame.loc[frame["method"] == "laplace", "mmd_median"] = 0.9
     assert "| After Deep Ensembles, Laplace has the lowest MMD and NS MMD (within each mode). | fails |" in render(frame)
+
+
+def test_claims_need_their_rows():
+    frame = _rows()
+    without_de = frame[frame["method"] != "ensemble"]
+    text = render(without_de)
+    assert "Deep Ensembles have the lowest" not in text and "Laplace has the lowest" in text
+    assert "No claim can be checked" in render(frame[frame["mode"] == "one"].iloc[:1])

@@ -29,7 +29,7 @@ def test_relabelled_statistics_equal_the_u_statistic_of_relabelled_data():
     for b in range(6):
         is_x = indicators[:, b].bool().numpy()
         expected = u_statistic_by_loops(z[is_x], z[~is_x], "laplace", 1.7)
-        assert float(draws[b]) == pytest.approx(expected, rel=1e-6, abs=1e-7)  # the relabelling product runs in float32
+        assert float(draws[b]) == pytest.approx(expected, rel=1e-5, abs=1e-7)  # the relabelling product runs in float32
 
 
 def test_identity_labelling_gives_the_observed_statistic():
@@ -37,7 +37,7 @@ def test_identity_labelling_gives_the_observed_statistic():
     k = kernel_matrix(d.l2, "gaussian", 2.0)
     identity = torch.cat([torch.ones(6), torch.zeros(3)]).to(torch.float64)[:, None]
     observed = u_statistics(d.l2, 6, "gaussian", torch.tensor([2.0], dtype=torch.float64))
-    assert float(relabelled_statistics(k, 6, identity)[0]) == pytest.approx(float(observed[0]), rel=1e-6, abs=1e-7)  # float32 product
+    assert float(relabelled_statistics(k, 6, identity)[0]) == pytest.approx(float(observed[0]), rel=1e-5, abs=1e-7)  # float32 product
 
 
 def test_p_values_and_decision_of_a_hand_built_case():
