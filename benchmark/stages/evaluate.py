@@ -4,7 +4,9 @@ the reference zoo plus the predictive metrics, into ``results/<experiment>/metri
 The reference (the converged checkpoints of ``seeds.reference``) is canonicalised once and
 cached in ``store/<experiment>/reference/`` with its ensemble predictive; each row is cached
 in ``store/<experiment>/eval/`` keyed by the files it was computed from, so a second run
-recomputes nothing.
+recomputes nothing. Reference checkpoints are validated whole before they are used; a damaged
+one stops the stage with one error naming the files and the command that heals the zoo
+(``CorruptZooError``), never a table of failed rows. Damaged caches are rebuilt.
 """
 from __future__ import annotations
 
@@ -21,12 +23,14 @@ from tqdm.auto import tqdm
 from benchmark.experiment import Experiment, stable_hash
 from benchmark.models import predict_with_weights
 from benchmark.results import write_metrics
+from benchmark.stages.zoo import corrupt_zoo_error
 from benchmark.store import (
     CheckpointError,
     CheckpointFiles,
     SampleSetFile,
     StoreError,
     atomic_write_text,
+    check_file,
     iter_checkpoint_batches,
     load_checkpoints_as_sample_set,
     load_sample_set,
@@ -98,7 +102,9 @@ class Reference:
                 f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=reference"
             )
         self.folder = exp.store.base / "reference"
-        self.key = _fingerprint([], {"seeds": self.seeds, "steps": steps, "hash": exp.config_hash})
+        self.key = _fingerprint(exp.store.checkpoint_paths(self.seeds),
+                                {"seeds": self.seeds, "steps": steps, "hash": exp.config_hash})
+        self._checked: list[Path] | None = None
         self.steps = steps
         self.model = exp.model().to(exp.device)
         self.spec = spec_for_model(exp.model())
@@ -107,10 +113,29 @@ class Reference:
         self.in_memory = len(self.seeds) * n_params * 4 <= limit * 2**30
         self.batch = max(1, int(limit * 2**30 // (8 * n_params * 4)))
 
+    def checked_paths(self) -> list[Path]:
+        """The reference checkpoints, each validated whole once (checksum, keys and shapes, finite
+        values, experiment and seed); raises ``CorruptZooError`` naming every damaged one."""
+        if self._checked is None:
+            paths, shapes, problems = self.exp.store.checkpoint_paths(self.seeds), self.exp.shapes(), {}
+            for seed, path in tqdm(list(zip(self.seeds, paths)), desc=f"validate reference {self.exp.name}",
+                                   unit="file", dynamic_ncols=True, disable=len(paths) < 50):
+                try:
+                    check_file(path, shapes, expect={"experiment": self.exp.name, "seed": str(seed)})
+                except CheckpointError as err:
+                    problems[path] = str(err)
+            if problems:
+                raise corrupt_zoo_error(self.exp, problems, "reference checkpoint(s)")
+            self._checked = paths
+        return self._checked
+
     def _cached(self, name: str, build) -> dict[str, torch.Tensor]:
         path = self.folder / f"{name}.safetensors"
-        if path.is_file() and read_metadata(path).get("key") == self.key:
-            return load_sample_set(path)
+        try:
+            if path.is_file() and read_metadata(path).get("key") == self.key:
+                return load_sample_set(path)
+        except CheckpointError as err:
+            log.warning("%s; rebuilding this cache", err)
         value = build()
         save_sample_set(path, value, {"key": self.key, "experiment": self.exp.name, "seeds": self.seeds})
         return value
@@ -118,8 +143,7 @@ class Reference:
     def weights(self) -> dict[str, torch.Tensor]:
         """Reference sample set ``{key: [R, ...]}`` (validated against the model)."""
         def build():
-            paths = self.exp.store.checkpoint_paths(self.seeds)
-            zoo = load_checkpoints_as_sample_set(paths)
+            zoo = load_checkpoints_as_sample_set(self.checked_paths())
             validate_tensors(zoo, self.exp.model(), source=str(self.exp.store.zoo_dir), leading=1)
             return zoo
         return self._cached("zoo", build)
@@ -130,13 +154,14 @@ class Reference:
 
     @property
     def paths(self) -> list[Path]:
-        return self.exp.store.checkpoint_paths(self.seeds)
+        return self.checked_paths()
 
     def canonical_paths(self) -> list[Path]:
         """Streamed mode: one canonical checkpoint per reference seed, written once."""
         folder = self.folder / f"canonical-{self.key}"
         todo = [s for s in self.seeds if not (folder / f"{seed_name(s)}.safetensors").is_file()]
-        paths = self.exp.store.checkpoint_paths(todo)
+        checked = dict(zip(self.seeds, self.checked_paths()))
+        paths = [checked[s] for s in todo]
         for batch_seeds, batch in zip(_chunks(todo, self.batch), iter_checkpoint_batches(paths, self.batch)):
             canonical = canonicalize(batch, self.spec, self.steps)[0]
             for i, seed in enumerate(batch_seeds):
@@ -186,12 +211,13 @@ def evaluate_row(exp: Experiment, ref: Reference, method: str, mode: str) -> dic
     label = metas[0].get("label") or (method_class(method).label if method in method_names() else method)
     row: dict[str, Any] = {"experiment": exp.name, "experiment_label": exp.display_name, "method": method,
                            "method_label": label, "mode": mode, "status": "ok", "reason": ""}
+    reference_id = ref.predictive()  # a damaged reference stops the stage (CorruptZooError), never a failed row
     try:
         samples = load_sample_set(samples_path)
         validate_tensors(samples, exp.model(), source=str(samples_path), leading=1)
         preds = load_sample_set(preds_path, ["id", "ood"])
         row["n_samples"] = int(next(iter(samples.values())).shape[0])
-        metrics = predictive_metrics(preds["id"], exp.test_tensors[1], preds["ood"], reference_id=ref.predictive())
+        metrics = predictive_metrics(preds["id"], exp.test_tensors[1], preds["ood"], reference_id=reference_id)
     except (CheckpointError, ValueError) as err:
         log.error("%s/%s marked failed: %s", method, mode, err)
         return {**row, "status": "failed", "reason": str(err)}
@@ -214,17 +240,26 @@ def run(exp: Experiment) -> pd.DataFrame:
     for method, mode in tqdm(rows, desc=f"evaluate {exp.name}", unit="row", dynamic_ncols=True):
         key = _fingerprint([exp.store.samples_path(method, mode), exp.store.preds_path(method, mode)],
                            {"reference": ref.key, "label": exp.display_name})
-        cached = cache_dir / f"{method}_{mode}.json"
-        if cached.is_file() and json.loads(cached.read_text()).get("key") == key:
-            out.append(json.loads(cached.read_text())["row"])
+        cached = _cached_row(cache_dir / f"{method}_{mode}.json", key)
+        if cached is not None:
+            out.append(cached)
             continue
         row = evaluate_row(exp, ref, method, mode)
-        atomic_write_text(cached, json.dumps({"key": key, "row": row}, default=_jsonable))
+        atomic_write_text(cache_dir / f"{method}_{mode}.json", json.dumps({"key": key, "row": row}, default=_jsonable))
         out.append(row)
     path = exp.results_dir / "metrics.csv"
     frame = write_metrics(out, path)
     log.info("wrote %s (%d rows, reference of %d checkpoints)", path, len(frame), len(ref.seeds))
     return frame
+
+
+def _cached_row(path: Path, key: str) -> dict[str, Any] | None:
+    """The cached row at ``path`` if it was computed for ``key``; a damaged cache file counts as absent."""
+    try:
+        cached = json.loads(path.read_text())
+        return cached["row"] if cached.get("key") == key else None
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
 
 
 def _jsonable(value: Any) -> Any:
