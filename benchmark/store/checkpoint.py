@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -46,6 +47,24 @@ def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tenso
     encoded[METADATA_KEY] = checksums_entry(tensors)
     with atomic_path(path) as tmp:
         save_file(dict(tensors), str(tmp), metadata=encoded)
+        _sort_header(tmp)
+
+
+def _sort_header(path: Path) -> None:
+    """Rewrite the JSON header of a safetensors file in place with sorted keys.
+
+    safetensors writes its metadata in hash-map order, which changes from process to process, so
+    the same tensors and metadata would give files that differ byte for byte. The sorted header
+    has the same characters in another order (padded with spaces, as safetensors pads), so the
+    data section and its offsets stay where they are; files become reproducible byte for byte.
+    """
+    with open(path, "r+b") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(length))
+        text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) <= length:
+            fh.seek(8)
+            fh.write(text + b" " * (length - len(text)))
 
 
 def check_finite(tensors: Mapping[str, torch.Tensor], source: str) -> None:
