@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -332,7 +333,11 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 def compose_config(overrides: Sequence[str] = (), config_dir: str = CONF_DIR) -> DictConfig:
     """The project's config with command-line style ``overrides`` applied (Hydra's compose API),
-    as ``python -m benchmark`` would compose it (without the ``hydra`` node)."""
+    as ``python -m benchmark`` would compose it (without the ``hydra`` node). Inside a running
+    ``python -m benchmark`` (Hydra already initialised, e.g. ``stage=verify`` composing another
+    experiment's config) it composes with that app's config search path."""
     register_configs()
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))

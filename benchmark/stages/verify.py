@@ -33,10 +33,9 @@ from benchmark.stages.sample import StoredUnit, inspect_unit, selected_units, un
 from benchmark.stages.zoo import quarantined_seeds, seed_problem
 from benchmark.store import (
     CheckpointError, ExperimentStore, StoreError, check_file, claims_in, quarantine, quarantined, read_metadata,
-    remove_temp_files_of, stale_reason, stored_checksums,
+    remove_temp_files_of, seed_of_file, stale_reason, stored_checksums,
 )
 from benchmark.store.atomic import is_temp_file
-from benchmark.store.layout import _SEED_FILE
 from methods import MODES, method_names
 
 log = logging.getLogger(__name__)
@@ -311,9 +310,9 @@ def remove_temp_files(store: ExperimentStore, health: ExperimentHealth) -> None:
     removed = 0
     for tmp in health.temp_files:
         final = tmp.with_name(tmp.name[1:].split(".tmp-")[0])
-        m = _SEED_FILE.match(final.name)
-        if m:
-            unit = f"zoo-seed_{int(m.group(1)):06d}"
+        seed = seed_of_file(final.name)
+        if seed is not None:
+            unit = f"zoo-seed_{seed:06d}"
         else:
             method, _, mode = final.stem.rpartition("_")
             unit = f"sample-{method}-{mode}"

@@ -24,7 +24,7 @@ from benchmark.config import ZooRange
 from benchmark.experiment import Experiment, SeedRange, library_versions
 from benchmark.store import (
     CheckpointError, ExperimentStore, StoreError, check_file, metadata_float, quarantine, quarantined, read_metadata,
-    remove_temp_files_of, save_checkpoint, seed_name,
+    remove_temp_files_of, save_checkpoint, seed_name, seed_of_file,
 )
 from benchmark.training import NonFiniteError, TrainResult, seeded, train_network
 
@@ -211,9 +211,12 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
 
 
 def zoo_summary(exp: Experiment, seeds: SeedRange) -> ZooSummary:
-    """State of ``seeds`` in the store: checkpoints, accuracies, failures."""
+    """State of ``seeds`` in the store: checkpoints, accuracies, failures, quarantined files.
+
+    Raises ``CorruptZooError`` (naming the files and the healing command) if a checkpoint's
+    header cannot be read."""
     summary = ZooSummary()
-    _fill_range_state(exp, summary, seeds.start, seeds.stop)
+    _fill_range_state(exp, summary, seeds.start, seeds.stop, strict=True)
     return summary
 
 
@@ -236,15 +239,14 @@ def _warn_stale(exp: Experiment, seeds: list[int]) -> None:
 def quarantined_seeds(store: ExperimentStore) -> list[int]:
     """Seeds of the zoo's quarantined checkpoints and failure records (one entry per file)."""
     entries = quarantined(store.zoo_dir) + quarantined(store.failed_dir, suffix=".json")
-    out = []
-    for entry in entries:
-        name = str(entry.record.get("file") or entry.path.name)
-        if name.startswith("seed_") and name[5:11].isdigit():
-            out.append(int(name[5:11]))
-    return out
+    seeds = (seed_of_file(str(entry.record.get("file") or entry.path.name)) for entry in entries)
+    return [s for s in seeds if s is not None]
 
 
-def _fill_range_state(exp: Experiment, summary: ZooSummary, start: int, stop: int) -> None:
+def _fill_range_state(exp: Experiment, summary: ZooSummary, start: int, stop: int, strict: bool = False) -> None:
+    """Accuracies, failures and quarantined files of ``[start, stop)``. A checkpoint whose header
+    cannot be read raises ``CorruptZooError`` with ``strict``; otherwise (another shard's seed,
+    left to its job) it is logged and left out."""
     store = exp.store
     problems = {}
     for seed in store.converged_seeds(start, stop):
@@ -253,7 +255,9 @@ def _fill_range_state(exp: Experiment, summary: ZooSummary, start: int, stop: in
             summary.accuracies[seed] = metadata_float(read_metadata(path), "test_accuracy")
         except CheckpointError as err:
             problems[path] = str(err)
-    if problems:
+    if problems and strict:
         raise corrupt_zoo_error(exp, problems)
+    for problem in problems.values():
+        log.warning("%s; left for the zoo run of its shard (not counted here)", problem)
     summary.failed_in_range = sum(start <= s < stop for s in store.failed_seeds())
     summary.quarantined_in_range = sum(start <= s < stop for s in quarantined_seeds(store))

@@ -13,7 +13,7 @@ from benchmark.store.checkpoint import (
 from benchmark.store.checksum import ChecksumError, stored_checksums
 from benchmark.store.claims import Claim, ClaimInfo, claims_in, host_name, read_claim as read_claim_info, stale_reason, try_claim
 from benchmark.store.errors import CheckpointError, StoreError
-from benchmark.store.layout import ExperimentStore, seed_name
+from benchmark.store.layout import ExperimentStore, seed_name, seed_of_file
 from benchmark.store.quarantine import Quarantined, quarantine, quarantined
 from benchmark.store.validate import check_file, verify_file_tensors
 from benchmark.store.sampleset import (
@@ -36,7 +36,7 @@ __all__ = [
     "atomic_path", "atomic_write_text", "remove_temp_files_of", "temp_files_of", "check_finite", "load_checkpoint",
     "metadata_float", "read_metadata", "save_checkpoint", "validate_tensors", "ChecksumError", "stored_checksums",
     "Claim", "ClaimInfo", "claims_in", "host_name", "read_claim_info", "stale_reason", "try_claim", "CheckpointError", "StoreError",
-    "ExperimentStore", "seed_name", "Quarantined", "quarantine", "quarantined", "check_file", "verify_file_tensors",
+    "ExperimentStore", "seed_name", "seed_of_file", "Quarantined", "quarantine", "quarantined", "check_file", "verify_file_tensors",
     "SampleSet", "iter_checkpoint_batches", "iter_column_chunks", "iter_layer_column_chunks",
     "load_checkpoints_as_sample_set", "load_layer", "load_sample_set", "sample_count", "sample_set_keys",
     "save_sample_set", "stack_state_dicts", "unstack", "CheckpointFiles", "SampleSetFile",

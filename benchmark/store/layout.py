@@ -27,6 +27,12 @@ from benchmark.store.errors import StoreError
 _SEED_FILE = re.compile(r"^seed_(\d{6})\.(safetensors|json)$")
 
 
+def seed_of_file(name: str) -> int | None:
+    """The seed of a zoo file name (``seed_000042.safetensors`` -> 42), ``None`` for other names."""
+    m = _SEED_FILE.match(name)
+    return int(m.group(1)) if m else None
+
+
 def seed_name(seed: int) -> str:
     """File stem of a seed: ``seed_000042``."""
     if seed < 0 or seed > 999_999:

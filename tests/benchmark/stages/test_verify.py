@@ -80,13 +80,18 @@ def test_the_whole_store_is_scanned(exp, tmp_path):
 @pytest.mark.slow
 def test_the_cli_exits_non_zero_on_a_damaged_store(exp, tmp_path):
     corrupt(exp.store.checkpoint_path(0), "garbage")
+    other = exp.store.root / "mnist_optunet" / "zoo" / "seed_000003.safetensors"  # another experiment's folder
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"not a checkpoint")
     args = [sys.executable, "-m", "benchmark", "stage=verify", f"store={exp.store.root}", *TINY, "threads=1",
             f"hydra.run.dir={tmp_path / 'run'}"]
     done = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     assert "CORRUPT: " + str(exp.store.checkpoint_path(0)) + ": corrupt or truncated safetensors header" in out
-    assert "StoreIntegrityError: store" in out
+    assert "StoreIntegrityError: store" in out and "in digits_optunet, mnist_optunet" in out
+    assert "mnist_optunet (checked against conf/experiment/mnist_optunet.yaml)" in out
+    assert "CORRUPT: " + str(other) + ": corrupt or truncated safetensors header" in out
     done = subprocess.run(args + ["verify.repair=true"], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 1 and (exp.store.zoo_dir / "quarantine" / "seed_000000.safetensors").exists()
     assert read_metadata(exp.store.checkpoint_path(1))["experiment"] == "digits_optunet"
