@@ -146,7 +146,6 @@ class StoredUnit:
     missing: bool = False
     stale: str | None = None
     corrupt: dict[Path, str] = field(default_factory=dict)
-    metadata: dict[str, str] = field(default_factory=dict)
 
     @property
     def problem(self) -> str | None:
@@ -190,7 +189,6 @@ def inspect_unit(exp: Experiment, name: str, mode: str, expected: dict[str, obje
             check_file(path, shape, leading=1, samples=n, expect={"experiment": exp.name})
         except CheckpointError as err:
             state.corrupt[path] = str(err)
-    state.metadata = metas[paths[0]]
     return state
 
 

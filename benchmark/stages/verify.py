@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from benchmark.config import CONF_DIR, VerifyScope, compose_config
+from benchmark.config import CONF_DIR, ConfigError, VerifyScope, compose_config
 from benchmark.experiment import Experiment
 from benchmark.stages.sample import StoredUnit, inspect_unit, selected_units, unit_expectations
 from benchmark.stages.zoo import quarantined_seeds, seed_problem
@@ -112,7 +112,10 @@ def experiment_for(exp: Experiment, name: str) -> tuple[Experiment | None, str]:
         config = exp.config
         overrides = [f"experiment={name}", f"store={config.store}", f"results={config.results}",
                      f"claims.timeout_s={config.claims.timeout_s}", f"claims.heartbeat_s={config.claims.heartbeat_s}"]
-        return Experiment(compose_config(overrides)), f"conf/experiment/{name}.yaml"
+        try:
+            return Experiment(compose_config(overrides)), f"conf/experiment/{name}.yaml"
+        except ConfigError as err:
+            return None, f"integrity only: conf/experiment/{name}.yaml does not compose ({err})"
     return None, "no experiment config: integrity only"
 
 
@@ -147,8 +150,8 @@ def run(exp: Experiment) -> list[ExperimentHealth]:
     return reports
 
 
-def _progress(items: list, what: str) -> list:
-    return list(tqdm(items, desc=f"verify {what}", unit="file", dynamic_ncols=True, disable=len(items) < 20))
+def _progress(items: list, what: str):
+    return tqdm(items, desc=f"verify {what}", unit="file", dynamic_ncols=True, disable=len(items) < 20)
 
 
 def check_zoo(exp: Experiment | None, store: ExperimentStore, health: ExperimentHealth) -> None:

@@ -127,8 +127,8 @@ def load_checkpoint(
 
     The tensors are checked against the checksums in the metadata. With ``model`` (a module or
     a key -> shape mapping), keys, shapes and finiteness are validated; with ``expect``, metadata
-    entries (e.g. ``{"experiment": "digits_optunet"}``). Any mismatch raises ``CheckpointError``
-    naming the file and key.
+    entries (e.g. ``{"experiment": "digits_optunet"}``; see ``check_metadata``). Any mismatch
+    raises ``CheckpointError`` naming the file and key.
     """
     with open_safetensors(path) as fh:
         identity = file_identity(path)
@@ -145,10 +145,12 @@ def load_checkpoint(
 
 
 def check_metadata(metadata: Mapping[str, str], expect: Mapping[str, str], source: str) -> None:
-    """Raise ``CheckpointError`` naming ``source`` for the first ``expect`` entry the metadata lacks or differs on."""
+    """Raise ``CheckpointError`` naming ``source`` for the first ``expect`` entry the metadata holds
+    with another value (another experiment's or another seed's file). A file without the entry
+    (written by another tool) passes: it cannot be told apart."""
     for key, wanted in expect.items():
         got = metadata.get(key)
-        if got != wanted:
+        if got is not None and got != wanted:
             raise CheckpointError(f"{source}: metadata {key} is {got!r}, expected {wanted!r}")
 
 

@@ -29,7 +29,8 @@ def check_file(
     """Validate safetensors file ``path`` whole; return its metadata.
 
     Checks, in order: the header parses and the file size matches it (truncation, appended
-    garbage); every ``expect`` metadata entry (e.g. ``{"experiment": "digits_optunet"}``); with
+    garbage); every ``expect`` metadata entry the file holds (e.g. ``{"experiment": "digits_optunet"}``:
+    not another experiment's file, see ``checkpoint.check_metadata``); with
     ``shapes``, the keys, and each tensor's shape after ``leading`` sample axes (and, with
     ``samples``, that the sample axis has that length); then every tensor's bytes against its
     checksum and, for floating tensors, that they are finite. Raises ``CheckpointError`` (or its

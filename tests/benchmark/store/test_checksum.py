@@ -127,3 +127,17 @@ def test_check_file_checks_sample_counts(tmp_path):
         fh.write(b"junk")
     with pytest.raises(CheckpointError, match="4 unexpected bytes after the data"):
         check_file(path)
+
+
+def test_another_experiments_file_is_refused_but_one_without_the_entry_passes(tmp_path, state):
+    mine, theirs, plain = (tmp_path / f"{n}.safetensors" for n in ("mine", "theirs", "plain"))
+    save_checkpoint(mine, state, {"experiment": "digits_optunet", "seed": 4})
+    save_checkpoint(theirs, state, {"experiment": "mnist_optunet", "seed": 4})
+    save_checkpoint(plain, state, {})  # written by another tool: nothing to tell it apart
+    expect = {"experiment": "digits_optunet", "seed": "4"}
+    assert check_file(mine, expect=expect)["experiment"] == "digits_optunet"
+    check_file(plain, expect=expect)
+    with pytest.raises(CheckpointError, match="theirs.safetensors: metadata experiment is 'mnist_optunet', expected"):
+        load_checkpoint(theirs, expect=expect)
+    with pytest.raises(CheckpointError, match="metadata seed is '4', expected '5'"):
+        check_file(mine, expect={"seed": "5"})
