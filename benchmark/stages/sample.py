@@ -329,6 +329,7 @@ def run(exp: Experiment) -> SampleSummary:
     single = exp.config.method.value != "all"
     store = exp.store
     store.ensure_writable()
+    store.reap_stale_claims()  # claims of runs killed after they wrote their unit
     summary = SampleSummary()
     todo = []
     for unit in prepare_units(exp, summary):

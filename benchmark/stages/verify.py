@@ -137,6 +137,8 @@ def run(exp: Experiment) -> list[ExperimentHealth]:
                 f"python -m benchmark stage=verify verify.repair=true quarantines it, then {problem.redo}"
         if repair:
             remove_temp_files(store, health)
+            reaped = store.reap_stale_claims() if store.claims_dir.is_dir() else 0
+            health.claims["stale"] -= min(reaped, health.claims["stale"])
         for line in health.lines():
             (log.error if health.bad and line.lstrip().startswith(("CORRUPT", "STALE")) else log.info)("%s", line)
         reports.append(health)

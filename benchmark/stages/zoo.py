@@ -156,6 +156,7 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
     start, stop = seeds.start, seeds.stop
     store = exp.store
     store.ensure_writable()
+    store.reap_stale_claims()  # claims of runs killed after they stored their seed
     summary = ZooSummary()
     mine = [s for s in range(start, stop) if s % num_shards == shard]
     shapes = exp.shapes()

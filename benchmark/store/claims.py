@@ -217,6 +217,22 @@ def _process_alive(pid: int, started: float) -> bool:
         return True
 
 
+def reap_stale(folder: str | os.PathLike, timeout_s: float) -> list[ClaimInfo]:
+    """Remove the stale claims in ``folder`` (left by processes killed after their result was
+    published, which no later run would otherwise touch); return what was removed. Uses the same
+    atomic takeover as ``acquire``, so a claim refreshed meanwhile is left alone."""
+    removed = []
+    for path in sorted(Path(folder).glob("*.claim")) if Path(folder).is_dir() else ():
+        try:
+            raw, inode = path.read_bytes(), path.stat().st_ino
+        except FileNotFoundError:
+            continue
+        info = read_claim(path)
+        if info is not None and stale_reason(info, timeout_s) and _take_over(path, raw, inode):
+            removed.append(info)
+    return removed
+
+
 def claims_in(folder: str | os.PathLike) -> list[ClaimInfo]:
     """Every claim in ``folder`` (for ``stage=verify``)."""
     folder = Path(folder)

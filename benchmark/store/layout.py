@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from benchmark.store.atomic import atomic_write_text
-from benchmark.store.claims import Claim, try_claim
+from benchmark.store.claims import Claim, reap_stale, try_claim
 from benchmark.store.errors import StoreError
 
 _SEED_FILE = re.compile(r"^seed_(\d{6})\.(safetensors|json)$")
@@ -96,6 +96,10 @@ class ExperimentStore:
         """``with store.claim("zoo-seed_000007") as claim:`` the unit's ``Claim``, or ``None`` when
         a live process elsewhere holds it (see ``claims.try_claim``)."""
         return try_claim(self.claim_path(name), self.claim_timeout_s, self.claim_heartbeat_s)
+
+    def reap_stale_claims(self) -> int:
+        """Remove claims left by dead or timed-out processes (``claims.reap_stale``); how many."""
+        return len(reap_stale(self.claims_dir, self.claim_timeout_s))
 
     def ensure_writable(self) -> None:
         """Create the experiment folders; raise ``StoreError`` naming the ``store`` option if not writable."""

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from benchmark.store import read_claim_info, try_claim
-from benchmark.store.claims import HOST_ENV, acquire, host_name
+from benchmark.store.claims import HOST_ENV, acquire, host_name, reap_stale
 from tests.conftest import REPO
 
 HOLD = """
@@ -132,3 +132,15 @@ def test_a_claimant_killed_on_another_host_is_taken_over_after_the_timeout(tmp_p
     same_host.wait()
     with try_claim(path, timeout_s=600) as claim:
         assert claim is not None
+
+
+def test_stale_claims_left_by_killed_runs_are_reaped_and_live_ones_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv(HOST_ENV, "node-b")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _fake_claim(tmp_path / "dead.claim", "node-b", int(dead.stdout))  # this host, process gone
+    _fake_claim(tmp_path / "old.claim", "node-a", 1, age_s=100)  # another host, heartbeat timed out
+    _fake_claim(tmp_path / "live.claim", "node-a", 1, age_s=1)
+    with try_claim(tmp_path / "mine.claim", timeout_s=30):
+        removed = reap_stale(tmp_path, timeout_s=30)
+        assert sorted(i.path.name for i in removed) == ["dead.claim", "old.claim"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["live.claim", "mine.claim"]
