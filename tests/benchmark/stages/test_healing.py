@@ -142,3 +142,13 @@ def test_a_checkpoint_of_another_model_is_named(exp):
     save_checkpoint(exp.store.checkpoint_path(0), other, {"seed": 0, "experiment": exp.name})
     with pytest.raises(CorruptZooError, match=r"seed_000000.safetensors: missing key 'conv1.weight'"):
         run_evaluate(exp)
+
+
+def test_temp_files_of_a_write_killed_mid_way_are_removed_when_the_seed_is_redone(exp):
+    path = exp.store.checkpoint_path(1)
+    original = path.read_bytes()
+    path.unlink()  # killed mid-write: the checkpoint never got its final name, a temp file stayed
+    leftover = path.with_name(f".{path.name}.tmp-4242-0badcafe")
+    leftover.write_bytes(original[:100])
+    summary = run_zoo(exp, exp.reference)
+    assert summary.trained == [1] and path.read_bytes() == original and not leftover.exists()
