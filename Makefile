@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 EXPERIMENT ?= digits_optunet
 STAMP := $(VENV)/.installed
 
-.PHONY: install benchmark test bench clean
+.PHONY: install benchmark test bench verify reliability clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,14 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	@for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+# Check the whole store (every experiment under store/): complete, missing, quarantined, corrupt, stale.
+verify: $(STAMP)
+	$(PY) -m benchmark stage=verify experiment=$(EXPERIMENT) $(if $(REPAIR),verify.repair=true)
+
+# SIGKILLs at random moments, 4 processes on overlapping seeds, 6 kinds of damage (a few minutes).
+reliability: $(STAMP)
+	$(PY) bench/reliability.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

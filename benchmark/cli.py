@@ -108,7 +108,7 @@ def check_command_line(argv: Sequence[str]) -> str | None:
 def _help(what: str) -> str:
     """Text for the help template (``${bench:<what>}``)."""
     if what == "stages":
-        return ", ".join([*PIPELINE, "all"])
+        return ", ".join([*PIPELINE, "all", *(name for name in STAGES if name not in PIPELINE)])
     if what == "methods":
         return ", ".join(f"{name} ({cls.label}: mode={'|'.join(cls.modes)})" for name, cls in registry.METHODS.items())
     if what == "experiments":

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -39,13 +40,22 @@ class ConfigError(ValueError):
 
 
 class Stage(str, Enum):
-    """What ``python -m benchmark`` runs (``all`` = zoo, sample, evaluate, report in order)."""
+    """What ``python -m benchmark`` runs (``all`` = zoo, sample, evaluate, report in order;
+    ``verify`` checks the store and is not part of ``all``)."""
 
     zoo = "zoo"
     sample = "sample"
     evaluate = "evaluate"
     report = "report"
     all = "all"
+    verify = "verify"
+
+
+class VerifyScope(str, Enum):
+    """What ``stage=verify`` scans: every experiment folder under ``store``, or the current experiment's."""
+
+    store = "store"
+    experiment = "experiment"
 
 
 class ModeChoice(str, Enum):
@@ -136,6 +146,33 @@ class EvaluateConfig:
 
 
 @dataclass
+class VerifyConfig:
+    """``stage=verify``. ``scope``: ``store`` checks every experiment folder under ``store`` (the
+    current experiment against this command line's config, the others against their
+    ``conf/experiment/<name>.yaml``), ``experiment`` only the current one. ``repair``: move what
+    is corrupt or stale to ``quarantine/`` (and remove temp files of killed writes) so that the
+    next ``stage=zoo`` / ``stage=sample`` redoes it."""
+
+    scope: VerifyScope = VerifyScope.store
+    repair: bool = False
+
+
+@dataclass
+class ClaimConfig:
+    """Claims on units of work shared by processes and cluster nodes (``benchmark/store/claims.py``):
+    a held claim is refreshed every ``heartbeat_s`` seconds; one not refreshed for ``timeout_s``
+    seconds is taken over (a claimant on the same host whose process is gone, at once)."""
+
+    timeout_s: float = 300.0
+    heartbeat_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        require(self.heartbeat_s > 0, "heartbeat_s", self.heartbeat_s, "a positive number of seconds")
+        require(self.timeout_s >= 2 * self.heartbeat_s, "timeout_s", self.timeout_s,
+                f"at least twice heartbeat_s={self.heartbeat_s:g} (several missed heartbeats before a takeover)")
+
+
+@dataclass
 class ExternalConfig:
     """``method=external``: score a sample set produced elsewhere. ``path``: a safetensors file
     ``{state-dict key: [S, ...]}``; ``name``: its row's method id; ``label``: its row name in the
@@ -217,7 +254,8 @@ def build_schema() -> type:
     ``store`` (checkpoint store root: store/<experiment>/...); ``results`` (tables and figures:
     results/<experiment>/...); ``device`` (auto | cpu | cuda | cuda:N); ``threads`` (torch threads
     per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead of one-line
-    errors); ``method`` and ``mode`` (what the sample stage runs); then the nodes typed above,
+    errors); ``method`` and ``mode`` (what the sample stage runs); then the nodes typed above
+    (``verify``: ``stage=verify``; ``claims``: cross-node claims on units of work),
     ``train`` (the ``Recipe``) and ``methods``.
     """
     methods = make_dataclass(
@@ -242,6 +280,8 @@ def build_schema() -> type:
         ("sample", SampleConfig, field(default_factory=SampleConfig)),
         ("evaluate", EvaluateConfig, field(default_factory=EvaluateConfig)),
         ("external", ExternalConfig, field(default_factory=ExternalConfig)),
+        ("verify", VerifyConfig, field(default_factory=VerifyConfig)),
+        ("claims", ClaimConfig, field(default_factory=ClaimConfig)),
         ("dataset", DatasetConfig, field(default_factory=DatasetConfig)),
         ("model", ModelConfig, field(default_factory=ModelConfig)),
         ("train", Recipe, MISSING),
@@ -313,7 +353,11 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 def compose_config(overrides: Sequence[str] = (), config_dir: str = CONF_DIR) -> DictConfig:
     """The project's config with command-line style ``overrides`` applied (Hydra's compose API),
-    as ``python -m benchmark`` would compose it (without the ``hydra`` node)."""
+    as ``python -m benchmark`` would compose it (without the ``hydra`` node). Inside a running
+    ``python -m benchmark`` (Hydra already initialised, e.g. ``stage=verify`` composing another
+    experiment's config) it composes with that app's config search path."""
     register_configs()
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))

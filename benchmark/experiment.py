@@ -174,7 +174,8 @@ class Experiment:
 
     @cached_property
     def store(self) -> ExperimentStore:
-        return ExperimentStore(Path(self.config.store), self.name)
+        claims = self.config.claims
+        return ExperimentStore(Path(self.config.store), self.name, claims.timeout_s, claims.heartbeat_s)
 
     @property
     def results_dir(self) -> Path:

@@ -12,7 +12,10 @@ The reference (the converged checkpoints of ``seeds.reference``) is canonicalise
 cached in ``store/<experiment>/reference/`` with its ensemble predictive; each repetition's
 numbers are cached in ``store/<experiment>/eval/``, keyed by the files they were computed from
 and by the code that computes them (``EVALUATE_CODE`` sources, library versions), so a second
-run recomputes nothing and a fix in ``metrics/`` recomputes everything.
+run recomputes nothing and a fix in ``metrics/`` recomputes everything. Reference checkpoints
+are validated whole before they are used; a damaged one stops the stage with one error naming
+the files and the command that heals the zoo (``CorruptZooError``), never a table of failed
+rows. Damaged caches are rebuilt.
 """
 from __future__ import annotations
 
@@ -30,12 +33,14 @@ from benchmark.experiment import Experiment, code_fingerprint, stable_hash
 from benchmark.models import predict_with_weights
 from benchmark.results import MEASURED, MMD_COLUMNS, half_width, write_metrics
 from benchmark.stages.sample import unit_problem
+from benchmark.stages.zoo import corrupt_zoo_error
 from benchmark.store import (
     CheckpointError,
     CheckpointFiles,
     SampleSetFile,
     StoreError,
     atomic_write_text,
+    check_file,
     iter_checkpoint_batches,
     load_checkpoints_as_sample_set,
     load_sample_set,
@@ -137,7 +142,9 @@ class Reference:
                 f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=reference"
             )
         self.folder = exp.store.base / "reference"
-        self.key = _fingerprint([], {"seeds": self.seeds, "steps": steps, "hash": exp.config_hash})
+        self.key = _fingerprint(exp.store.checkpoint_paths(self.seeds),
+                                {"seeds": self.seeds, "steps": steps, "hash": exp.config_hash})
+        self._checked: list[Path] | None = None
         self.steps = steps
         self.model = exp.model().to(exp.device)
         self.spec = spec_for_model(exp.model())
@@ -146,10 +153,29 @@ class Reference:
         self.in_memory = len(self.seeds) * n_params * 4 <= limit * 2**30
         self.batch = max(1, int(limit * 2**30 // (8 * n_params * 4)))
 
+    def checked_paths(self) -> list[Path]:
+        """The reference checkpoints, each validated whole once (checksum, keys and shapes, finite
+        values, experiment and seed); raises ``CorruptZooError`` naming every damaged one."""
+        if self._checked is None:
+            paths, shapes, problems = self.exp.store.checkpoint_paths(self.seeds), self.exp.shapes(), {}
+            for seed, path in tqdm(list(zip(self.seeds, paths)), desc=f"validate reference {self.exp.name}",
+                                   unit="file", dynamic_ncols=True, disable=len(paths) < 50):
+                try:
+                    check_file(path, shapes, expect={"experiment": self.exp.name, "seed": str(seed)})
+                except CheckpointError as err:
+                    problems[path] = str(err)
+            if problems:
+                raise corrupt_zoo_error(self.exp, problems, "reference checkpoint(s)")
+            self._checked = paths
+        return self._checked
+
     def _cached(self, name: str, build) -> dict[str, torch.Tensor]:
         path = self.folder / f"{name}.safetensors"
-        if path.is_file() and read_metadata(path).get("key") == self.key:
-            return load_sample_set(path)
+        try:
+            if path.is_file() and read_metadata(path).get("key") == self.key:
+                return load_sample_set(path)
+        except CheckpointError as err:
+            log.warning("%s; rebuilding this cache", err)
         value = build()
         save_sample_set(path, value, {"key": self.key, "experiment": self.exp.name, "seeds": self.seeds})
         return value
@@ -157,8 +183,7 @@ class Reference:
     def weights(self) -> dict[str, torch.Tensor]:
         """Reference sample set ``{key: [R, ...]}`` (validated against the model)."""
         def build():
-            paths = self.exp.store.checkpoint_paths(self.seeds)
-            zoo = load_checkpoints_as_sample_set(paths)
+            zoo = load_checkpoints_as_sample_set(self.checked_paths())
             validate_tensors(zoo, self.exp.model(), source=str(self.exp.store.zoo_dir), leading=1)
             return zoo
         return self._cached("zoo", build)
@@ -169,13 +194,14 @@ class Reference:
 
     @property
     def paths(self) -> list[Path]:
-        return self.exp.store.checkpoint_paths(self.seeds)
+        return self.checked_paths()
 
     def canonical_paths(self) -> list[Path]:
         """Streamed mode: one canonical checkpoint per reference seed, written once."""
         folder = self.folder / f"canonical-{self.key}"
         todo = [s for s in self.seeds if not (folder / f"{seed_name(s)}.safetensors").is_file()]
-        paths = self.exp.store.checkpoint_paths(todo)
+        checked = dict(zip(self.seeds, self.checked_paths()))
+        paths = [checked[s] for s in todo]
         for batch_seeds, batch in zip(_chunks(todo, self.batch), iter_checkpoint_batches(paths, self.batch)):
             canonical = canonicalize(batch, self.spec, self.steps)[0]
             for i, seed in enumerate(batch_seeds):
@@ -235,12 +261,13 @@ def evaluate_repetition(exp: Experiment, ref: Reference, method: str, mode: str,
         if got != exp.name:
             raise StoreError(f"{path}: holds samples of experiment {got!r}, expected {exp.name!r}; "
                              f"the store holds: {describe_store(exp)}")
+    reference_id = ref.predictive()  # a damaged reference stops the stage (CorruptZooError), never a failed row
     try:
         samples = load_sample_set(samples_path)
         validate_tensors(samples, exp.model(), source=str(samples_path), leading=1)
         preds = load_sample_set(preds_path, ["id", "ood"])
         numbers: dict[str, Any] = {"n_samples": int(next(iter(samples.values())).shape[0])}
-        numbers |= predictive_metrics(preds["id"], exp.test_tensors[1], preds["ood"], reference_id=ref.predictive())
+        numbers |= predictive_metrics(preds["id"], exp.test_tensors[1], preds["ood"], reference_id=reference_id)
     except (CheckpointError, ValueError) as err:
         log.error("%s/%s repetition %d marked failed: %s", method, mode, r, err)
         return {"failed": str(err)}
@@ -290,8 +317,9 @@ def run(exp: Experiment) -> pd.DataFrame:
             paths = [exp.store.samples_path(method, mode, r), exp.store.preds_path(method, mode, r)]
             key = _fingerprint(paths, {"reference": ref.key, "code": code, "settings": settings})
             cached = cache_dir / f"{method}_{mode}_r{r}.json"
-            if cached.is_file() and json.loads(cached.read_text()).get("key") == key:
-                numbers.append(_from_json(json.loads(cached.read_text())["numbers"]))
+            hit = _cached_numbers(cached, key)
+            if hit is not None:
+                numbers.append(hit)
             else:
                 numbers.append(evaluate_repetition(exp, ref, method, mode, r))
                 atomic_write_text(cached, json.dumps({"key": key, "numbers": numbers[-1]}, default=_jsonable))
@@ -306,6 +334,15 @@ def run(exp: Experiment) -> pd.DataFrame:
     frame = write_metrics(out, path)
     log.info("wrote %s (%d rows, reference of %d checkpoints)", path, len(frame), len(ref.seeds))
     return frame
+
+
+def _cached_numbers(path: Path, key: str) -> dict[str, Any] | None:
+    """The cached numbers at ``path`` if they were computed for ``key``; a damaged cache file counts as absent."""
+    try:
+        cached = json.loads(path.read_text())
+        return _from_json(cached["numbers"]) if cached.get("key") == key else None
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return None
 
 
 def _jsonable(value: Any) -> Any:

@@ -8,7 +8,13 @@ around the mode's base networks (the converged checkpoints of ``seeds.heldout``,
 first; ``methods.modes``), and the sample set ``{key: [S, ...]}`` and the predictions
 ``{"id": [S, N, C], "ood": [S, M, C]}`` (float32 probabilities on the ID test set and the OOD
 set) are written atomically, predictions last: a unit counts as done only when both files
-validate, so a killed run redoes at most the unit in flight.
+validate, so a killed run redoes at most the unit in flight. Units are claimed
+(``store/claims.py``), so processes on several cluster nodes can share the work.
+
+Self-healing: a stored unit whose sample set or predictions fail validation (unreadable,
+truncated, checksum mismatch, NaN/Inf, wrong keys or shapes, another experiment's) has the
+bad file moved to ``quarantine/`` beside it (one log line naming it) and is redrawn. A unit
+whose metadata differ from the current settings is stale and redrawn in place.
 
 Every unit is built and checked (``prepare_units``) before any training. With ``method=all`` a
 unit that fails while fitting (NaN, no base converges) is logged, writes nothing, and the stage
@@ -22,6 +28,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,16 +36,18 @@ from benchmark.config import ConfigError, ModeChoice
 from benchmark.experiment import Experiment, code_fingerprint, library_versions, stable_hash
 from benchmark.models import predict_with_weights
 from benchmark.settings import SettingsError
+from benchmark.stages.zoo import corrupt_zoo_error
 from benchmark.store import (
     CheckpointError,
     SampleSet,
     StoreError,
+    check_file,
     load_checkpoint,
     load_sample_set,
+    quarantine,
     read_metadata,
-    sample_set_keys,
+    remove_temp_files_of,
     save_sample_set,
-    try_lock,
     validate_tensors,
 )
 from benchmark.training import NonFiniteError
@@ -68,6 +77,7 @@ class SampleSummary:
     skipped_busy: list[str] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    quarantined: dict[str, str] = field(default_factory=dict)  # unit -> what was wrong with its file(s)
 
 
 @dataclass
@@ -138,40 +148,87 @@ def predictions(exp: Experiment, samples: SampleSet) -> dict[str, torch.Tensor]:
     }
 
 
+@dataclass
+class StoredUnit:
+    """The state of a unit's two files in the store: ``missing`` (one or both not written),
+    ``stale`` (metadata differ from the current settings: redrawn in place), ``corrupt``
+    (file -> what is wrong: quarantined, then redrawn). ``problem`` is ``None`` when the unit is done."""
+
+    missing: bool = False
+    stale: str | None = None
+    corrupt: dict[Path, str] = field(default_factory=dict)
+
+    @property
+    def problem(self) -> str | None:
+        if self.corrupt:
+            return "; ".join(self.corrupt.values())
+        return NOT_WRITTEN if self.missing else self.stale
+
+
+def inspect_unit(exp: Experiment, name: str, mode: str, expected: dict[str, object], repetition: int = 0) -> StoredUnit:
+    """The ``StoredUnit`` of ``name``/``mode`` (``repetition``): done when both files are written, their metadata
+    hold ``expected``, and they validate whole (``store.check_file``: checksums, finite values,
+    the model's keys and shapes with the sample count of the metadata, predictions
+    ``[S, N, classes]`` for the ID test set and the OOD set)."""
+    store = exp.store
+    paths = (store.samples_path(name, mode, repetition), store.preds_path(name, mode, repetition))
+    state = StoredUnit(missing=not all(p.is_file() for p in paths))
+    metas = {}
+    for path in (p for p in paths if p.is_file()):
+        try:
+            metas[path] = read_metadata(path)
+        except CheckpointError as err:
+            state.corrupt[path] = str(err)
+            continue
+        if metas[path].get("experiment") != exp.name:
+            state.corrupt[path] = (f"{path}: holds samples of experiment {metas[path].get('experiment')!r}, "
+                                   f"expected {exp.name!r}")
+        elif state.stale is None:
+            stale = [k for k, v in expected.items() if metas[path].get(k) != v]
+            if stale:
+                state.stale = f"{path}: metadata {', '.join(stale)} differ from the current settings"
+    if state.missing or state.stale or state.corrupt:
+        return state
+    try:
+        n = int(json.loads(metas[paths[0]].get("n_samples", "0")))
+    except (ValueError, TypeError):
+        n = -1
+    c, rows = exp.info.num_classes, _prediction_rows(exp)
+    shapes = (exp.shapes(), None if rows is None else {"id": (rows[0], c), "ood": (rows[1], c)})
+    for path, shape in zip(paths, shapes):
+        try:
+            check_file(path, shape, leading=1, samples=n, expect={"experiment": exp.name})
+        except CheckpointError as err:
+            state.corrupt[path] = str(err)
+    return state
+
+
+def _prediction_rows(exp: Experiment) -> tuple[int, int] | None:
+    """Rows of the ID test set and the OOD set, or ``None`` when the data are not on this machine
+    (``stage=verify`` then checks predictions without their row counts)."""
+    try:
+        return len(exp.test_tensors[1]), len(exp.ood_tensors[1])
+    except OSError:
+        return None
+
+
 def stored_problem(exp: Experiment, name: str, mode: str, expected: dict[str, object], repetition: int = 0) -> str | None:
     """Why the stored sample set and predictions of ``name``/``mode`` (``repetition``) are not
     usable (``None`` if both are written, valid, and their metadata holds ``expected``)."""
-    store = exp.store
-    paths = (store.samples_path(name, mode, repetition), store.preds_path(name, mode, repetition))
-    if not all(p.is_file() for p in paths):
-        return NOT_WRITTEN
-    try:
-        metas = [read_metadata(p) for p in paths]
-        shapes = sample_set_keys(paths[0])
-        preds = sample_set_keys(paths[1])
-    except CheckpointError as err:
-        return str(err)
-    for path, meta in zip(paths, metas):
-        stale = [k for k, v in expected.items() if meta.get(k) != v]
-        if stale:
-            return f"{path}: metadata {', '.join(stale)} differ from the current settings"
-    n = json.loads(metas[0].get("n_samples", "0"))
-    model_shapes = exp.shapes()
-    if set(shapes) != set(model_shapes) or any(shapes[k] != (n, *s) for k, s in model_shapes.items()):
-        return f"{paths[0]}: keys or shapes differ from the model's with {n} samples"
-    c = exp.info.num_classes
-    wanted = {"id": (n, len(exp.test_tensors[1]), c), "ood": (n, len(exp.ood_tensors[1]), c)}
-    if preds != wanted:
-        return f"{paths[1]}: shapes {preds}, expected {wanted}"
-    return None
+    return inspect_unit(exp, name, mode, expected, repetition).problem
+
+
+def unit_expectations(exp: Experiment, name: str, mode: str, repetition: int = 0) -> dict[str, Any]:
+    """The metadata a done repetition of a registered method's unit must hold under the current
+    settings and code."""
+    return {"method": name, "mode": mode, "experiment": exp.name, "repetition": str(repetition),
+            "settings_hash": settings_hash(exp, name)}
 
 
 def unit_problem(exp: Experiment, name: str, mode: str, repetition: int = 0) -> str | None:
     """Why the stored output of one repetition of a method's unit is not usable (``None`` if it
     is done and valid: its settings and code are the current ones)."""
-    expected = {"method": name, "mode": mode, "experiment": exp.name, "repetition": str(repetition),
-                "settings_hash": settings_hash(exp, name)}
-    return stored_problem(exp, name, mode, expected, repetition)
+    return stored_problem(exp, name, mode, unit_expectations(exp, name, mode, repetition), repetition)
 
 
 def pool_size(method: PosteriorMethod, bases: int) -> int:
@@ -184,6 +241,17 @@ def repetition_candidates(seeds: list[int], pool: int, repetition: int) -> tuple
     """The candidate bases of ``repetition``: its own block of ``pool`` seeds, so repetitions never
     share a base network, and a block does not depend on how many repetitions are asked."""
     return tuple(seeds[repetition * pool : (repetition + 1) * pool])
+
+
+def quarantine_unit(exp: Experiment, key: str, state: StoredUnit, summary: SampleSummary) -> None:
+    """Move the unit's corrupt files to ``quarantine/``, one log line each; count them in ``summary``."""
+    for path, problem in state.corrupt.items():
+        try:
+            dest = quarantine(path, problem)
+        except FileNotFoundError:
+            continue
+        log.error("%s; moved to %s, %s will be drawn again", problem, dest, key)
+        summary.quarantined[key] = problem
 
 
 def select_bases(exp: Experiment, count: int) -> list[int]:
@@ -257,9 +325,13 @@ def prepare_units(exp: Experiment, summary: SampleSummary | None = None, check_b
 
 
 def load_base(exp: Experiment, seed: int) -> dict[str, torch.Tensor]:
-    """The validated plain state dict of held-out checkpoint ``seed``."""
+    """The validated plain state dict of held-out checkpoint ``seed``; a damaged one stops the
+    stage with the file and the command that heals the zoo (``CorruptZooError``)."""
     path = exp.store.checkpoint_path(seed)
-    state_dict, metadata = load_checkpoint(path, exp.model())
+    try:
+        state_dict, metadata = load_checkpoint(path, exp.model(), expect={"experiment": exp.name})
+    except CheckpointError as err:
+        raise corrupt_zoo_error(exp, {path: str(err)}, "held-out base checkpoint(s)") from err
     trained_with = metadata.get("config_hash")
     if trained_with is not None and trained_with != exp.config_hash:
         log.warning("%s was trained with config hash %s, this run's is %s (model/data/recipe changed since)",
@@ -267,12 +339,15 @@ def load_base(exp: Experiment, seed: int) -> dict[str, torch.Tensor]:
     return state_dict
 
 
-def write_unit(exp: Experiment, unit: Unit) -> tuple[int, ...]:
-    """Fit, sample, predict, and write the unit's two files (atomically, predictions last); return the base seeds."""
+def write_unit(exp: Experiment, unit: Unit, claim=None) -> tuple[int, ...] | None:
+    """Fit, sample, predict, and write the unit's two files (atomically, predictions last); return
+    the base seeds, or ``None`` (nothing written) if ``claim`` was taken over meanwhile."""
     name, mode, r = unit.method.name, unit.plan.mode, unit.repetition
     samples, seeds, diagnostics = run_mode(unit.method, unit.plan, lambda seed: load_base(exp, seed),
                                            diagnostic_data=exp.test_tensors)
     preds = predictions(exp, samples)
+    if claim is not None and claim.lost:
+        return None
     metadata = unit_metadata(exp, unit, seeds, diagnostics)
     save_sample_set(exp.store.samples_path(name, mode, r), samples, metadata)
     save_sample_set(exp.store.preds_path(name, mode, r), preds, metadata)
@@ -286,38 +361,49 @@ def run(exp: Experiment) -> SampleSummary:
     single = exp.config.method.value != "all"
     store = exp.store
     store.ensure_writable()
+    store.reap_stale_claims()  # claims of runs killed after they wrote their unit
     summary = SampleSummary()
     todo = []
     for unit in prepare_units(exp, summary):
-        problem = unit_problem(exp, unit.method.name, unit.plan.mode, unit.repetition)
-        if problem is None:
+        name, mode, r = unit.method.name, unit.plan.mode, unit.repetition
+        state = inspect_unit(exp, name, mode, unit_expectations(exp, name, mode, r), r)
+        if state.problem is None:
             summary.skipped_done.append(unit.key)
             continue
-        if problem != NOT_WRITTEN:
-            log.warning("%s: redoing (%s)", unit.key, problem)
+        if state.stale and not state.corrupt:
+            log.warning("%s: redoing (%s)", unit.key, state.stale)
         todo.append(unit)
     for unit in todo:
         name, mode, r = unit.method.name, unit.plan.mode, unit.repetition
-        with try_lock(store.lock_path(f"sample-{name}-{mode}-r{r}")) as locked:
-            if not locked:
+        with store.claim(f"sample-{name}-{mode}-r{r}") as claim:
+            if claim is None:
                 log.info("%s: in progress elsewhere, skipped", unit.key)
                 summary.skipped_busy.append(unit.key)
                 continue
-            if unit_problem(exp, name, mode, r) is None:
+            for path in (store.samples_path(name, mode, r), store.preds_path(name, mode, r)):
+                remove_temp_files_of(path)  # left by a writer killed mid-write
+            state = inspect_unit(exp, name, mode, unit_expectations(exp, name, mode, r), r)  # again, under the claim
+            if state.problem is None:
                 summary.skipped_done.append(unit.key)
                 continue
+            quarantine_unit(exp, unit.key, state, summary)
             try:
-                seeds = write_unit(exp, unit)
+                seeds = write_unit(exp, unit, claim)
             except FIT_ERRORS as err:
                 if single:
                     raise
                 log.error("%s stopped: %s (nothing written)", unit.key, err)
                 summary.failed[unit.key] = f"{type(err).__name__}: {err}"
                 continue
+            if seeds is None:
+                log.warning("%s: the claim was taken over while drawing; nothing written", unit.key)
+                summary.skipped_busy.append(unit.key)
+                continue
             log.info("%s: %d samples from base seeds %s written", unit.key, unit.plan.n_samples, list(seeds))
             summary.written.append(unit.key)
-    log.info("sample stage: wrote %s; already done %s; busy elsewhere %s",
-             summary.written or "nothing", summary.skipped_done or "none", summary.skipped_busy or "none")
+    log.info("sample stage: wrote %s; quarantined and redrew %s; already done %s; busy elsewhere %s",
+             summary.written or "nothing", list(summary.quarantined) or "none", summary.skipped_done or "none",
+             summary.skipped_busy or "none")
     if summary.failed:
         details = "; ".join(f"{u}: {msg}" for u, msg in summary.failed.items())
         raise SampleStageError(f"{len(summary.failed)} method/mode unit(s) failed and wrote nothing: {details}")
@@ -364,17 +450,18 @@ def run_external(exp: Experiment) -> SampleSummary:
     source = str(Path(external.path).resolve())
     metadata = {
         "method": external.name, "label": external.label or external.name, "mode": mode, "repetition": 0,
-        "experiment": exp.name,
-        "n_samples": n, "source": source, "source_size": Path(source).stat().st_size,
+        "experiment": exp.name, "n_samples": n, "source": source, "source_size": Path(source).stat().st_size,
         "config_hash": exp.config_hash, "versions": library_versions(),
     }
     expected = {k: str(metadata[k]) if isinstance(metadata[k], str) else json.dumps(metadata[k])
                 for k in ("method", "label", "mode", "experiment", "source", "source_size")}
     summary = SampleSummary()
     key = f"{external.name}/{mode}/r0"
-    if stored_problem(exp, external.name, mode, expected) is None:
+    state = inspect_unit(exp, external.name, mode, expected)
+    if state.problem is None:
         summary.skipped_done.append(key)
         return summary
+    quarantine_unit(exp, key, state, summary)
     preds = predictions(exp, samples)
     save_sample_set(exp.store.samples_path(external.name, mode), samples, metadata)
     save_sample_set(exp.store.preds_path(external.name, mode), preds, metadata)

@@ -1,6 +1,7 @@
-"""The checkpoint store: safetensors files with metadata, atomic writes, validated reads,
-layer-at-a-time and column-block reads for zoos too large for memory."""
-from benchmark.store.atomic import atomic_path, atomic_write_text
+"""The checkpoint store: safetensors files with metadata and content checksums, atomic writes,
+validated reads, quarantine of files that fail validation, claims that hold across cluster
+nodes, layer-at-a-time and column-block reads for zoos too large for memory."""
+from benchmark.store.atomic import atomic_path, atomic_write_text, remove_temp_files_of, temp_files_of
 from benchmark.store.checkpoint import (
     check_finite,
     load_checkpoint,
@@ -9,9 +10,12 @@ from benchmark.store.checkpoint import (
     save_checkpoint,
     validate_tensors,
 )
+from benchmark.store.checksum import ChecksumError, stored_checksums
+from benchmark.store.claims import Claim, ClaimInfo, claims_in, host_name, read_claim as read_claim_info, stale_reason, try_claim
 from benchmark.store.errors import CheckpointError, StoreError
-from benchmark.store.layout import ExperimentStore, seed_name
-from benchmark.store.locks import try_lock
+from benchmark.store.layout import ExperimentStore, seed_name, seed_of_file
+from benchmark.store.quarantine import Quarantined, quarantine, quarantined
+from benchmark.store.validate import check_file, verify_file_tensors
 from benchmark.store.sampleset import (
     SampleSet,
     iter_checkpoint_batches,
@@ -29,9 +33,11 @@ from benchmark.store.sampleset import (
 from benchmark.store.sources import CheckpointFiles, SampleSetFile
 
 __all__ = [
-    "atomic_path", "atomic_write_text", "check_finite", "load_checkpoint", "metadata_float", "read_metadata",
-    "save_checkpoint", "validate_tensors", "CheckpointError", "StoreError", "ExperimentStore", "seed_name",
-    "try_lock", "SampleSet", "iter_checkpoint_batches", "iter_column_chunks", "iter_layer_column_chunks",
+    "atomic_path", "atomic_write_text", "remove_temp_files_of", "temp_files_of", "check_finite", "load_checkpoint",
+    "metadata_float", "read_metadata", "save_checkpoint", "validate_tensors", "ChecksumError", "stored_checksums",
+    "Claim", "ClaimInfo", "claims_in", "host_name", "read_claim_info", "stale_reason", "try_claim", "CheckpointError", "StoreError",
+    "ExperimentStore", "seed_name", "seed_of_file", "Quarantined", "quarantine", "quarantined", "check_file", "verify_file_tensors",
+    "SampleSet", "iter_checkpoint_batches", "iter_column_chunks", "iter_layer_column_chunks",
     "load_checkpoints_as_sample_set", "load_layer", "load_sample_set", "sample_count", "sample_set_keys",
     "save_sample_set", "stack_state_dicts", "unstack", "CheckpointFiles", "SampleSetFile",
 ]

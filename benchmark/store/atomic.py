@@ -1,4 +1,9 @@
-"""Atomic file writes: write to a temp file in the target folder, fsync, then rename."""
+"""Atomic file writes: write to a temp file in the target folder, fsync, then rename.
+
+Files get the permissions any other tool writing the folder would give them: the temp file is
+created with mode 0666 filtered by the process umask (or the folder's default ACL), and that
+mode is restored if the writer (safetensors creates its files 0600) changed it.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -6,6 +11,8 @@ import os
 import uuid
 from pathlib import Path
 from typing import Iterator
+
+TEMP_MARK = ".tmp-"
 
 
 @contextlib.contextmanager
@@ -18,10 +25,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the kernel applies umask / default ACL
+    mode = os.fstat(fd).st_mode & 0o7777
+    os.close(fd)
     try:
         yield tmp
         with open(tmp, "rb+") as fh:
+            if os.fstat(fh.fileno()).st_mode & 0o7777 != mode:
+                os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
         os.replace(tmp, final)
         _fsync_dir(final.parent)
@@ -47,4 +59,23 @@ def _fsync_dir(folder: Path) -> None:
 
 def is_temp_file(path: Path) -> bool:
     """True for the hidden temp files ``atomic_path`` creates (left only by a hard kill)."""
-    return path.name.startswith(".") and ".tmp-" in path.name
+    return path.name.startswith(".") and TEMP_MARK in path.name
+
+
+def temp_files_of(path: str | os.PathLike) -> list[Path]:
+    """Temp files that writes of ``path`` left behind (a writer killed mid-write), sorted."""
+    final = Path(path)
+    if not final.parent.is_dir():
+        return []
+    return sorted(final.parent.glob(f".{final.name}{TEMP_MARK}*"))
+
+
+def remove_temp_files_of(path: str | os.PathLike) -> list[Path]:
+    """Remove what ``temp_files_of(path)`` lists; return them. Call it only while holding the
+    claim on ``path``'s unit of work: a temp file of a live writer would be pulled from under it."""
+    removed = []
+    for tmp in temp_files_of(path):
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed

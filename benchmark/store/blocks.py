@@ -22,6 +22,54 @@ _DTYPES = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}  # torch dtype -> safetensors name
+MAX_HEADER = 100 * 2**20  # safetensors' own limit on the JSON header
+
+
+@dataclass(frozen=True)
+class Header:
+    """The parsed header of a safetensors file: tensor entries, metadata, and where data starts."""
+
+    entries: dict[str, dict]  # key -> {"dtype", "shape", "data_offsets"}
+    metadata: dict[str, str]
+    data_start: int  # absolute byte offset of the data section
+
+    @property
+    def data_size(self) -> int:
+        """Bytes of the data section the entries account for."""
+        return max((e["data_offsets"][1] for e in self.entries.values()), default=0)
+
+    def location(self, path: str | os.PathLike, key: str) -> "TensorLocation":
+        if key not in self.entries:
+            raise CheckpointError(f"{path}: no key {key!r}")
+        entry = self.entries[key]
+        if entry["dtype"] not in _DTYPES:
+            raise CheckpointError(f"{path}: key {key!r} has unsupported dtype {entry['dtype']}")
+        return TensorLocation(_DTYPES[entry["dtype"]], tuple(entry["shape"]), self.data_start + entry["data_offsets"][0])
+
+
+def read_header(path: str | os.PathLike) -> Header:
+    """Parse the header of safetensors file ``path`` (no data read); ``CheckpointError`` naming
+    the file when it is missing, unreadable, or its header is corrupt or truncated."""
+    try:
+        with open(path, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            if length > MAX_HEADER:
+                raise ValueError(f"header length {length} is implausible")
+            raw = fh.read(length)
+            if len(raw) != length:
+                raise ValueError(f"header of {length} bytes cut at {len(raw)}")
+            header = json.loads(raw)
+            metadata = header.pop("__metadata__", None) or {}
+            for key, entry in header.items():
+                begin, end = entry["data_offsets"]
+                if not (isinstance(entry["shape"], list) and 0 <= begin <= end):
+                    raise ValueError(f"entry {key!r} is malformed")
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{path}: no such file") from err
+    except (OSError, struct.error, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{path}: corrupt or truncated safetensors header ({err})") from err
+    return Header(header, dict(metadata), 8 + length)
 
 
 @dataclass(frozen=True)
@@ -39,18 +87,14 @@ class TensorLocation:
 
 def locate(path: str | os.PathLike, key: str) -> TensorLocation:
     """Parse the header of ``path`` and return where tensor ``key`` lies."""
-    try:
-        with open(path, "rb") as fh:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(length))
-    except (OSError, struct.error, ValueError) as err:
-        raise CheckpointError(f"{path}: corrupt or truncated safetensors header ({err})") from err
-    if key not in header or key == "__metadata__":
-        raise CheckpointError(f"{path}: no key {key!r}")
-    entry = header[key]
-    if entry["dtype"] not in _DTYPES:
-        raise CheckpointError(f"{path}: key {key!r} has unsupported dtype {entry['dtype']}")
-    return TensorLocation(_DTYPES[entry["dtype"]], tuple(entry["shape"]), 8 + length + entry["data_offsets"][0])
+    return read_header(path).location(path, key)
+
+
+def read_range(fd: int, path: str | os.PathLike, view: memoryview, offset: int) -> None:
+    """Fill ``view`` with the bytes of open file ``fd`` at ``offset``; ``CheckpointError`` if the file ends first."""
+    got = os.preadv(fd, [view], offset)
+    if got != len(view):
+        raise CheckpointError(f"{path}: truncated data (wanted {len(view)} bytes at {offset}, got {got})")
 
 
 def _read_ranges(path: str | os.PathLike, ranges: list[tuple[int, int]], total: int) -> bytearray:
@@ -60,9 +104,7 @@ def _read_ranges(path: str | os.PathLike, ranges: list[tuple[int, int]], total: 
     try:
         at = 0
         for offset, size in ranges:
-            got = os.preadv(fd, [view[at : at + size]], offset)
-            if got != size:
-                raise CheckpointError(f"{path}: truncated data (wanted {size} bytes at {offset}, got {got})")
+            read_range(fd, path, view[at : at + size], offset)
             at += size
     finally:
         os.close(fd)

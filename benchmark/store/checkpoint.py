@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -13,6 +14,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from benchmark.store.atomic import atomic_path
+from benchmark.store.checksum import METADATA_KEY, checksums_entry, file_identity, verify_tensors
 from benchmark.store.errors import CheckpointError
 
 ShapeSpec = Mapping[str, tuple[int, ...]]
@@ -32,11 +34,37 @@ def save_checkpoint(path: str | os.PathLike, state_dict: Mapping[str, torch.Tens
     """Write one network's ``state_dict`` to ``path`` (safetensors) atomically.
 
     Floating tensors must be finite: a NaN/Inf weight raises ``CheckpointError`` naming the
-    key and nothing is written. ``metadata`` values that are not strings are JSON-encoded.
+    key and nothing is written. ``metadata`` values that are not strings are JSON-encoded; the
+    content checksums of the tensors (``checksum.py``) are added under ``checksums``.
     """
     check_finite(state_dict, source=str(path))
+    write_safetensors(path, plain_tensors(state_dict), metadata)
+
+
+def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
+    """Write plain (contiguous CPU) ``tensors`` with ``metadata`` and their checksums, atomically."""
+    encoded = encode_metadata(metadata)
+    encoded[METADATA_KEY] = checksums_entry(tensors)
     with atomic_path(path) as tmp:
-        save_file(plain_tensors(state_dict), str(tmp), metadata=encode_metadata(metadata))
+        save_file(dict(tensors), str(tmp), metadata=encoded)
+        _sort_header(tmp)
+
+
+def _sort_header(path: Path) -> None:
+    """Rewrite the JSON header of a safetensors file in place with sorted keys.
+
+    safetensors writes its metadata in hash-map order, which changes from process to process, so
+    the same tensors and metadata would give files that differ byte for byte. The sorted header
+    has the same characters in another order (padded with spaces, as safetensors pads), so the
+    data section and its offsets stay where they are; files become reproducible byte for byte.
+    """
+    with open(path, "r+b") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(length))
+        text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) <= length:
+            fh.seek(8)
+            fh.write(text + b" " * (length - len(text)))
 
 
 def check_finite(tensors: Mapping[str, torch.Tensor], source: str) -> None:
@@ -91,22 +119,39 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
 
 
 def load_checkpoint(
-    path: str | os.PathLike, model: nn.Module | ShapeSpec | None = None
+    path: str | os.PathLike,
+    model: nn.Module | ShapeSpec | None = None,
+    expect: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read a checkpoint; return ``(state_dict, metadata)``.
 
-    With ``model`` (a module or a key -> shape mapping), keys, shapes and finiteness are
-    validated; any mismatch raises ``CheckpointError`` naming the file and key.
+    The tensors are checked against the checksums in the metadata. With ``model`` (a module or
+    a key -> shape mapping), keys, shapes and finiteness are validated; with ``expect``, metadata
+    entries (e.g. ``{"experiment": "digits_optunet"}``; see ``check_metadata``). Any mismatch
+    raises ``CheckpointError`` naming the file and key.
     """
     with open_safetensors(path) as fh:
+        identity = file_identity(path)
         try:
             tensors = {k: fh.get_tensor(k) for k in fh.keys()}
         except SafetensorError as err:
             raise CheckpointError(f"{path}: corrupt or truncated safetensors data ({err})") from err
         metadata = dict(fh.metadata() or {})
+    check_metadata(metadata, expect or {}, str(path))
+    verify_tensors(path, tensors, metadata, identity)
     if model is not None:
         validate_tensors(tensors, model, source=str(path))
     return tensors, metadata
+
+
+def check_metadata(metadata: Mapping[str, str], expect: Mapping[str, str], source: str) -> None:
+    """Raise ``CheckpointError`` naming ``source`` for the first ``expect`` entry the metadata holds
+    with another value (another experiment's or another seed's file). A file without the entry
+    (written by another tool) passes: it cannot be told apart."""
+    for key, wanted in expect.items():
+        got = metadata.get(key)
+        if got is not None and got != wanted:
+            raise CheckpointError(f"{source}: metadata {key} is {got!r}, expected {wanted!r}")
 
 
 class open_safetensors:

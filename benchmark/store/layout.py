@@ -3,13 +3,16 @@
 ```
 <root>/<experiment>/zoo/seed_000042.safetensors    trained checkpoint (validated on read)
 <root>/<experiment>/zoo/failed/seed_000007.json   seed that did not converge, with its reason
+<root>/<experiment>/zoo/quarantine/               checkpoints that failed validation, with why (quarantine.py)
 <root>/<experiment>/samples/<method>_<mode>_r<k>.safetensors   weight sample set of a method (repetition k)
 <root>/<experiment>/preds/<method>_<mode>_r<k>.safetensors     per-sample probabilities (ID, OOD)
-<root>/<experiment>/.locks/                        one lock file per unit of work
+<root>/<experiment>/{samples,preds}/quarantine/   sample sets and predictions that failed validation
+<root>/<experiment>/.claims/                       one claim file per unit of work in progress (claims.py)
 ```
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,9 +21,16 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from benchmark.store.atomic import atomic_write_text
+from benchmark.store.claims import Claim, reap_stale, try_claim
 from benchmark.store.errors import StoreError
 
 _SEED_FILE = re.compile(r"^seed_(\d{6})\.(safetensors|json)$")
+
+
+def seed_of_file(name: str) -> int | None:
+    """The seed of a zoo file name (``seed_000042.safetensors`` -> 42), ``None`` for other names."""
+    m = _SEED_FILE.match(name)
+    return int(m.group(1)) if m else None
 
 
 def seed_name(seed: int) -> str:
@@ -32,10 +42,16 @@ def seed_name(seed: int) -> str:
 
 @dataclass(frozen=True)
 class ExperimentStore:
-    """The store folder of one experiment under ``root`` (the config key ``store``)."""
+    """The store folder of one experiment under ``root`` (the config key ``store``).
+
+    ``claim_timeout_s``, ``claim_heartbeat_s``: a claim whose heartbeat is older than the timeout
+    is taken over; a held claim is refreshed every ``claim_heartbeat_s`` seconds (``claims.py``).
+    """
 
     root: Path
     experiment: str
+    claim_timeout_s: float = 300.0
+    claim_heartbeat_s: float = 30.0
 
     @property
     def base(self) -> Path:
@@ -58,8 +74,8 @@ class ExperimentStore:
         return self.base / "preds"
 
     @property
-    def locks_dir(self) -> Path:
-        return self.base / ".locks"
+    def claims_dir(self) -> Path:
+        return self.base / ".claims"
 
     def checkpoint_path(self, seed: int) -> Path:
         return self.zoo_dir / f"{seed_name(seed)}.safetensors"
@@ -75,15 +91,24 @@ class ExperimentStore:
         """The per-sample predictions of one repetition of a (method, mode) unit."""
         return self.preds_dir / f"{method}_{mode}_r{repetition}.safetensors"
 
-    def lock_path(self, name: str) -> Path:
-        return self.locks_dir / f"{name}.lock"
+    def claim_path(self, name: str) -> Path:
+        return self.claims_dir / f"{name}.claim"
+
+    def claim(self, name: str) -> contextlib.AbstractContextManager[Claim | None]:
+        """``with store.claim("zoo-seed_000007") as claim:`` the unit's ``Claim``, or ``None`` when
+        a live process elsewhere holds it (see ``claims.try_claim``)."""
+        return try_claim(self.claim_path(name), self.claim_timeout_s, self.claim_heartbeat_s)
+
+    def reap_stale_claims(self) -> int:
+        """Remove claims left by dead or timed-out processes (``claims.reap_stale``); how many."""
+        return len(reap_stale(self.claims_dir, self.claim_timeout_s))
 
     def ensure_writable(self) -> None:
         """Create the experiment folders; raise ``StoreError`` naming the ``store`` option if not writable."""
         try:
-            for d in (self.zoo_dir, self.failed_dir, self.samples_dir, self.preds_dir, self.locks_dir):
+            for d in (self.zoo_dir, self.failed_dir, self.samples_dir, self.preds_dir, self.claims_dir):
                 d.mkdir(parents=True, exist_ok=True)
-            probe = self.locks_dir / f".write-probe-{os.getpid()}"
+            probe = self.claims_dir / f".write-probe-{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as err:
@@ -102,10 +127,25 @@ class ExperimentStore:
         return [s for s in self.completed_seeds() if start <= s < stop and s not in failed]
 
     def failed_seeds(self) -> dict[int, dict[str, Any]]:
-        """Seed -> failure record (``reason``, ``epoch``, ``val_acc`` ...) of seeds that did not converge."""
+        """Seed -> failure record (``reason``, ``epoch``, ``val_acc`` ...) of seeds that did not converge.
+
+        A record that does not parse (damaged) is left out: its seed counts as not trained, and the
+        zoo stage quarantines the record and trains the seed (``unreadable_failure_records``).
+        """
         out = {}
         for seed in sorted(_seeds_in(self.failed_dir, ".json")):
-            out[seed] = json.loads(self.failed_path(seed).read_text())
+            record = _read_record(self.failed_path(seed))
+            if record is not None:
+                out[seed] = record
+        return out
+
+    def unreadable_failure_records(self) -> dict[int, str]:
+        """Seed -> why its failure record cannot be used (damaged JSON, no ``reason``)."""
+        out = {}
+        for seed in sorted(_seeds_in(self.failed_dir, ".json")):
+            path = self.failed_path(seed)
+            if _read_record(path) is None:
+                out[seed] = f"{path}: damaged failure record (not a JSON object with a 'reason')"
         return out
 
     def record_failure(self, seed: int, record: dict[str, Any]) -> None:
@@ -121,6 +161,14 @@ class ExperimentStore:
         if missing:
             raise StoreError(f"{self.zoo_dir}: no checkpoint for seeds {_compact(missing)}")
         return [self.checkpoint_path(s) for s in seeds]
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "reason" in record else None
 
 
 def _seeds_in(folder: Path, suffix: str) -> set[int]:

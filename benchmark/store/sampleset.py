@@ -12,12 +12,12 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import save_file
 
-from benchmark.store.atomic import atomic_path
 from benchmark.store.blocks import locate, read_rows
-from benchmark.store.checkpoint import check_finite, encode_metadata, open_safetensors, plain_tensors
+from benchmark.store.checkpoint import check_finite, open_safetensors, plain_tensors, write_safetensors
+from benchmark.store.checksum import file_identity, verify_tensors
 from benchmark.store.errors import CheckpointError
+from benchmark.store.validate import verify_file_tensors
 
 SampleSet = dict[str, torch.Tensor]
 
@@ -49,25 +49,30 @@ def unstack(sample_set: Mapping[str, torch.Tensor], index: int) -> dict[str, tor
 
 
 def save_sample_set(path: str | os.PathLike, sample_set: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
-    """Write a sample set (``{key: [S, ...]}``, finite) to one safetensors file atomically."""
+    """Write a sample set (``{key: [S, ...]}``, finite) to one safetensors file atomically, with
+    the content checksums of its tensors in the metadata."""
     sample_count(sample_set, source=str(path))
     check_finite(sample_set, source=str(path))
-    with atomic_path(path) as tmp:
-        save_file(plain_tensors(sample_set), str(tmp), metadata=encode_metadata(metadata))
+    write_safetensors(path, plain_tensors(sample_set), metadata)
 
 
 def load_sample_set(path: str | os.PathLike, keys: Sequence[str] | None = None) -> SampleSet:
-    """Read a sample set (all keys, or only ``keys``) from one safetensors file."""
+    """Read a sample set (all keys, or only ``keys``) from one safetensors file; the tensors read
+    are checked against their checksums (``ChecksumError`` naming the file and key)."""
     with open_safetensors(path) as fh:
+        identity = file_identity(path)
         available = list(fh.keys())
         wanted = available if keys is None else list(keys)
         unknown = [k for k in wanted if k not in available]
         if unknown:
             raise CheckpointError(f"{path}: no key {unknown[0]!r}; the file holds {available}")
         try:
-            return {k: fh.get_tensor(k) for k in wanted}
+            tensors = {k: fh.get_tensor(k) for k in wanted}
         except SafetensorError as err:
             raise CheckpointError(f"{path}: corrupt or truncated safetensors data ({err})") from err
+        metadata = dict(fh.metadata() or {})
+    verify_tensors(path, tensors, metadata, identity)
+    return tensors
 
 
 def sample_set_keys(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
@@ -87,9 +92,12 @@ def iter_column_chunks(path: str | os.PathLike, key: str, max_columns: int = 2**
     The tensor ``[S, a, b, ...]`` is viewed as ``[S, D]`` (row-major flattening per sample);
     blocks follow its second axis, whole rows ``b * ...`` at a time, at most ``max_columns``
     columns unless a single row is wider. Only the block's bytes are read from disk
-    (positional reads, no memory map), so resident memory stays at the block size.
+    (positional reads, no memory map), so resident memory stays at the block size. The whole
+    tensor is checked against its checksum (in chunks) before the first block, once per process
+    and version of the file.
     """
     shape = locate(path, key).shape
+    verify_file_tensors(path, [key])
     samples = shape[0]
     if len(shape) == 1:
         yield read_rows(path, key, 0, 0, samples).reshape(samples, 1)
@@ -104,9 +112,12 @@ def load_layer(paths: Sequence[str | os.PathLike], key: str) -> torch.Tensor:
     out = []
     for p in paths:
         with open_safetensors(p) as fh:
+            identity = file_identity(p)
             if key not in fh.keys():
                 raise CheckpointError(f"{p}: no key {key!r}")
-            out.append(fh.get_tensor(key))
+            tensor, metadata = fh.get_tensor(key), dict(fh.metadata() or {})
+        verify_tensors(p, {key: tensor}, metadata, identity)
+        out.append(tensor)
     return torch.stack(out)
 
 
@@ -115,7 +126,8 @@ def iter_layer_column_chunks(
 ) -> Iterator[torch.Tensor]:
     """Like ``iter_column_chunks`` but over a zoo of single-checkpoint files: blocks ``[S, d_i]``
     (S = number of files), each the same rows of the per-checkpoint tensor's first axis read
-    from every file."""
+    from every file. Each file's tensor is checked against its checksum first (once per process
+    and version of the file)."""
     if not paths:
         raise ValueError("iter_layer_column_chunks: no checkpoint paths given")
     shape = locate(paths[0], key).shape
@@ -123,6 +135,8 @@ def iter_layer_column_chunks(
         other = locate(p, key).shape
         if other != shape:
             raise CheckpointError(f"{p}: key {key!r} has shape {other}, expected {shape} as in {paths[0]}")
+    for p in paths:
+        verify_file_tensors(p, [key])
     if len(shape) == 0:
         yield load_layer(paths, key).reshape(len(paths), 1)
         return

@@ -1,4 +1,4 @@
-"""Sample stage: unit selection, written files, resume/validation, locks, failures and refusals."""
+"""Sample stage: unit selection, written files, resume/validation, claims, failures and refusals."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,7 @@ from benchmark.stages.sample import (
 )
 from benchmark.stages.sample import run as run_sample
 from benchmark.stages.zoo import run_zoo
-from benchmark.store import load_checkpoint, load_sample_set, read_metadata, try_lock
+from benchmark.store import load_checkpoint, load_sample_set, read_metadata
 from benchmark.training import NonFiniteError
 from methods.base import MethodConfigError
 from tests.methods.conftest import compose_config, one_thread
@@ -131,8 +131,8 @@ def test_dropout_one_mode_unit(make_exp) -> None:
 
 def test_busy_unit_is_skipped(make_exp) -> None:
     exp = make_exp("method=ensemble", "sample.per_method=2")
-    with try_lock(exp.store.lock_path("sample-ensemble-multi-r0")) as locked:
-        assert locked
+    with exp.store.claim("sample-ensemble-multi-r0") as claim:
+        assert claim is not None
         assert run_sample(exp).skipped_busy == ["ensemble/multi/r0"]
     assert _written(exp) == []
 

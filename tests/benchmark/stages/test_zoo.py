@@ -13,7 +13,7 @@ from benchmark.experiment import Experiment, SeedRange
 from benchmark.stages import zoo
 from benchmark.stages.zoo import TrainingDivergedError, run_zoo
 from benchmark.store import load_checkpoint
-from benchmark.store.atomic import is_temp_file
+from benchmark.store.claims import HOST_ENV
 from tests.conftest import REPO, TINY_TRAIN, compose_config
 
 FIRST_SIX = SeedRange("reference", 0, 6)
@@ -71,6 +71,7 @@ def test_bad_seed_ranges_are_refused(value, message):
 
 
 def _cli(*args, **kwargs):
+    """``python -m benchmark *args`` in the background (``run_dir``: Hydra's run folder)."""
     return subprocess.Popen(
         [sys.executable, "-m", "benchmark", *args, "hydra.run.dir=" + str(kwargs.pop("run_dir"))],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
@@ -86,7 +87,7 @@ def _output(proc, timeout=240):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, all]"),
+        (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, all, verify]"),
         (["stage=zoo", "seeds.reference=[4,2]"], "seeds.reference=[4, 2]: expected [start, stop)"),
         (["stage=zoo", "zoo.shard=3", "zoo.num_shards=2"], "zoo.shard=3: expected an integer in [0, num_shards=2)"),
         (["stage=zoo", "store=/proc/version/x"], "store=/proc/version/x: cannot write"),
@@ -98,37 +99,49 @@ def test_cli_bad_input_exits_non_zero_with_a_clear_message(tmp_path, args, messa
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_with_every_seed_present_and_no_partial_file(tmp_path):
+def test_killed_runs_resume_bit_for_bit_with_no_partial_file_or_claim(tmp_path):
     store = tmp_path / "store"
     args = ["stage=zoo", f"store={store}", "seeds.reference=[0,5]", "zoo.range=reference", "train.epochs=4",
-            "train.fail_rule.epoch=null"]
-    proc = _cli(*args, run_dir=tmp_path / "r1")
+            "train.fail_rule.epoch=null", "threads=1"]
     zoo = store / "digits_optunet" / "zoo"
-    deadline = time.time() + 180
-    while time.time() < deadline and not any(zoo.glob("seed_*.safetensors")):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)  # mid-training of a later seed, possibly mid-write
-    proc.communicate()
-    done_before = {p.name for p in zoo.glob("seed_*.safetensors")}
-    assert done_before, "the first run was killed before it stored anything"
-    code, out = _output(_cli(*args, run_dir=tmp_path / "r2"))
+    def stored():
+        return len(list(zoo.glob("seed_*.safetensors")) + list(zoo.glob("failed/seed_*.json")))
+
+    for kill in range(2):  # killed mid-training of a later seed, possibly mid-write
+        proc = _cli(*args, run_dir=tmp_path / f"r{kill}")
+        before = stored()
+        deadline = time.time() + 180
+        while time.time() < deadline and stored() <= before and proc.poll() is None:
+            time.sleep(0.02)
+        time.sleep(0.05 * kill)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    assert stored(), "the runs were killed before they stored anything"
+    code, out = _output(_cli(*args, run_dir=tmp_path / "resume"))
     assert code == 0, out
     names = {p.name for p in zoo.iterdir() if p.is_file()}
     failed = {p.name for p in (zoo / "failed").iterdir()}
-    seeds = {n.split(".")[0] for n in names | failed if not is_temp_file(zoo / n)}
-    assert seeds == {f"seed_{s:06d}" for s in range(5)}
+    assert {n.split(".")[0] for n in names | failed} == {f"seed_{s:06d}" for s in range(5)}
     assert not [n for n in names | failed if n.startswith(".")], "temp files left behind"
-    model_cfg = __import__("benchmark.models", fromlist=["optunet"]).optunet()
+    assert not list((store / "digits_optunet" / ".claims").iterdir()), "claims left behind"
+    clean = Experiment(compose_config([f"store={tmp_path / 'clean'}", *args[2:-1]]))  # uninterrupted, in-process
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with clean.backends():
+            run_zoo(clean, clean.reference)
+    finally:
+        torch.set_num_threads(saved)
     for name in names:
-        load_checkpoint(zoo / name, model_cfg)
+        assert (zoo / name).read_bytes() == clean.store.checkpoint_path(int(name[5:11])).read_bytes(), name
 
 
 @pytest.mark.slow
-def test_two_processes_with_overlapping_ranges_share_the_work(tmp_path):
+def test_two_processes_on_two_hosts_with_overlapping_ranges_share_the_work(tmp_path):
     store = tmp_path / "store"
     common = [f"store={store}", "stage=zoo", "zoo.range=reference", *TINY_TRAIN]
-    a = _cli(*common, "seeds.reference=[0,6]", run_dir=tmp_path / "a")
-    b = _cli(*common, "seeds.reference=[2,8]", run_dir=tmp_path / "b")
+    a = _cli(*common, "seeds.reference=[0,6]", run_dir=tmp_path / "a", env={**os.environ, HOST_ENV: "node-a"})
+    b = _cli(*common, "seeds.reference=[2,8]", run_dir=tmp_path / "b", env={**os.environ, HOST_ENV: "node-b"})
     (code_a, out_a), (code_b, out_b) = _output(a), _output(b)
     assert code_a == 0 and code_b == 0, out_a + out_b
     zoo = store / "digits_optunet" / "zoo"
@@ -144,3 +157,27 @@ def test_two_processes_with_overlapping_ranges_share_the_work(tmp_path):
     assert worked(out_a) + worked(out_b) == 8, "a seed was trained twice"
     state, _ = load_checkpoint(next(zoo.glob("seed_*.safetensors")))
     assert all(torch.isfinite(v).all() for v in state.values())
+
+
+@pytest.mark.slow
+def test_a_seed_claimed_on_a_node_that_died_is_trained_after_the_claim_timeout(tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    args = ["stage=zoo", f"store={store}", "seeds.reference=[0,2]", "zoo.range=reference", "train.epochs=200",
+            "train.fail_rule.epoch=null", "threads=1", "claims.timeout_s=2", "claims.heartbeat_s=0.5"]
+    proc = _cli(*args, run_dir=tmp_path / "a", env={**os.environ, HOST_ENV: "node-a"})
+    claim = store / "digits_optunet" / ".claims" / "zoo-seed_000000.claim"
+    deadline = time.time() + 120
+    while time.time() < deadline and not claim.exists():
+        time.sleep(0.02)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)  # node-a dies mid-training of seed 0
+    proc.communicate()
+    monkeypatch.setenv(HOST_ENV, "node-b")
+    exp = Experiment(compose_config([f"store={store}", *args[2:4], "train.epochs=1", *args[5:7], *args[7:]]))
+    with exp.backends():
+        first = run_zoo(exp, exp.reference)
+        assert first.skipped_busy == [0] and first.trained == [1]  # node-a's heartbeat is still fresh
+        time.sleep(2.2)
+        second = run_zoo(exp, exp.reference)
+    assert second.trained == [0] and not claim.exists()
+    assert not [p for p in (store / "digits_optunet" / "zoo").iterdir() if p.name.startswith(".")]

@@ -1,6 +1,6 @@
 import pytest
 
-from benchmark.store import ExperimentStore, StoreError, try_lock
+from benchmark.store import ExperimentStore, StoreError
 from benchmark.store.layout import _compact
 
 
@@ -25,14 +25,15 @@ def test_unwritable_store_names_the_option(tmp_path):
         ExperimentStore(blocker / "sub", "exp").ensure_writable()
 
 
-def test_locks_are_exclusive_and_released(tmp_path):
-    lock = tmp_path / "x.lock"
-    with try_lock(lock) as first:
-        assert first
-        with try_lock(lock) as second:
-            assert not second
-    with try_lock(lock) as again:
-        assert again
+def test_damaged_failure_records_are_left_out_and_listed(tmp_path):
+    store = ExperimentStore(tmp_path, "exp")
+    store.ensure_writable()
+    store.record_failure(5, {"reason": "dead units"})
+    store.failed_path(6).write_text('{"reason": "dead')
+    store.failed_path(7).write_text("[1, 2]")
+    assert store.failed_seeds() == {5: {"seed": 5, "reason": "dead units"}}
+    assert sorted(store.unreadable_failure_records()) == [6, 7]
+    assert "seed_000006.json: damaged failure record" in store.unreadable_failure_records()[6]
 
 
 def test_compact_ranges():

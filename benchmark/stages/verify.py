@@ -1,0 +1,329 @@
+"""Verify stage: check a whole store and report, per experiment, what is complete, missing,
+quarantined, corrupt or stale; with ``verify.repair=true``, quarantine what is corrupt or stale
+so that the next ``stage=zoo`` / ``stage=sample`` redoes it.
+
+``python -m benchmark stage=verify [experiment=<name>] [verify.scope=store|experiment] [verify.repair=true]``
+
+- scope ``store`` (default): every experiment folder under ``store``. The current experiment is
+  checked against this command line's config; another one against its ``conf/experiment/<name>.yaml``;
+  a folder with no experiment config only for integrity (readable, checksums, finite values,
+  the experiment named in the metadata).
+- corrupt: fails validation (unreadable, truncated, checksum mismatch, NaN/Inf, wrong keys or
+  shapes, another experiment's or another seed's file, damaged failure record).
+- stale: valid, but written with other settings (checkpoints: ``config_hash``; sample sets:
+  ``settings_hash``) or before content checksums existed (unverified).
+- missing (not trained or drawn yet), failed to converge, quarantined: reported, not bad.
+- temp files of writes killed mid-way: reported; ``repair`` removes them (under the unit's claim).
+
+Every file is read whole once (bounded memory). Exit status: non-zero (``StoreIntegrityError``)
+when anything corrupt or stale was found, also when ``repair`` moved it.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from benchmark.config import CONF_DIR, ConfigError, VerifyScope, compose_config
+from benchmark.experiment import Experiment
+from benchmark.stages.sample import StoredUnit, inspect_unit, selected_units, unit_expectations
+from benchmark.stages.zoo import quarantined_seeds, seed_problem
+from benchmark.store import (
+    CheckpointError, ExperimentStore, StoreError, check_file, claims_in, quarantine, quarantined, read_metadata,
+    remove_temp_files_of, seed_of_file, stale_reason, stored_checksums,
+)
+from benchmark.store.atomic import is_temp_file
+from methods import MODES, method_names
+
+log = logging.getLogger(__name__)
+
+
+class StoreIntegrityError(StoreError):
+    """``stage=verify`` found corrupt or stale files (listed in the log above the error)."""
+
+
+@dataclass
+class Problem:
+    """A corrupt or stale file, the claim of its unit of work, and what redoes it."""
+
+    kind: str  # "corrupt" | "stale"
+    path: Path
+    reason: str
+    unit: str  # claim name of its unit: zoo-seed_000007, sample-swag-one
+    redo: str  # the command that redoes the unit once the file is quarantined
+    action: str = ""  # what this run did about it
+    identity: tuple | None = None  # (inode, size, mtime) when it was checked
+
+    def __post_init__(self) -> None:
+        self.identity = self.identity or _identity(self.path)
+
+
+@dataclass
+class ExperimentHealth:
+    """What ``stage=verify`` found in one experiment folder."""
+
+    name: str
+    checked_against: str
+    zoo: dict[str, Counter] = field(default_factory=dict)  # range label -> counts
+    samples: Counter = field(default_factory=Counter)
+    problems: list[Problem] = field(default_factory=list)
+    temp_files: list[Path] = field(default_factory=list)
+    claims: Counter = field(default_factory=Counter)
+
+    @property
+    def bad(self) -> bool:
+        return bool(self.problems)
+
+    def lines(self) -> list[str]:
+        """The report: one summary line per part, then one line per problem."""
+        def counts(counter: Counter, order: tuple[str, ...]) -> str:
+            return ", ".join(f"{counter.get(k, 0)} {k}" for k in order)
+
+        out = [f"{self.name} (checked against {self.checked_against}):"]
+        for label, counter in self.zoo.items():
+            out.append(f"  zoo {label}: " + counts(counter, ("complete", "missing", "failed to converge", "corrupt",
+                                                              "stale", "quarantined")))
+        out.append("  samples: " + counts(self.samples, ("complete", "missing", "corrupt", "stale", "quarantined"))
+                   + " (method/mode units)")
+        out.append(f"  temp files of killed writes: {len(self.temp_files)}; claims: "
+                   + counts(self.claims, ("live", "stale")))
+        for problem in self.problems:
+            out.append(f"  {problem.kind.upper()}: {problem.reason} -> {problem.action}")
+        return out
+
+
+def experiment_folders(exp: Experiment) -> list[str]:
+    """Names of the experiment folders ``stage=verify`` scans (the current one always included)."""
+    if exp.config.verify.scope == VerifyScope.experiment:
+        return [exp.name]
+    root = exp.store.root
+    found = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")} if root.is_dir() else set()
+    return sorted(found | {exp.name})
+
+
+def experiment_for(exp: Experiment, name: str) -> tuple[Experiment | None, str]:
+    """The experiment to check folder ``name`` against, and what that is, in words."""
+    if name == exp.name:
+        return exp, "this command line's config"
+    if (Path(CONF_DIR) / "experiment" / f"{name}.yaml").is_file():
+        config = exp.config
+        overrides = [f"experiment={name}", f"store={config.store}", f"results={config.results}",
+                     f"claims.timeout_s={config.claims.timeout_s}", f"claims.heartbeat_s={config.claims.heartbeat_s}"]
+        try:
+            return Experiment(compose_config(overrides)), f"conf/experiment/{name}.yaml"
+        except ConfigError as err:
+            return None, f"integrity only: conf/experiment/{name}.yaml does not compose ({err})"
+    return None, "no experiment config: integrity only"
+
+
+def run(exp: Experiment) -> list[ExperimentHealth]:
+    """Check every experiment folder of the scope; log the report; raise ``StoreIntegrityError``
+    if anything is corrupt or stale."""
+    repair = bool(exp.config.verify.repair)
+    reports = []
+    for name in experiment_folders(exp):
+        target, against = experiment_for(exp, name)
+        store = target.store if target else ExperimentStore(exp.store.root, name, exp.store.claim_timeout_s,
+                                                              exp.store.claim_heartbeat_s)
+        health = ExperimentHealth(name, against)
+        check_zoo(target, store, health)
+        check_samples(target, store, health)
+        check_leftovers(store, health)
+        for problem in health.problems:
+            problem.action = fix(store, problem) if repair else \
+                f"python -m benchmark stage=verify verify.repair=true quarantines it, then {problem.redo}"
+        if repair:
+            remove_temp_files(store, health)
+            reaped = store.reap_stale_claims() if store.claims_dir.is_dir() else 0
+            health.claims["stale"] -= min(reaped, health.claims["stale"])
+        for line in health.lines():
+            (log.error if health.bad and line.lstrip().startswith(("CORRUPT", "STALE")) else log.info)("%s", line)
+        reports.append(health)
+    bad = [h for h in reports if h.bad]
+    n = sum(len(h.problems) for h in bad)
+    if bad:
+        done = "quarantined (the next run redoes them)" if repair else "run with verify.repair=true to quarantine them"
+        raise StoreIntegrityError(f"store {exp.store.root}: {n} corrupt or stale file(s) in "
+                                  f"{', '.join(h.name for h in bad)} (listed above); {done}")
+    log.info("store %s: %d experiment(s) checked, nothing corrupt or stale", exp.store.root, len(reports))
+    return reports
+
+
+def _progress(items: list, what: str):
+    return tqdm(items, desc=f"verify {what}", unit="file", dynamic_ncols=True, disable=len(items) < 20)
+
+
+def check_zoo(exp: Experiment | None, store: ExperimentStore, health: ExperimentHealth) -> None:
+    """Validate every checkpoint and failure record of the zoo; count them per seed range."""
+    ranges = [(f"{r.role} {r}", r) for r in (exp.reference, exp.heldout)] if exp else []
+    seeds_on_disk = store.completed_seeds()
+    counters = {label: Counter() for label, _ in ranges}
+    counters["other seeds"] = Counter()
+
+    def counter_of(seed: int) -> Counter:
+        return next((counters[label] for label, r in ranges if seed in r), counters["other seeds"])
+
+    shapes = exp.shapes() if exp else None
+    zoo_command = f"python -m benchmark stage=zoo experiment={store.experiment}"
+    for seed in _progress(seeds_on_disk, f"{store.experiment} zoo"):
+        path = store.checkpoint_path(seed)
+        if exp is not None:
+            problem = seed_problem(exp, seed, shapes)
+        else:
+            try:
+                check_file(path, expect={"experiment": store.experiment, "seed": str(seed)})
+                problem = None
+            except CheckpointError as err:
+                problem = str(err)
+        unit = f"zoo-seed_{seed:06d}"
+        redo = f"{zoo_command} retrains seed {seed}"
+        if problem:
+            counter_of(seed)["corrupt"] += 1
+            health.problems.append(Problem("corrupt", path, problem, unit, redo))
+            continue
+        stale = checkpoint_staleness(exp, path)
+        if stale:
+            counter_of(seed)["stale"] += 1
+            health.problems.append(Problem("stale", path, stale, unit, redo))
+        else:
+            counter_of(seed)["complete"] += 1
+    for seed, problem in store.unreadable_failure_records().items():
+        counter_of(seed)["corrupt"] += 1
+        health.problems.append(Problem("corrupt", store.failed_path(seed), problem, f"zoo-seed_{seed:06d}",
+                                       f"{zoo_command} retrains seed {seed}"))
+    for seed in store.failed_seeds():
+        counter_of(seed)["failed to converge"] += 1
+    for seed in quarantined_seeds(store):
+        counter_of(seed)["quarantined"] += 1
+    on_disk = set(seeds_on_disk) | set(store.failed_seeds()) | set(store.unreadable_failure_records())
+    for label, r in ranges:
+        counters[label]["missing"] = sum(s not in on_disk for s in r)
+    health.zoo = {label: c for label, c in counters.items() if label != "other seeds" or sum(c.values())}
+
+
+def checkpoint_staleness(exp: Experiment | None, path: Path) -> str | None:
+    """Why a valid checkpoint is stale (no checksum; trained with another config), or ``None``."""
+    try:
+        metadata = read_metadata(path)
+    except CheckpointError as err:
+        return str(err)
+    if stored_checksums(metadata, str(path)) is None:
+        return f"{path}: written before content checksums (unverified: a silent bit flip could not be detected)"
+    trained_with = metadata.get("config_hash")
+    if exp is not None and trained_with != exp.config_hash:
+        return (f"{path}: trained with config_hash {trained_with}, the current config's is {exp.config_hash} "
+                "(model, data or recipe changed)")
+    return None
+
+
+def _units_on_disk(store: ExperimentStore) -> list[tuple[str, str]]:
+    units = set()
+    for folder in (store.samples_dir, store.preds_dir):
+        for path in folder.glob("*.safetensors") if folder.is_dir() else ():
+            method, _, mode = path.stem.rpartition("_")
+            if method and mode in MODES:
+                units.add((method, mode))
+    return sorted(units)
+
+
+def check_samples(exp: Experiment | None, store: ExperimentStore, health: ExperimentHealth) -> None:
+    """Validate every sample set and its predictions; count units complete, missing, corrupt, stale."""
+    counter = health.samples
+    on_disk = _units_on_disk(store)
+    if exp is not None:
+        expected = [(m, mode) for m, mode in selected_units("all", "both") if not exp.method_settings(m).unavailable]
+        counter["missing"] = sum(u not in on_disk for u in expected)
+    for method, mode in _progress(on_disk, f"{store.experiment} samples"):
+        unit, key = f"sample-{method}-{mode}", f"{method}/{mode}"
+        redo = (f"python -m benchmark stage=sample experiment={store.experiment} method={method} mode={mode} redraws it"
+                if method in method_names() else f"stage=sample method=external mode={mode} scores it again")
+        if exp is None:
+            state = _integrity_only(store, method, mode)
+        else:
+            wanted = unit_expectations(exp, method, mode) if method in method_names() else \
+                {"experiment": exp.name, "method": method, "mode": mode}
+            state = inspect_unit(exp, method, mode, wanted)
+        for path, problem in state.corrupt.items():
+            health.problems.append(Problem("corrupt", path, problem, unit, redo))
+        if state.corrupt:
+            counter["corrupt"] += 1
+        elif state.missing:
+            counter["missing"] += 1
+        elif state.stale or not _has_checksums(store, method, mode):
+            counter["stale"] += 1
+            reason = state.stale or f"{store.samples_path(method, mode)}: written before content checksums (unverified)"
+            health.problems.append(Problem("stale", store.samples_path(method, mode), reason, unit, redo))
+        else:
+            counter["complete"] += 1
+    counter["quarantined"] = len(quarantined(store.samples_dir)) + len(quarantined(store.preds_dir))
+
+
+def _has_checksums(store: ExperimentStore, method: str, mode: str) -> bool:
+    paths = (store.samples_path(method, mode), store.preds_path(method, mode))
+    try:
+        return all(stored_checksums(read_metadata(p), str(p)) is not None for p in paths)
+    except CheckpointError:
+        return False
+
+
+def _integrity_only(store: ExperimentStore, method: str, mode: str) -> StoredUnit:
+    paths = (store.samples_path(method, mode), store.preds_path(method, mode))
+    state = StoredUnit(missing=not all(p.is_file() for p in paths))
+    for path in (p for p in paths if p.is_file()):
+        try:
+            check_file(path, expect={"experiment": store.experiment})
+        except CheckpointError as err:
+            state.corrupt[path] = str(err)
+    return state
+
+
+def check_leftovers(store: ExperimentStore, health: ExperimentHealth) -> None:
+    """Temp files of writes killed mid-way, and claims (live or stale)."""
+    for folder in (store.zoo_dir, store.failed_dir, store.samples_dir, store.preds_dir):
+        if folder.is_dir():
+            health.temp_files += sorted(p for p in folder.iterdir() if is_temp_file(p))
+    for info in claims_in(store.claims_dir):
+        health.claims["stale" if stale_reason(info, store.claim_timeout_s) else "live"] += 1
+
+
+def fix(store: ExperimentStore, problem: Problem) -> str:
+    """Quarantine ``problem``'s file under its unit's claim (re-checked there); say what was done."""
+    with store.claim(problem.unit) as claim:
+        if claim is None:
+            return "left as is: its unit is being worked on by another process (run verify again later)"
+        if not problem.path.exists():
+            return "already gone (another process moved or replaced it)"
+        if _identity(problem.path) != problem.identity:
+            return "left as is: the file was replaced since it was checked (run verify again)"
+        dest = quarantine(problem.path, f"{problem.kind}: {problem.reason}")
+    return f"moved to {dest}; {problem.redo}"
+
+
+def _identity(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def remove_temp_files(store: ExperimentStore, health: ExperimentHealth) -> None:
+    """Remove temp files of killed writes whose unit nobody is working on (its claim is free)."""
+    removed = 0
+    for tmp in health.temp_files:
+        final = tmp.with_name(tmp.name[1:].split(".tmp-")[0])
+        seed = seed_of_file(final.name)
+        if seed is not None:
+            unit = f"zoo-seed_{seed:06d}"
+        else:
+            method, _, mode = final.stem.rpartition("_")
+            unit = f"sample-{method}-{mode}"
+        with store.claim(unit) as claim:
+            if claim is not None:
+                removed += len(remove_temp_files_of(final))
+    if health.temp_files:
+        log.info("%s: removed %d of %d temp file(s) of killed writes", store.experiment, removed, len(health.temp_files))
+    health.temp_files = [t for t in health.temp_files if t.exists()]

@@ -1,0 +1,97 @@
+"""Ways a checkpoint or sample-set file gets damaged, for the tests and ``bench/reliability.py``.
+
+Each ``corrupt_<kind>(path)`` damages the safetensors file at ``path`` in place (as a failing
+disk, a half-finished copy, a buggy tool or a mixed-up folder would) and returns the message
+fragment the store's validation gives for it.
+"""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import safe_open
+
+from benchmark.store.blocks import read_header
+from benchmark.store.checkpoint import write_safetensors
+from benchmark.store.checksum import METADATA_KEY
+
+
+def _tensors_and_metadata(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    with safe_open(str(path), framework="pt") as fh:  # raw read: no checksum verification
+        return {k: fh.get_tensor(k).clone() for k in fh.keys()}, dict(fh.metadata() or {})
+
+
+def _rewrite(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write ``tensors`` with valid checksums, as another (buggy) writer would."""
+    metadata = {k: v for k, v in metadata.items() if k != METADATA_KEY}
+    write_safetensors(path, {k: v.contiguous() for k, v in tensors.items()}, metadata)
+
+
+def _largest_float_key(tensors: dict[str, torch.Tensor]) -> str:
+    return max((k for k, v in tensors.items() if v.is_floating_point()), key=lambda k: tensors[k].numel())
+
+
+def corrupt_truncate(path: Path) -> str:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * 0.6)])
+    return "truncated"
+
+
+def corrupt_garbage(path: Path) -> str:
+    size = path.stat().st_size
+    path.write_bytes(random.Random(size).randbytes(size))
+    return "corrupt or truncated safetensors"
+
+
+def corrupt_bitflip(path: Path) -> str:
+    header = read_header(path)
+    key = max(header.entries, key=lambda k: header.entries[k]["data_offsets"][1] - header.entries[k]["data_offsets"][0])
+    begin, end = header.entries[key]["data_offsets"]
+    offset = header.data_start + (begin + end) // 2
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([byte ^ 0x10]))
+    return "checksum mismatch"
+
+
+def corrupt_nan(path: Path) -> str:
+    tensors, metadata = _tensors_and_metadata(path)
+    key = _largest_float_key(tensors)
+    tensors[key].view(-1)[0] = float("nan")
+    _rewrite(path, tensors, metadata)
+    return "contains NaN or Inf"
+
+
+def corrupt_wrong_shape(path: Path) -> str:
+    tensors, metadata = _tensors_and_metadata(path)
+    key = _largest_float_key(tensors)
+    tensors[key] = tensors[key][..., :-1].clone()
+    _rewrite(path, tensors, metadata)
+    return "has shape"
+
+
+def corrupt_other_experiment(path: Path) -> str:
+    tensors, metadata = _tensors_and_metadata(path)
+    metadata["experiment"] = "mnist_optunet"
+    _rewrite(path, tensors, metadata)
+    return "mnist_optunet"
+
+
+CORRUPTIONS: dict[str, Callable[[Path], str]] = {
+    "truncate": corrupt_truncate,
+    "garbage": corrupt_garbage,
+    "bitflip": corrupt_bitflip,
+    "nan": corrupt_nan,
+    "wrong_shape": corrupt_wrong_shape,
+    "other_experiment": corrupt_other_experiment,
+}
+
+
+def corrupt(path: str | os.PathLike, kind: str) -> str:
+    """Damage ``path`` in way ``kind`` (a key of ``CORRUPTIONS``); return the expected message fragment."""
+    return CORRUPTIONS[kind](Path(path))
