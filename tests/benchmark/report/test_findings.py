@@ -60,3 +60,10 @@ def test_claims_need_their_rows():
     text = render(without_de)
     assert "Deep Ensembles have the lowest" not in text and "Laplace has the lowest" in text
     assert "No claim can be checked" in render(frame[frame["mode"] == "one"].iloc[:1])
+
+
+def test_failed_rows_are_named_and_left_out():
+    frame = _rows()
+    frame.loc[frame["method"] == "swag", "status"] = "failed"
+    text = render(frame)
+    assert "Rows that failed are left out: SWAG (one), SWAG (multi)." in text and "SWAG (multi) <" not in text

@@ -38,9 +38,8 @@ def _write_unit(exp, method, mode, repetition, samples, preds, damaged=False):
 
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory):
-    """A zoo of seeded initialisations (reference seeds 0-11), an 'ensemble' of held-out seeds in
-    2 repetitions of 3 members, and a 'dropout' row whose first repetition's predictions are
-    broken. Evaluation does not care whether the networks were trained, and untrained ones keep
+    """A zoo of seeded initialisations (reference seeds 0-11) and an 'ensemble' of held-out seeds
+    in 2 repetitions of 3 members. Evaluation does not care whether the networks were trained, and untrained ones keep
     this fixture fast."""
     root = tmp_path_factory.mktemp("eval")
     cfg = compose_config([f"store={root / 'store'}", f"results={root / 'results'}", "seeds.reference=[0,12]",
@@ -61,9 +60,6 @@ def filled(tmp_path_factory):
         preds = {"id": predict_with_weights(model, ensemble, exp.test_tensors[0]),
                  "ood": predict_with_weights(model, ensemble, exp.ood_tensors[0])}
         _write_unit(exp, "ensemble", "multi", r, ensemble, preds)
-        bad = {k: v.clone() for k, v in preds.items()}
-        bad["id"][0, 5] = float("nan") if r == 0 else bad["id"][0, 5]
-        _write_unit(exp, "dropout", "one", r, ensemble, bad, damaged=r == 0)
         reps.append((ensemble, preds))
     return exp, reps
 
@@ -87,10 +83,25 @@ def test_metrics_csv_matches_independent_computation(filled):
         assert row[key] == pytest.approx(mean, rel=1e-6, abs=1e-9), key
         assert row[f"{key}_hw"] == pytest.approx(hw, rel=1e-6, abs=1e-9), key
     assert not math.isnan(row.ns_mmd_median)
-    failed = df.set_index(["method", "mode"]).loc[("dropout", "one")]
-    assert failed.status == "failed" and "probs_id" in failed.reason and "NaN" in failed.reason
     on_disk = pd.read_csv(exp.results_dir / "metrics.csv")
-    assert len(on_disk) == 2
+    assert len(on_disk) == 1
+
+
+def test_damaged_predictions_are_named_with_the_command_that_redraws_them(filled):
+    exp, reps = filled
+    ensemble, preds = reps[0]
+    bad = {k: v.clone() for k, v in preds.items()}
+    bad["id"][0, 5] = float("nan")
+    for r in range(2):
+        _write_unit(exp, "dropout", "one", r, ensemble, bad if r == 0 else preds, damaged=r == 0)
+    try:
+        with pytest.raises(StaleSamplesError, match=r"dropout/one: repetition 0: .*dropout_one_r0.safetensors: tensor 'id' "
+                                                    r"contains NaN.*stage=sample experiment=digits_optunet method=dropout"):
+            run_evaluate(exp)
+    finally:
+        for r in range(2):
+            exp.store.samples_path("dropout", "one", r).unlink()
+            exp.store.preds_path("dropout", "one", r).unlink()
 
 
 def test_a_missing_or_stale_repetition_is_named_never_mixed(filled, tmp_path):
@@ -100,10 +111,18 @@ def test_a_missing_or_stale_repetition_is_named_never_mixed(filled, tmp_path):
     with pytest.raises(StaleSamplesError, match=r"ensemble/multi: repetition 2: not written yet\. Redo them with: "
                                                 r"python -m benchmark stage=sample experiment=digits_optunet method=ensemble mode=multi"):
         run_evaluate(Experiment(more))
+    ensemble, preds = filled[1][0]
+    for r in range(2):
+        _write_unit(exp, "dropout", "one", r, ensemble, preds)
     other = dataclasses.replace(exp.config, methods=dataclasses.replace(exp.config.methods, dropout=dataclasses.replace(
         exp.config.methods.dropout, p=0.3)), results=str(tmp_path / "results"))
-    with pytest.raises(StaleSamplesError, match=r"dropout/one: repetition 0: .*metadata settings_hash differ"):
-        run_evaluate(Experiment(other))
+    try:
+        with pytest.raises(StaleSamplesError, match=r"dropout/one: repetition 0: .*metadata settings_hash differ"):
+            run_evaluate(Experiment(other))
+    finally:
+        for r in range(2):
+            exp.store.samples_path("dropout", "one", r).unlink()
+            exp.store.preds_path("dropout", "one", r).unlink()
 
 
 def test_second_run_reuses_cached_rows_and_gives_identical_tables(filled):
@@ -125,7 +144,7 @@ def test_second_run_reuses_cached_rows_and_gives_identical_tables(filled):
     assert row.repetitions == 2 and row.sample_acc_min == pytest.approx(float(per_sample.min()))
     assert row.sample_acc_max == pytest.approx(float(per_sample.max()))
     found = (tables[0].parent / "findings.md").read_text()
-    assert "No claim can be checked" in found and "Rows that failed are left out: Dropout (one)." in found
+    assert "No claim can be checked" in found
     assert "Deep Ensembles" in (tables[0].parent / "table1.md").read_text()
 
 
