@@ -219,58 +219,63 @@ def checkpoint_staleness(exp: Experiment | None, path: Path) -> str | None:
     return None
 
 
-def _units_on_disk(store: ExperimentStore) -> list[tuple[str, str]]:
+def _units_on_disk(store: ExperimentStore) -> list[tuple[str, str, int]]:
+    """``(method, mode, repetition)`` of every sample set or predictions file (``<method>_<mode>_r<k>``)."""
     units = set()
     for folder in (store.samples_dir, store.preds_dir):
         for path in folder.glob("*.safetensors") if folder.is_dir() else ():
-            method, _, mode = path.stem.rpartition("_")
-            if method and mode in MODES:
-                units.add((method, mode))
+            stem, _, rep = path.stem.rpartition("_r")
+            method, _, mode = stem.rpartition("_")
+            if method and mode in MODES and rep.isdigit():
+                units.add((method, mode, int(rep)))
     return sorted(units)
 
 
 def check_samples(exp: Experiment | None, store: ExperimentStore, health: ExperimentHealth) -> None:
-    """Validate every sample set and its predictions; count units complete, missing, corrupt, stale."""
+    """Validate every repetition's sample set and its predictions; count repetitions complete,
+    missing (of the ``sample.repetitions`` the config asks for), corrupt, stale."""
     counter = health.samples
     on_disk = _units_on_disk(store)
     if exp is not None:
-        expected = [(m, mode) for m, mode in selected_units("all", "both") if not exp.method_settings(m).unavailable]
+        expected = [(m, mode, r) for m, mode in selected_units("all", "both") if not exp.method_settings(m).unavailable
+                    for r in range(exp.config.sample.repetitions)]
         counter["missing"] = sum(u not in on_disk for u in expected)
-    for method, mode in _progress(on_disk, f"{store.experiment} samples"):
-        unit, key = f"sample-{method}-{mode}", f"{method}/{mode}"
+    for method, mode, r in _progress(on_disk, f"{store.experiment} samples"):
+        unit = f"sample-{method}-{mode}-r{r}"
         redo = (f"python -m benchmark stage=sample experiment={store.experiment} method={method} mode={mode} redraws it"
                 if method in method_names() else f"stage=sample method=external mode={mode} scores it again")
         if exp is None:
-            state = _integrity_only(store, method, mode)
+            state = _integrity_only(store, method, mode, r)
         else:
-            wanted = unit_expectations(exp, method, mode) if method in method_names() else \
+            wanted = unit_expectations(exp, method, mode, r) if method in method_names() else \
                 {"experiment": exp.name, "method": method, "mode": mode}
-            state = inspect_unit(exp, method, mode, wanted)
+            state = inspect_unit(exp, method, mode, wanted, r)
         for path, problem in state.corrupt.items():
             health.problems.append(Problem("corrupt", path, problem, unit, redo))
         if state.corrupt:
             counter["corrupt"] += 1
         elif state.missing:
             counter["missing"] += 1
-        elif state.stale or not _has_checksums(store, method, mode):
+        elif state.stale or not _has_checksums(store, method, mode, r):
             counter["stale"] += 1
-            reason = state.stale or f"{store.samples_path(method, mode)}: written before content checksums (unverified)"
-            health.problems.append(Problem("stale", store.samples_path(method, mode), reason, unit, redo))
+            path = store.samples_path(method, mode, r)
+            reason = state.stale or f"{path}: written before content checksums (unverified)"
+            health.problems.append(Problem("stale", path, reason, unit, redo))
         else:
             counter["complete"] += 1
     counter["quarantined"] = len(quarantined(store.samples_dir)) + len(quarantined(store.preds_dir))
 
 
-def _has_checksums(store: ExperimentStore, method: str, mode: str) -> bool:
-    paths = (store.samples_path(method, mode), store.preds_path(method, mode))
+def _has_checksums(store: ExperimentStore, method: str, mode: str, repetition: int) -> bool:
+    paths = (store.samples_path(method, mode, repetition), store.preds_path(method, mode, repetition))
     try:
         return all(stored_checksums(read_metadata(p), str(p)) is not None for p in paths)
     except CheckpointError:
         return False
 
 
-def _integrity_only(store: ExperimentStore, method: str, mode: str) -> StoredUnit:
-    paths = (store.samples_path(method, mode), store.preds_path(method, mode))
+def _integrity_only(store: ExperimentStore, method: str, mode: str, repetition: int) -> StoredUnit:
+    paths = (store.samples_path(method, mode, repetition), store.preds_path(method, mode, repetition))
     state = StoredUnit(missing=not all(p.is_file() for p in paths))
     for path in (p for p in paths if p.is_file()):
         try:
@@ -319,8 +324,9 @@ def remove_temp_files(store: ExperimentStore, health: ExperimentHealth) -> None:
         if seed is not None:
             unit = f"zoo-seed_{seed:06d}"
         else:
-            method, _, mode = final.stem.rpartition("_")
-            unit = f"sample-{method}-{mode}"
+            stem, _, rep = final.stem.rpartition("_r")
+            method, _, mode = stem.rpartition("_")
+            unit = f"sample-{method}-{mode}-r{rep}"
         with store.claim(unit) as claim:
             if claim is not None:
                 removed += len(remove_temp_files_of(final))

@@ -20,7 +20,8 @@ from benchmark.training import seeded
 from tests.conftest import compose_config
 from tests.corruptions import CORRUPTIONS, corrupt
 
-TINY = ["train.epochs=1", "train.fail_rule.epoch=null", "seeds.reference=[0,2]", "seeds.heldout=[100000,100003]",
+TINY = ["train.epochs=1", "sample.repetitions=1", "evaluate.reference_resamples=0", "evaluate.test_permutations=0",
+        "train.fail_rule.epoch=null", "seeds.reference=[0,2]", "seeds.heldout=[100000,100003]",
         "method=ensemble", "sample.per_method=3"]
 
 
@@ -91,9 +92,9 @@ def test_a_damaged_sample_set_is_quarantined_and_redrawn_bit_for_bit(exp, kind, 
     message = corrupt(path, kind)
     with caplog.at_level(logging.ERROR, logger="benchmark.stages.sample"):
         summary = run_sample(exp)
-    assert summary.written == ["ensemble/multi"] and message in summary.quarantined["ensemble/multi"]
+    assert summary.written == ["ensemble/multi/r0"] and message in summary.quarantined["ensemble/multi/r0"]
     assert path.read_bytes() == original
-    assert (exp.store.samples_dir / "quarantine" / "ensemble_multi.safetensors").exists()
+    assert (exp.store.samples_dir / "quarantine" / "ensemble_multi_r0.safetensors").exists()
     lines = [r.getMessage() for r in caplog.records if "moved to" in r.getMessage()]
     assert len(lines) == 1 and str(path) in lines[0] and "drawn again" in lines[0]
 
@@ -103,8 +104,8 @@ def test_damaged_predictions_are_quarantined_and_redrawn(exp):
     original = path.read_bytes()
     corrupt(path, "nan")
     summary = run_sample(exp)
-    assert "contains NaN" in summary.quarantined["ensemble/multi"] and path.read_bytes() == original
-    assert (exp.store.preds_dir / "quarantine" / "ensemble_multi.safetensors").exists()
+    assert "contains NaN" in summary.quarantined["ensemble/multi/r0"] and path.read_bytes() == original
+    assert (exp.store.preds_dir / "quarantine" / "ensemble_multi_r0.safetensors").exists()
 
 
 @pytest.mark.parametrize("kind", ["truncate", "nan", "wrong_shape", "other_experiment", "bitflip"])

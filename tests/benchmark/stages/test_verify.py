@@ -59,7 +59,7 @@ def test_corrupt_and_stale_files_are_reported_then_repaired_and_redone(exp, capl
         verify.run(_with(exp, repair=True))
     moved = sorted(p.name for p in exp.store.zoo_dir.glob("quarantine/*.safetensors"))
     assert moved == ["seed_000001.safetensors", "seed_100000.safetensors", "seed_100002.safetensors"]
-    assert [p.name for p in exp.store.preds_dir.glob("quarantine/*.safetensors")] == ["ensemble_multi.safetensors"]
+    assert [p.name for p in exp.store.preds_dir.glob("quarantine/*.safetensors")] == ["ensemble_multi_r0.safetensors"]
     assert "moved to" in "\n".join(r.getMessage() for r in caplog.records)
 
     run_zoo(exp, exp.reference), run_zoo(exp, exp.heldout), run_sample(exp)  # the next run redoes them
