@@ -23,6 +23,7 @@ from benchmark.config import CONF_DIR, ConfigError, Stage, compose_config, one_l
 from benchmark.data import check_ood_pairing, get_dataset
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages import PIPELINE, STAGES
+from benchmark.stages.analyze import runnable
 from benchmark.stages.sample import external_mode, load_external, prepare_units
 from methods import registry
 
@@ -37,10 +38,11 @@ def stages_of(stage: Stage) -> tuple[str, ...]:
 
 def preflight(exp: Experiment, stages: Sequence[str]) -> None:
     """Refuse a configuration that cannot run, before any work: the OOD pairing and the data on
-    disk (for the stages that read data), and every selected method x mode (settings, model,
-    mode; and the bases in the store when the sample stage runs without the zoo stage first)."""
+    disk (for the stages that read data), every selected method x mode (settings, model,
+    mode; and the bases in the store when the sample stage runs without the zoo stage first),
+    and, for the analyze stage alone, the store inputs of every selected analysis."""
     config = exp.config
-    if set(stages) & {"zoo", "sample", "evaluate"}:
+    if set(stages) & {"zoo", "sample", "evaluate", "analyze"}:
         check_ood_pairing(config.dataset.ood.value, exp.info.name)
         location = (str(config.dataset.data_dir), bool(config.dataset.download))
         get_dataset(exp.info.name, "train", *location)
@@ -53,6 +55,8 @@ def preflight(exp: Experiment, stages: Sequence[str]) -> None:
                 load_external(exp)
         else:
             prepare_units(exp, check_bases="sample" in stages and "zoo" not in stages)
+    if tuple(stages) == ("analyze",):
+        runnable(exp)
 
 
 def run(cfg: DictConfig) -> None:
