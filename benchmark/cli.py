@@ -19,7 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from benchmark.config import CONF_DIR, ConfigError, Stage, compose_config, one_line, register_configs
+from benchmark.config import CONF_DIR, Analysis, ConfigError, Stage, compose_config, one_line, register_configs
 from benchmark.data import check_ood_pairing, get_dataset
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages import PIPELINE, STAGES
@@ -115,6 +115,8 @@ def _help(what: str) -> str:
         return ", ".join([*PIPELINE, "all", *(name for name in STAGES if name not in PIPELINE)])
     if what == "methods":
         return ", ".join(f"{name} ({cls.label}: mode={'|'.join(cls.modes)})" for name, cls in registry.METHODS.items())
+    if what == "analyses":
+        return ", ".join(a.value for a in Analysis)
     if what == "experiments":
         return ", ".join(sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")))
     raise ValueError(f"help: unknown entry {what!r}")
