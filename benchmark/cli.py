@@ -19,10 +19,11 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from benchmark.config import CONF_DIR, ConfigError, Stage, compose_config, one_line, register_configs
+from benchmark.config import CONF_DIR, Analysis, ConfigError, Stage, compose_config, one_line, register_configs
 from benchmark.data import check_ood_pairing, get_dataset
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages import PIPELINE, STAGES
+from benchmark.stages.analyze import runnable
 from benchmark.stages.sample import external_mode, load_external, prepare_units
 from methods import registry
 
@@ -37,10 +38,11 @@ def stages_of(stage: Stage) -> tuple[str, ...]:
 
 def preflight(exp: Experiment, stages: Sequence[str]) -> None:
     """Refuse a configuration that cannot run, before any work: the OOD pairing and the data on
-    disk (for the stages that read data), and every selected method x mode (settings, model,
-    mode; and the bases in the store when the sample stage runs without the zoo stage first)."""
+    disk (for the stages that read data), every selected method x mode (settings, model,
+    mode; and the bases in the store when the sample stage runs without the zoo stage first),
+    and, for the analyze stage alone, the store inputs of every selected analysis."""
     config = exp.config
-    if set(stages) & {"zoo", "sample", "evaluate"}:
+    if set(stages) & {"zoo", "sample", "evaluate", "analyze"}:
         check_ood_pairing(config.dataset.ood.value, exp.info.name)
         location = (str(config.dataset.data_dir), bool(config.dataset.download))
         get_dataset(exp.info.name, "train", *location)
@@ -53,6 +55,8 @@ def preflight(exp: Experiment, stages: Sequence[str]) -> None:
                 load_external(exp)
         else:
             prepare_units(exp, check_bases="sample" in stages and "zoo" not in stages)
+    if tuple(stages) == ("analyze",):
+        runnable(exp)
 
 
 def run(cfg: DictConfig) -> None:
@@ -111,6 +115,8 @@ def _help(what: str) -> str:
         return ", ".join([*PIPELINE, "all", *(name for name in STAGES if name not in PIPELINE)])
     if what == "methods":
         return ", ".join(f"{name} ({cls.label}: mode={'|'.join(cls.modes)})" for name, cls in registry.METHODS.items())
+    if what == "analyses":
+        return ", ".join(a.value for a in Analysis)
     if what == "experiments":
         return ", ".join(sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")))
     raise ValueError(f"help: unknown entry {what!r}")

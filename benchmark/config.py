@@ -40,15 +40,27 @@ class ConfigError(ValueError):
 
 
 class Stage(str, Enum):
-    """What ``python -m benchmark`` runs (``all`` = zoo, sample, evaluate, report in order;
+    """What ``python -m benchmark`` runs (``all`` = zoo, sample, evaluate, report, analyze in order;
     ``verify`` checks the store and is not part of ``all``)."""
 
     zoo = "zoo"
     sample = "sample"
     evaluate = "evaluate"
     report = "report"
+    analyze = "analyze"
     all = "all"
     verify = "verify"
+
+
+class Analysis(str, Enum):
+    """What ``stage=analyze`` draws (``analysis=...``): one of the paper's analyses, or ``all``."""
+
+    toy = "toy"
+    min_mass = "min_mass"
+    collapse = "collapse"
+    permutation_frequency = "permutation_frequency"
+    marginals = "marginals"
+    all = "all"
 
 
 class VerifyScope(str, Enum):
@@ -127,12 +139,16 @@ class EvaluateConfig:
     """``canonical_steps``: the symmetries removed for the NS MMD columns, in order (default
     scaling then permutation, as the paper's Table 1; ``softmax`` also removes the softmax
     additive symmetry, ``minmass`` scales by the min-mass problem instead of unit norms);
+    ``weight_matching``: also the WM MMD columns (the same steps with the permutation removed by
+    weight matching every network to one anchor, the lowest converged reference seed, instead of
+    sorting; Table 3); off for ResNet-scale zoos, where matching every checkpoint is slow;
     ``max_in_memory_gb``: larger zoos are streamed from the store; ``reference_resamples``:
     random halves of the reference whose MMD spread gives its standard error (0 = none);
     ``test_permutations``: relabellings B1 = B2 of MMDAgg's aggregated test per layer (MMDAgg's
     own experiments use 500; 0 = no test)."""
 
     canonical_steps: List[CanonicalStep] = field(default_factory=lambda: [CanonicalStep.scale, CanonicalStep.sort])
+    weight_matching: bool = True
     max_in_memory_gb: float = 4.0
     reference_resamples: int = 20
     test_permutations: int = 500
@@ -170,6 +186,71 @@ class ClaimConfig:
         require(self.heartbeat_s > 0, "heartbeat_s", self.heartbeat_s, "a positive number of seconds")
         require(self.timeout_s >= 2 * self.heartbeat_s, "timeout_s", self.timeout_s,
                 f"at least twice heartbeat_s={self.heartbeat_s:g} (several missed heartbeats before a takeover)")
+
+
+@dataclass
+class ToyConfig:
+    """``analysis=toy`` (Figure 1): ``networks`` 2-2-1 ReLU perceptrons trained at once
+    (paper: 10,000); ``seed`` fixes the data, the initialisations and the batch orders."""
+
+    networks: int = 10000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.networks >= 2, "networks", self.networks, "an integer >= 2")
+
+
+@dataclass
+class CollapseConfig:
+    """``analysis=collapse`` (Figure 3): pairwise mutual information among the first ``members``
+    converged reference checkpoints (null = all), on at most ``max_pairs`` pairs (all pairs when
+    there are fewer; else a uniform draw without replacement, seeded by ``seed``)."""
+
+    members: Optional[int] = None
+    max_pairs: int = 50000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.members is None or self.members >= 2, "members", self.members, "an integer >= 2 or null (= all)")
+        require(self.max_pairs >= 1, "max_pairs", self.max_pairs, "a positive integer")
+
+
+@dataclass
+class PermutationFrequencyConfig:
+    """``analysis=permutation_frequency`` (Figure 4): ``runs`` trainings with the experiment's
+    recipe (seeds from ``first_seed`` on; runs that fail the recipe's convergence rule are replaced
+    by the next seeds, at most ``runs`` more), logging the sorting permutation of every layer every
+    ``log_every`` optimiser steps."""
+
+    runs: int = 5
+    first_seed: int = 900000
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        require(self.runs >= 1, "runs", self.runs, "a positive integer")
+        require(0 <= self.first_seed <= MAX_SEED - 2 * self.runs, "first_seed", self.first_seed,
+                f"an integer in [0, {MAX_SEED} - 2 * runs]")
+        require(self.log_every >= 1, "log_every", self.log_every, "a positive integer")
+
+
+@dataclass
+class MarginalsConfig:
+    """``analysis=marginals`` (appendix D.1, D.3): ``bins`` of the marginal histograms."""
+
+    bins: int = 40
+
+    def __post_init__(self) -> None:
+        require(self.bins >= 2, "bins", self.bins, "an integer >= 2")
+
+
+@dataclass
+class AnalyzeConfig:
+    """Settings of the analyses ``stage=analyze`` draws (one node each)."""
+
+    toy: ToyConfig = field(default_factory=ToyConfig)
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)
+    permutation_frequency: PermutationFrequencyConfig = field(default_factory=PermutationFrequencyConfig)
+    marginals: MarginalsConfig = field(default_factory=MarginalsConfig)
 
 
 @dataclass
@@ -254,8 +335,9 @@ def build_schema() -> type:
     ``store`` (checkpoint store root: store/<experiment>/...); ``results`` (tables and figures:
     results/<experiment>/...); ``device`` (auto | cpu | cuda | cuda:N); ``threads`` (torch threads
     per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead of one-line
-    errors); ``method`` and ``mode`` (what the sample stage runs); then the nodes typed above
-    (``verify``: ``stage=verify``; ``claims``: cross-node claims on units of work),
+    errors); ``method`` and ``mode`` (what the sample stage runs); ``analysis`` (what the analyze
+    stage draws); then the nodes typed above (``verify``: ``stage=verify``; ``claims``: cross-node
+    claims on units of work; ``analyze``: the analyses' settings),
     ``train`` (the ``Recipe``) and ``methods``.
     """
     methods = make_dataclass(
@@ -275,10 +357,12 @@ def build_schema() -> type:
         ("debug", bool, False),
         ("method", method_choice, method_choice["all"]),
         ("mode", ModeChoice, ModeChoice.both),
+        ("analysis", Analysis, Analysis.all),
         ("seeds", SeedsConfig, field(default_factory=SeedsConfig)),
         ("zoo", ZooConfig, field(default_factory=ZooConfig)),
         ("sample", SampleConfig, field(default_factory=SampleConfig)),
         ("evaluate", EvaluateConfig, field(default_factory=EvaluateConfig)),
+        ("analyze", AnalyzeConfig, field(default_factory=AnalyzeConfig)),
         ("external", ExternalConfig, field(default_factory=ExternalConfig)),
         ("verify", VerifyConfig, field(default_factory=VerifyConfig)),
         ("claims", ClaimConfig, field(default_factory=ClaimConfig)),

@@ -9,7 +9,9 @@ independent repetitions of the sample stage, and ``<value>_hw`` the half-width o
 interval (``metrics.uncertainty``: the spread over repetitions, and for MMD also the standard
 error due to the finite reference zoo). ``mmd_reject``/``ns_mmd_reject``: the fraction of layers
 whose MMDAgg test rejects "same distribution" at level 0.05 (first repetition). ``ns_steps``:
-the symmetries removed for the NS columns (``scale+sort`` ...).
+the symmetries removed for the NS columns (``scale+sort`` ...). ``wm_mmd_*``: MMD with the
+permutations removed by weight matching every network to one anchor instead of sorting
+(``wm_anchor`` names it, e.g. ``seed 0``; empty and NaN with ``evaluate.weight_matching=false``).
 """
 from __future__ import annotations
 
@@ -24,9 +26,11 @@ from benchmark.store import atomic_path
 STATUSES = ("ok", "failed")
 MODES = ("one", "multi")
 KEY_COLUMNS = ["experiment", "method", "mode"]
-TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "status", "reason", "ns_steps"]
+TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "status", "reason", "ns_steps",
+                "wm_anchor"]
 COUNT_COLUMNS = ["n_samples", "n_repetitions"]
-MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max"]
+MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max",
+               "wm_mmd_median", "wm_mmd_mean", "wm_mmd_max"]
 METRIC_COLUMNS = ["acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv"]
 MEASURED = MMD_COLUMNS + METRIC_COLUMNS  # the columns that get an interval
 TEST_COLUMNS = ["mmd_reject", "ns_mmd_reject"]

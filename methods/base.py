@@ -21,6 +21,7 @@ from typing import Callable, ClassVar, Optional
 import torch
 from torch import nn
 
+from benchmark.models import predict_with_weights
 from benchmark.store import SampleSet
 from benchmark.training import Recipe, TrainingData
 
@@ -110,6 +111,13 @@ class PosteriorMethod(ABC):
     @abstractmethod
     def sample(self, n: int, generator: torch.Generator) -> SampleSet:
         """``n`` weight samples ``{key: [n, ...]}`` keyed like the plain model's state dict."""
+
+    def predict_weights(self, sample_set: SampleSet, images: torch.Tensor) -> torch.Tensor:
+        """Probabilities ``[S, N, C]`` on ``images [N, ...]`` of the network each weight sample of
+        ``sample_set`` parameterises: the plain model carrying it (what the sample stage stores).
+        Only a method whose network computes another function of the same weights overrides it
+        (``methods.bnn_skip``: fixed skip connections that are not weights)."""
+        return predict_with_weights(self.new_model(), sample_set, images)
 
     def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         """Numbers that explain the fitted approximation (e.g. its variances; accuracies as

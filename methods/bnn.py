@@ -182,7 +182,7 @@ class BNNMethod(PosteriorMethod):
         self._net = None
         where = f"bnn seed {seed}"
         with seeded(seed):
-            net = to_bayesian(self.model_factory(), self.settings.layers, self.settings.variance.rho_init)
+            net = self.variational_network()
             net.model.to(self.device)
             result = train_network(
                 net.model, self.data.train, self.data.check, self.bnn_recipe(), seed, where=where,
@@ -193,6 +193,12 @@ class BNNMethod(PosteriorMethod):
             raise MethodFitError(f"{where}: {result.failure}")
         log.info("%s: validation accuracy of one draw %.3f after %d epochs", where, result.check_accuracy, result.epochs_run)
         self._net = net
+
+    def variational_network(self) -> BayesianNetwork:
+        """The network ``fit`` trains, built from a fresh plain model (called under the fit's seed):
+        BLiTZ layers in place of ``settings.layers``. Variants (``methods.bnn_ordered``,
+        ``methods.bnn_skip``) change it."""
+        return to_bayesian(self.model_factory(), self.settings.layers, self.settings.variance.rho_init)
 
     def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         """Per layer, the mean ``sigma / |mu|`` (``sigma_over_mu.<layer>``, how far from a point

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from methods.base import PosteriorMethod
 from methods.bnn import BNNMethod
+from methods.bnn_ordered import OrderedBiasBNNMethod
+from methods.bnn_skip import SkipBNNMethod
 from methods.dropout import DropoutMethod
 from methods.ensemble import EnsembleMethod
 from methods.laplace import LaplaceMethod
@@ -16,7 +18,9 @@ from methods.sghmc import SGHMCMethod
 from methods.swag import SWAGMethod
 
 METHODS: dict[str, type[PosteriorMethod]] = {
-    cls.name: cls for cls in (DropoutMethod, BNNMethod, SGHMCMethod, SWAGMethod, LaplaceMethod, EnsembleMethod)
+    cls.name: cls
+    for cls in (DropoutMethod, BNNMethod, OrderedBiasBNNMethod, SkipBNNMethod, SGHMCMethod, SWAGMethod, LaplaceMethod,
+                EnsembleMethod)
 }
 
 

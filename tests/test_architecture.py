@@ -19,6 +19,7 @@ from tests.conftest import REPO
 
 PLUMBING = ("benchmark.data", "benchmark.models", "benchmark.store", "benchmark.training", "benchmark.settings")
 RUNNERS = ("benchmark.cli", "benchmark.config", "benchmark.experiment", "benchmark.stages", "benchmark.report",
+           "benchmark.analyses",
            "benchmark.results", "benchmark.__main__")
 CONFIG_LIBRARIES = ("hydra", "omegaconf")
 

@@ -1,5 +1,7 @@
 """The paper's Table 1 (posterior MMD next to predictive metrics) and Table 2 (median /
-mean / max MMD), built from metrics.csv frames (``benchmark.results``) and written as
+mean / max MMD), and Table 3 (seed 002's function-space agreement and total variation next to
+MMD with the permutations removed by sorting, NS, and by weight matching, WM), built from
+metrics.csv frames (``benchmark.results``) and written as
 Markdown, CSV and LaTeX. Every value carries its 95% half-width: ``value ± half-width`` in
 Markdown and LaTeX, a separate ``<column> ±`` column in CSV.
 
@@ -51,6 +53,18 @@ TABLE2_SOURCES = {
     for statistic in ("median", "mean", "max")
 }
 
+TABLE3_SOURCES = {
+    "Agreement": "agreement",
+    "TV": "tv",
+    "MMD": "mmd_median",
+    "NS MMD": "ns_mmd_median",
+    "WM MMD": "wm_mmd_median",
+}
+"""Table 3 (function space, seed 002) column -> metrics.csv column; then the ranks of the rows'
+NS MMD and WM MMD within their experiment (``RANK_SOURCES``)."""
+
+RANK_SOURCES = {"NS rank": "ns_mmd_median", "WM rank": "wm_mmd_median"}
+
 FAILED = "failed"
 MISSING = "n/a"
 
@@ -100,6 +114,47 @@ def captions(df: pd.DataFrame) -> tuple[str, str]:
     )
     table2_caption = "Table 2: Full MMD table. " + _mmd_text(df, "the median, mean or max") + " " + _uncertainty_text(df)
     return table1_caption, table2_caption
+
+
+def _anchor_text(df: pd.DataFrame) -> str:
+    """Which network each experiment's WM MMD aligned to (``wm_anchor``), for the caption."""
+    parts = []
+    for (experiment, label), rows in df.groupby(["experiment", "experiment_label"], sort=False):
+        anchors = sorted(set(rows["wm_anchor"].astype(str)) - {""})
+        name = label or experiment
+        parts.append(f"{name}: the reference checkpoint of {', '.join(anchors)}" if anchors
+                     else f"{name}: not computed (evaluate.weight_matching=false)")
+    return "; ".join(parts)
+
+
+def table3_caption(df: pd.DataFrame) -> str:
+    """The caption of Table 3 (with ``{times}``/``{pct}`` unit slots)."""
+    return (
+        "Table 3: Function space and the removal of permutations (seed 002). Agreement: fraction of ID test inputs "
+        "where the argmax of the method's predictive equals that of the reference ensemble (the mean predictive of "
+        "the zoo's checkpoints); TV: mean over the ID test inputs of the total variation distance to it (half the L1 "
+        "distance between the two predictives); both in {pct}. MMD and NS MMD as in Table 1. WM MMD: as NS MMD, but "
+        "with the permutations "
+        "removed by weight matching (git re-basin: maximise the sum of inner products of all parameters with an "
+        "anchor network, one layer's linear assignment at a time) every network, zoo checkpoints and samples, to "
+        "one fixed anchor instead of sorting; the anchor is the converged reference checkpoint with the lowest seed "
+        f"(seed 002's code aligns to the first network of its list); {_anchor_text(df)}. MMD columns {{times}}. "
+        "NS rank / WM rank: the row's rank by NS MMD / WM MMD within its experiment (1 = closest to the zoo). "
+        + _uncertainty_text(df)
+    )
+
+
+def table3(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
+    """Table 3: the rows of :func:`table1`, columns ``TABLE3_SOURCES`` then the NS and WM MMD ranks
+    among the experiment's rows that did not fail (text; "n/a" where the MMD is missing)."""
+    rows = _ordered(df, TABLE3_SOURCES.values())
+    table = _display(rows, TABLE3_SOURCES, separate)
+    experiment = rows.index.get_level_values(0)
+    for label, column in RANK_SOURCES.items():
+        values = rows[column].where(rows["status"] != "failed")
+        ranks = values.groupby(experiment).rank(method="min")
+        table[label] = [MISSING if np.isnan(r) else f"{int(r)}" for r in ranks]
+    return table
 
 
 def table1(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
@@ -178,13 +233,13 @@ def render_csv(table: pd.DataFrame, reasons: dict[tuple, str]) -> str:
 
 
 def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Write table1.{md,csv,tex} and table2.{md,csv,tex} into ``out_dir``; return their paths.
+    """Write table1, table2 and table3 as .md, .csv and .tex into ``out_dir``; return their paths.
 
     Both tables are built (and the frame validated) before anything is written; each file
     is written atomically.
     """
     caption1, caption2 = captions(check_metrics(df))
-    tables = {"table1": (table1, caption1), "table2": (table2, caption2)}
+    tables = {"table1": (table1, caption1), "table2": (table2, caption2), "table3": (table3, table3_caption(df))}
     reasons = failure_reasons(df)
     out_dir = Path(out_dir)
     written = []

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from benchmark.stages import evaluate, report, sample, verify, zoo
+from benchmark.stages import analyze, evaluate, report, sample, verify, zoo
 
 STAGES: dict[str, Callable[..., Any]] = {
     "zoo": zoo.run,
     "sample": sample.run,
     "evaluate": evaluate.run,
     "report": report.run,
+    "analyze": analyze.run,
     "verify": verify.run,
 }
-PIPELINE = ("zoo", "sample", "evaluate", "report")  # what stage=all runs, in order (not verify)
+PIPELINE = ("zoo", "sample", "evaluate", "report", "analyze")  # what stage=all runs, in order (not verify)

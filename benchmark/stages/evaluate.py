@@ -1,5 +1,7 @@
 """Evaluate stage: for every method x mode in the store, raw and symmetry-free (NS) MMD against
-the reference zoo plus the predictive metrics, into ``results/<experiment>/metrics.csv``.
+the reference zoo plus the predictive metrics, into ``results/<experiment>/metrics.csv``; with
+``evaluate.weight_matching`` also WM MMD (the NS steps with the permutations removed by weight
+matching every network, zoo and samples, to one anchor: the lowest converged reference seed).
 
 Each of the ``sample.repetitions`` repetitions of a unit is evaluated on its own and the row
 holds their mean and 95% half-width (``metrics.uncertainty``); the first repetition also gets
@@ -54,7 +56,7 @@ from benchmark.store import (
 from methods import MODES, method_class, method_names
 from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd
 from metrics.predictive import predictive_metrics
-from metrics.symmetries import canonicalize, spec_for_model
+from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
 from metrics.uncertainty import interval
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,8 @@ class Reference:
         limit = float(exp.config.evaluate.max_in_memory_gb)
         self.in_memory = len(self.seeds) * n_params * 4 <= limit * 2**30
         self.batch = max(1, int(limit * 2**30 // (8 * n_params * 4)))
+        # WM MMD's anchor: the lowest converged reference seed (seed 002's code aligns to the first network).
+        self.anchor_seed = self.seeds[0] if settings.weight_matching else None
 
     def checked_paths(self) -> list[Path]:
         """The reference checkpoints, each validated whole once (checksum, keys and shapes, finite
@@ -198,15 +202,29 @@ class Reference:
 
     def canonical_paths(self) -> list[Path]:
         """Streamed mode: one canonical checkpoint per reference seed, written once."""
-        folder = self.folder / f"canonical-{self.key}"
+        return self._form_paths("canonical", lambda batch: canonicalize(batch, self.spec, self.steps)[0])
+
+    def _form_paths(self, name: str, transform) -> list[Path]:
+        """Streamed mode: ``transform`` of every reference checkpoint, one file per seed, written once."""
+        folder = self.folder / f"{name}-{self.key}"
         todo = [s for s in self.seeds if not (folder / f"{seed_name(s)}.safetensors").is_file()]
         checked = dict(zip(self.seeds, self.checked_paths()))
         paths = [checked[s] for s in todo]
         for batch_seeds, batch in zip(_chunks(todo, self.batch), iter_checkpoint_batches(paths, self.batch)):
-            canonical = canonicalize(batch, self.spec, self.steps)[0]
+            form = transform(batch)
             for i, seed in enumerate(batch_seeds):
-                save_checkpoint(folder / f"{seed_name(seed)}.safetensors", unstack(canonical, i), {"seed": seed})
+                save_checkpoint(folder / f"{seed_name(seed)}.safetensors", unstack(form, i), {"seed": seed})
         return [folder / f"{seed_name(s)}.safetensors" for s in self.seeds]
+
+    def align(self, samples: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The WM form of ``samples``: the NS steps with the permutation removed by weight matching
+        to the anchor checkpoint instead of sorting (``metrics.symmetries.align_to_anchor``)."""
+        anchor = load_checkpoints_as_sample_set(self.exp.store.checkpoint_paths([self.anchor_seed]))
+        return align_to_anchor(samples, self.spec, anchor, self.steps)[0]
+
+    def aligned(self) -> dict[str, torch.Tensor]:
+        """The WM form of the reference ``{key: [R, ...]}``, computed once."""
+        return self._cached("aligned", lambda: self.align(self.weights()))
 
     def predictive(self) -> torch.Tensor:
         """Zoo-ensemble predictive on the ID test set ``[N, C]``."""
@@ -225,24 +243,33 @@ class Reference:
         if full:
             options |= {"resampling": self.resampling, "permutation_test": self.test}
         canonical = canonicalize(samples, self.spec, self.steps)[0]
+        wm_options = {k: v for k, v in options.items() if k != "permutation_test"}  # no test column for WM
         if self.in_memory:
             results = {"mmd": mmd(self.weights(), samples, **options),
                        "ns_mmd": mmd(self.canonical(), canonical, **options)}
+            if self.anchor_seed is not None:
+                results["wm_mmd"] = mmd(self.aligned(), self.align(samples), **wm_options)
         else:
             canonical_path = samples_path.with_name(f".{samples_path.stem}.canonical.safetensors")
+            aligned_path = samples_path.with_name(f".{samples_path.stem}.aligned.safetensors")
             save_sample_set(canonical_path, canonical, {"experiment": self.exp.name})
             try:
                 results = {"mmd": mmd(CheckpointFiles(self.paths), SampleSetFile(samples_path), **options),
                            "ns_mmd": mmd(CheckpointFiles(self.canonical_paths()), SampleSetFile(canonical_path), **options)}
+                if self.anchor_seed is not None:
+                    save_sample_set(aligned_path, self.align(samples), {"experiment": self.exp.name})
+                    results["wm_mmd"] = mmd(CheckpointFiles(self._form_paths("aligned", self.align)),
+                                            SampleSetFile(aligned_path), **wm_options)
             finally:
                 canonical_path.unlink()
-        out = {}
+                aligned_path.unlink(missing_ok=True)
+        out = {f"wm_mmd_{name}": math.nan for name in SUMMARIES}
         for prefix, result in results.items():
             for name in SUMMARIES:
                 out[f"{prefix}_{name}"] = result.aggregate[name]
                 if result.resampled:
                     out[f"{prefix}_{name}_ref_sd"] = float(result.resampled[name].std())
-            if full:
+            if full and prefix != "wm_mmd":
                 out[f"{prefix}_reject"] = result.reject_fraction
         return out
 
@@ -307,7 +334,8 @@ def run(exp: Experiment) -> pd.DataFrame:
     ref = Reference(exp, steps)
     cache_dir = exp.store.base / "eval"
     code = code_fingerprint(EVALUATE_CODE)
-    settings = {"resamples": exp.config.evaluate.reference_resamples, "test": exp.config.evaluate.test_permutations}
+    settings = {"resamples": exp.config.evaluate.reference_resamples, "test": exp.config.evaluate.test_permutations,
+                "weight_matching": ref.anchor_seed}
     out = []
     bar = tqdm(total=sum(len(r) for r in units.values()), desc=f"evaluate {exp.name}", unit="repetition",
                dynamic_ncols=True)
@@ -327,7 +355,8 @@ def run(exp: Experiment) -> pd.DataFrame:
         meta = read_metadata(exp.store.samples_path(method, mode, 0))
         label = meta.get("label") or (method_class(method).label if method in method_names() else method)
         row = {"experiment": exp.name, "experiment_label": exp.display_name, "method": method, "method_label": label,
-               "mode": mode, "status": "ok", "reason": "", "ns_steps": "+".join(steps)}
+               "mode": mode, "status": "ok", "reason": "", "ns_steps": "+".join(steps),
+               "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}"}
         out.append(combine(row, numbers))
     bar.close()
     path = exp.results_dir / "metrics.csv"

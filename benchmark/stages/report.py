@@ -1,4 +1,4 @@
-"""Report stage: Tables 1 and 2 (Markdown, CSV, LaTeX) from every ``results/*/metrics.csv``,
+"""Report stage: Tables 1, 2 and 3 (Markdown, CSV, LaTeX) from every ``results/*/metrics.csv``,
 the zoo summary, the diagnostics of every method and mode (``diagnostics.{md,csv}``) and the
 paper's claims checked with error bars (``findings.md``).
 

@@ -139,8 +139,12 @@ def unit_metadata(exp: Experiment, unit: Unit, seeds: tuple[int, ...], diagnosti
     }
 
 
-def predictions(exp: Experiment, samples: SampleSet) -> dict[str, torch.Tensor]:
-    """Per-sample probabilities ``{"id": [S, N, C], "ood": [S, M, C]}`` (float32) of the plain model."""
+def predictions(exp: Experiment, samples: SampleSet, method: PosteriorMethod | None = None) -> dict[str, torch.Tensor]:
+    """Per-sample probabilities ``{"id": [S, N, C], "ood": [S, M, C]}`` (float32) of the plain model
+    carrying each sample (``method.predict_weights``: the network the method's samples parameterise)."""
+    if method is not None:
+        return {"id": method.predict_weights(samples, exp.test_tensors[0]),
+                "ood": method.predict_weights(samples, exp.ood_tensors[0])}
     model = exp.model().to(exp.device)
     return {
         "id": predict_with_weights(model, samples, exp.test_tensors[0]),
@@ -345,7 +349,7 @@ def write_unit(exp: Experiment, unit: Unit, claim=None) -> tuple[int, ...] | Non
     name, mode, r = unit.method.name, unit.plan.mode, unit.repetition
     samples, seeds, diagnostics = run_mode(unit.method, unit.plan, lambda seed: load_base(exp, seed),
                                            diagnostic_data=exp.test_tensors)
-    preds = predictions(exp, samples)
+    preds = predictions(exp, samples, unit.method)
     if claim is not None and claim.lost:
         return None
     metadata = unit_metadata(exp, unit, seeds, diagnostics)

@@ -4,6 +4,7 @@ from benchmark.training.loop import (
     NonFiniteError,
     OptimizerChain,
     OptimizerFactory,
+    StepCallback,
     TrainingData,
     TrainResult,
     accuracy,
@@ -19,7 +20,8 @@ from benchmark.training.loop import (
 from benchmark.training.recipe import FailRule, Recipe, RecipeOverrides, Schedule
 
 __all__ = [
-    "LossFn", "NonFiniteError", "OptimizerChain", "OptimizerFactory", "TrainingData", "TrainResult", "accuracy", "check_weights_finite",
+    "LossFn", "NonFiniteError", "OptimizerChain", "OptimizerFactory", "StepCallback", "TrainingData", "TrainResult",
+    "accuracy", "check_weights_finite",
     "cross_entropy_loss", "iterate_batches", "learning_rate", "make_optimizer", "seeded", "train_epoch",
     "train_network", "FailRule", "Recipe", "RecipeOverrides", "Schedule",
 ]

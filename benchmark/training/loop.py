@@ -20,6 +20,9 @@ from benchmark.data import InMemoryImageDataset, random_crop
 from benchmark.training.recipe import Recipe, Schedule
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+StepCallback = Callable[[int, int, nn.Module], None]
+"""``on_step(epoch, step, model)``: called after every optimiser step (0-based epoch and step
+within the epoch) with the model being trained, e.g. to log its weights."""
 Tensors = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -172,8 +175,11 @@ def train_epoch(
     generator: torch.Generator,
     where: str,
     loss_fn: LossFn = cross_entropy_loss,
+    on_step: StepCallback | None = None,
+    epoch: int = 0,
 ) -> float:
-    """One epoch of SGD; returns the mean loss. A non-finite loss raises ``NonFiniteError``."""
+    """One epoch of SGD; returns the mean loss. A non-finite loss raises ``NonFiniteError``.
+    ``on_step(epoch, step, model)`` (optional) runs after every optimiser step."""
     device = next(model.parameters()).device
     model.train()
     total, count = 0.0, 0
@@ -184,6 +190,8 @@ def train_epoch(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if on_step is not None:
+            on_step(epoch, step, model)
         total += float(loss.detach()) * len(labels)
         count += len(labels)
     return total / max(1, count)
@@ -199,6 +207,7 @@ def train_network(
     loss_fn: LossFn = cross_entropy_loss,
     train_eval: Tensors | None = None,
     optimizer_factory: OptimizerFactory | None = None,
+    on_step: StepCallback | None = None,
 ) -> TrainResult:
     """Train ``model`` in place with ``recipe``; data order drawn from ``seed``.
 
@@ -206,7 +215,8 @@ def train_network(
     non-convergence rule and the reported check accuracy (None: no rule can be judged; an
     active rule then raises ValueError); ``train_eval`` (optional) the same for the reported
     train accuracy. ``optimizer_factory(model, recipe)`` replaces the recipe's SGD (its groups
-    follow the recipe's schedule, scaled by their ``lr_scale``). A run below ``recipe.fail_rule.min_accuracy`` after
+    follow the recipe's schedule, scaled by their ``lr_scale``). ``on_step(epoch, step, model)``
+    (optional) runs after every optimiser step. A run below ``recipe.fail_rule.min_accuracy`` after
     ``fail_rule.epoch`` epochs stops early, and one that ends below it is also failed; both
     return with ``failure`` set.
     NaN/Inf raises ``NonFiniteError`` (nothing to store).
@@ -219,7 +229,8 @@ def train_network(
     for epoch in range(recipe.epochs):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(recipe, epoch) * group.get("lr_scale", 1.0)
-        loss = train_epoch(model, train_set, optimizer, recipe.batch_size, generator, f"{where}, epoch {epoch + 1}", loss_fn)
+        loss = train_epoch(model, train_set, optimizer, recipe.batch_size, generator, f"{where}, epoch {epoch + 1}", loss_fn,
+                           on_step, epoch)
         check_weights_finite(model, f"{where}, epoch {epoch + 1}")
         record = {"epoch": epoch + 1, "loss": loss}
         rule = recipe.fail_rule

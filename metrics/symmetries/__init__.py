@@ -5,15 +5,17 @@ share a permutation and a positive scale; one engine applies them batched over s
 Transforms (each returns the new sample set and what it applied): ``normalize_scales``,
 ``sort_units``, ``center_logit_bias``, ``min_mass`` / ``min_mass_cvxpy``,
 ``weight_matching``; ``canonicalize`` chains them into the symmetry-free form used by the
-NS MMD column.
+NS MMD column, ``align_to_anchor`` into the weight-matched form of the WM MMD column;
+``log10_permutation_modes`` counts the modes permutations make of a network (appendix D.1).
 """
 from metrics.symmetries.architectures import (
     chain_spec, layer_chain_spec, optunet_spec, resnet_spec, sequential_spec, spec_for_model,
 )
-from metrics.symmetries.canonical import DEFAULT_STEPS, STEPS, canonicalize
+from metrics.symmetries.canonical import DEFAULT_STEPS, STEPS, align_to_anchor, canonicalize
 from metrics.symmetries.engine import (
     check_permutations, compose, permute, random_permutations, random_scales, rescale,
 )
+from metrics.symmetries.modes import log10_permutation_modes
 from metrics.symmetries.minmass import (
     DegenerateMinMassError, check_min_mass_defined, mass, mass_terms, min_mass, min_mass_cvxpy,
 )
@@ -25,7 +27,8 @@ from metrics.symmetries.spec import Axis, RunningStats, Scaling, SymmetrySpec, U
 
 __all__ = [
     "chain_spec", "layer_chain_spec", "optunet_spec", "resnet_spec", "sequential_spec", "spec_for_model",
-    "DEFAULT_STEPS", "STEPS", "canonicalize", "check_permutations", "compose", "permute", "random_permutations",
+    "DEFAULT_STEPS", "STEPS", "align_to_anchor", "canonicalize", "log10_permutation_modes", "check_permutations",
+    "compose", "permute", "random_permutations",
     "random_scales", "rescale", "DegenerateMinMassError", "check_min_mass_defined", "mass", "mass_terms", "min_mass",
     "min_mass_cvxpy", "number_of_transpositions", "weight_matching", "normalize_scales", "center_logit_bias",
     "SORT_KEYS", "sort_units", "Axis", "RunningStats", "Scaling", "SymmetrySpec", "UnitGroup", "check_sample_set",

@@ -7,6 +7,7 @@ import torch
 
 from metrics.symmetries.engine import SampleSet
 from metrics.symmetries.minmass import min_mass
+from metrics.symmetries.rebasin import weight_matching
 from metrics.symmetries.scaling import unit_norm_scaling
 from metrics.symmetries.softmax import shift_logit_bias
 from metrics.symmetries.sorting import SORT_KEYS, sort_unchecked
@@ -43,4 +44,31 @@ def canonicalize(
     applied: dict[str, Any] = {}
     for step in steps:
         out, applied[step] = sort_unchecked(out, spec, sort_key) if step == "sort" else STEPS[step](out, spec)
+    return out, applied
+
+
+def align_to_anchor(
+    sample_set: Mapping[str, torch.Tensor],
+    spec: SymmetrySpec,
+    anchor: Mapping[str, torch.Tensor],
+    steps: Sequence[str] = DEFAULT_STEPS,
+) -> tuple[SampleSet, dict[str, Any]]:
+    """The weight-matched ("WM") form of ``sample_set``: ``canonicalize`` with the permutation
+    step (``sort``) replaced by weight matching (``weight_matching``, git re-basin) to ``anchor``
+    (one network, unbatched or ``[1, ...]``, taken through the same steps before the matching);
+    without a ``sort`` step the matching comes after every step. Returns the aligned sample set
+    and ``{step: what it applied, "match": weight_matching's info}``."""
+    steps = list(steps)
+    cut = steps.index("sort") if "sort" in steps else len(steps)
+    before, after = steps[:cut], steps[cut + 1 :]
+    check_sample_set(spec, sample_set)
+    batched = {k: v if v.dim() == len(spec.shapes[k]) + 1 else v.unsqueeze(0) for k, v in anchor.items()}
+    if check_sample_set(spec, batched, source="anchor") != 1:
+        raise ValueError("align_to_anchor: the anchor must be one network (unbatched or [1, ...])")
+    out, applied = canonicalize(sample_set, spec, before) if before else (dict(sample_set), {})
+    reference = canonicalize(batched, spec, before)[0] if before else batched
+    out, applied["match"] = weight_matching(out, reference, spec)
+    if after:
+        out, later = canonicalize(out, spec, after)
+        applied.update(later)
     return out, applied

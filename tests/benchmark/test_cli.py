@@ -22,7 +22,8 @@ def test_help_introduces_the_suite():
     out = subprocess.run([sys.executable, "-m", "benchmark", "--help"], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
     assert out.startswith("posterior-bench:") and "powered by Hydra" not in out
-    assert "zoo, sample, evaluate, report, all, verify" in out
+    assert "zoo, sample, evaluate, report, analyze, all, verify" in out
+    assert "toy, min_mass, collapse, permutation_frequency, marginals, all" in out
     assert "cifar100_resnet18, digits_optunet, mnist_optunet, tinyimagenet_resnet18" in out
     assert all(f"{name} (" in out for name in method_names()) and "Deep Ensembles: mode=multi" in out
     assert out.count("python -m benchmark") >= 3
@@ -31,7 +32,11 @@ def test_help_introduces_the_suite():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, all, verify]"),
+        (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, analyze, all, "
+                          "verify]"),
+        (["analysis=hist"], "analysis: Invalid value 'hist', expected one of [toy, min_mass, collapse, "
+                            "permutation_frequency, marginals, all]"),
+        (["analyze.collapse.max_pairs=0"], "analyze.collapse.max_pairs=0: expected a positive integer"),
         (["methods.swag.scale=abc"], "methods.swag.scale: Value 'abc' of type 'str' could not be converted to Float"),
         (["methods.swag.scale=-1"], "methods.swag.scale=-1.0: expected a number >= 0"),
         (["methods.swag.pork=1"], "methods.swag.pork: Key 'pork' not in 'SWAGSettings'"),
@@ -64,7 +69,7 @@ def test_the_cli_exits_with_the_one_line_error_before_hydra_starts(tmp_path):
 
 
 def test_stage_all_is_the_pipeline_in_order():
-    assert stages_of(Stage.all) == ("zoo", "sample", "evaluate", "report")
+    assert stages_of(Stage.all) == ("zoo", "sample", "evaluate", "report", "analyze")
     assert stages_of(Stage.evaluate) == ("evaluate",)
 
 

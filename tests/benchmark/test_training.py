@@ -91,3 +91,20 @@ def test_a_rule_without_held_out_data_is_refused():
     with pytest.raises(ConfigError, match="train.fail_rule=.*needs held-out data.*dataset.validation_fraction > 0"):
         Experiment(compose_config(["dataset.validation_fraction=0"]))
     assert Experiment(compose_config(["dataset.validation_fraction=0", "train.fail_rule.epoch=null"])).validation_tensors is None
+
+
+def test_on_step_runs_after_every_optimiser_step_with_the_updated_model():
+    from benchmark.data import InMemoryImageDataset
+    from benchmark.models import mlp
+    from benchmark.training import seeded, train_network
+
+    images, labels = torch.randn(10, 1, 2, 2), torch.arange(10) % 3  # the MLP flattens 1x2x2 to 4 inputs
+    with seeded(0):
+        model = mlp(4, [5], 3)
+    calls = []
+    recipe = Recipe(epochs=2, batch_size=4, lr=0.1)
+    train_network(model, InMemoryImageDataset(images, labels), None, recipe, seed=0,
+                  on_step=lambda epoch, step, net: calls.append((epoch, step, net.fc2.bias.detach().clone())))
+    assert [c[:2] for c in calls] == [(e, s) for e in range(2) for s in range(3)]  # ceil(10 / 4) = 3 steps per epoch
+    assert torch.equal(calls[-1][2], model.fc2.bias.detach()), "the callback sees the model after the step"
+    assert not torch.equal(calls[0][2], calls[1][2])

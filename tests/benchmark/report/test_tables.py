@@ -1,11 +1,12 @@
-"""Tables 1 and 2: scales, rounding, row order and grouping, failed rows, several experiments, files."""
+"""Tables 1, 2 and 3: scales, rounding, row order and grouping, failed rows, several experiments, files."""
 import re
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from benchmark.report import table1, table2, write_tables
+from benchmark.report import table1, table2, table3, write_tables
+from benchmark.report.tables import table3_caption
 from benchmark.results import MEASURED, VALUE_COLUMNS, half_width
 
 # The paper's MNIST - OptuNet Dropout and DE rows (Table 1), as metrics.csv stores them.
@@ -24,13 +25,13 @@ METHOD_LABELS = {"dropout": "Dropout", "bnn": "BNN", "sghmc": "SGHMC", "swag": "
                  "ensemble": "Deep Ensembles"}
 
 
-def row(experiment, method, mode, status="ok", reason="", **values):
+def row(experiment, method, mode, status="ok", reason="", wm_anchor="seed 0", **values):
     """A metrics.csv row; labels as the evaluate stage writes them (raw names when unknown)."""
     filled = {c: 0.01 for c in VALUE_COLUMNS} | {half_width(c): np.nan for c in MEASURED}
     filled |= {"n_samples": 100, "n_repetitions": 1, "nll": 0.5, "agreement": 0.9, "tv": 0.1} | values
     return dict(experiment=experiment, experiment_label=EXPERIMENT_LABELS.get(experiment, experiment), method=method,
                 method_label=METHOD_LABELS.get(method, method), mode=mode, status=status, reason=reason,
-                ns_steps="scale+sort", **filled)
+                ns_steps="scale+sort", wm_anchor=wm_anchor, **filled)
 
 
 def paper_rows(experiment="mnist_optunet"):
@@ -118,7 +119,7 @@ def test_write_tables_round_trips_through_files(tmp_path):
     df = pd.DataFrame(paper_rows("mnist_optunet") + paper_rows("tinyimagenet_resnet18"))
     out = tmp_path / "results" / "mnist"
     paths = write_tables(df, out)
-    assert sorted(p.name for p in paths) == sorted(f"table{i}.{s}" for i in (1, 2) for s in ("md", "csv", "tex"))
+    assert sorted(p.name for p in paths) == sorted(f"table{i}.{s}" for i in (1, 2, 3) for s in ("md", "csv", "tex"))
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in paths)  # no temp files left
 
     expected = table1(df)
@@ -182,3 +183,31 @@ def _markdown_rows(md):
     lines = [line for line in md.splitlines() if line.startswith("|")][2:]  # skip header and rule
     return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
 
+
+
+def test_table3_has_agreement_tv_and_the_three_mmds_with_their_ranks():
+    rows = paper_rows()
+    for r, (ns, wm) in zip(rows, [(0.0, 0.0), (0.3, 0.1), (0.2, 0.4), (0.1, 0.2), (0.5, 0.3), (0.143, 0.05), (0.9, 0.9),
+                                  (0.4, np.nan), (0.6, 0.6), (0.7, 0.7)]):
+        r.update(ns_mmd_median=ns, wm_mmd_median=wm, agreement=0.875, tv=0.1234)
+    t = table3(pd.DataFrame(rows))
+    assert list(t.columns) == ["Agreement", "TV", "MMD", "NS MMD", "WM MMD", "NS rank", "WM rank"]
+    assert [tuple(i[1:]) for i in t.index] == PAPER_ORDER
+    dropout = t.loc[("MNIST - OptuNet", "One Mode", "Dropout")]
+    assert dropout[["Agreement", "TV", "MMD", "NS MMD", "WM MMD"]].tolist() == ["87.5", "12.3", "15.0", "14.3", "5.0"]
+    # ranks among the rows that did not fail (BNN multi failed); a missing WM MMD has no rank
+    ns = dict(zip((i[1:] for i in t.index), t["NS rank"]))
+    wm = dict(zip((i[1:] for i in t.index), t["WM rank"]))
+    assert ns[("Multi Mode", "Deep Ensembles")] == "1" and t.loc[("MNIST - OptuNet", "Multi Mode", "BNN"), "TV"] == "failed"
+    assert t.loc[("MNIST - OptuNet", "Multi Mode", "BNN"), "NS rank"] == "n/a"
+    assert t.loc[("MNIST - OptuNet", "One Mode", "BNN"), "WM rank"] == "n/a"
+    assert sorted(int(v) for v in ns.values() if v != "n/a") == list(range(1, 10))
+    assert wm[("One Mode", "Dropout")] == "2" and wm[("Multi Mode", "Deep Ensembles")] == "1"
+
+
+def test_table3_caption_names_the_anchor_or_says_it_was_off():
+    df = pd.DataFrame(paper_rows("mnist_optunet") + [row("cifar100_resnet18", "ensemble", "multi", wm_anchor="")])
+    caption = table3_caption(df)
+    assert "MNIST - OptuNet: the reference checkpoint of seed 0" in caption
+    assert "CIFAR100 - ResNet18: not computed (evaluate.weight_matching=false)" in caption
+    assert "lowest seed" in caption and "Agreement" in caption

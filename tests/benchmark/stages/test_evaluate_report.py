@@ -17,6 +17,7 @@ from benchmark.stages.evaluate import StaleSamplesError
 from benchmark.stages.sample import settings_hash
 from metrics.mmd import ReferenceResampling, mmd
 from metrics.predictive import predictive_metrics
+from metrics.symmetries import normalize_scales, spec_for_model, weight_matching
 from metrics.uncertainty import interval
 from tests.conftest import compose_config
 
@@ -83,6 +84,18 @@ def test_metrics_csv_matches_independent_computation(filled):
         assert row[key] == pytest.approx(mean, rel=1e-6, abs=1e-9), key
         assert row[f"{key}_hw"] == pytest.approx(hw, rel=1e-6, abs=1e-9), key
     assert not math.isnan(row.ns_mmd_median)
+    # WM MMD: scaling removed, then every network weight-matched to the scaled anchor (the lowest reference seed)
+    assert row.wm_anchor == "seed 0"
+    spec = spec_for_model(exp.model())
+    scaled_ref = normalize_scales(ref, spec)[0]
+    anchor = {k: v[:1] for k, v in scaled_ref.items()}
+    matched_ref = weight_matching(scaled_ref, anchor, spec)[0]
+    by_rep = [mmd(matched_ref, weight_matching(normalize_scales(e, spec)[0], anchor, spec)[0]).aggregate["median"]
+              for e, _ in reps]
+    halves = mmd(matched_ref, weight_matching(normalize_scales(reps[0][0], spec)[0], anchor, spec)[0],
+                 resampling=ReferenceResampling(count=6)).resampled["median"]
+    mean, hw = interval(by_rep, float(halves.std()))
+    assert row.wm_mmd_median == pytest.approx(mean, rel=1e-6) and row.wm_mmd_median_hw == pytest.approx(hw, rel=1e-6)
     on_disk = pd.read_csv(exp.results_dir / "metrics.csv")
     assert len(on_disk) == 1
 
@@ -136,7 +149,8 @@ def test_second_run_reuses_cached_rows_and_gives_identical_tables(filled):
     assert {p: p.read_text() for p in tables} == contents
     names = sorted(p.name for p in tables)
     assert names == ["diagnostics.csv", "diagnostics.md", "findings.md", "table1.csv", "table1.md", "table1.tex",
-                     "table2.csv", "table2.md", "table2.tex", "zoo.md"]
+                     "table2.csv", "table2.md", "table2.tex", "table3.csv", "table3.md", "table3.tex", "zoo.md"]
+    assert "the reference checkpoint of seed 0" in (tables[0].parent / "table3.md").read_text()
     diagnostics = pd.read_csv(tables[0].parent / "diagnostics.csv").set_index(["method", "mode"])
     members = filled[1][0][1]["id"]  # repetition 0's predictions
     per_sample = (members.argmax(-1) == exp.test_tensors[1]).double().mean(1)
@@ -184,5 +198,16 @@ def test_streamed_reference_gives_the_in_memory_numbers(filled, tmp_path):
     for cached in (exp.store.base / "eval").glob("*.json"):
         cached.unlink()
     streamed = run_evaluate(Experiment(streamed_cfg))
-    cols = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max", "acc", "agreement", "tv"]
+    cols = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max", "wm_mmd_median",
+            "wm_mmd_mean", "wm_mmd_max", "acc", "agreement", "tv"]
     pd.testing.assert_frame_equal(in_memory[cols], streamed[cols], rtol=1e-6, atol=1e-10)
+
+
+def test_weight_matching_off_leaves_the_wm_columns_empty(filled, tmp_path):
+    exp = filled[0]
+    off = dataclasses.replace(exp.config, evaluate=dataclasses.replace(exp.config.evaluate, weight_matching=False),
+                              results=str(tmp_path / "results"))
+    frame = run_evaluate(Experiment(off)).set_index(["method", "mode"])
+    row = frame.loc[("ensemble", "multi")]
+    assert row.wm_anchor == "" and math.isnan(row.wm_mmd_median) and math.isnan(row.wm_mmd_median_hw)
+    assert not math.isnan(row.ns_mmd_median)
