@@ -84,15 +84,23 @@ class SeedsConfig:
 @dataclass
 class ZooConfig:
     """``range``: which ranges ``stage=zoo`` trains; this job trains the seeds with
-    ``seed % num_shards == shard``."""
+    ``seed % num_shards == shard``. ``vectorize``: networks trained at once (K) by the
+    vectorised trainer (``benchmark/training/vectorised.py``): ``auto`` = as many as fit in
+    memory, up to ``AUTO_NETWORKS`` (one at a time where the architecture or the data cannot be
+    stacked, e.g. ResNet-18's BatchNorm), an integer K (refused before any work if K networks
+    do not fit in memory, with the K that does), or 1 = one at a time (``train_network``)."""
 
     range: ZooRange = ZooRange.both
     shard: int = 0
     num_shards: int = 1
+    vectorize: str = "auto"
 
     def __post_init__(self) -> None:
         require(self.num_shards >= 1, "num_shards", self.num_shards, "a positive integer")
         require(0 <= self.shard < self.num_shards, "shard", self.shard, f"an integer in [0, num_shards={self.num_shards})")
+        value = str(self.vectorize)
+        require(value == "auto" or (value.isdigit() and int(value) >= 1), "vectorize", self.vectorize,
+                "auto or a positive integer (1 = one network at a time)")
 
 
 @dataclass

@@ -1,22 +1,29 @@
 """Zoo stage: train the checkpoints of ``seeds.reference`` and ``seeds.heldout`` (``zoo.range``
 selects one) that the store lacks.
 
-Resumable and shareable: each seed is trained under a per-seed lock, re-checked after the
-lock is taken, and written atomically, so killed runs and overlapping ranges on one store
-neither corrupt nor duplicate work. Seeds that do not converge are recorded as failed.
+Seeds are trained K at a time by the vectorised trainer where the architecture and data allow
+it (``zoo.vectorize``; ``stack_size``), else one at a time. Resumable and shareable: a batch
+of seeds is claimed under per-seed locks (each re-checked after its lock is taken), and every
+seed's checkpoint or failure record is written atomically as soon as that seed finishes, so
+killed runs and overlapping ranges on one store neither corrupt nor duplicate work. Seeds that
+do not converge are recorded as failed.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from tqdm.auto import tqdm
 
-from benchmark.config import ZooRange
+from benchmark.config import ConfigError, ZooRange
 from benchmark.experiment import Experiment, SeedRange, library_versions
 from benchmark.store import metadata_float, read_metadata, save_checkpoint, seed_name, try_lock
 from benchmark.training import NonFiniteError, TrainResult, seeded, train_network
+from benchmark.training.stacked import NotStackableError, stacked_networks
+from benchmark.training.vectorised import AUTO_NETWORKS, check_stackable, networks_that_fit, train_networks
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +77,8 @@ def train_seed(exp: Experiment, seed: int, role: str = "zoo") -> TrainResult:
     )
 
 
-def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: str) -> dict[str, object]:
-    """Metadata stored with every trained checkpoint."""
+def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: str, trainer: str) -> dict[str, object]:
+    """Metadata stored with every trained checkpoint (``trainer``: how it was trained)."""
     return {
         "seed": seed,
         "experiment": exp.name,
@@ -80,8 +87,42 @@ def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: s
         "train_accuracy": result.train_accuracy,
         "test_accuracy": result.test_accuracy,
         "epochs": result.epochs_run,
+        "trainer": trainer,
         "versions": library_versions(),
     }
+
+
+def stack_size(exp: Experiment, pending: int) -> int:
+    """K, the number of seeds trained at once (``zoo.vectorize``), for ``pending`` seeds to train.
+
+    ``auto``: as many as fit in memory, up to ``AUTO_NETWORKS``, or 1 (one at a time) when the
+    architecture or the training data cannot be stacked. An explicit K that cannot be stacked
+    or does not fit raises ``ConfigError`` naming the value to use.
+    """
+    setting = str(exp.config.zoo.vectorize)
+    if setting == "1":
+        return 1
+    template = exp.model().to(exp.device)
+    try:
+        check_stackable(exp.training_data)
+        stacked_networks(template, exp.device)
+    except NotStackableError as err:
+        if setting != "auto":
+            raise ConfigError(f"zoo.vectorize={setting}: {exp.name} cannot be trained stacked ({err}); "
+                              "use zoo.vectorize=1 or zoo.vectorize=auto") from None
+        log.info("zoo: one network at a time (%s)", err)
+        return 1
+    fit, per_network, available = networks_that_fit(template, exp.training_data.input_shape, exp.recipe.batch_size,
+                                                    exp.device)
+    if setting == "auto":
+        return max(1, min(AUTO_NETWORKS, fit, max(1, pending)))
+    wanted = int(setting)
+    if wanted > fit:
+        raise ConfigError(
+            f"zoo.vectorize={wanted}: {wanted} networks need about {wanted * per_network / 2**30:.2f} GiB on "
+            f"{exp.device}, more than half of the {available / 2**30:.2f} GiB available; use zoo.vectorize={max(1, fit)} "
+            "(or zoo.vectorize=auto)")
+    return max(1, min(wanted, pending))
 
 
 def run(exp: Experiment) -> list[ZooSummary]:
@@ -92,8 +133,69 @@ def run(exp: Experiment) -> list[ZooSummary]:
     return [run_zoo(exp, seeds, zoo.shard, zoo.num_shards) for seeds in ranges]
 
 
+def _claim(exp: Experiment, pending: Iterator[int], count: int, held: contextlib.ExitStack,
+           summary: ZooSummary) -> list[int]:
+    """Up to ``count`` seeds of ``pending`` locked for this process (the locks live as long as ``held``)."""
+    store = exp.store
+    claimed: list[int] = []
+    for seed in pending:
+        if not held.enter_context(try_lock(store.lock_path(f"zoo-{seed_name(seed)}"))):
+            summary.skipped_busy.append(seed)
+        elif store.checkpoint_path(seed).exists() or store.failed_path(seed).exists():
+            summary.skipped_done.append(seed)
+        else:
+            claimed.append(seed)
+            if len(claimed) == count:
+                break
+    return claimed
+
+
+def _store_outcome(exp: Experiment, seed: int, outcome: TrainResult | NonFiniteError, role: str, trainer: str,
+                   summary: ZooSummary) -> None:
+    """Write a finished seed's checkpoint or failure record (NaN/Inf: logged, nothing written)."""
+    store = exp.store
+    if isinstance(outcome, NonFiniteError):
+        log.error("seed %d stopped: %s (nothing stored)", seed, outcome)
+        summary.diverged[seed] = str(outcome)
+    elif outcome.failure:
+        store.record_failure(seed, {"reason": outcome.failure, "check_accuracy": outcome.test_accuracy,
+                                    "epoch": outcome.epochs_run, "config_hash": exp.config_hash})
+        summary.failed.append(seed)
+    else:
+        save_checkpoint(store.checkpoint_path(seed), outcome.state_dict,
+                        checkpoint_metadata(exp, seed, outcome, role, trainer))
+        summary.trained.append(seed)
+
+
+def _train_claimed(exp: Experiment, seeds: list[int], role: str, stacked: bool, summary: ZooSummary, bar) -> None:
+    """Train ``seeds`` (locked by this process), storing each as soon as it finishes."""
+    if not stacked:
+        for seed in seeds:
+            try:
+                outcome: TrainResult | NonFiniteError = train_seed(exp, seed, role)
+            except NonFiniteError as err:
+                outcome = err
+            _store_outcome(exp, seed, outcome, role, "one at a time", summary)
+            bar.update()
+        return
+    models = []
+    for seed in seeds:
+        with seeded(seed):
+            models.append(exp.model().to(exp.device))
+    trainer = f"vectorised, {len(seeds)} networks"
+
+    def done(index: int, outcome: TrainResult | NonFiniteError) -> None:
+        _store_outcome(exp, seeds[index], outcome, role, trainer, summary)
+        bar.update()
+
+    data = exp.training_data
+    train_networks(models, data, exp.recipe, seeds, [f"{exp.name} {role} seed {s}" for s in seeds], on_done=done,
+                   train_eval=data.train_tensors)
+
+
 def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int = 1) -> ZooSummary:
-    """Train the missing seeds of ``seeds`` (this shard's share: seed % num_shards == shard).
+    """Train the missing seeds of ``seeds`` (this shard's share: seed % num_shards == shard),
+    K at a time (``stack_size``).
 
     Raises ``TrainingDivergedError`` at the end if any seed produced NaN/Inf.
     """
@@ -105,30 +207,19 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
     done, failed = set(store.completed_seeds()), set(store.failed_seeds())
     todo = [s for s in mine if s not in done and s not in failed]
     summary.skipped_done = [s for s in mine if s in done or s in failed]
-    log.info("zoo %s %s seeds %s: %d of %d to train (shard %d/%d)", exp.name, seeds.role, seeds, len(todo), len(mine),
-             shard, num_shards)
-    for seed in tqdm(todo, desc=f"zoo {exp.name} {seeds.role}", unit="seed", dynamic_ncols=True):
-        with try_lock(store.lock_path(f"zoo-{seed_name(seed)}")) as locked:
-            if not locked:
-                summary.skipped_busy.append(seed)
-                continue
-            if store.checkpoint_path(seed).exists() or store.failed_path(seed).exists():
-                summary.skipped_done.append(seed)
-                continue
-            try:
-                result = train_seed(exp, seed, seeds.role)
-            except NonFiniteError as err:
-                log.error("seed %d stopped: %s (nothing stored)", seed, err)
-                summary.diverged[seed] = str(err)
-                continue
-            if result.failure:
-                store.record_failure(seed, {"reason": result.failure, "check_accuracy": result.test_accuracy,
-                                            "epoch": result.epochs_run, "config_hash": exp.config_hash})
-                summary.failed.append(seed)
-            else:
-                save_checkpoint(store.checkpoint_path(seed), result.state_dict,
-                                checkpoint_metadata(exp, seed, result, seeds.role))
-                summary.trained.append(seed)
+    count = stack_size(exp, len(todo)) if todo else 1
+    log.info("zoo %s %s seeds %s: %d of %d to train (shard %d/%d), %s", exp.name, seeds.role, seeds, len(todo), len(mine),
+             shard, num_shards, f"{count} at a time" if count > 1 else "one at a time")
+    pending = iter(todo)
+    with tqdm(total=len(todo), desc=f"zoo {exp.name} {seeds.role}", unit="seed", dynamic_ncols=True) as bar:
+        while True:
+            with contextlib.ExitStack() as held:
+                skipped = len(summary.skipped_busy) + len(summary.skipped_done)
+                claimed = _claim(exp, pending, count, held, summary)
+                bar.update(len(summary.skipped_busy) + len(summary.skipped_done) - skipped)
+                if not claimed:
+                    break
+                _train_claimed(exp, claimed, seeds.role, count > 1, summary, bar)
     _fill_range_state(exp, summary, start, stop)
     log.info("%s", summary.describe(seeds))
     if summary.diverged:
