@@ -202,6 +202,27 @@ class _ConvFunction(torch.autograd.Function):
         return (grad_x if need_x else None), grad_w, grad_b, None, None, None
 
 
+def _global_average(x: torch.Tensor) -> torch.Tensor:
+    """Mean over the positions of ``x [B, C, H, W, K]`` -> ``[B, C, 1, 1, K]``, summed position by
+    position: PyTorch's own reduction picks its summation order by shape, i.e. by K."""
+    flat = x.flatten(2, 3)
+    total = flat[:, :, 0]
+    for position in range(1, flat.shape[2]):
+        total = total + flat[:, :, position]
+    return (total / flat.shape[2])[:, :, None, None]
+
+
+def _stacked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x [K, B, in] -> [K, B, out]`` with each network's ``weight [K, out, in]`` and ``bias [K, out]``.
+
+    Products and sums over the last axis instead of ``bmm``: the batched GEMM (and its backward)
+    picks kernels by batch count, so a network's result would depend on K; these layers are a
+    few units wide, so the broadcast costs nothing that matters.
+    """
+    out = (x.unsqueeze(2) * weight.unsqueeze(1)).sum(-1)
+    return out if bias is None else out + bias.unsqueeze(1)
+
+
 class PackedChain:
     """K networks of a layer-chain architecture on CPU (see the module docstring)."""
 
@@ -240,13 +261,11 @@ class PackedChain:
             elif op.kind == "relu":
                 x = torch.relu(x)
             elif op.kind == "gap":
-                x = x.mean(dim=(2, 3), keepdim=True)
+                x = _global_average(x)
             elif op.kind == "flatten":
                 x = x.permute(4, 0, 1, 2, 3).flatten(2)  # [K, B, C*H*W] in NCHW flatten order
-            else:  # linear: x [K, B, in] @ W^T [K, in, out] (+ b)
-                weight = params[f"{op.prefix}.weight"].transpose(1, 2)
-                bias = params.get(f"{op.prefix}.bias") if op.has_bias else None
-                x = torch.bmm(x, weight) if bias is None else torch.baddbmm(bias.unsqueeze(1), x, weight)
+            else:  # linear: x [K, B, in], W [K, out, in] -> [K, B, out]
+                x = _stacked_linear(x, params[f"{op.prefix}.weight"], params.get(f"{op.prefix}.bias") if op.has_bias else None)
         return x
 
     def source(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
