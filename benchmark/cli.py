@@ -19,11 +19,12 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from benchmark.config import CONF_DIR, ConfigError, Stage, compose_config, one_line, register_configs
+from benchmark.config import CONF_DIR, MAX_SEED, ConfigError, Stage, compose_config, one_line, register_configs
 from benchmark.data import check_ood_pairing, get_dataset
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages import PIPELINE, STAGES
 from benchmark.stages.sample import external_mode, load_external, prepare_units
+from benchmark.stages.zoo import stack_size
 from methods import registry
 
 log = logging.getLogger("benchmark")
@@ -37,8 +38,9 @@ def stages_of(stage: Stage) -> tuple[str, ...]:
 
 def preflight(exp: Experiment, stages: Sequence[str]) -> None:
     """Refuse a configuration that cannot run, before any work: the OOD pairing and the data on
-    disk (for the stages that read data), and every selected method x mode (settings, model,
-    mode; and the bases in the store when the sample stage runs without the zoo stage first)."""
+    disk (for the stages that read data), ``zoo.vectorize`` (for the zoo stage), and every
+    selected method x mode (settings, model, mode; and the bases in the store when the sample
+    stage runs without the zoo stage first)."""
     config = exp.config
     if set(stages) & {"zoo", "sample", "evaluate"}:
         check_ood_pairing(config.dataset.ood.value, exp.info.name)
@@ -46,6 +48,8 @@ def preflight(exp: Experiment, stages: Sequence[str]) -> None:
         get_dataset(exp.info.name, "train", *location)
         get_dataset(exp.info.name, "test", *location)
         _ = exp.ood_dataset
+    if "zoo" in stages:
+        stack_size(exp, pending=MAX_SEED)  # zoo.vectorize: refuses a K that cannot be stacked or does not fit
     if set(stages) & {"zoo", "sample"}:
         if config.method.value == "external":
             if "sample" in stages:

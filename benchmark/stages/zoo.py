@@ -104,7 +104,7 @@ def stack_size(exp: Experiment, pending: int) -> int:
         return 1
     template = exp.model().to(exp.device)
     try:
-        check_stackable(exp.training_data)
+        check_stackable(exp.train_set)
         stacked_networks(template, exp.device)
     except NotStackableError as err:
         if setting != "auto":
@@ -112,8 +112,8 @@ def stack_size(exp: Experiment, pending: int) -> int:
                               "use zoo.vectorize=1 or zoo.vectorize=auto") from None
         log.info("zoo: one network at a time (%s)", err)
         return 1
-    fit, per_network, available = networks_that_fit(template, exp.training_data.input_shape, exp.recipe.batch_size,
-                                                    exp.device)
+    shape = (exp.info.in_channels, exp.info.image_size, exp.info.image_size)
+    fit, per_network, available = networks_that_fit(template, shape, exp.recipe.batch_size, exp.device)
     if setting == "auto":
         return max(1, min(AUTO_NETWORKS, fit, max(1, pending)))
     wanted = int(setting)

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Dataset
 
 from benchmark.data import InMemoryImageDataset, crop_offsets
 from benchmark.training.loop import NonFiniteError, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer
@@ -42,12 +43,12 @@ class _Lane:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def check_stackable(data: TrainingData) -> InMemoryImageDataset:
+def check_stackable(train: Dataset) -> InMemoryImageDataset:
     """The in-memory training set the vectorised trainer slices (others cannot be stacked)."""
-    if not isinstance(data.train, InMemoryImageDataset):
-        raise NotStackableError(f"training set {type(data.train).__name__}: stacked training needs an in-memory "
+    if not isinstance(train, InMemoryImageDataset):
+        raise NotStackableError(f"training set {type(train).__name__}: stacked training needs an in-memory "
                                 "image dataset (InMemoryImageDataset)")
-    return data.train
+    return train
 
 
 def network_bytes(template: nn.Module, input_shape: Sequence[int], batch_size: int, dtype: torch.dtype = torch.float32) -> int:
@@ -152,7 +153,7 @@ def train_networks(
     """
     if not (len(models) == len(seeds) == len(where)) or not models:
         raise ValueError(f"train_networks: {len(models)} models, {len(seeds)} seeds and {len(where)} names; need as many of each (>= 1)")
-    dataset = check_stackable(data)
+    dataset = check_stackable(data.train)
     device = next(models[0].parameters()).device
     stacked = stacked_networks(models[0], device, implementation)
     lanes = [_Lane(i, where[i], torch.Generator().manual_seed(int(seed))) for i, seed in enumerate(seeds)]
@@ -196,7 +197,7 @@ def train_networks(
             if not bool(finite.all()):
                 for position in (~finite).nonzero().squeeze(1).tolist():
                     lane = stack.lanes[position]
-                    value = float(losses[position])
+                    value = float(losses.detach()[position])
                     finish(lane, NonFiniteError(f"{lane.where}, epoch {epoch + 1}: loss became {value} at step {step}"))
                 stack.keep(finite)
                 order, totals = order[finite], totals[finite]
