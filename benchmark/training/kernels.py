@@ -111,13 +111,13 @@ def conv_kernels(cpg: int, kh: int, kw: int, pool: int = 1) -> ConvKernels:
     @njit
     def _weight_and_input_grads(x, w, g, first, grad_x, grad_w, need_x):  # pragma: no cover - compiled
         # One image and output channel: x [C_in, H, W, K], w [cpg, kh, kw, K], g [Ho, Wo, K].
-        # Tap loops outside, the network loop inside: one store target per inner iteration.
+        # The network loop inside, a different accumulator (tap) for each of its runs.
         ho, wo, n_k = g.shape
-        for ci in range(cpg):
-            for p in range(kh):
-                for q in range(kw):
-                    for i in range(ho):
-                        for j in range(wo):
+        for i in range(ho):
+            for j in range(wo):
+                for ci in range(cpg):
+                    for p in range(kh):
+                        for q in range(kw):
                             for k in range(n_k):
                                 grad_w[ci, p, q, k] += g[i, j, k] * x[first + ci, i + p, j + q, k]
         if need_x:

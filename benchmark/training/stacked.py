@@ -30,6 +30,7 @@ from benchmark.data import crop_at
 from benchmark.training.kernels import conv_kernels, gather_crops, gather_images
 
 Params = dict[str, torch.Tensor]
+LANES = 16  # networks per SIMD vector of float32 (AVX-512); stacks are padded to a multiple of it
 
 
 class NotStackableError(ValueError):
@@ -273,6 +274,12 @@ class PackedChain:
 
     def batch(self, source: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor | None, padding: int,
               fill: float) -> torch.Tensor:
+        # Lanes padded to a multiple of LANES (copies of network 0's images), so that the kernels'
+        # network loops run in whole SIMD vectors; forward drops the padding lanes again.
+        spare = -len(index) % LANES
+        if spare:
+            index = torch.cat([index, index[:1].expand(spare, -1)])
+            offsets = None if offsets is None else torch.cat([offsets, offsets[:1].expand(spare, -1, -1)])
         n_k, n_b = index.shape
         out = source.new_empty(n_b, *source.shape[:3], n_k)
         index_t = index.T.contiguous()
@@ -283,12 +290,28 @@ class PackedChain:
                          fill, out.numpy())
         return out
 
+    def _padded(self, params: Params, lanes: int) -> Params:
+        """``params`` with zero networks appended up to ``lanes`` networks."""
+        out = {}
+        for key, value in params.items():
+            axis = self.network_axis(key) % value.dim()
+            spare = lanes - value.shape[axis]
+            shape = list(value.shape)
+            shape[axis] = spare
+            out[key] = torch.cat([value, value.new_zeros(shape)], dim=axis) if spare else value
+        return out
+
+    def count(self, params: Params) -> int:
+        """K, the number of networks in ``params``."""
+        return next(iter(params.values())).shape[self.network_axis(self.keys[0])]
+
     def forward(self, params: Params, batch: torch.Tensor) -> torch.Tensor:
-        return self._run(params, batch)
+        return self._run(self._padded(params, batch.shape[-1]), batch)[: self.count(params)]
 
     def predict(self, params: Params, images: torch.Tensor) -> torch.Tensor:
-        n_k = next(iter(params.values())).shape[self.network_axis(self.keys[0])]
-        return self._run(params, images.unsqueeze(-1).expand(*images.shape, n_k).contiguous())
+        n_k = self.count(params)
+        lanes = n_k + (-n_k % LANES)
+        return self._run(self._padded(params, lanes), images.unsqueeze(-1).expand(*images.shape, lanes).contiguous())[:n_k]
 
 
 class VmapNetworks:
