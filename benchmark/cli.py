@@ -24,6 +24,7 @@ from benchmark.data import check_ood_pairing, get_dataset
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages import PIPELINE, STAGES
 from benchmark.stages.sample import external_mode, load_external, prepare_units
+from benchmark.stages.import_zoo import planned
 from benchmark.stages.zoo import stack_size
 from methods import registry
 
@@ -38,11 +39,12 @@ def stages_of(stage: Stage) -> tuple[str, ...]:
 
 def preflight(exp: Experiment, stages: Sequence[str]) -> None:
     """Refuse a configuration that cannot run, before any work: the OOD pairing and the data on
-    disk (for the stages that read data), ``zoo.vectorize`` (for the zoo stage), and every
+    disk (for the stages that read data), ``zoo.vectorize`` (zoo stage), ``import.source`` (import stage), and every
     selected method x mode (settings, model, mode; and the bases in the store when the sample
     stage runs without the zoo stage first)."""
     config = exp.config
-    if set(stages) & {"zoo", "sample", "evaluate"}:
+    needs_data = {"zoo", "sample", "evaluate"} | ({"import"} if config.import_.evaluate else set())
+    if set(stages) & needs_data:
         check_ood_pairing(config.dataset.ood.value, exp.info.name)
         location = (str(config.dataset.data_dir), bool(config.dataset.download))
         get_dataset(exp.info.name, "train", *location)
@@ -50,6 +52,8 @@ def preflight(exp: Experiment, stages: Sequence[str]) -> None:
         _ = exp.ood_dataset
     if "zoo" in stages:
         stack_size(exp, pending=MAX_SEED)  # zoo.vectorize: refuses a K that cannot be stacked or does not fit
+    if "import" in stages:
+        planned(exp)  # import.source readable, its seeds fit the range
     if set(stages) & {"zoo", "sample"}:
         if config.method.value == "external":
             if "sample" in stages:
@@ -112,7 +116,7 @@ def check_command_line(argv: Sequence[str]) -> str | None:
 def _help(what: str) -> str:
     """Text for the help template (``${bench:<what>}``)."""
     if what == "stages":
-        return ", ".join([*PIPELINE, "all"])
+        return ", ".join([*PIPELINE, "all", "import"])
     if what == "methods":
         return ", ".join(f"{name} ({cls.label}: mode={'|'.join(cls.modes)})" for name, cls in registry.METHODS.items())
     if what == "experiments":

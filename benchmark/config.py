@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from benchmark.data import DATASET_NAMES
 from benchmark.models import MODEL_NAMES
 from benchmark.settings import SettingsError, require
+from benchmark.store.importing import KeyMapping
 from benchmark.training import Recipe
 from methods.bayesian_layers import BNNLayers
 from methods.laplace import HessianStructure, SubsetOfWeights
@@ -38,14 +39,10 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message names the key, the value and what is expected."""
 
 
-class Stage(str, Enum):
-    """What ``python -m benchmark`` runs (``all`` = zoo, sample, evaluate, report in order)."""
-
-    zoo = "zoo"
-    sample = "sample"
-    evaluate = "evaluate"
-    report = "report"
-    all = "all"
+# ``import`` is a Python keyword, so the enum is built by name (Stage["import"], Stage.zoo ...).
+Stage = Enum("Stage", {name: name for name in ("zoo", "sample", "evaluate", "report", "all", "import")}, type=str)
+Stage.__doc__ = ("What ``python -m benchmark`` runs (``all`` = zoo, sample, evaluate, report in order; ``import`` = "
+                 "write a zoo made elsewhere into the store instead of training it).")
 
 
 class ModeChoice(str, Enum):
@@ -101,6 +98,65 @@ class ZooConfig:
         value = str(self.vectorize)
         require(value == "auto" or (value.isdigit() and int(value) >= 1), "vectorize", self.vectorize,
                 "auto or a positive integer (1 = one network at a time)")
+
+
+class ImportRange(str, Enum):
+    """Which seed range imported checkpoints fill."""
+
+    reference = "reference"
+    heldout = "heldout"
+
+
+class SeedsFrom(str, Enum):
+    """How an imported file gets its seed."""
+
+    order = "order"
+    """The i-th file (natural order of the paths) -> the range's start + i."""
+    name = "name"
+    """The last number in the file name (``model_0042.safetensors`` -> 42); must lie in the range."""
+
+
+@dataclass
+class ImportConfig:
+    """``stage=import``: write checkpoints made elsewhere into the store as zoo checkpoints.
+
+    ``source``: a folder, ``.zip`` or ``.tar``/``.tar.gz``/``.tgz`` of ``.safetensors``/``.pt``/
+    ``.pth``/``.ckpt`` files; ``range``: the seed range they fill; ``seeds_from``: how each file
+    gets its seed; ``limit``: import only the first ``limit`` files (null = all, which must fit
+    in the range); ``evaluate``: compute each checkpoint's held-out accuracy and apply the
+    recipe's convergence rule, as for a trained one; ``mapping``: how the files' keys map to the
+    model (``KeyMapping``; ready mappings in ``conf/import/``).
+    """
+
+    source: Optional[str] = None
+    range: ImportRange = ImportRange.reference
+    seeds_from: SeedsFrom = SeedsFrom.order
+    limit: Optional[int] = None
+    evaluate: bool = True
+    mapping: KeyMapping = field(default_factory=KeyMapping)
+
+    def __post_init__(self) -> None:
+        require(self.limit is None or self.limit >= 1, "limit", self.limit, "a positive integer or null (all files)")
+
+
+def _keyword_field(cls: type, attribute: str, key: str) -> type:
+    """Make field ``attribute`` of dataclass ``cls`` appear as ``key`` (a Python keyword such as
+    ``import``) to OmegaConf and Hydra, which read field names; instances keep the value under
+    both names (``cfg.import_`` in code, ``getattr(cfg, "import")`` for generic readers)."""
+    definition = cls.__dataclass_fields__.pop(attribute)
+    definition.name = key
+    cls.__dataclass_fields__[key] = definition
+    cls.__annotations__[key] = cls.__annotations__.pop(attribute)
+    generated = cls.__init__
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if key in kwargs:
+            kwargs[attribute] = kwargs.pop(key)
+        generated(self, *args, **kwargs)
+        setattr(self, key, getattr(self, attribute))
+
+    cls.__init__ = __init__
+    return cls
 
 
 @dataclass
@@ -206,14 +262,15 @@ def build_schema() -> type:
     results/<experiment>/...); ``device`` (auto | cpu | cuda | cuda:N); ``threads`` (torch threads
     per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead of one-line
     errors); ``method`` and ``mode`` (what the sample stage runs); then the nodes typed above,
-    ``train`` (the ``Recipe``) and ``methods``.
+    ``train`` (the ``Recipe``), ``methods`` and ``import`` (``ImportConfig``; a Python keyword,
+    read as ``config.import_``).
     """
     methods = make_dataclass(
         "MethodsConfig", [(name, cls.Settings, field(default_factory=cls.Settings)) for name, cls in registry.METHODS.items()]
     )
     method_choice = _method_choice()
     defaults = ["_self_"] + [{f"methods@methods.{name}": name} for name in registry.METHODS]  # schema values first
-    return make_dataclass("Config", [
+    config = make_dataclass("Config", [
         ("defaults", List[Any], field(default_factory=lambda: list(defaults))),
         ("experiment_name", str, MISSING),
         ("display_name", str, MISSING),
@@ -235,7 +292,9 @@ def build_schema() -> type:
         ("train", Recipe, MISSING),
         ("cluster", ClusterConfig, field(default_factory=ClusterConfig)),
         ("methods", methods, field(default_factory=methods)),
+        ("import_", ImportConfig, field(default_factory=ImportConfig)),
     ])
+    return _keyword_field(config, "import_", "import")
 
 
 def register_configs() -> None:

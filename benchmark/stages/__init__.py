@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from benchmark.stages import evaluate, report, sample, zoo
+from benchmark.stages import evaluate, import_zoo, report, sample, zoo
 
 STAGES: dict[str, Callable[..., Any]] = {
     "zoo": zoo.run,
     "sample": sample.run,
     "evaluate": evaluate.run,
     "report": report.run,
+    "import": import_zoo.run,
 }
-PIPELINE = ("zoo", "sample", "evaluate", "report")  # what stage=all runs, in order
+PIPELINE = ("zoo", "sample", "evaluate", "report")  # what stage=all runs, in order (import replaces zoo when asked)

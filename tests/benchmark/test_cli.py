@@ -22,7 +22,7 @@ def test_help_introduces_the_suite():
     out = subprocess.run([sys.executable, "-m", "benchmark", "--help"], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
     assert out.startswith("posterior-bench:") and "powered by Hydra" not in out
-    assert "zoo, sample, evaluate, report, all" in out
+    assert "zoo, sample, evaluate, report, all, import" in out
     assert "cifar100_resnet18, digits_optunet, mnist_optunet, tinyimagenet_resnet18" in out
     assert all(f"{name} (" in out for name in method_names()) and "Deep Ensembles: mode=multi" in out
     assert out.count("python -m benchmark") >= 3
@@ -31,7 +31,7 @@ def test_help_introduces_the_suite():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, all]"),
+        (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, all, import]"),
         (["methods.swag.scale=abc"], "methods.swag.scale: Value 'abc' of type 'str' could not be converted to Float"),
         (["methods.swag.scale=-1"], "methods.swag.scale=-1.0: expected a number >= 0"),
         (["methods.swag.pork=1"], "methods.swag.pork: Key 'pork' not in 'SWAGSettings'"),

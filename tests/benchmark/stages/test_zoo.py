@@ -86,7 +86,7 @@ def _output(proc, timeout=240):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, all]"),
+        (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, all, import]"),
         (["stage=zoo", "seeds.reference=[4,2]"], "seeds.reference=[4, 2]: expected [start, stop)"),
         (["stage=zoo", "zoo.shard=3", "zoo.num_shards=2"], "zoo.shard=3: expected an integer in [0, num_shards=2)"),
         (["stage=zoo", "store=/proc/version/x"], "store=/proc/version/x: cannot write"),
