@@ -52,6 +52,7 @@ def preflight(exp: Experiment, stages: Sequence[str]) -> None:
         _ = exp.ood_dataset
     if "zoo" in stages:
         stack_size(exp, pending=MAX_SEED)  # zoo.vectorize: refuses a K that cannot be stacked or does not fit
+        _ = exp.acceleration  # precision / channels_last the device cannot run
     if "import" in stages:
         planned(exp)  # import.source readable, its seeds fit the range
     if set(stages) & {"zoo", "sample"}:

@@ -53,6 +53,19 @@ class ModeChoice(str, Enum):
     multi = "multi"
 
 
+class Precision(str, Enum):
+    """Arithmetic of the zoo's one-at-a-time training (evaluation stays float32)."""
+
+    auto = "auto"
+    """bf16 autocast on a CUDA GPU that supports it (else fp16) for networks with BatchNorm
+    convolutions (ResNet-18); fp32 everywhere else (CPU, OptuNet)."""
+    fp32 = "fp32"
+    bf16 = "bf16"
+    """``torch.autocast`` with bfloat16 (CPU too, slow without AMX/AVX512-BF16)."""
+    fp16 = "fp16"
+    """``torch.autocast`` with float16 and a ``GradScaler`` (CUDA only)."""
+
+
 class ZooRange(str, Enum):
     """Which seed ranges the zoo stage trains."""
 
@@ -259,7 +272,9 @@ def build_schema() -> type:
 
     Keys: ``experiment_name``; ``display_name`` (the experiment's name in the tables); ``stage``;
     ``store`` (checkpoint store root: store/<experiment>/...); ``results`` (tables and figures:
-    results/<experiment>/...); ``device`` (auto | cpu | cuda | cuda:N); ``threads`` (torch threads
+    results/<experiment>/...); ``device`` (auto | cpu | cuda | cuda:N); ``precision`` and
+    ``channels_last`` (mixed precision and NHWC memory format of the zoo's one-at-a-time training:
+    ``Precision``; channels_last null = on where precision auto would use autocast); ``threads`` (torch threads
     per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead of one-line
     errors); ``method`` and ``mode`` (what the sample stage runs); then the nodes typed above,
     ``train`` (the ``Recipe``), ``methods`` and ``import`` (``ImportConfig``; a Python keyword,
@@ -278,6 +293,8 @@ def build_schema() -> type:
         ("store", str, "store"),
         ("results", str, "results"),
         ("device", str, "auto"),
+        ("precision", Precision, Precision.auto),
+        ("channels_last", Optional[bool], None),
         ("threads", str, "auto"),
         ("debug", bool, False),
         ("method", method_choice, method_choice["all"]),

@@ -16,11 +16,11 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from benchmark.config import MAX_SEED, ConfigError, resolve_config
+from benchmark.config import MAX_SEED, ConfigError, Precision, resolve_config
 from benchmark.data import DatasetInfo, as_tensors, dataset_info, get_dataset, get_ood_dataset
 from benchmark.models import build_model
 from benchmark.store import ExperimentStore
-from benchmark.training import Recipe, TrainingData
+from benchmark.training import Acceleration, Recipe, TrainingData
 from methods import PosteriorMethod, method_class
 
 
@@ -142,6 +142,22 @@ class Experiment:
     @cached_property
     def device(self) -> torch.device:
         return resolve_device(str(self.config.device))
+
+    @cached_property
+    def acceleration(self) -> Acceleration:
+        """Mixed precision and memory format of the zoo's one-at-a-time training (``precision``,
+        ``channels_last``). ``auto`` turns both on for CUDA training of networks with BatchNorm
+        convolutions (ResNet-18: tensor cores, NHWC cuDNN kernels) and off elsewhere: on a CPU and
+        for OptuNet's one- and two-channel convolutions they do not pay."""
+        precision, channels_last, device = self.config.precision, self.config.channels_last, self.device
+        heavy = device.type == "cuda" and any(isinstance(m, nn.BatchNorm2d) for m in self.model().modules())
+        if precision == Precision.fp16 and device.type != "cuda":
+            raise ConfigError(f"precision=fp16: float16 training with loss scaling needs CUDA (device {device}); "
+                              "use precision=bf16 or precision=fp32")
+        if precision == Precision.auto:
+            precision = (Precision.bf16 if torch.cuda.is_bf16_supported() else Precision.fp16) if heavy else Precision.fp32
+        dtype = {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}[precision]
+        return Acceleration(dtype, heavy if channels_last is None else bool(channels_last))
 
     @cached_property
     def store(self) -> ExperimentStore:

@@ -126,7 +126,7 @@ class Reference:
 
     def canonical(self) -> dict[str, torch.Tensor]:
         """Symmetry-free reference ``{key: [R, ...]}``, computed once."""
-        return self._cached("canonical", lambda: canonicalize(self.weights(), self.spec, self.steps)[0])
+        return self._cached("canonical", lambda: canonicalize(self.weights(), self.spec, self.steps, device=self.exp.device)[0])
 
     @property
     def paths(self) -> list[Path]:
@@ -138,7 +138,7 @@ class Reference:
         todo = [s for s in self.seeds if not (folder / f"{seed_name(s)}.safetensors").is_file()]
         paths = self.exp.store.checkpoint_paths(todo)
         for batch_seeds, batch in zip(_chunks(todo, self.batch), iter_checkpoint_batches(paths, self.batch)):
-            canonical = canonicalize(batch, self.spec, self.steps)[0]
+            canonical = canonicalize(batch, self.spec, self.steps, device=self.exp.device)[0]
             for i, seed in enumerate(batch_seeds):
                 save_checkpoint(folder / f"{seed_name(seed)}.safetensors", unstack(canonical, i), {"seed": seed})
         return [folder / f"{seed_name(s)}.safetensors" for s in self.seeds]
@@ -155,7 +155,7 @@ class Reference:
     def mmd(self, samples_path: Path, samples: dict[str, torch.Tensor]) -> tuple[dict, dict]:
         """Aggregate raw and NS MMD (``{median, mean, max}`` each) of a method's samples."""
         device = self.exp.device
-        canonical = canonicalize(samples, self.spec, self.steps)[0]
+        canonical = canonicalize(samples, self.spec, self.steps, device=device)[0]
         if self.in_memory:
             return (mmd(self.weights(), samples, device=device).aggregate,
                     mmd(self.canonical(), canonical, device=device).aggregate)

@@ -73,7 +73,7 @@ def train_seed(exp: Experiment, seed: int, role: str = "zoo") -> TrainResult:
     data = exp.training_data
     return train_network(
         model, data.train, data.check, exp.recipe, seed,
-        where=f"{exp.name} {role} seed {seed}", train_eval=data.train_tensors,
+        where=f"{exp.name} {role} seed {seed}", train_eval=data.train_tensors, acceleration=exp.acceleration,
     )
 
 
@@ -90,6 +90,14 @@ def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: s
         "trainer": trainer,
         "versions": library_versions(),
     }
+
+
+def one_at_a_time(exp: Experiment) -> str:
+    """The ``trainer`` metadata of a seed trained by ``train_seed`` (with its precision and format)."""
+    acc = exp.acceleration
+    extras = ([f"autocast {str(acc.autocast).replace('torch.', '')}"] if acc.autocast else []) + \
+        (["channels_last"] if acc.channels_last else [])
+    return "one at a time" + (f" ({', '.join(extras)})" if extras else "")
 
 
 def stack_size(exp: Experiment, pending: int) -> int:
@@ -175,7 +183,7 @@ def _train_claimed(exp: Experiment, seeds: list[int], role: str, stacked: bool, 
                 outcome: TrainResult | NonFiniteError = train_seed(exp, seed, role)
             except NonFiniteError as err:
                 outcome = err
-            _store_outcome(exp, seed, outcome, role, "one at a time", summary)
+            _store_outcome(exp, seed, outcome, role, one_at_a_time(exp), summary)
             bar.update()
         return
     models = []

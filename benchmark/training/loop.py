@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +57,37 @@ class TrainResult:
     epochs_run: int
     failure: str | None = None
     history: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Acceleration:
+    """How a training uses its device, beyond full-precision float32: ``autocast`` = the
+    ``torch.autocast`` dtype of the forward pass and loss (``torch.bfloat16``, or
+    ``torch.float16`` with a ``GradScaler``; None = off) and ``channels_last`` = the model and
+    its image batches in NHWC memory format (cuDNN's fast layout for convolutions with
+    tensor cores). The default changes nothing."""
+
+    autocast: Optional[torch.dtype] = None
+    channels_last: bool = False
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """``model`` in the memory format (in place, as ``Module.to``)."""
+        return model.to(memory_format=torch.channels_last) if self.channels_last else model
+
+    def inputs(self, images: torch.Tensor) -> torch.Tensor:
+        """An image batch ``[B, C, H, W]`` in the memory format."""
+        return images.contiguous(memory_format=torch.channels_last) if self.channels_last and images.dim() == 4 else images
+
+    def autocasting(self, device: torch.device):
+        """The autocast context of forward passes on ``device`` (disabled when ``autocast`` is None)."""
+        return torch.autocast(device.type, dtype=self.autocast or torch.float32, enabled=self.autocast is not None)
+
+    def scaler(self, device: torch.device) -> torch.amp.GradScaler:
+        """Loss scaling for float16 (a no-op otherwise): ``scale(loss).backward(); step(opt); update()``."""
+        return torch.amp.GradScaler(device.type, enabled=self.autocast == torch.float16)
+
+
+FULL_PRECISION = Acceleration()
 
 
 @contextlib.contextmanager
@@ -146,18 +177,27 @@ def train_epoch(
     generator: torch.Generator,
     where: str,
     loss_fn: LossFn = cross_entropy_loss,
+    acceleration: Acceleration = FULL_PRECISION,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> float:
-    """One epoch of SGD; returns the mean loss. A non-finite loss raises ``NonFiniteError``."""
+    """One epoch of SGD; returns the mean loss. A non-finite loss raises ``NonFiniteError``.
+
+    With ``acceleration`` the forward pass runs under autocast and the batches in its memory
+    format; ``scaler`` (from ``acceleration.scaler``) scales float16 losses across epochs.
+    """
     device = next(model.parameters()).device
+    scaler = scaler if scaler is not None else acceleration.scaler(device)
     model.train()
     total, count = 0.0, 0
     for step, (images, labels) in enumerate(iterate_batches(dataset, batch_size, generator, device)):
-        loss = loss_fn(model, images, labels)
+        with acceleration.autocasting(device):
+            loss = loss_fn(model, acceleration.inputs(images), labels)
         if not torch.isfinite(loss):
             raise NonFiniteError(f"{where}: loss became {loss.item()} at step {step}")
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
         total += float(loss.detach()) * len(labels)
         count += len(labels)
     return total / max(1, count)
@@ -172,6 +212,7 @@ def train_network(
     where: str = "training",
     loss_fn: LossFn = cross_entropy_loss,
     train_eval: Tensors | None = None,
+    acceleration: Acceleration = FULL_PRECISION,
 ) -> TrainResult:
     """Train ``model`` in place with ``recipe``; data order drawn from ``seed``.
 
@@ -180,15 +221,19 @@ def train_network(
     for the reported train accuracy. A run below ``recipe.fail_rule.min_accuracy`` after
     ``fail_rule.epoch`` epochs stops early, and one that ends below it is also failed; both
     return with ``failure`` set.
-    NaN/Inf raises ``NonFiniteError`` (nothing to store).
+    NaN/Inf raises ``NonFiniteError`` (nothing to store). ``acceleration``: mixed precision and
+    memory format (see ``Acceleration``; evaluation runs in full precision).
     """
     generator = torch.Generator().manual_seed(seed)
+    model = acceleration.prepare(model)
     optimizer = make_optimizer(model.parameters(), recipe)
+    scaler = acceleration.scaler(next(model.parameters()).device)
     history = []
     for epoch in range(recipe.epochs):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(recipe, epoch)
-        loss = train_epoch(model, train_set, optimizer, recipe.batch_size, generator, f"{where}, epoch {epoch + 1}", loss_fn)
+        loss = train_epoch(model, train_set, optimizer, recipe.batch_size, generator, f"{where}, epoch {epoch + 1}", loss_fn,
+                           acceleration, scaler)
         check_weights_finite(model, f"{where}, epoch {epoch + 1}")
         record = {"epoch": epoch + 1, "loss": loss}
         rule = recipe.fail_rule
@@ -211,4 +256,4 @@ def train_network(
 
 
 def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
