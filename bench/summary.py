@@ -39,7 +39,7 @@ def _status(row: dict) -> str:
 
 def _number(value: float, unit: str) -> str:
     text = f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-    return f"{text}{unit}" if unit == "x" else f"{text} {unit}"
+    return f"{text}{unit}" if unit in ("x", "") else f"{text} {unit}"
 
 
 def table(path: str | os.PathLike) -> str:
