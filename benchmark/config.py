@@ -135,8 +135,8 @@ class ImportConfig:
 
     ``source``: a folder, ``.zip`` or ``.tar``/``.tar.gz``/``.tgz`` of ``.safetensors``/``.pt``/
     ``.pth``/``.ckpt`` files; ``range``: the seed range they fill; ``seeds_from``: how each file
-    gets its seed; ``limit``: import only the first ``limit`` files (null = all, which must fit
-    in the range); ``evaluate``: compute each checkpoint's held-out accuracy and apply the
+    gets its seed; ``skip`` / ``limit``: leave out the first ``skip`` files, then import at most
+    ``limit`` (null = all the rest, which must fit in the range); ``evaluate``: compute each checkpoint's held-out accuracy and apply the
     recipe's convergence rule, as for a trained one; ``mapping``: how the files' keys map to the
     model (``KeyMapping``; ready mappings in ``conf/import/``).
     """
@@ -144,12 +144,14 @@ class ImportConfig:
     source: Optional[str] = None
     range: ImportRange = ImportRange.reference
     seeds_from: SeedsFrom = SeedsFrom.order
+    skip: int = 0
     limit: Optional[int] = None
     evaluate: bool = True
     mapping: KeyMapping = field(default_factory=KeyMapping)
 
     def __post_init__(self) -> None:
         require(self.limit is None or self.limit >= 1, "limit", self.limit, "a positive integer or null (all files)")
+        require(self.skip >= 0, "skip", self.skip, "an integer >= 0")
 
 
 def _keyword_field(cls: type, attribute: str, key: str) -> type:

@@ -47,10 +47,18 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def available_cores() -> int:
+    """CPU cores this process may run on: its affinity mask (what a SLURM allocation or a
+    container grants), else the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def threads_per_job(setting: str, parallel_jobs: int) -> int:
-    """torch intra-op threads for one job: ``auto`` = cores // jobs sharing the machine (>= 1)."""
+    """torch intra-op threads for one job: ``auto`` = available cores // jobs sharing them (>= 1)."""
     if str(setting) == "auto":
-        return max(1, (os.cpu_count() or 1) // max(1, parallel_jobs))
+        return max(1, available_cores() // max(1, parallel_jobs))
     try:
         threads = int(setting)
     except ValueError:

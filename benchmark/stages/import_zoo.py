@@ -56,7 +56,7 @@ def target_range(exp: Experiment) -> SeedRange:
 
 
 def planned(exp: Experiment) -> tuple[list[str], list[int]]:
-    """The files to import (``import.limit`` first ones, natural order) and their seeds.
+    """The files to import (natural order, after ``import.skip``, at most ``import.limit``) and their seeds.
 
     Raises ``ConfigError`` when the source is not set, or the seeds do not fit the range
     (too many files, a file-name seed outside it, two files with one seed).
@@ -64,9 +64,12 @@ def planned(exp: Experiment) -> tuple[list[str], list[int]]:
     settings = exp.config.import_
     if not settings.source:
         raise ConfigError("import.source: missing; stage=import needs import.source=/path/to/folder-or-archive")
-    names = list_checkpoints(settings.source)
+    found = list_checkpoints(settings.source)
+    names = found[settings.skip :]
     if settings.limit is not None:
         names = names[: settings.limit]
+    if not names:
+        raise ConfigError(f"import.skip={settings.skip}: {settings.source} holds only {len(found)} checkpoints")
     seeds_range = target_range(exp)
     if settings.seeds_from == SeedsFrom.order:
         if len(names) > len(seeds_range):

@@ -177,6 +177,11 @@ def test_sources_and_seeds_that_cannot_work_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"3 checkpoints but seeds.reference=\[0, 2\] holds 2 seeds; pass 'seeds.reference=\[0,3\]' or import.limit=2"):
         import_zoo.planned(experiment(tmp_path, folder, "seeds.reference=[0,2]"))
     assert import_zoo.planned(experiment(tmp_path, folder, "seeds.reference=[0,2]", "import.limit=2"))[1] == [0, 1]
+    names, seeds = import_zoo.planned(experiment(tmp_path, folder, "seeds.heldout=[100000,100002]", "import.range=heldout",
+                                                 "import.skip=1", "import.limit=5"))
+    assert (names, seeds) == (["m01.pth", "m3.pt"], [100000, 100001])  # natural order: m1.pt, m01.pth, m3.pt
+    with pytest.raises(ConfigError, match="import.skip=3: .* holds only 3 checkpoints"):
+        import_zoo.planned(experiment(tmp_path, folder, "import.skip=3"))
     with pytest.raises(ConfigError, match="seed 1 .* is also the seed of"):
         import_zoo.planned(experiment(tmp_path, folder, "import.seeds_from=name"))
     with pytest.raises(ConfigError, match=r"seed 3 \(from its file name\) is outside seeds.reference=\[0, 2\]"):
