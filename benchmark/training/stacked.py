@@ -203,14 +203,28 @@ class _ConvFunction(torch.autograd.Function):
         return (grad_x if need_x else None), grad_w, grad_b, None, None, None
 
 
-def _global_average(x: torch.Tensor) -> torch.Tensor:
+class _GlobalAverage(torch.autograd.Function):
     """Mean over the positions of ``x [B, C, H, W, K]`` -> ``[B, C, 1, 1, K]``, summed position by
-    position: PyTorch's own reduction picks its summation order by shape, i.e. by K."""
-    flat = x.flatten(2, 3)
-    total = flat[:, :, 0]
-    for position in range(1, flat.shape[2]):
-        total = total + flat[:, :, position]
-    return (total / flat.shape[2])[:, :, None, None]
+    position (PyTorch's own reduction picks its summation order by shape, i.e. by K); the
+    backward spreads ``grad / (H W)`` over the positions, as ``mean``'s does."""
+
+    @staticmethod
+    def forward(ctx, x):
+        flat = x.flatten(2, 3)
+        total = flat[:, :, 0].clone()
+        for position in range(1, flat.shape[2]):
+            total += flat[:, :, position]
+        ctx.shape = x.shape
+        return (total / flat.shape[2])[:, :, None, None]
+
+    @staticmethod
+    def backward(ctx, grad):
+        b, c, h, w, k = ctx.shape
+        return (grad / (h * w)).expand(b, c, h, w, k).contiguous()
+
+
+def _global_average(x: torch.Tensor) -> torch.Tensor:
+    return _GlobalAverage.apply(x)
 
 
 def _stacked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
