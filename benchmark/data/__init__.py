@@ -6,7 +6,7 @@
 ``dataset_info`` gives classes, channels, size and normalisation of each name.
 """
 from benchmark.data.errors import DatasetNotFoundError
-from benchmark.data.in_memory import InMemoryImageDataset, crop_at, crop_offsets, random_crop
+from benchmark.data.in_memory import InMemoryImageDataset, as_in_memory, crop_at, crop_offsets, random_crop
 from benchmark.data.info import DATASET_NAMES, DatasetInfo, dataset_info
 from benchmark.data.loading import check_ood_pairing, get_dataset, get_ood_dataset
 from benchmark.data.materialise import as_tensors
@@ -16,6 +16,7 @@ __all__ = [
     "DatasetInfo",
     "DatasetNotFoundError",
     "InMemoryImageDataset",
+    "as_in_memory",
     "as_tensors",
     "check_ood_pairing",
     "crop_at",

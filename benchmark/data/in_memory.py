@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 
 
 def crop_offsets(batch: int, padding: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -78,3 +78,17 @@ class InMemoryImageDataset(Dataset):
         if self.augment:
             image = random_crop(image[None], self.augment_padding, self.fill)[0]
         return image, int(self.labels[index])
+
+
+def as_in_memory(dataset: Dataset) -> InMemoryImageDataset | None:
+    """``dataset`` as an ``InMemoryImageDataset``: itself, or the selected items of a ``Subset``
+    of one (e.g. a training split with a validation part carved out), with the same
+    augmentation; None for any other dataset."""
+    if isinstance(dataset, InMemoryImageDataset):
+        return dataset
+    if isinstance(dataset, Subset):
+        base = as_in_memory(dataset.dataset)
+        if base is not None:
+            index = torch.as_tensor(list(dataset.indices), dtype=torch.long)
+            return InMemoryImageDataset(base.images[index], base.labels[index], base.augment_padding, base.fill)
+    return None

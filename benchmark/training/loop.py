@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from benchmark.data import InMemoryImageDataset, random_crop
+from benchmark.data import as_in_memory, random_crop
 from benchmark.training.recipe import Recipe, Schedule
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -126,10 +126,13 @@ def iterate_batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """One shuffled epoch of ``(images [B, C, H, W], labels [B])`` on ``device``.
 
-    In-memory datasets are sliced directly (no per-item Python work, augmentation as one
-    batched crop); others go through a single-process ``DataLoader`` with ``generator``.
+    In-memory datasets (and subsets of one) are sliced directly (no per-item Python work,
+    augmentation as one batched crop); others go through a single-process ``DataLoader`` with
+    ``generator``.
     """
-    if isinstance(dataset, InMemoryImageDataset):
+    memory = as_in_memory(dataset)
+    if memory is not None:
+        dataset = memory
         order = torch.randperm(len(dataset), generator=generator)
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from benchmark.data import InMemoryImageDataset, crop_offsets
+from benchmark.data import InMemoryImageDataset, as_in_memory, crop_offsets
 from benchmark.training.loop import NonFiniteError, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer
 from benchmark.training.recipe import Recipe
 from benchmark.training.stacked import NotStackableError, Params, StackedNetworks, stacked_networks
@@ -44,11 +44,13 @@ class _Lane:
 
 
 def check_stackable(train: Dataset) -> InMemoryImageDataset:
-    """The in-memory training set the vectorised trainer slices (others cannot be stacked)."""
-    if not isinstance(train, InMemoryImageDataset):
+    """The in-memory training set the vectorised trainer slices (``as_in_memory``: an
+    ``InMemoryImageDataset`` or a subset of one); others cannot be stacked."""
+    memory = as_in_memory(train)
+    if memory is None:
         raise NotStackableError(f"training set {type(train).__name__}: stacked training needs an in-memory "
-                                "image dataset (InMemoryImageDataset)")
-    return train
+                                "image dataset (InMemoryImageDataset, or a Subset of one)")
+    return memory
 
 
 def network_bytes(template: nn.Module, input_shape: Sequence[int], batch_size: int, dtype: torch.dtype = torch.float32) -> int:

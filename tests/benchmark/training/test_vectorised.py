@@ -148,3 +148,16 @@ def test_memory_sizes_the_stack(exp, monkeypatch):
     fit, per_network, available = networks_that_fit(template, (1, 28, 28), 32, torch.device("cpu"))
     assert available == 2**30 and 100_000 < per_network < 2_000_000
     assert fit == int((0.5 * 2**30 - 4 * 2**22) // per_network)
+
+
+def test_a_subset_of_the_training_set_stacks_like_the_same_images_in_memory(exp):
+    """A training split with a validation part carved out (a Subset) is sliced in memory by both trainers."""
+    from torch.utils.data import Subset
+
+    data = exp.training_data
+    kept = list(range(0, len(data.train), 2))
+    subset = TrainingData(Subset(data.train, kept), data.train_tensors, data.check)
+    direct = TrainingData(InMemoryImageDataset(data.train.images[kept], data.train.labels[kept]), data.train_tensors, data.check)
+    recipe = exp.recipe.replaced(epochs=1, fail_rule=dataclasses.replace(exp.recipe.fail_rule, epoch=None))
+    for ours, theirs in zip(stacked(exp, subset, recipe, [3, 4]), one_at_a_time(exp, direct, recipe, [3, 4])):
+        assert_same(ours, theirs, rtol=1e-5, atol=1e-6)
