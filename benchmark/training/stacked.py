@@ -40,6 +40,9 @@ class NotStackableError(ValueError):
 class StackedNetworks(Protocol):
     """What the vectorised trainer needs from a stacked architecture."""
 
+    def network_axis(self, key: str) -> int:
+        """The axis of parameter ``key``'s stacked tensor that indexes the networks."""
+
     def pack(self, state_dicts: Sequence[Mapping[str, torch.Tensor]]) -> Params:
         """Stack K state dicts (the template's keys) into parameters."""
 
