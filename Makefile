@@ -28,8 +28,13 @@ benchmark: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# Every bench/bench_*.py runs; those that record figures (bench/summary.py: record) add rows to
+# the closing table of measured ratios and goals.
+BENCH_SUMMARY := bench/_work/summary.jsonl
 bench: $(STAMP)
-	@for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+	@mkdir -p bench/_work && rm -f $(BENCH_SUMMARY)
+	@for f in bench/bench_*.py; do echo "== $$f"; BENCH_SUMMARY=$(BENCH_SUMMARY) $(PY) $$f || exit 1; done
+	@echo "== summary" && $(PY) bench/summary.py $(BENCH_SUMMARY)
 
 # Check the whole store (every experiment under store/): complete, missing, quarantined, corrupt, stale.
 verify: $(STAMP)

@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmark.store import SampleSetFile, sample_set_keys  # noqa: E402
 from metrics.mmd import layer_mmd, mmd, split_columns  # noqa: E402
+from summary import record  # noqa: E402  (bench/summary.py, next to this file)
 
 WORK = REPO / "bench" / "_work" / "mmd"  # bench/_work is shared with other benches: only this folder is ours
 M, N = 1000, 100
@@ -86,6 +87,8 @@ def speed_and_agreement(dims: int) -> None:
           f"(goal >= 10x: {'met' if ratio >= 10 else 'NOT met'})")
     print(f"  max relative difference of the 20 values: {rel_diff:.2e} "
           f"(goal <= 1e-6: {'met' if rel_diff <= 1e-6 else 'NOT met'}); median MMD {np.median(ours):.4g}")
+    record("mmd", f"MMD of one layer ({M}+{N} x {dims}): metrics.mmd vs numpy/scipy", ratio, 10.0)
+    record("mmd", "MMD: largest relative difference to numpy/scipy", rel_diff, 1e-6, unit="", higher_is_better=False)
 
 
 def write_sample_set_in_row_blocks(path: Path, key: str, shape: tuple[int, ...], seed: int, shift: float) -> None:
@@ -166,6 +169,8 @@ def from_disk(shape: tuple[int, ...]) -> None:
           f"wall {figures['wall_s']:.0f} s, peak RSS {peak:.2f} GiB "
           f"(goal <= 4 GiB: {'met' if peak <= 4 else 'NOT met'}), of which allocated (RssAnon) "
           f"{anon:.2f} GiB (the rest is file-backed: libraries and memory-mapped data); median MMD {figures['median']:.4g}")
+    record("mmd", f"MMD of one ResNet-18 layer ({M}+{N} x {figures['n_params']:,}) from disk: peak RSS", peak, 4.0,
+           unit="GiB", higher_is_better=False)
 
 
 def main() -> None:

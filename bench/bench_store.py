@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 from benchmark.models import resnet18  # noqa: E402
 from benchmark.store import load_checkpoint, save_checkpoint  # noqa: E402
 from benchmark.store.checksum import forget_all, tensor_digest  # noqa: E402
+from summary import record  # noqa: E402  (bench/summary.py, next to this file)
 
 WORK = REPO / "bench" / "_work" / "store"  # bench/_work is shared with other benches: only this folder is ours
 
@@ -116,6 +117,9 @@ def main() -> None:
         alone = statistics.median(times[f"{name} alone"])
         print(f"  {name:<8} hashing alone = {alone / warm_load:.1%} of the warm load, "
               f"{alone / statistics.median(times['xxh3 alone']):.1f}x xxh3")
+    for where, label in (("cold", "from disk"), ("warm", "page-cached")):
+        record("store", f"checksum verification cost of a ResNet-18 checkpoint read, {label}", cost[where], 0.10,
+               unit="", higher_is_better=False)
     verdict = "under" if max(cost.values()) < 0.10 else "over"
     print(f"verdict: {verdict} the 10% goal (warm {cost['warm']:+.1%}, disk {cost['cold']:+.1%})")
     shutil.rmtree(WORK, ignore_errors=True)

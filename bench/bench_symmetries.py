@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from benchmark.models import optunet, resnet18  # noqa: E402
 from benchmark.store import iter_checkpoint_batches, save_checkpoint, save_sample_set, stack_state_dicts  # noqa: E402
 from metrics.symmetries import canonicalize, min_mass, min_mass_cvxpy, random_scales, rescale, spec_for_model  # noqa: E402
+from summary import record  # noqa: E402  (bench/summary.py, next to this file)
 
 WORK = ROOT / "bench" / "_work" / "symmetries"
 
@@ -85,6 +86,7 @@ def bench_min_mass(count: int, subset: int) -> None:
     print(f"  cvxpy/Clarabel one by one, {subset}: {cvxpy_s:8.3f} s  -> {count}: {cvxpy_full_s:8.1f} s"
           + (" (extrapolated linearly from the subset)" if subset < count else ""))
     print(f"  speed ratio cvxpy/torch: {cvxpy_full_s / torch_s:8.1f}x  (goal >= 50x)")
+    record("symmetries", f"min-mass on {count} OptuNets: batched Newton vs cvxpy", cvxpy_full_s / torch_s, 50.0)
     print(f"  worst relative objective gap |torch - cvxpy| / cvxpy on {subset}: {float(gap.abs().max()):.2e}"
           f"  (torch lower on {int((gap <= 0).sum())}/{subset}; cvxpy status {statuses})")
     print(f"  mass before -> after (mean): {float(fast['mass_before'].mean()):.3f} -> {float(fast['mass_after'].mean()):.3f}")
@@ -117,6 +119,8 @@ def bench_resnet_canonicalisation(count: int, batch: int, extrapolate_to: int = 
         print(f"  read + canonicalise (scale, sort, softmax) + write: {wall_s:8.1f} s  = {wall_s / count:.3f} s/checkpoint")
         print(f"  peak RSS during the phase: {rss.peak / 2**20:8.0f} MiB  (process at start {base / 2**20:.0f} MiB); "
               f"bounded by the batch size, independent of the zoo size")
+        record("symmetries", f"canonicalising ResNet-18 checkpoints streamed from the store (batches of {batch})",
+               wall_s / count, unit="s/checkpoint", higher_is_better=False)
         if count < extrapolate_to:
             print(f"  {extrapolate_to} checkpoints: {wall_s * extrapolate_to / count / 60:.1f} min "
                   f"(extrapolated linearly from {count}; not measured: {extrapolate_to * size_mb / 1024:.0f} GB of disk)")

@@ -19,12 +19,14 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from benchmark.config import CONF_DIR, Analysis, ConfigError, Stage, compose_config, one_line, register_configs
+from benchmark.config import CONF_DIR, MAX_SEED, Analysis, ConfigError, Stage, compose_config, one_line, register_configs
 from benchmark.data import check_ood_pairing, get_dataset
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages import PIPELINE, STAGES
 from benchmark.stages.analyze import runnable
 from benchmark.stages.sample import external_mode, load_external, prepare_units
+from benchmark.stages.import_zoo import planned
+from benchmark.stages.zoo import stack_size
 from methods import registry
 
 log = logging.getLogger("benchmark")
@@ -38,16 +40,23 @@ def stages_of(stage: Stage) -> tuple[str, ...]:
 
 def preflight(exp: Experiment, stages: Sequence[str]) -> None:
     """Refuse a configuration that cannot run, before any work: the OOD pairing and the data on
-    disk (for the stages that read data), every selected method x mode (settings, model,
-    mode; and the bases in the store when the sample stage runs without the zoo stage first),
-    and, for the analyze stage alone, the store inputs of every selected analysis."""
+    disk (for the stages that read data), ``zoo.vectorize`` (zoo stage), ``import.source`` (import stage), every
+    selected method x mode (settings, model, mode; and the bases in the store when the sample
+    stage runs without the zoo stage first), and, for the analyze stage alone, the store inputs
+    of every selected analysis."""
     config = exp.config
-    if set(stages) & {"zoo", "sample", "evaluate", "analyze"}:
+    needs_data = {"zoo", "sample", "evaluate", "analyze"} | ({"import"} if config.import_.evaluate else set())
+    if set(stages) & needs_data:
         check_ood_pairing(config.dataset.ood.value, exp.info.name)
         location = (str(config.dataset.data_dir), bool(config.dataset.download))
         get_dataset(exp.info.name, "train", *location)
         get_dataset(exp.info.name, "test", *location)
         _ = exp.ood_dataset
+    if "zoo" in stages:
+        stack_size(exp, pending=MAX_SEED)  # zoo.vectorize: refuses a K that cannot be stacked or does not fit
+        _ = exp.acceleration  # precision / channels_last the device cannot run
+    if "import" in stages:
+        planned(exp)  # import.source readable, its seeds fit the range
     if set(stages) & {"zoo", "sample"}:
         if config.method.value == "external":
             if "sample" in stages:

@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from benchmark.data import DATASET_NAMES
 from benchmark.models import MODEL_NAMES
 from benchmark.settings import SettingsError, require
+from benchmark.store.importing import KeyMapping
 from benchmark.training import Recipe
 from methods.bayesian_layers import BNNLayers
 from methods.laplace import HessianStructure, SubsetOfWeights
@@ -39,17 +40,12 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message names the key, the value and what is expected."""
 
 
-class Stage(str, Enum):
-    """What ``python -m benchmark`` runs (``all`` = zoo, sample, evaluate, report, analyze in order;
-    ``verify`` checks the store and is not part of ``all``)."""
-
-    zoo = "zoo"
-    sample = "sample"
-    evaluate = "evaluate"
-    report = "report"
-    analyze = "analyze"
-    all = "all"
-    verify = "verify"
+# ``import`` is a Python keyword, so the enum is built by name (Stage["import"], Stage.zoo ...).
+Stage = Enum("Stage", {name: name for name in ("zoo", "sample", "evaluate", "report", "analyze", "all", "verify", "import")},
+             type=str)
+Stage.__doc__ = ("What ``python -m benchmark`` runs (``all`` = zoo, sample, evaluate, report, analyze in order; "
+                 "``verify`` checks the store and is not part of ``all``; ``import`` = write a zoo made elsewhere "
+                 "into the store instead of training it).")
 
 
 class Analysis(str, Enum):
@@ -76,6 +72,19 @@ class ModeChoice(str, Enum):
     both = "both"
     one = "one"
     multi = "multi"
+
+
+class Precision(str, Enum):
+    """Arithmetic of the zoo's one-at-a-time training (evaluation stays float32)."""
+
+    auto = "auto"
+    """bf16 autocast on a CUDA GPU that supports it (else fp16) for networks with BatchNorm
+    convolutions (ResNet-18); fp32 everywhere else (CPU, OptuNet)."""
+    fp32 = "fp32"
+    bf16 = "bf16"
+    """``torch.autocast`` with bfloat16 (CPU too, slow without AMX/AVX512-BF16)."""
+    fp16 = "fp16"
+    """``torch.autocast`` with float16 and a ``GradScaler`` (CUDA only)."""
 
 
 class ZooRange(str, Enum):
@@ -106,15 +115,84 @@ class SeedsConfig:
 @dataclass
 class ZooConfig:
     """``range``: which ranges ``stage=zoo`` trains; this job trains the seeds with
-    ``seed % num_shards == shard``."""
+    ``seed % num_shards == shard``. ``vectorize``: networks trained at once (K) by the
+    vectorised trainer (``benchmark/training/vectorised.py``): ``auto`` = as many as fit in
+    memory, up to ``AUTO_NETWORKS`` (one at a time where the architecture or the data cannot be
+    stacked, e.g. ResNet-18's BatchNorm), an integer K (refused before any work if K networks
+    do not fit in memory, with the K that does), or 1 = one at a time (``train_network``)."""
 
     range: ZooRange = ZooRange.both
     shard: int = 0
     num_shards: int = 1
+    vectorize: str = "auto"
 
     def __post_init__(self) -> None:
         require(self.num_shards >= 1, "num_shards", self.num_shards, "a positive integer")
         require(0 <= self.shard < self.num_shards, "shard", self.shard, f"an integer in [0, num_shards={self.num_shards})")
+        value = str(self.vectorize)
+        require(value == "auto" or (value.isdigit() and int(value) >= 1), "vectorize", self.vectorize,
+                "auto or a positive integer (1 = one network at a time)")
+
+
+class ImportRange(str, Enum):
+    """Which seed range imported checkpoints fill."""
+
+    reference = "reference"
+    heldout = "heldout"
+
+
+class SeedsFrom(str, Enum):
+    """How an imported file gets its seed."""
+
+    order = "order"
+    """The i-th file (natural order of the paths) -> the range's start + i."""
+    name = "name"
+    """The last number in the file name (``model_0042.safetensors`` -> 42); must lie in the range."""
+
+
+@dataclass
+class ImportConfig:
+    """``stage=import``: write checkpoints made elsewhere into the store as zoo checkpoints.
+
+    ``source``: a folder, ``.zip`` or ``.tar``/``.tar.gz``/``.tgz`` of ``.safetensors``/``.pt``/
+    ``.pth``/``.ckpt`` files; ``range``: the seed range they fill; ``seeds_from``: how each file
+    gets its seed; ``skip`` / ``limit``: leave out the first ``skip`` files, then import at most
+    ``limit`` (null = all the rest, which must fit in the range); ``evaluate``: compute each checkpoint's held-out accuracy and apply the
+    recipe's convergence rule, as for a trained one; ``mapping``: how the files' keys map to the
+    model (``KeyMapping``; ready mappings in ``conf/import/``).
+    """
+
+    source: Optional[str] = None
+    range: ImportRange = ImportRange.reference
+    seeds_from: SeedsFrom = SeedsFrom.order
+    skip: int = 0
+    limit: Optional[int] = None
+    evaluate: bool = True
+    mapping: KeyMapping = field(default_factory=KeyMapping)
+
+    def __post_init__(self) -> None:
+        require(self.limit is None or self.limit >= 1, "limit", self.limit, "a positive integer or null (all files)")
+        require(self.skip >= 0, "skip", self.skip, "an integer >= 0")
+
+
+def _keyword_field(cls: type, attribute: str, key: str) -> type:
+    """Make field ``attribute`` of dataclass ``cls`` appear as ``key`` (a Python keyword such as
+    ``import``) to OmegaConf and Hydra, which read field names; instances keep the value under
+    both names (``cfg.import_`` in code, ``getattr(cfg, "import")`` for generic readers)."""
+    definition = cls.__dataclass_fields__.pop(attribute)
+    definition.name = key
+    cls.__dataclass_fields__[key] = definition
+    cls.__annotations__[key] = cls.__annotations__.pop(attribute)
+    generated = cls.__init__
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if key in kwargs:
+            kwargs[attribute] = kwargs.pop(key)
+        generated(self, *args, **kwargs)
+        setattr(self, key, getattr(self, attribute))
+
+    cls.__init__ = __init__
+    return cls
 
 
 @dataclass
@@ -333,19 +411,22 @@ def build_schema() -> type:
 
     Keys: ``experiment_name``; ``display_name`` (the experiment's name in the tables); ``stage``;
     ``store`` (checkpoint store root: store/<experiment>/...); ``results`` (tables and figures:
-    results/<experiment>/...); ``device`` (auto | cpu | cuda | cuda:N); ``threads`` (torch threads
+    results/<experiment>/...); ``device`` (auto | cpu | cuda | cuda:N); ``precision`` and
+    ``channels_last`` (mixed precision and NHWC memory format of the zoo's one-at-a-time training:
+    ``Precision``; channels_last null = on where precision auto would use autocast); ``threads`` (torch threads
     per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead of one-line
     errors); ``method`` and ``mode`` (what the sample stage runs); ``analysis`` (what the analyze
     stage draws); then the nodes typed above (``verify``: ``stage=verify``; ``claims``: cross-node
     claims on units of work; ``analyze``: the analyses' settings),
-    ``train`` (the ``Recipe``) and ``methods``.
+    ``train`` (the ``Recipe``), ``methods`` and ``import`` (``ImportConfig``; a Python keyword,
+    read as ``config.import_``).
     """
     methods = make_dataclass(
         "MethodsConfig", [(name, cls.Settings, field(default_factory=cls.Settings)) for name, cls in registry.METHODS.items()]
     )
     method_choice = _method_choice()
     defaults = ["_self_"] + [{f"methods@methods.{name}": name} for name in registry.METHODS]  # schema values first
-    return make_dataclass("Config", [
+    config = make_dataclass("Config", [
         ("defaults", List[Any], field(default_factory=lambda: list(defaults))),
         ("experiment_name", str, MISSING),
         ("display_name", str, MISSING),
@@ -353,6 +434,8 @@ def build_schema() -> type:
         ("store", str, "store"),
         ("results", str, "results"),
         ("device", str, "auto"),
+        ("precision", Precision, Precision.auto),
+        ("channels_last", Optional[bool], None),
         ("threads", str, "auto"),
         ("debug", bool, False),
         ("method", method_choice, method_choice["all"]),
@@ -371,7 +454,9 @@ def build_schema() -> type:
         ("train", Recipe, MISSING),
         ("cluster", ClusterConfig, field(default_factory=ClusterConfig)),
         ("methods", methods, field(default_factory=methods)),
+        ("import_", ImportConfig, field(default_factory=ImportConfig)),
     ])
+    return _keyword_field(config, "import_", "import")
 
 
 def register_configs() -> None:

@@ -17,11 +17,11 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from benchmark.config import MAX_SEED, ConfigError, resolve_config
+from benchmark.config import MAX_SEED, ConfigError, Precision, resolve_config
 from benchmark.data import DatasetInfo, TrainSplit, as_tensors, dataset_info, get_dataset, get_ood_dataset, get_train_split
 from benchmark.models import build_model
 from benchmark.store import ExperimentStore
-from benchmark.training import Recipe, TrainingData
+from benchmark.training import Acceleration, Recipe, TrainingData
 from methods import PosteriorMethod, method_class
 
 
@@ -48,10 +48,18 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def available_cores() -> int:
+    """CPU cores this process may run on: its affinity mask (what a SLURM allocation or a
+    container grants), else the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def threads_per_job(setting: str, parallel_jobs: int) -> int:
-    """torch intra-op threads for one job: ``auto`` = cores // jobs sharing the machine (>= 1)."""
+    """torch intra-op threads for one job: ``auto`` = available cores // jobs sharing them (>= 1)."""
     if str(setting) == "auto":
-        return max(1, (os.cpu_count() or 1) // max(1, parallel_jobs))
+        return max(1, available_cores() // max(1, parallel_jobs))
     try:
         threads = int(setting)
     except ValueError:
@@ -171,6 +179,22 @@ class Experiment:
     @cached_property
     def device(self) -> torch.device:
         return resolve_device(str(self.config.device))
+
+    @cached_property
+    def acceleration(self) -> Acceleration:
+        """Mixed precision and memory format of the zoo's one-at-a-time training (``precision``,
+        ``channels_last``). ``auto`` turns both on for CUDA training of networks with BatchNorm
+        convolutions (ResNet-18: tensor cores, NHWC cuDNN kernels) and off elsewhere: on a CPU and
+        for OptuNet's one- and two-channel convolutions they do not pay."""
+        precision, channels_last, device = self.config.precision, self.config.channels_last, self.device
+        heavy = device.type == "cuda" and any(isinstance(m, nn.BatchNorm2d) for m in self.model().modules())
+        if precision == Precision.fp16 and device.type != "cuda":
+            raise ConfigError(f"precision=fp16: float16 training with loss scaling needs CUDA (device {device}); "
+                              "use precision=bf16 or precision=fp32")
+        if precision == Precision.auto:
+            precision = (Precision.bf16 if torch.cuda.is_bf16_supported() else Precision.fp16) if heavy else Precision.fp32
+        dtype = {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}[precision]
+        return Acceleration(dtype, heavy if channels_last is None else bool(channels_last))
 
     @cached_property
     def store(self) -> ExperimentStore:

@@ -21,8 +21,8 @@ def kendall_tau(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     t, n = a.shape
     if n < 2:
         raise ValueError(f"kendall_tau: rows need at least 2 entries, got n={n}")
-    out = torch.empty(t, dtype=torch.float64)
-    upper = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+    out = torch.empty(t, dtype=torch.float64, device=a.device)
+    upper = torch.triu(torch.ones(n, n, dtype=torch.bool, device=a.device), diagonal=1)
     step = max(1, _CHUNK_ELEMENTS // (n * n))
     for start in range(0, t, step):
         x, y = a[start : start + step].to(torch.float64), b[start : start + step].to(torch.float64)

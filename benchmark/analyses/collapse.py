@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -61,7 +62,12 @@ def run(exp: Experiment) -> list[Path]:
     probs_id, probs_ood = member_probabilities(exp, seeds)
     pairs = pairs_to_use(len(seeds), settings.max_pairs, np.random.default_rng(settings.seed))
     id_mi, ood_mi = pairwise_mutual_information(probs_id, pairs), pairwise_mutual_information(probs_ood, pairs)
-    correlation = stats.pearsonr(id_mi, ood_mi)
+    if len(pairs) >= 3:
+        correlation = stats.pearsonr(id_mi, ood_mi)
+    else:  # a correlation of two points means nothing: reported as NaN
+        log.warning("collapse: %d pair(s) of zoo members; Pearson's correlation needs 3 or more (reported as NaN)",
+                    len(pairs))
+        correlation = SimpleNamespace(statistic=float("nan"), pvalue=float("nan"))
     total = len(seeds) * (len(seeds) - 1) // 2
     names = np.asarray(seeds)
     numbers = pd.DataFrame({"seed_i": names[pairs[:, 0]], "seed_j": names[pairs[:, 1]], "id_mi": id_mi, "ood_mi": ood_mi})

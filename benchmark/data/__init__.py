@@ -6,7 +6,7 @@
 ``dataset_info`` gives classes, channels, size and normalisation of each name.
 """
 from benchmark.data.errors import DatasetNotFoundError
-from benchmark.data.in_memory import InMemoryImageDataset, random_crop
+from benchmark.data.in_memory import InMemoryImageDataset, as_in_memory, crop_at, crop_offsets, random_crop
 from benchmark.data.info import DATASET_NAMES, DatasetInfo, dataset_info
 from benchmark.data.loading import (
     TrainSplit, check_ood_pairing, get_dataset, get_ood_dataset, get_train_split, stratified_split,
@@ -18,11 +18,14 @@ __all__ = [
     "DatasetInfo",
     "DatasetNotFoundError",
     "InMemoryImageDataset",
+    "as_in_memory",
     "as_tensors",
     "check_ood_pairing",
     "get_train_split",
     "stratified_split",
     "TrainSplit",
+    "crop_at",
+    "crop_offsets",
     "dataset_info",
     "get_dataset",
     "get_ood_dataset",

@@ -3,7 +3,25 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
+
+
+def crop_offsets(batch: int, padding: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random crop offsets ``[2, batch]`` (rows, columns) in ``[0, 2 * padding]``, drawn from
+    ``generator`` (the global torch RNG if None) exactly as ``random_crop`` draws them."""
+    return torch.randint(0, 2 * padding + 1, (2, batch), generator=generator)
+
+
+def crop_at(images: torch.Tensor, padding: int, fill: float, offsets: torch.Tensor) -> torch.Tensor:
+    """Crop each of ``images [B, C, H, W]`` at its ``offsets [2, B]`` after padding by ``padding``
+    pixels of value ``fill`` -> ``[B, C, H, W]``."""
+    b, _, h, w = images.shape
+    padded = F.pad(images, (padding, padding, padding, padding), value=fill)
+    rows = (offsets[0, :, None] + torch.arange(h))[:, None, :, None]  # [B, 1, H, 1]
+    cols = (offsets[1, :, None] + torch.arange(w))[:, None, None, :]  # [B, 1, 1, W]
+    batch = torch.arange(b)[:, None, None, None]
+    channels = torch.arange(images.shape[1])[None, :, None, None]
+    return padded[batch, channels, rows, cols]
 
 
 def random_crop(
@@ -22,14 +40,7 @@ def random_crop(
         raise ValueError(f"random_crop: padding must be >= 0, got {padding}")
     if padding == 0:
         return images.clone()
-    b, _, h, w = images.shape
-    padded = F.pad(images, (padding, padding, padding, padding), value=fill)
-    offsets = torch.randint(0, 2 * padding + 1, (2, b), generator=generator)
-    rows = (offsets[0, :, None] + torch.arange(h))[:, None, :, None]  # [B, 1, H, 1]
-    cols = (offsets[1, :, None] + torch.arange(w))[:, None, None, :]  # [B, 1, 1, W]
-    batch = torch.arange(b)[:, None, None, None]
-    channels = torch.arange(images.shape[1])[None, :, None, None]
-    return padded[batch, channels, rows, cols]
+    return crop_at(images, padding, fill, crop_offsets(images.shape[0], padding, generator))
 
 
 class InMemoryImageDataset(Dataset):
@@ -67,3 +78,17 @@ class InMemoryImageDataset(Dataset):
         if self.augment:
             image = random_crop(image[None], self.augment_padding, self.fill)[0]
         return image, int(self.labels[index])
+
+
+def as_in_memory(dataset: Dataset) -> InMemoryImageDataset | None:
+    """``dataset`` as an ``InMemoryImageDataset``: itself, or the selected items of a ``Subset``
+    of one (e.g. a training split with a validation part carved out), with the same
+    augmentation; None for any other dataset."""
+    if isinstance(dataset, InMemoryImageDataset):
+        return dataset
+    if isinstance(dataset, Subset):
+        base = as_in_memory(dataset.dataset)
+        if base is not None:
+            index = torch.as_tensor(list(dataset.indices), dtype=torch.long)
+            return InMemoryImageDataset(base.images[index], base.labels[index], base.augment_padding, base.fill)
+    return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from benchmark.stages import analyze, evaluate, report, sample, verify, zoo
+from benchmark.stages import analyze, evaluate, import_zoo, report, sample, verify, zoo
 
 STAGES: dict[str, Callable[..., Any]] = {
     "zoo": zoo.run,
@@ -16,5 +16,6 @@ STAGES: dict[str, Callable[..., Any]] = {
     "report": report.run,
     "analyze": analyze.run,
     "verify": verify.run,
+    "import": import_zoo.run,
 }
-PIPELINE = ("zoo", "sample", "evaluate", "report", "analyze")  # what stage=all runs, in order (not verify)
+PIPELINE = ("zoo", "sample", "evaluate", "report", "analyze")  # what stage=all runs, in order (not verify; import replaces zoo when asked)

@@ -194,7 +194,7 @@ class Reference:
 
     def canonical(self) -> dict[str, torch.Tensor]:
         """Symmetry-free reference ``{key: [R, ...]}``, computed once."""
-        return self._cached("canonical", lambda: canonicalize(self.weights(), self.spec, self.steps)[0])
+        return self._cached("canonical", lambda: canonicalize(self.weights(), self.spec, self.steps, device=self.exp.device)[0])
 
     @property
     def paths(self) -> list[Path]:
@@ -202,7 +202,7 @@ class Reference:
 
     def canonical_paths(self) -> list[Path]:
         """Streamed mode: one canonical checkpoint per reference seed, written once."""
-        return self._form_paths("canonical", lambda batch: canonicalize(batch, self.spec, self.steps)[0])
+        return self._form_paths("canonical", lambda batch: canonicalize(batch, self.spec, self.steps, device=self.exp.device)[0])
 
     def _form_paths(self, name: str, transform) -> list[Path]:
         """Streamed mode: ``transform`` of every reference checkpoint, one file per seed, written once."""
@@ -242,7 +242,7 @@ class Reference:
         options = {"device": self.exp.device}
         if full:
             options |= {"resampling": self.resampling, "permutation_test": self.test}
-        canonical = canonicalize(samples, self.spec, self.steps)[0]
+        canonical = canonicalize(samples, self.spec, self.steps, device=self.exp.device)[0]
         wm_options = {k: v for k, v in options.items() if k != "permutation_test"}  # no test column for WM
         if self.in_memory:
             results = {"mmd": mmd(self.weights(), samples, **options),

@@ -1,10 +1,12 @@
 """Zoo stage: train the checkpoints of ``seeds.reference`` and ``seeds.heldout`` (``zoo.range``
 selects one) that the store lacks.
 
-Resumable and shareable: each seed is trained under a per-seed claim (``store/claims.py``, which
-holds across cluster nodes), re-checked after the claim is taken, and written atomically, so
-killed runs and overlapping ranges on one store neither corrupt nor duplicate work. Seeds that
-do not converge are recorded as failed.
+Seeds are trained K at a time by the vectorised trainer where the architecture and data allow
+it (``zoo.vectorize``; ``stack_size``), else one at a time. Resumable and shareable: a batch of
+seeds is claimed seed by seed (``store/claims.py``, which holds across cluster nodes), each
+re-checked after its claim is taken, and every seed's checkpoint or failure record is written
+atomically as soon as that seed finishes, so killed runs and overlapping ranges on one store
+neither corrupt nor duplicate work. Seeds that do not converge are recorded as failed.
 
 Self-healing: every checkpoint of the range already in the store is validated first (checksum,
 keys and shapes, finite values, experiment and seed in its metadata; failure records must parse).
@@ -13,20 +15,25 @@ is trained again.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from tqdm.auto import tqdm
 
-from benchmark.config import ZooRange
+from benchmark.config import ConfigError, ZooRange
 from benchmark.experiment import Experiment, SeedRange, library_versions
 from benchmark.store import (
     CheckpointError, ExperimentStore, StoreError, check_file, metadata_float, quarantine, quarantined, read_metadata,
     remove_temp_files_of, save_checkpoint, seed_name, seed_of_file,
 )
+from benchmark.store.claims import Claim
 from benchmark.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
+from benchmark.training.stacked import NotStackableError, stacked_networks
+from benchmark.training.vectorised import AUTO_NETWORKS, check_stackable, networks_that_fit, train_networks
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +100,13 @@ def train_seed(exp: Experiment, seed: int, role: str = "zoo") -> TrainResult:
     data = exp.training_data
     return train_network(
         model, data.train, data.check, exp.recipe, seed,
-        where=f"{exp.name} {role} seed {seed}", train_eval=data.train_tensors,
+        where=f"{exp.name} {role} seed {seed}", train_eval=data.train_tensors, acceleration=exp.acceleration,
     )
 
 
-def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: str) -> dict[str, object]:
+def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: str, trainer: str) -> dict[str, object]:
     """Metadata stored with every trained checkpoint (accuracies as fractions: train, validation
-    (the convergence rule's held-out data, NaN without one) and test)."""
+    (the convergence rule's held-out data, NaN without one) and test; ``trainer``: how it was trained)."""
     with seeded(seed):  # building a model draws from the global RNG; leave it as it was
         model = exp.model().to(exp.device)
     model.load_state_dict(result.state_dict)
@@ -112,8 +119,64 @@ def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: s
         "validation_accuracy": result.check_accuracy,
         "test_accuracy": accuracy(model, *exp.test_tensors),
         "epochs": result.epochs_run,
+        "trainer": trainer,
         "versions": library_versions(),
     }
+
+
+def one_at_a_time(exp: Experiment) -> str:
+    """The ``trainer`` metadata of a seed trained by ``train_seed`` (with its precision and format)."""
+    acc = exp.acceleration
+    extras = ([f"autocast {str(acc.autocast).replace('torch.', '')}"] if acc.autocast else []) + \
+        (["channels_last"] if acc.channels_last else [])
+    return "one at a time" + (f" ({', '.join(extras)})" if extras else "")
+
+
+def not_stackable(exp: Experiment) -> str | None:
+    """Why the experiment's model or training data cannot be trained stacked (None: they can)."""
+    try:
+        check_stackable(exp.train_set)
+        stacked_networks(exp.model().to(exp.device), exp.device)
+    except NotStackableError as err:
+        return str(err)
+    return None
+
+
+def stack_size(exp: Experiment, pending: int) -> int:
+    """K, the number of seeds trained at once (``zoo.vectorize``), for ``pending`` seeds to train.
+
+    ``auto``: as many as fit in memory, up to ``AUTO_NETWORKS``, or 1 (one at a time) when the
+    architecture or the training data cannot be stacked. An explicit K that cannot be stacked
+    or does not fit raises ``ConfigError`` naming the value to use.
+    """
+    setting = str(exp.config.zoo.vectorize)
+    if setting == "1":
+        return 1
+    reason = not_stackable(exp)
+    if reason is not None:
+        if setting != "auto":
+            raise ConfigError(f"zoo.vectorize={setting}: {exp.name} cannot be trained stacked ({reason}); "
+                              "use zoo.vectorize=1 or zoo.vectorize=auto")
+        log.info("zoo: one network at a time (%s)", reason)
+        return 1
+    shape = (exp.info.in_channels, exp.info.image_size, exp.info.image_size)
+    fit, per_network, available = networks_that_fit(exp.model().to(exp.device), shape, exp.recipe.batch_size, exp.device)
+    if setting == "auto":
+        return max(1, min(AUTO_NETWORKS, fit, max(1, pending)))
+    wanted = int(setting)
+    if wanted > fit:
+        raise ConfigError(
+            f"zoo.vectorize={wanted}: {wanted} networks need about {wanted * per_network / 2**30:.2f} GiB on "
+            f"{exp.device}, more than half of the {available / 2**30:.2f} GiB available; use zoo.vectorize={max(1, fit)} "
+            "(or zoo.vectorize=auto)")
+    return max(1, min(wanted, pending))
+
+
+def trains_stacked(exp: Experiment) -> bool:
+    """Whether the zoo stage trains with the vectorised trainer (whatever K: its per-network
+    results do not depend on K, so a seed retrained alone, e.g. after quarantine, gets the same
+    bits as in a batch); ``zoo.vectorize=1`` or an unstackable model/data: one at a time."""
+    return str(exp.config.zoo.vectorize) != "1" and not_stackable(exp) is None
 
 
 def run(exp: Experiment) -> list[ZooSummary]:
@@ -152,9 +215,83 @@ def quarantine_seed(exp: Experiment, seed: int, problem: str) -> Path | None:
     return dest
 
 
+def _claim(exp: Experiment, pending: Iterator[int], count: int, held: contextlib.ExitStack, shapes: dict,
+           summary: ZooSummary) -> dict[int, Claim]:
+    """Up to ``count`` seeds of ``pending`` claimed for this process (the claims live as long as
+    ``held``), each re-checked under its claim: done seeds are skipped, damaged ones quarantined."""
+    store = exp.store
+    claimed: dict[int, Claim] = {}
+    for seed in pending:
+        claim = held.enter_context(store.claim(f"zoo-{seed_name(seed)}"))
+        if claim is None:
+            summary.skipped_busy.append(seed)
+            continue
+        remove_temp_files_of(store.checkpoint_path(seed))  # left by a writer killed mid-write
+        problem = seed_problem(exp, seed, shapes)  # again, under the claim
+        if problem is None and (store.checkpoint_path(seed).exists() or store.failed_path(seed).exists()):
+            summary.skipped_done.append(seed)
+            continue
+        if problem is not None and quarantine_seed(exp, seed, problem) is not None:
+            summary.quarantined[seed] = problem
+        claimed[seed] = claim
+        if len(claimed) == count:
+            break
+    return claimed
+
+
+def _store_outcome(exp: Experiment, seed: int, outcome: TrainResult | NonFiniteError, role: str, trainer: str,
+                   claim: Claim, summary: ZooSummary) -> None:
+    """Write a finished seed's checkpoint or failure record (NaN/Inf: logged, nothing written;
+    a claim taken over meanwhile: nothing written)."""
+    store = exp.store
+    if isinstance(outcome, NonFiniteError):
+        log.error("seed %d stopped: %s (nothing stored)", seed, outcome)
+        summary.diverged[seed] = str(outcome)
+    elif claim.lost:
+        log.warning("seed %d: the claim was taken over while training; result not stored", seed)
+        summary.skipped_busy.append(seed)
+    elif outcome.failure:
+        store.record_failure(seed, {"reason": outcome.failure, "validation_accuracy": outcome.check_accuracy,
+                                    "epoch": outcome.epochs_run, "config_hash": exp.config_hash})
+        summary.failed.append(seed)
+    else:
+        save_checkpoint(store.checkpoint_path(seed), outcome.state_dict,
+                        checkpoint_metadata(exp, seed, outcome, role, trainer))
+        summary.trained.append(seed)
+
+
+def _train_claimed(exp: Experiment, claimed: dict[int, Claim], role: str, stacked: bool, summary: ZooSummary,
+                   bar) -> None:
+    """Train the ``claimed`` seeds, storing each as soon as it finishes."""
+    seeds = list(claimed)
+    if not stacked:
+        for seed in seeds:
+            try:
+                outcome: TrainResult | NonFiniteError = train_seed(exp, seed, role)
+            except NonFiniteError as err:
+                outcome = err
+            _store_outcome(exp, seed, outcome, role, one_at_a_time(exp), claimed[seed], summary)
+            bar.update()
+        return
+    models = []
+    for seed in seeds:
+        with seeded(seed):
+            models.append(exp.model().to(exp.device))
+    trainer = "vectorised"  # not K: a network's result does not depend on how many train beside it
+
+    def done(index: int, outcome: TrainResult | NonFiniteError) -> None:
+        _store_outcome(exp, seeds[index], outcome, role, trainer, claimed[seeds[index]], summary)
+        bar.update()
+
+    data = exp.training_data
+    train_networks(models, data, exp.recipe, seeds, [f"{exp.name} {role} seed {s}" for s in seeds], on_done=done,
+                   train_eval=data.train_tensors)
+
+
 def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int = 1) -> ZooSummary:
-    """Train the missing seeds of ``seeds`` (this shard's share: seed % num_shards == shard), after
-    quarantining those whose stored checkpoint or failure record fails validation.
+    """Train the missing seeds of ``seeds`` (this shard's share: seed % num_shards == shard),
+    K at a time (``stack_size``), after quarantining those whose stored checkpoint or failure
+    record fails validation.
 
     Raises ``TrainingDivergedError`` at the end if any seed produced NaN/Inf.
     """
@@ -176,38 +313,21 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
     todo = [s for s in mine if s in problems or (s not in done and s not in failed)]
     summary.skipped_done = [s for s in mine if s not in todo]
     _warn_stale(exp, [s for s in summary.skipped_done if s in done])
-    log.info("zoo %s %s seeds %s: %d of %d to train, %d of them to redo after failing validation (shard %d/%d)",
-             exp.name, seeds.role, seeds, len(todo), len(mine), len(problems), shard, num_shards)
-    for seed in tqdm(todo, desc=f"zoo {exp.name} {seeds.role}", unit="seed", dynamic_ncols=True):
-        with store.claim(f"zoo-{seed_name(seed)}") as claim:
-            if claim is None:
-                summary.skipped_busy.append(seed)
-                continue
-            remove_temp_files_of(store.checkpoint_path(seed))  # left by a writer killed mid-write
-            problem = seed_problem(exp, seed, shapes)  # again, under the claim
-            if problem is None and (store.checkpoint_path(seed).exists() or store.failed_path(seed).exists()):
-                summary.skipped_done.append(seed)
-                continue
-            if problem is not None and quarantine_seed(exp, seed, problem) is not None:
-                summary.quarantined[seed] = problem
-            try:
-                result = train_seed(exp, seed, seeds.role)
-            except NonFiniteError as err:
-                log.error("seed %d stopped: %s (nothing stored)", seed, err)
-                summary.diverged[seed] = str(err)
-                continue
-            if claim.lost:
-                log.warning("seed %d: the claim was taken over while training; result not stored", seed)
-                summary.skipped_busy.append(seed)
-                continue
-            if result.failure:
-                store.record_failure(seed, {"reason": result.failure, "validation_accuracy": result.check_accuracy,
-                                            "epoch": result.epochs_run, "config_hash": exp.config_hash})
-                summary.failed.append(seed)
-            else:
-                save_checkpoint(store.checkpoint_path(seed), result.state_dict,
-                                checkpoint_metadata(exp, seed, result, seeds.role))
-                summary.trained.append(seed)
+    count = stack_size(exp, len(todo)) if todo else 1
+    stacked = bool(todo) and trains_stacked(exp)
+    log.info("zoo %s %s seeds %s: %d of %d to train, %d of them to redo after failing validation (shard %d/%d), %s",
+             exp.name, seeds.role, seeds, len(todo), len(mine), len(problems), shard, num_shards,
+             f"{count} at a time" if stacked else "one at a time")
+    pending = iter(todo)
+    with tqdm(total=len(todo), desc=f"zoo {exp.name} {seeds.role}", unit="seed", dynamic_ncols=True) as bar:
+        while True:
+            with contextlib.ExitStack() as held:
+                skipped = len(summary.skipped_busy) + len(summary.skipped_done)
+                claimed = _claim(exp, pending, count, held, shapes, summary)
+                bar.update(len(summary.skipped_busy) + len(summary.skipped_done) - skipped)
+                if not claimed:
+                    break
+                _train_claimed(exp, claimed, seeds.role, stacked, summary, bar)
     _fill_range_state(exp, summary, start, stop)
     log.info("%s", summary.describe(seeds))
     if summary.diverged:

@@ -1,5 +1,7 @@
 """Training plumbing: the typed recipe, the data bundle, and the loop every training runs."""
 from benchmark.training.loop import (
+    FULL_PRECISION,
+    Acceleration,
     LossFn,
     NonFiniteError,
     OptimizerChain,
@@ -20,8 +22,8 @@ from benchmark.training.loop import (
 from benchmark.training.recipe import FailRule, Recipe, RecipeOverrides, Schedule
 
 __all__ = [
-    "LossFn", "NonFiniteError", "OptimizerChain", "OptimizerFactory", "StepCallback", "TrainingData", "TrainResult",
-    "accuracy", "check_weights_finite",
+    "FULL_PRECISION", "Acceleration", "LossFn", "NonFiniteError", "OptimizerChain", "OptimizerFactory", "StepCallback",
+    "TrainingData", "TrainResult", "accuracy", "check_weights_finite",
     "cross_entropy_loss", "iterate_batches", "learning_rate", "make_optimizer", "seeded", "train_epoch",
     "train_network", "FailRule", "Recipe", "RecipeOverrides", "Schedule",
 ]

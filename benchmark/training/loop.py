@@ -9,14 +9,14 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from benchmark.data import InMemoryImageDataset, random_crop
+from benchmark.data import as_in_memory, random_crop
 from benchmark.training.recipe import Recipe, Schedule
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -62,6 +62,37 @@ class TrainResult:
     epochs_run: int
     failure: str | None = None
     history: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Acceleration:
+    """How a training uses its device, beyond full-precision float32: ``autocast`` = the
+    ``torch.autocast`` dtype of the forward pass and loss (``torch.bfloat16``, or
+    ``torch.float16`` with a ``GradScaler``; None = off) and ``channels_last`` = the model and
+    its image batches in NHWC memory format (cuDNN's fast layout for convolutions with
+    tensor cores). The default changes nothing."""
+
+    autocast: Optional[torch.dtype] = None
+    channels_last: bool = False
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """``model`` in the memory format (in place, as ``Module.to``)."""
+        return model.to(memory_format=torch.channels_last) if self.channels_last else model
+
+    def inputs(self, images: torch.Tensor) -> torch.Tensor:
+        """An image batch ``[B, C, H, W]`` in the memory format."""
+        return images.contiguous(memory_format=torch.channels_last) if self.channels_last and images.dim() == 4 else images
+
+    def autocasting(self, device: torch.device):
+        """The autocast context of forward passes on ``device`` (disabled when ``autocast`` is None)."""
+        return torch.autocast(device.type, dtype=self.autocast or torch.float32, enabled=self.autocast is not None)
+
+    def scaler(self, device: torch.device) -> torch.amp.GradScaler:
+        """Loss scaling for float16 (a no-op otherwise): ``scale(loss).backward(); step(opt); update()``."""
+        return torch.amp.GradScaler(device.type, enabled=self.autocast == torch.float16)
+
+
+FULL_PRECISION = Acceleration()
 
 
 @contextlib.contextmanager
@@ -124,10 +155,13 @@ def iterate_batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """One shuffled epoch of ``(images [B, C, H, W], labels [B])`` on ``device``.
 
-    In-memory datasets are sliced directly (no per-item Python work, augmentation as one
-    batched crop); others go through a single-process ``DataLoader`` with ``generator``.
+    In-memory datasets (and subsets of one) are sliced directly (no per-item Python work,
+    augmentation as one batched crop); others go through a single-process ``DataLoader`` with
+    ``generator``.
     """
-    if isinstance(dataset, InMemoryImageDataset):
+    memory = as_in_memory(dataset)
+    if memory is not None:
+        dataset = memory
         order = torch.randperm(len(dataset), generator=generator)
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
@@ -177,19 +211,28 @@ def train_epoch(
     loss_fn: LossFn = cross_entropy_loss,
     on_step: StepCallback | None = None,
     epoch: int = 0,
+    acceleration: Acceleration = FULL_PRECISION,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> float:
     """One epoch of SGD; returns the mean loss. A non-finite loss raises ``NonFiniteError``.
-    ``on_step(epoch, step, model)`` (optional) runs after every optimiser step."""
+    ``on_step(epoch, step, model)`` (optional) runs after every optimiser step.
+
+    With ``acceleration`` the forward pass runs under autocast and the batches in its memory
+    format; ``scaler`` (from ``acceleration.scaler``) scales float16 losses across epochs.
+    """
     device = next(model.parameters()).device
+    scaler = scaler if scaler is not None else acceleration.scaler(device)
     model.train()
     total, count = 0.0, 0
     for step, (images, labels) in enumerate(iterate_batches(dataset, batch_size, generator, device)):
-        loss = loss_fn(model, images, labels)
+        with acceleration.autocasting(device):
+            loss = loss_fn(model, acceleration.inputs(images), labels)
         if not torch.isfinite(loss):
             raise NonFiniteError(f"{where}: loss became {loss.item()} at step {step}")
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
         if on_step is not None:
             on_step(epoch, step, model)
         total += float(loss.detach()) * len(labels)
@@ -208,6 +251,7 @@ def train_network(
     train_eval: Tensors | None = None,
     optimizer_factory: OptimizerFactory | None = None,
     on_step: StepCallback | None = None,
+    acceleration: Acceleration = FULL_PRECISION,
 ) -> TrainResult:
     """Train ``model`` in place with ``recipe``; data order drawn from ``seed``.
 
@@ -219,18 +263,21 @@ def train_network(
     (optional) runs after every optimiser step. A run below ``recipe.fail_rule.min_accuracy`` after
     ``fail_rule.epoch`` epochs stops early, and one that ends below it is also failed; both
     return with ``failure`` set.
-    NaN/Inf raises ``NonFiniteError`` (nothing to store).
+    NaN/Inf raises ``NonFiniteError`` (nothing to store). ``acceleration``: mixed precision and
+    memory format (see ``Acceleration``; evaluation runs in full precision).
     """
     if check_set is None and recipe.fail_rule.active:
         raise ValueError(f"{where}: the recipe's convergence rule needs held-out data; set dataset.validation_fraction > 0")
     generator = torch.Generator().manual_seed(seed)
+    model = acceleration.prepare(model)
     optimizer = make_optimizer(model.parameters(), recipe) if optimizer_factory is None else optimizer_factory(model, recipe)
+    scaler = acceleration.scaler(next(model.parameters()).device)
     history = []
     for epoch in range(recipe.epochs):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(recipe, epoch) * group.get("lr_scale", 1.0)
         loss = train_epoch(model, train_set, optimizer, recipe.batch_size, generator, f"{where}, epoch {epoch + 1}", loss_fn,
-                           on_step, epoch)
+                           on_step, epoch, acceleration, scaler)
         check_weights_finite(model, f"{where}, epoch {epoch + 1}")
         record = {"epoch": epoch + 1, "loss": loss}
         rule = recipe.fail_rule
@@ -253,4 +300,4 @@ def train_network(
 
 
 def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}

@@ -20,8 +20,11 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
     # work queue is enough for one caller thread per process (how the stages run).
     numba.config.THREADING_LAYER = "workqueue"
 
-# Columns per kernel call: 1100 rows x 512 float64 = 4.5 MB stays in the last-level cache.
+# Columns per kernel call: 1100 rows x 512 float64 = 4.5 MB stays in the last-level cache. Fewer
+# rows take proportionally more columns per call (each call starts the worker threads: with a
+# handful of samples, 512 columns would leave the calls' overhead dominant).
 COLUMN_BLOCK = 512
+BLOCK_ELEMENTS = 1100 * COLUMN_BLOCK
 _ROW_TILE = 4
 
 
@@ -82,6 +85,7 @@ def accumulate_l1_upper(z: torch.Tensor, upper: torch.Tensor) -> None:
     out = upper.numpy()
     n_threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(n_threads)
-    for start in range(0, z.shape[1], COLUMN_BLOCK):
-        block = np.ascontiguousarray(z[:, start : start + COLUMN_BLOCK].numpy())
+    width = max(COLUMN_BLOCK, BLOCK_ELEMENTS // max(1, z.shape[0]))
+    for start in range(0, z.shape[1], width):
+        block = np.ascontiguousarray(z[:, start : start + width].numpy())
         _accumulate_upper_l1(block, out, n_threads)

@@ -119,7 +119,7 @@ def layer_mmd_from_distances(
     test = None
     if permutation_test is not None:
         test = aggregated_permutation_test(distances, bandwidths, values, permutation_test)
-    resampled = torch.empty(0, len(values), dtype=torch.float64)
+    resampled = torch.empty(0, len(values), dtype=torch.float64, device=values.device)
     if resampling is not None:
         resampled = torch.stack([
             _kernel_values(distances.subset_x(rows), max_bandwidth_rows)[1] for rows in resampling.halves(distances.m)
@@ -212,7 +212,7 @@ def tabulate(layers: Sequence[LayerMMD]) -> MMDResult:
     aggregate = {name: float((weights * per_layer[name]).sum()) for name in SUMMARIES}
     resampled = {}
     if all(len(result.resampled) for result in layers):
-        w = torch.tensor(weights.to_numpy(), dtype=torch.float64)
+        w = torch.tensor(weights.to_numpy(), dtype=torch.float64, device=layers[0].resampled.device)
         per_resample = [summarize(result.resampled) for result in layers]  # each {name: [B]}
         resampled = {name: sum(w[i] * s[name] for i, s in enumerate(per_resample)) for name in SUMMARIES}
     tested = [result.test for result in layers if result.test is not None]

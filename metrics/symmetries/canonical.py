@@ -28,23 +28,26 @@ def canonicalize(
     spec: SymmetrySpec,
     steps: Sequence[str] = DEFAULT_STEPS,
     sort_key: str = "first",
+    device: torch.device | str | None = None,
 ) -> tuple[SampleSet, dict[str, Any]]:
     """Remove the symmetries of every sample of ``sample_set`` (``{key: [S, ...]}``) by applying
     ``steps`` in order: ``scale`` (unit-norm incoming weights), ``minmass`` (minimum-mass
     scaling, instead of ``scale``), ``sort`` (units sorted by ``sort_key``), ``softmax`` (last
-    biases summed to 0). Returns a sample set with exactly the input's keys, shapes and dtypes,
-    and what each step applied (``{step: its scales / permutations / shift}``)."""
+    biases summed to 0). Returns a sample set with exactly the input's keys, shapes, dtypes and
+    device, and what each step applied (``{step: its scales / permutations / shift}``).
+    ``device``: where the steps run (e.g. a GPU; None = where the sample set is)."""
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise ValueError(f"canonicalize: unknown step {unknown[0]!r}; expected steps among {', '.join(STEPS)}")
     if sort_key not in SORT_KEYS:
         raise ValueError(f"canonicalize: unknown sort key {sort_key!r}; expected one of {', '.join(SORT_KEYS)}")
     check_sample_set(spec, sample_set)
-    out = dict(sample_set)
+    home = next(iter(sample_set.values())).device
+    out = {k: v.to(device) for k, v in sample_set.items()} if device is not None else dict(sample_set)
     applied: dict[str, Any] = {}
     for step in steps:
         out, applied[step] = sort_unchecked(out, spec, sort_key) if step == "sort" else STEPS[step](out, spec)
-    return out, applied
+    return {k: v.to(home) for k, v in out.items()}, applied
 
 
 def align_to_anchor(

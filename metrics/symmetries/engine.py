@@ -34,6 +34,7 @@ def _around(tensor: torch.Tensor, axis: Axis, units: int) -> torch.Tensor:
 
 
 def _gather_units(tensor: torch.Tensor, axis: Axis, perm: torch.Tensor) -> torch.Tensor:
+    perm = perm.to(tensor.device)
     view = _around(tensor, axis, perm.shape[1])
     out = torch.empty_like(view)
     for s in range(view.shape[0]):  # per-sample index_select: 2-3x faster than a batched gather on CPU
@@ -45,13 +46,13 @@ def _gather_grouped(tensor: torch.Tensor, axis: Axis, perm: torch.Tensor) -> tor
     # Row o of the grouped conv (block g = o // rows_per_block) reads unit g*b + j at position j;
     # block-structured perm[g*b + j] = sigma[g]*b + tau_g[j], so the position gather is tau_g = perm % b.
     s, rows, b = tensor.shape[:3]
-    tau = (perm % b).reshape(s, axis.groups, b).repeat_interleave(rows // axis.groups, dim=1)
+    tau = (perm.to(tensor.device) % b).reshape(s, axis.groups, b).repeat_interleave(rows // axis.groups, dim=1)
     flat = tensor.reshape(s, rows, b, -1)
     return torch.gather(flat, 2, tau[..., None].expand(-1, -1, -1, flat.shape[3])).reshape(tensor.shape)
 
 
 def _scale_units(tensor: torch.Tensor, axis: Axis, factor: torch.Tensor) -> torch.Tensor:
-    factor = factor.to(tensor.dtype)
+    factor = factor.to(tensor.device, tensor.dtype)
     if axis.groups:
         s, rows, b = tensor.shape[:3]
         per_entry = factor.reshape(s, axis.groups, b).repeat_interleave(rows // axis.groups, dim=1)
@@ -71,7 +72,7 @@ def lift_block_permutation(sigma: torch.Tensor, size: int) -> torch.Tensor:
     the order within blocks."""
     s, blocks = sigma.shape
     b = size // blocks
-    return (sigma[:, :, None] * b + torch.arange(b)).reshape(s, size)
+    return (sigma[:, :, None] * b + torch.arange(b, device=sigma.device)).reshape(s, size)
 
 
 def compose(first: torch.Tensor, then: torch.Tensor) -> torch.Tensor:
@@ -79,9 +80,9 @@ def compose(first: torch.Tensor, then: torch.Tensor) -> torch.Tensor:
     return torch.gather(first, 1, then)
 
 
-def identity_permutations(spec: SymmetrySpec, samples: int) -> Perms:
-    """The identity permutation ``[S, n]`` of every group."""
-    return {g.name: torch.arange(g.size).expand(samples, g.size).clone() for g in spec.groups}
+def identity_permutations(spec: SymmetrySpec, samples: int, device: torch.device | str | None = None) -> Perms:
+    """The identity permutation ``[S, n]`` of every group (on ``device``)."""
+    return {g.name: torch.arange(g.size, device=device).expand(samples, g.size).clone() for g in spec.groups}
 
 
 def complete_followers(spec: SymmetrySpec, perms: Mapping[str, torch.Tensor]) -> Perms:
@@ -102,7 +103,7 @@ def check_permutations(spec: SymmetrySpec, perms: Mapping[str, torch.Tensor], sa
         g = spec.group(name)
         if perm.shape != (samples, g.size) or perm.dtype != torch.long:
             raise ValueError(f"permutation of group {name!r}: expected a LongTensor [{samples}, {g.size}], got {perm.dtype} {list(perm.shape)}")
-        if not torch.equal(perm.sort(dim=1).values, torch.arange(g.size).expand(samples, -1)):
+        if not torch.equal(perm.sort(dim=1).values, torch.arange(g.size, device=perm.device).expand(samples, -1)):
             raise ValueError(f"permutation of group {name!r} is not a permutation of 0..{g.size - 1}")
         b = g.block_size
         blocks = perm.reshape(samples, g.blocks, b) // b
@@ -110,7 +111,8 @@ def check_permutations(spec: SymmetrySpec, perms: Mapping[str, torch.Tensor], sa
             raise ValueError(f"permutation of group {name!r} splits one of its {g.blocks} blocks of {b} units")
         if g.follows is not None:
             leader = perms.get(g.follows)
-            sigma = block_permutation(leader, g.blocks) if leader is not None else torch.arange(g.blocks).expand(samples, -1)
+            sigma = (block_permutation(leader, g.blocks).to(perm.device) if leader is not None
+                     else torch.arange(g.blocks, device=perm.device).expand(samples, -1))
             if not torch.equal(block_permutation(perm, g.blocks), sigma):
                 raise ValueError(f"permutation of group {name!r} must move its blocks as its leader {g.follows!r} does")
 
@@ -153,7 +155,7 @@ def rescale(sample_set: Mapping[str, torch.Tensor], spec: SymmetrySpec, scales: 
         for ax, power in sc.axes():
             out[ax.key] = _scale_units(out[ax.key], ax, factor if power > 0 else 1.0 / factor)
         if sc.stats is not None:
-            st, f = sc.stats, factor.to(out[sc.stats.var].dtype)
+            st, f = sc.stats, factor.to(out[sc.stats.var].device, out[sc.stats.var].dtype)
             out[st.mean] = out[st.mean] * f
             out[st.var] = f**2 * (out[st.var] + st.eps) - st.eps
     return out

@@ -89,15 +89,15 @@ def check_min_mass_defined(spec: SymmetrySpec) -> None:
         raise DegenerateMinMassError(f"min-mass needs a feed-forward spec: {err}") from None
 
 
-def _element_units(shape: tuple[int, ...], axis: Axis, size: int) -> torch.Tensor:
+def _element_units(shape: tuple[int, ...], axis: Axis, size: int, device: torch.device) -> torch.Tensor:
     """Unit index of every entry of an unbatched tensor of ``shape`` along ``axis``, flattened."""
     if axis.groups:
         rows, b = shape[0], shape[1]
-        unit = (torch.arange(rows)[:, None] // (rows // axis.groups)) * b + torch.arange(b)
+        unit = (torch.arange(rows, device=device)[:, None] // (rows // axis.groups)) * b + torch.arange(b, device=device)
         return unit.reshape(rows, b, *([1] * (len(shape) - 2))).expand(shape).reshape(-1)
     view = [1] * len(shape)
     view[axis.axis] = shape[axis.axis]
-    return (torch.arange(shape[axis.axis]) // axis.inner).reshape(view).expand(shape).reshape(-1)
+    return (torch.arange(shape[axis.axis], device=device) // axis.inner).reshape(view).expand(shape).reshape(-1)
 
 
 def mass_terms(sample_set: Mapping[str, torch.Tensor], spec: SymmetrySpec) -> MassTerms:
@@ -108,23 +108,24 @@ def mass_terms(sample_set: Mapping[str, torch.Tensor], spec: SymmetrySpec) -> Ma
     for g, sc in spec.scalings():
         variables[sc.name] = (sum(size for _, size in variables.values()), g.size)
     dummy = sum(size for _, size in variables.values())
+    device = next(iter(sample_set.values())).device
     coefs, firsts, seconds = [], [], []
     for key in spec.mass_keys:
         shape = spec.shapes[key]
-        slots = {1: torch.full((int(np.prod(shape, dtype=np.int64)),), dummy), -1: None}
+        slots = {1: torch.full((int(np.prod(shape, dtype=np.int64)),), dummy, device=device), -1: None}
         slots[-1] = slots[1].clone()
         seen = {1: [], -1: []}
         for g, sc in spec.scalings():
             for ax, power in sc.axes():
                 if ax.key == key:
                     seen[power].append(sc.name)
-                    slots[power] = variables[sc.name][0] + _element_units(shape, ax, g.size)
+                    slots[power] = variables[sc.name][0] + _element_units(shape, ax, g.size, device)
         if len(seen[1]) > 1 or len(seen[-1]) > 1:
             raise ValueError(f"{spec.architecture}: mass tensor {key!r} is scaled by several scalings on one side: {seen}")
         pair = slots[1] * (dummy + 1) + slots[-1]
         unique, inverse = torch.unique(pair, return_inverse=True)
         squares = sample_set[key].flatten(1).to(torch.float64).square()
-        coefs.append(torch.zeros(squares.shape[0], unique.numel(), dtype=torch.float64).index_add_(1, inverse, squares))
+        coefs.append(squares.new_zeros(squares.shape[0], unique.numel()).index_add_(1, inverse, squares))
         firsts.append(unique // (dummy + 1))
         seconds.append(unique % (dummy + 1))
     return MassTerms(torch.cat(coefs, dim=1), torch.cat(firsts), torch.cat(seconds), variables)
@@ -135,8 +136,8 @@ def fixed_variables(terms: MassTerms) -> torch.Tensor:
     the mass has no minimum along them, they stay at 0 (scale 1)."""
     s, n = terms.coef.shape[0], terms.num_vars
     active = (terms.coef > 0).to(torch.float64)
-    grows = torch.zeros(s, n + 1, dtype=torch.float64).index_add_(1, terms.first, active)
-    shrinks = torch.zeros(s, n + 1, dtype=torch.float64).index_add_(1, terms.second, active)
+    grows = active.new_zeros(s, n + 1).index_add_(1, terms.first, active)
+    shrinks = active.new_zeros(s, n + 1).index_add_(1, terms.second, active)
     return ((grows == 0) | (shrinks == 0))[:, :n]
 
 
@@ -179,9 +180,9 @@ def solve_log_scales(terms: MassTerms, tol: float = 1e-20, max_iter: int = 200) 
     coef = terms.coef / torch.where(total > 0, total, 1.0)[:, None]
     free = (~fixed).to(torch.float64)
     s, n = fixed.shape
-    x = torch.zeros(s, n, dtype=torch.float64)
-    active = torch.ones(s, dtype=torch.bool)
-    quadratic_steps = torch.zeros(s, dtype=torch.long)
+    x = torch.zeros(s, n, dtype=torch.float64, device=fixed.device)
+    active = torch.ones(s, dtype=torch.bool, device=fixed.device)
+    quadratic_steps = torch.zeros(s, dtype=torch.long, device=fixed.device)
     for iteration in range(max_iter):
         f, grad, hess = _objective(x, terms, coef)
         grad = grad * free
@@ -277,7 +278,8 @@ def min_mass_cvxpy(
     """The exact min-mass solution with cvxpy (log space, one solve per sample; the compiled
     problem is reused across samples with the same fixed units). Same return as ``min_mass``
     plus ``"status": [str]`` per sample; raises ``RuntimeError`` naming a sample cvxpy could
-    not solve."""
+    not solve. A reference solver: it runs on the CPU whatever the device of ``sample_set``."""
+    sample_set = {k: v.cpu() for k, v in sample_set.items()}
     prescale, terms = _prepared(sample_set, spec)
     fixed = fixed_variables(terms)
     total = terms.coef.sum(dim=1)

@@ -76,5 +76,6 @@ def log10_permutation_modes(
     permutations make of each sample ``[S]`` (appendix D.1; module doc)."""
     check_sample_set(spec, sample_set)
     out = {g.name: group_log10_modes(sample_set, g, block_moves) for g in spec.groups}
-    out["total"] = sum(out.values()) if out else torch.zeros(next(iter(sample_set.values())).shape[0], dtype=torch.float64)
+    out["total"] = sum(out.values()) if out else torch.zeros(next(iter(sample_set.values())).shape[0], dtype=torch.float64,
+                                                              device=next(iter(sample_set.values())).device)
     return out

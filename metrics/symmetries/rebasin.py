@@ -52,7 +52,7 @@ def _within_block_cost(spec, group, reference, current) -> torch.Tensor:
     """``[S, G, b, b]``: entry (g, i, j) is the objective's part linear in putting current unit
     ``g*b + j`` at place ``g*b + i``."""
     s, blocks, b = current[group.sort_key].shape[0], group.blocks, group.block_size
-    cost = torch.zeros(s, blocks, b, b, dtype=torch.float64)
+    cost = torch.zeros(s, blocks, b, b, dtype=torch.float64, device=current[group.sort_key].device)
     for ax in _parameter_axes(spec, group):
         ref, cur = reference[ax.key].to(torch.float64), current[ax.key].to(torch.float64)
         if ax.groups:
@@ -70,7 +70,7 @@ def _block_cost(spec, leader, reference, current) -> torch.Tensor:
     """``[S, G, G]``: entry (g, h) is the objective's part from moving old block ``h`` of the leader
     and of its followers (whole, inner order kept) to block ``g``."""
     s = current[leader.sort_key].shape[0]
-    cost = torch.zeros(s, leader.blocks, leader.blocks, dtype=torch.float64)
+    cost = torch.zeros(s, leader.blocks, leader.blocks, dtype=torch.float64, device=current[leader.sort_key].device)
     family = [leader, *spec.followers(leader.name)]
     seen: set[str] = set()
     for group in family:
@@ -88,8 +88,8 @@ def _block_cost(spec, leader, reference, current) -> torch.Tensor:
 
 def _assign(cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Best assignment of each square matrix ``[..., k, k]`` (new place -> old index) and whether
-    it strictly beats keeping the identity."""
-    flat = cost.reshape(-1, cost.shape[-1], cost.shape[-1]).numpy()
+    it strictly beats keeping the identity (on the device of ``cost``; solved on the CPU)."""
+    flat = cost.reshape(-1, cost.shape[-1], cost.shape[-1]).cpu().numpy()
     k = flat.shape[-1]
     result = np.tile(np.arange(k), (flat.shape[0], 1))
     improved = np.zeros(flat.shape[0], dtype=bool)
@@ -98,7 +98,8 @@ def _assign(cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gain = matrix[np.arange(k), cols].sum() - np.trace(matrix)
         if gain > 1e-12 * max(1.0, np.abs(matrix).sum()):
             result[i], improved[i] = cols, True
-    return torch.from_numpy(result).reshape(cost.shape[:-1]), torch.from_numpy(improved).reshape(cost.shape[:-2])
+    return (torch.from_numpy(result).reshape(cost.shape[:-1]).to(cost.device),
+            torch.from_numpy(improved).reshape(cost.shape[:-2]).to(cost.device))
 
 
 def weight_matching(
@@ -120,7 +121,7 @@ def weight_matching(
     if check_sample_set(spec, batched_ref, source="reference") != 1:
         raise ValueError("weight matching: the reference must be one network (unbatched or [1, ...])")
     current = dict(sample_set)
-    totals = identity_permutations(spec, samples)
+    totals = identity_permutations(spec, samples, next(iter(sample_set.values())).device)
     order = list(spec.groups)
     rng = random.Random(seed)
     before = _matching_objective(spec, batched_ref, current)
@@ -135,7 +136,7 @@ def weight_matching(
                     current, changed = _apply(spec, current, step, totals), True
             within, improved = _assign(_within_block_cost(spec, group, batched_ref, current))
             if bool(improved.any()):
-                blocks = torch.arange(group.blocks)[None, :, None] * group.block_size
+                blocks = torch.arange(group.blocks, device=within.device)[None, :, None] * group.block_size
                 current = _apply(spec, current, {group.name: (within + blocks).reshape(samples, group.size)}, totals)
                 changed = True
         if not changed:

@@ -44,6 +44,7 @@ def _quantized(values: torch.Tensor, rtol: float) -> torch.Tensor:
 
 
 def _primary_key(rows: torch.Tensor, bias: torch.Tensor | None, group: UnitGroup, key: str) -> torch.Tensor:
+    """Per-unit key ``[S, n]`` on the device of ``rows``."""
     if key == "bias":
         if bias is None:
             raise ValueError(f"sort key 'bias': group {group.name!r} has no bias; use one of first, max, mean, lexicographic")
@@ -55,7 +56,7 @@ def _primary_key(rows: torch.Tensor, bias: torch.Tensor | None, group: UnitGroup
     if key == "mean":
         return rows.mean(dim=2)
     if key == "lexicographic":
-        return torch.zeros(rows.shape[:2], dtype=rows.dtype)
+        return torch.zeros(rows.shape[:2], dtype=rows.dtype, device=rows.device)
     raise ValueError(f"unknown sort key {key!r}; expected one of {', '.join(SORT_KEYS)}")
 
 
@@ -77,7 +78,7 @@ def unit_keys(sample_set: Mapping[str, torch.Tensor], group: UnitGroup, key: str
     ranks = primary.clone()
     for s in tied.any(dim=1).nonzero().flatten().tolist():
         final = order[s].clone()
-        starts = torch.cat([torch.tensor([True]), ~tied[s]])  # first position of every run of equal keys
+        starts = torch.cat([torch.ones(1, dtype=torch.bool, device=tied.device), ~tied[s]])  # first of every run of equal keys
         bounds = [*starts.nonzero().flatten().tolist(), group.size]
         for a, b in zip(bounds[:-1], bounds[1:]):
             if b - a < 2:
@@ -86,9 +87,9 @@ def unit_keys(sample_set: Mapping[str, torch.Tensor], group: UnitGroup, key: str
             columns = rows[s, units].to(torch.float64)
             if bias is not None:
                 columns = torch.cat([columns, bias[s, units, None].to(torch.float64)], dim=1)
-            within = np.lexsort(_quantized(columns[None], rtol)[0].numpy().T[::-1])
-            final[a:b] = units[torch.from_numpy(within)]
-        ranks[s, final] = torch.arange(group.size, dtype=torch.float64)
+            within = np.lexsort(_quantized(columns[None], rtol)[0].cpu().numpy().T[::-1])
+            final[a:b] = units[torch.from_numpy(within).to(units.device)]
+        ranks[s, final] = torch.arange(group.size, dtype=torch.float64, device=ranks.device)
     return ranks
 
 
@@ -101,7 +102,7 @@ def sorting_permutation(keys: torch.Tensor, group: UnitGroup) -> torch.Tensor:
     if group.follows is None:
         sigma = torch.gather(blocked, 2, within[:, :, :1]).squeeze(2).argsort(dim=1, stable=True)
     else:
-        sigma = torch.arange(group.blocks).expand(s, -1)
+        sigma = torch.arange(group.blocks, device=keys.device).expand(s, -1)
     moved = torch.gather(within, 1, sigma[:, :, None].expand(-1, -1, b))
     return (sigma[:, :, None] * b + moved).reshape(s, group.size)
 
@@ -121,9 +122,9 @@ def sort_unchecked(
     """``sort_units`` without validating the sample set (for callers that already did)."""
     if key not in SORT_KEYS:
         raise ValueError(f"unknown sort key {key!r}; expected one of {', '.join(SORT_KEYS)}")
-    samples = next(iter(sample_set.values())).shape[0]
+    first = next(iter(sample_set.values()))
     out = dict(sample_set)
-    totals = identity_permutations(spec, samples)
+    totals = identity_permutations(spec, first.shape[0], first.device)
     for group in sort_order(spec):
         step = complete_followers(spec, {group.name: sorting_permutation(unit_keys(out, group, key), group)})
         out = permute(out, spec, step)

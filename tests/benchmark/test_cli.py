@@ -22,7 +22,7 @@ def test_help_introduces_the_suite():
     out = subprocess.run([sys.executable, "-m", "benchmark", "--help"], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
     assert out.startswith("posterior-bench:") and "powered by Hydra" not in out
-    assert "zoo, sample, evaluate, report, analyze, all, verify" in out
+    assert "zoo, sample, evaluate, report, analyze, all, verify, import" in out
     assert "toy, min_mass, collapse, permutation_frequency, marginals, all" in out
     assert "cifar100_resnet18, digits_optunet, mnist_optunet, tinyimagenet_resnet18" in out
     assert all(f"{name} (" in out for name in method_names()) and "Deep Ensembles: mode=multi" in out
@@ -33,7 +33,7 @@ def test_help_introduces_the_suite():
     "argv, message",
     [
         (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, analyze, all, "
-                          "verify]"),
+                          "verify, import]"),
         (["analysis=hist"], "analysis: Invalid value 'hist', expected one of [toy, min_mass, collapse, "
                             "permutation_frequency, marginals, all]"),
         (["analyze.collapse.max_pairs=0"], "analyze.collapse.max_pairs=0: expected a positive integer"),
@@ -43,7 +43,7 @@ def test_help_introduces_the_suite():
         (["mode=two"], "mode: Invalid value 'two', expected one of [both, one, multi]"),
         (["experiment=cifar10"], "In 'config': Could not find 'experiment/cifar10' available options in 'experiment': "
                                  "cifar100_resnet18 digits_optunet mnist_optunet tinyimagenet_resnet18"),
-        (["seeds.heldout=[100,300]"], "seeds.reference=[0, 280] and seeds.heldout=[100, 300] overlap"),
+        (["seeds.heldout=[100,300]"], "seeds.reference=[0, 1321] and seeds.heldout=[100, 300] overlap"),
         (["-m", "method=swag,mcmc"], "method: Invalid value 'mcmc', expected one of [all, dropout, bnn"),
         (["-m", "zoo.num_shards=2", "zoo.shard=range(3)"], "zoo.shard=2: expected an integer in [0, num_shards=2)"),
     ],

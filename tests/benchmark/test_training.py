@@ -68,7 +68,7 @@ def test_divergence_raises_and_non_convergence_is_reported(tiny_cfg):
 
 
 def test_threads_per_job(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("benchmark.experiment.available_cores", lambda: 8)
     assert threads_per_job("auto", 2) == 4 and threads_per_job("auto", 16) == 1 and threads_per_job("3", 1) == 3
     for bad in ("0", "many"):
         with pytest.raises(ConfigError, match=f"threads='{bad}'"):

@@ -87,7 +87,8 @@ def _output(proc, timeout=240):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, all, verify]"),
+        (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, analyze, all, "
+                          "verify, import]"),
         (["stage=zoo", "seeds.reference=[4,2]"], "seeds.reference=[4, 2]: expected [start, stop)"),
         (["stage=zoo", "zoo.shard=3", "zoo.num_shards=2"], "zoo.shard=3: expected an integer in [0, num_shards=2)"),
         (["stage=zoo", "store=/proc/version/x"], "store=/proc/version/x: cannot write"),
@@ -170,14 +171,52 @@ def test_a_seed_claimed_on_a_node_that_died_is_trained_after_the_claim_timeout(t
     while time.time() < deadline and not claim.exists():
         time.sleep(0.02)
     time.sleep(0.5)
-    proc.send_signal(signal.SIGKILL)  # node-a dies mid-training of seed 0
+    proc.send_signal(signal.SIGKILL)  # node-a dies mid-training of its batch: seeds 0 and 1 (vectorised, K = 2)
     proc.communicate()
     monkeypatch.setenv(HOST_ENV, "node-b")
     exp = Experiment(compose_config([f"store={store}", *args[2:4], "train.epochs=1", *args[5:7], *args[7:]]))
     with exp.backends():
         first = run_zoo(exp, exp.reference)
-        assert first.skipped_busy == [0] and first.trained == [1]  # node-a's heartbeat is still fresh
+        assert first.skipped_busy == [0, 1] and first.trained == []  # node-a's heartbeats are still fresh
         time.sleep(2.2)
         second = run_zoo(exp, exp.reference)
-    assert second.trained == [0] and not claim.exists()
+    assert second.trained == [0, 1] and not claim.exists()
     assert not [p for p in (store / "digits_optunet" / "zoo").iterdir() if p.name.startswith(".")]
+
+
+def test_vectorised_and_one_at_a_time_zoos_hold_the_same_checkpoints(tmp_path):
+    common = [*TINY_TRAIN, "seeds.reference=[0,6]", "zoo.range=reference"]
+    stores = {}
+    for vectorize in ("1", "4"):
+        exp = Experiment(compose_config([f"store={tmp_path / vectorize}", f"zoo.vectorize={vectorize}", *common]))
+        assert zoo.stack_size(exp, 6) == int(vectorize)
+        with exp.backends():
+            summary = run_zoo(exp, FIRST_SIX)
+        stores[vectorize] = exp.store
+        assert sorted(summary.trained + summary.failed) == list(range(6))
+    one, four = stores["1"], stores["4"]
+    assert one.completed_seeds() == four.completed_seeds() and one.failed_seeds().keys() == four.failed_seeds().keys()
+    for seed in one.completed_seeds():
+        (a, meta_a), (b, meta_b) = load_checkpoint(one.checkpoint_path(seed)), load_checkpoint(four.checkpoint_path(seed))
+        assert meta_a["trainer"] == "one at a time" and meta_b["trainer"] == "vectorised"
+        assert meta_a["test_accuracy"] == meta_b["test_accuracy"]
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+def test_stack_size_follows_the_setting_the_architecture_and_the_memory(tmp_path, monkeypatch):
+    exp = Experiment(compose_config([f"store={tmp_path}"]))
+    assert zoo.stack_size(exp, 1000) == zoo.AUTO_NETWORKS and zoo.stack_size(exp, 5) == 5
+    monkeypatch.setattr("benchmark.training.vectorised.available_bytes", lambda device: 2**27)
+    fit = zoo.stack_size(exp, 1000)
+    assert 1 < fit < zoo.AUTO_NETWORKS  # auto: the largest K that fits
+    too_many = Experiment(compose_config([f"store={tmp_path}", f"zoo.vectorize={fit + 1}"]))
+    with pytest.raises(ConfigError, match=rf"zoo.vectorize={fit + 1}: .* GiB available; use zoo.vectorize={fit} "):
+        zoo.stack_size(too_many, 1000)
+    resnet = Experiment(compose_config([f"store={tmp_path}", "model=resnet18"]))
+    assert zoo.stack_size(resnet, 1000) == 1  # BatchNorm: one at a time
+    with pytest.raises(ConfigError, match="zoo.vectorize=8: digits_optunet cannot be trained stacked .*BatchNorm.*"
+                                          "use zoo.vectorize=1"):
+        zoo.stack_size(Experiment(compose_config([f"store={tmp_path}", "model=resnet18", "zoo.vectorize=8"])), 1000)
+    with pytest.raises(ConfigError, match="zoo.vectorize='many': expected auto or a positive integer"):
+        Experiment(compose_config(["zoo.vectorize=many"]))

@@ -1,0 +1,231 @@
+"""stage=import: checkpoints written here in every accepted format (plain state dicts, Lightning
+checkpoints with a key prefix, the released float16 safetensors with TorchUncertainty's ResNet-18
+names, in folders, zip and tar archives) become zoo checkpoints with their provenance."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+import zipfile
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from benchmark.config import ConfigError
+from benchmark.experiment import Experiment
+from benchmark.models import optunet, resnet18
+from benchmark.stages import import_zoo
+from benchmark.stages.zoo import zoo_summary
+from benchmark.store import CheckpointError, StoreError, load_checkpoint, save_checkpoint
+from benchmark.store.importing import check_against, natural_key
+from benchmark.training import seeded
+from tests.conftest import REPO, compose_config
+
+
+def nets(factory, seeds):
+    out = []
+    for seed in seeds:
+        with seeded(seed):
+            out.append(factory().state_dict())
+    return out
+
+
+def experiment(tmp_path, source, *overrides):
+    return Experiment(compose_config([f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}",
+                                      f"import.source={source}", "import.evaluate=false", *overrides]))
+
+
+def tu_names(state):
+    """Our ResNet-18 keys as TorchUncertainty names them (``linear``, ``shortcut``)."""
+    return {k.replace("fc.", "linear.").replace(".downsample.", ".shortcut."): v for k, v in state.items()}
+
+
+def test_plain_lightning_and_prefixed_files_in_a_folder(tmp_path):
+    states = nets(optunet, [10, 11, 12])
+    folder = tmp_path / "zoo"
+    (folder / "sub").mkdir(parents=True)
+    torch.save(states[0], folder / "net_2.pt")
+    lightning = {"state_dict": {**{f"model.{k}": v for k, v in states[1].items()},
+                                "post_processing.temperature": torch.ones(1)},
+                 "epoch": 59, "global_step": 100, "optimizer_states": [{"state": {}}], "hyper_parameters": {"lr": 0.04}}
+    torch.save(lightning, folder / "net_10.ckpt")
+    torch.save({f"module.{k}": v for k, v in states[2].items()}, folder / "sub" / "net_3.pth")
+    exp = experiment(tmp_path, folder, "seeds.reference=[5,8]")
+    summary = import_zoo.run(exp)
+    assert summary.imported == [5, 6, 7]
+    # natural order of the paths: net_2.pt, net_10.ckpt, sub/net_3.pth
+    for seed, state, name in zip([5, 6, 7], states, ["net_2.pt", "net_10.ckpt", "sub/net_3.pth"]):
+        stored, meta = load_checkpoint(exp.store.checkpoint_path(seed), exp.model())
+        assert all(torch.equal(stored[k], state[k]) for k in state)
+        assert meta["source"] == "import" and meta["source_file"] == name and json.loads(meta["seed"]) == seed
+        assert meta["archive"] == str(folder.resolve()) and "config_hash" not in meta
+        assert json.loads(meta["mapping"])["strip_prefixes"] == ["model.", "module.", "_orig_mod."]
+    assert sorted(zoo_summary(exp, exp.reference).accuracies) == [5, 6, 7]
+    again = import_zoo.run(exp)
+    assert again.imported == [] and again.skipped_done == [5, 6, 7]
+
+
+def test_released_float16_safetensors_of_torchuncertainty_resnet18_in_a_tgz(tmp_path):
+    states = nets(lambda: resnet18(num_classes=100), [0, 1])
+    folder = tmp_path / "cifar100-resnet18-0-1"
+    folder.mkdir()
+    for i, state in enumerate(states):
+        # As TorchUncertainty's to_hub_format.py writes them: every tensor float16, counters included.
+        half = {k: v.to(torch.float16) for k, v in tu_names(state).items()}
+        for key in half:
+            if key.endswith("num_batches_tracked"):
+                half[key] = torch.tensor(78200.0).half()  # inf in float16
+        save_file(half, str(folder / f"model_{i + 40}.safetensors"))
+    archive = tmp_path / "cifar100-resnet18-0-1.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    exp = experiment(tmp_path, archive, "experiment=cifar100_resnet18", "import=tu_resnet18", "import.seeds_from=name")
+    assert import_zoo.run(exp).imported == [40, 41]
+    for seed, state in zip([40, 41], states):
+        stored, meta = load_checkpoint(exp.store.checkpoint_path(seed), exp.model())
+        for key, value in state.items():
+            want = torch.zeros_like(value) if key.endswith("num_batches_tracked") else value.half().float()
+            assert torch.equal(stored[key], want), key
+        assert meta["archive"] == str(archive) and meta["source_file"].endswith(f"model_{seed}.safetensors")
+        assert json.loads(meta["mapping"])["rename"][0] == {"pattern": r"^linear\.", "replacement": "fc."}
+
+
+def test_imported_resnet_weights_give_the_model_the_same_function(tmp_path):
+    """The mapped file predicts what the original network predicts (up to float16 rounding)."""
+    model = resnet18(num_classes=100).eval()
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    save_file({k: v.to(torch.float16) for k, v in tu_names(model.state_dict()).items()}, str(folder / "0.safetensors"))
+    exp = experiment(tmp_path, folder, "experiment=cifar100_resnet18", "import=tu_resnet18")
+    import_zoo.run(exp)
+    imported = exp.model().eval()
+    imported.load_state_dict(load_checkpoint(exp.store.checkpoint_path(0))[0])
+    x = torch.randn(4, 3, 32, 32)
+    torch.testing.assert_close(imported(x), model(x), rtol=0.05, atol=0.05)
+    assert (imported(x).argmax(1) == model(x).argmax(1)).float().mean() >= 0.75
+
+
+def test_a_zip_of_lightning_checkpoints_with_seeds_from_names(tmp_path):
+    states = nets(optunet, [3, 4])
+    archive = tmp_path / "zoo.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for seed, state in zip([100003, 100007], states):
+            path = tmp_path / f"seed{seed}.ckpt"
+            torch.save({"state_dict": {f"model.{k}": v for k, v in state.items()}}, path)
+            zf.write(path, f"ckpts/seed{seed}.ckpt")
+    exp = experiment(tmp_path, archive, "import.range=heldout", "import.seeds_from=name")
+    assert import_zoo.run(exp).imported == [100003, 100007]
+    stored, meta = load_checkpoint(exp.store.checkpoint_path(100007))
+    assert torch.equal(stored["fc2.weight"], states[1]["fc2.weight"]) and meta["role"] == "heldout"
+
+
+def test_evaluated_imports_follow_the_convergence_rule(tmp_path):
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    state = nets(optunet, [0])[0]
+    state["fc2.bias"] = torch.tensor([50.0] + [0.0] * 9)  # always predicts class 0: accuracy ~10% < 15%
+    torch.save(state, folder / "a.pt")
+    exp = experiment(tmp_path, folder, "import.evaluate=true")
+    summary = import_zoo.run(exp)
+    assert summary.failed == [0] and exp.store.completed_seeds() == []
+    record = exp.store.failed_seeds()[0]
+    assert "imported checkpoint" in record["reason"] and record["source_file"] == "a.pt"
+    assert record["validation_accuracy"] == pytest.approx(float((exp.validation_tensors[1] == 0).float().mean()))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s.update({"conv1.weight": torch.randn(2, 1, 5, 5)}), r"a\.pt: key 'conv1.weight' has shape \(2, 1, 5, 5\), expected \(2, 1, 4, 4\)"),
+    (lambda s: s["fc1.weight"].__setitem__((0, 0), float("nan")), r"a\.pt: tensor 'fc1.weight' contains NaN"),
+    (lambda s: s.update({"fc3.weight": s.pop("fc2.weight")}),
+     r"a\.pt: missing key 'fc2.weight' \(expected shape \(10, 3\)\).*unexpected key 'fc3.weight' \(did you mean 'fc2.weight'\?"),
+    (lambda s: s.update({"step": 3}), r"a\.pt: entry 'step' is a int, not a tensor"),
+])
+def test_bad_checkpoints_are_refused_naming_file_key_and_shape(tmp_path, edit, message):
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    state = nets(optunet, [0])[0]
+    edit(state)
+    torch.save(state, folder / "a.pt")
+    with pytest.raises(CheckpointError, match=message):
+        import_zoo.run(experiment(tmp_path, folder))
+    assert not list((tmp_path / "store").rglob("*.safetensors"))
+
+
+def test_imagenet_stem_resnet_is_refused(tmp_path):
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    state = tu_names(resnet18(num_classes=100).state_dict())
+    state["conv1.weight"] = torch.randn(64, 3, 7, 7)
+    save_file({k: v.half() for k, v in state.items()}, str(folder / "0.safetensors"))
+    with pytest.raises(CheckpointError, match=r"0.safetensors: key 'conv1.weight' has shape \(64, 3, 7, 7\), expected \(64, 3, 3, 3\)"):
+        import_zoo.run(experiment(tmp_path, folder, "experiment=cifar100_resnet18", "import=tu_resnet18"))
+
+
+def test_sources_and_seeds_that_cannot_work_are_refused(tmp_path):
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    with pytest.raises(CheckpointError, match="no checkpoint file"):
+        import_zoo.planned(experiment(tmp_path, folder))
+    with pytest.raises(CheckpointError, match="no such file or folder"):
+        import_zoo.planned(experiment(tmp_path, tmp_path / "nothing"))
+    with pytest.raises(ConfigError, match="import.source: missing"):
+        import_zoo.planned(Experiment(compose_config([])))
+    for name in ("m1.pt", "m01.pth", "m3.pt"):
+        torch.save(nets(optunet, [0])[0], folder / name)
+    with pytest.raises(ConfigError, match=r"3 checkpoints but seeds.reference=\[0, 2\] holds 2 seeds; pass 'seeds.reference=\[0,3\]' or import.limit=2"):
+        import_zoo.planned(experiment(tmp_path, folder, "seeds.reference=[0,2]"))
+    assert import_zoo.planned(experiment(tmp_path, folder, "seeds.reference=[0,2]", "import.limit=2"))[1] == [0, 1]
+    names, seeds = import_zoo.planned(experiment(tmp_path, folder, "seeds.heldout=[100000,100002]", "import.range=heldout",
+                                                 "import.skip=1", "import.limit=5"))
+    assert (names, seeds) == (["m01.pth", "m3.pt"], [100000, 100001])  # natural order: m1.pt, m01.pth, m3.pt
+    with pytest.raises(ConfigError, match="import.skip=3: .* holds only 3 checkpoints"):
+        import_zoo.planned(experiment(tmp_path, folder, "import.skip=3"))
+    with pytest.raises(ConfigError, match="seed 1 .* is also the seed of"):
+        import_zoo.planned(experiment(tmp_path, folder, "import.seeds_from=name"))
+    with pytest.raises(ConfigError, match=r"seed 3 \(from its file name\) is outside seeds.reference=\[0, 2\]"):
+        (folder / "m01.pth").unlink()
+        import_zoo.planned(experiment(tmp_path, folder, "import.seeds_from=name", "seeds.reference=[0,2]"))
+    with pytest.raises(ConfigError, match=r"import.mapping.drop='\(': expected a regular expression"):
+        Experiment(compose_config(["import.mapping.drop=['(']"]))
+
+
+def test_a_trained_checkpoint_is_never_replaced(tmp_path):
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    torch.save(nets(optunet, [0])[0], folder / "a.pt")
+    exp = experiment(tmp_path, folder)
+    exp.store.ensure_writable()
+    save_checkpoint(exp.store.checkpoint_path(0), nets(optunet, [1])[0], {"seed": 0})
+    with pytest.raises(StoreError, match="seed 0 is already in the store \\(trained by the zoo stage\\)"):
+        import_zoo.run(exp)
+
+
+def test_natural_order_and_fill_missing():
+    assert sorted(["m10.pt", "m2.pt", "a/m1.pt"], key=natural_key) == ["a/m1.pt", "m2.pt", "m10.pt"]
+    from benchmark.store.importing import KeyMapping
+
+    reference = resnet18(num_classes=10).state_dict()
+    partial = {k: v for k, v in reference.items() if not k.endswith("num_batches_tracked")}
+    filled = check_against(partial, reference, KeyMapping(), "f")
+    assert list(filled) == list(reference) and int(filled["bn1.num_batches_tracked"]) == 0
+
+
+@pytest.mark.slow
+def test_the_command_line_imports(tmp_path):
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    for i, state in enumerate(nets(optunet, [0, 1])):
+        torch.save({"state_dict": {f"model.{k}": v for k, v in state.items()}}, folder / f"{i}.ckpt")
+    done = subprocess.run([sys.executable, "-m", "benchmark", "stage=import", f"import.source={folder}",
+                           f"store={tmp_path / 'store'}", "import.evaluate=false", f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "store" / "digits_optunet" / "zoo").glob("*.safetensors")) == [
+        "seed_000000.safetensors", "seed_000001.safetensors"]
+    bad = subprocess.run([sys.executable, "-m", "benchmark", "stage=import", f"import.source={tmp_path / 'nope'}",
+                          f"store={tmp_path / 'store'}", f"hydra.run.dir={tmp_path / 'run2'}"],
+                         cwd=REPO, capture_output=True, text=True)
+    out = bad.stdout + bad.stderr
+    assert bad.returncode == 1 and "import.source=" in out and "no such file or folder" in out

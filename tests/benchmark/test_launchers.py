@@ -1,0 +1,78 @@
+"""Sweeps through Hydra launchers: a real multirun through submitit's local executor (the code
+path of cluster=slurm without SLURM) shards the zoo and the sample stage over jobs, and the store
+it leaves is the store of one process doing all the work; the SLURM config composes."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmark.store import ExperimentStore, load_checkpoint, load_sample_set
+from benchmark.cli import run
+from tests.conftest import REPO, compose_config
+
+COMMON = ("train.epochs=2", "train.fail_rule.epoch=2", "seeds.reference=[0,6]", "seeds.heldout=[100000,100010]",
+          "sample.per_method=4", "sample.modes_multi=2", "sample.repetitions=1")
+METHODS = "method=laplace,ensemble"
+
+
+def benchmark(*args: str, cwd: Path = REPO, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmark", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def submitit_logs(sweep: Path) -> str:
+    """The jobs' own output (it never reaches the parent process)."""
+    return "\n".join(f"== {p}\n{p.read_text()}" for p in sorted(sweep.glob(".submitit/*/*_log.*")))
+
+
+def assert_same_store(a: ExperimentStore, b: ExperimentStore) -> None:
+    assert a.completed_seeds() == b.completed_seeds() and a.failed_seeds().keys() == b.failed_seeds().keys()
+    for seed in a.completed_seeds():
+        x, y = load_checkpoint(a.checkpoint_path(seed))[0], load_checkpoint(b.checkpoint_path(seed))[0]
+        assert all(torch.equal(x[k], y[k]) for k in x), f"seed {seed}"
+    names = sorted(p.name for p in a.samples_dir.glob("*.safetensors"))
+    assert names == sorted(p.name for p in b.samples_dir.glob("*.safetensors")) and len(names) == 3
+    for folder in ("samples_dir", "preds_dir"):
+        for name in names:
+            x, y = load_sample_set(getattr(a, folder) / name), load_sample_set(getattr(b, folder) / name)
+            assert all(torch.equal(x[k], y[k]) for k in x), f"{folder} {name}"
+
+
+@pytest.mark.slow
+def test_submitit_multirun_shards_give_the_single_process_store(tmp_path):
+    saved = torch.get_num_threads()
+    sweep, sharded, single = tmp_path / "sweep", tmp_path / "sharded", tmp_path / "single"
+    launcher = ("cluster=submitit_local", f"hydra.sweep.dir={sweep}", "hydra.launcher.timeout_min=10")
+    for stage in (("stage=zoo", "zoo.num_shards=2", "zoo.shard=range(2)"), ("stage=sample", METHODS)):
+        done = benchmark("-m", *launcher, *stage, f"store={sharded}", *COMMON)
+        assert done.returncode == 0, done.stdout + done.stderr + submitit_logs(sweep)
+        assert len(list(sweep.glob(".submitit/*/*_result.pkl"))) >= 2, "the jobs did not go through submitit"
+    for stage in (("stage=zoo",), ("stage=sample", "method=laplace"), ("stage=sample", "method=ensemble")):
+        run(compose_config([*stage, f"store={single}", *COMMON]))  # one process, in this one
+    torch.set_num_threads(saved)
+    assert_same_store(ExperimentStore(sharded, "digits_optunet"), ExperimentStore(single, "digits_optunet"))
+
+
+def launcher_config(*overrides: str):
+    """The composed config with its ``hydra`` node (what the launcher receives)."""
+    from hydra import compose, initialize_config_dir
+
+    from benchmark.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+
+
+def test_the_slurm_config_requeues_and_signals_before_the_limit():
+    cfg = launcher_config("cluster=slurm", "experiment=cifar100_resnet18")
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher") and cfg.cluster.parallel_jobs == 1
+    assert (launcher.max_num_timeout, launcher.signal_delay_s, launcher.gpus_per_node) == (10, 180, 1)
+    assert launcher.additional_parameters == {"requeue": True, "open-mode": "append"}
+    local = launcher_config("cluster=submitit_local").hydra.launcher
+    assert local._target_.endswith("LocalLauncher") and local.gpus_per_node == 0
