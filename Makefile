@@ -25,8 +25,10 @@ benchmark: $(STAMP)
 	$(HYDRA_MULTI) stage=sample 'method=$(METHODS)'
 	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all
 
+# One pytest-xdist worker per core (tests/conftest.py pins each to its core); TEST_JOBS=0 runs in this process.
+TEST_JOBS ?= logical
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 
 # Every bench/bench_*.py runs; those that record figures (bench/summary.py: record) add rows to
 # the closing table of measured ratios and goals.

@@ -1,13 +1,32 @@
-"""Shared test helpers: compose the real Hydra config with overrides."""
+"""Shared test helpers: compose the real Hydra config with overrides.
+
+``make test`` runs the suite in one pytest-xdist worker per core; each worker is pinned to its
+own core (and its subprocesses with it), so that ``threads=auto`` gives one thread per worker and
+no two busy processes share a core (that slows the tiny models tens of times)."""
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Iterator
+import os
 
-import pytest
-from omegaconf import DictConfig
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and hasattr(os, "sched_setaffinity"):
+    _cores = sorted(os.sched_getaffinity(0))
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if _workers <= len(_cores):
+        _index = int(_WORKER.removeprefix("gw"))
+        os.sched_setaffinity(0, set(_cores[_index :: _workers]))  # this worker's share of the cores
+        os.environ["NUMBA_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(len(_cores[_index :: _workers]))
 
-from benchmark import config
+from pathlib import Path  # noqa: E402
+from typing import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from benchmark import config  # noqa: E402
+
+if _WORKER:
+    torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
 
 REPO = Path(__file__).resolve().parent.parent
 

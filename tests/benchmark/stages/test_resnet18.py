@@ -37,6 +37,7 @@ TINY_RESNET = (
     "methods.swag.snapshots=2", "methods.swag.rank=2", "methods.sghmc.burn_in_epochs=1",
     "methods.sghmc.thinning_epochs=0.5", "methods.sghmc.lr=0.01", "threads=1", "sample.repetitions=1",
     "evaluate.reference_resamples=0", "evaluate.test_permutations=0",
+    "analyze.toy.networks=64", "analyze.permutation_frequency.runs=1", "analyze.permutation_frequency.log_every=2",
 )
 
 
