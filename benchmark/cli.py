@@ -23,7 +23,7 @@ from benchmark.config import CONF_DIR, MAX_SEED, Analysis, ConfigError, Stage, c
 from benchmark.data import check_ood_pairing, get_dataset
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages import PIPELINE, STAGES
-from benchmark.stages.analyze import runnable
+from benchmark.stages.analyze import produced_by, runnable
 from benchmark.stages.sample import external_mode, load_external, prepare_units
 from benchmark.stages.import_zoo import planned
 from benchmark.stages.zoo import stack_size
@@ -42,8 +42,9 @@ def preflight(exp: Experiment, stages: Sequence[str]) -> None:
     """Refuse a configuration that cannot run, before any work: the OOD pairing and the data on
     disk (for the stages that read data), ``zoo.vectorize`` (zoo stage), ``import.source`` (import stage), every
     selected method x mode (settings, model, mode; and the bases in the store when the sample
-    stage runs without the zoo stage first), and, for the analyze stage alone, the store inputs
-    of every selected analysis."""
+    stage runs without the zoo stage first), and, when the analyze stage runs (``stage=all``
+    too), whether every selected analysis applies to the model and, for the inputs no earlier
+    stage of this run writes, whether the store has them."""
     config = exp.config
     needs_data = {"zoo", "sample", "evaluate", "analyze"} | ({"import"} if config.import_.evaluate else set())
     if set(stages) & needs_data:
@@ -64,8 +65,8 @@ def preflight(exp: Experiment, stages: Sequence[str]) -> None:
                 load_external(exp)
         else:
             prepare_units(exp, check_bases="sample" in stages and "zoo" not in stages)
-    if tuple(stages) == ("analyze",):
-        runnable(exp)
+    if "analyze" in stages:  # applicability always; the store only for inputs no earlier stage of this run writes
+        runnable(exp, produced_by(exp, stages[: list(stages).index("analyze")]))
 
 
 def run(cfg: DictConfig) -> None:

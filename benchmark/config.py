@@ -298,7 +298,7 @@ class PermutationFrequencyConfig:
     """``analysis=permutation_frequency`` (Figure 4): ``runs`` trainings with the experiment's
     recipe (seeds from ``first_seed`` on; runs that fail the recipe's convergence rule are replaced
     by the next seeds, at most ``runs`` more), logging the sorting permutation of every layer every
-    ``log_every`` optimiser steps."""
+    ``log_every`` optimiser steps (and at initialisation and after the last step)."""
 
     runs: int = 5
     first_seed: int = 900000
@@ -313,12 +313,25 @@ class PermutationFrequencyConfig:
 
 @dataclass
 class MarginalsConfig:
-    """``analysis=marginals`` (appendix D.1, D.3): ``bins`` of the marginal histograms."""
+    """``analysis=marginals`` (appendix D.1, D.3): ``bins`` of the marginal histograms;
+    ``max_values``: the most entries of one layer (pooled over the networks) that its histograms
+    and KS tests use, a fixed uniform subsample drawn from ``seed`` when the layer has more (the
+    default exceeds every OptuNet layer of a 1000-network zoo, 250,000 entries at most, so only
+    ResNet-18 layers are subsampled); ``max_units``: the zoo's unit-vs-unit check compares unit 0
+    with the next ``max_units`` units of each layer; ``max_layers_shown``: the figures show at
+    most this many layers, evenly spaced from the first to the last (the CSVs keep every layer)."""
 
     bins: int = 40
+    max_values: int = 500000
+    seed: int = 0
+    max_units: int = 16
+    max_layers_shown: int = 6
 
     def __post_init__(self) -> None:
         require(self.bins >= 2, "bins", self.bins, "an integer >= 2")
+        require(self.max_values >= 2, "max_values", self.max_values, "an integer >= 2")
+        require(self.max_units >= 1, "max_units", self.max_units, "a positive integer")
+        require(self.max_layers_shown >= 1, "max_layers_shown", self.max_layers_shown, "a positive integer")
 
 
 @dataclass

@@ -60,6 +60,19 @@ def log_abs_det_jacobian(y: torch.Tensor) -> torch.Tensor:
     return y[..., 1:].sum(dim=-1)
 
 
+def ordered_moments(mu: torch.Tensor, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard deviation ``[..., n]`` of ``b = ordered(y)`` for independent
+    ``y_k ~ N(mu_k, sigma_k^2)`` (``[..., n]``), exactly: ``b_k = y_1 + sum_{2 <= j <= k}
+    exp(y_j)`` with ``exp(y_j)`` log-normal, of mean ``exp(mu_j + sigma_j^2 / 2)`` and variance
+    ``(exp(sigma_j^2) - 1) exp(2 mu_j + sigma_j^2)``; the terms are independent, so means and
+    variances add up along the cumulative sum."""
+    variance = sigma.square()
+    means = torch.cat([mu[..., :1], torch.exp(mu[..., 1:] + variance[..., 1:] / 2)], dim=-1)
+    lognormal = torch.expm1(variance[..., 1:]) * torch.exp(2 * mu[..., 1:] + variance[..., 1:])
+    variances = torch.cat([variance[..., :1], lognormal], dim=-1)
+    return means.cumsum(dim=-1), variances.cumsum(dim=-1).sqrt()
+
+
 class OrderedSampler(TrainableRandomDistribution):
     """BLiTZ's mean-field Gaussian on unconstrained ``y`` (``mu``, ``rho``); ``sample()`` returns
     and records (``w``) the ordered bias ``ordered(y)``; ``log_posterior`` is the density of ``y``."""
@@ -183,6 +196,24 @@ class OrderedBiasBNNMethod(BNNMethod):
         if self.settings.layers != BNNLayers.all:
             raise MethodConfigError(f"method={self.name}: layers={self.settings.layers.value} leaves the hidden layers "
                                     f"{[p[0] for p in pairs]} deterministic, so their biases cannot be ordered; use layers=all")
+
+    def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        """The plain vBNN's diagnostics, with those of the ordered biases computed on the biases
+        ``b`` themselves (their exact mean and standard deviation, ``ordered_moments``), not on the
+        unconstrained log-gaps ``y`` the variational posterior is defined on:
+        ``sigma_over_mu.<layer>.bias`` is the mean over units of ``std(b) / |E b|``, and
+        ``sigma_mean`` counts the mean ``std(b)``."""
+        out = super().diagnostics(images, labels)
+        if not out:
+            return out
+        sigmas = self.network.sigma_mean()
+        for key, sampler in self.network.samplers.items():
+            if isinstance(sampler, OrderedSampler):
+                mean, std = ordered_moments(sampler.mu.detach().double(), F.softplus(sampler.rho.detach().double()))
+                out[f"sigma_over_mu.{key}"] = float((std / mean.abs().clamp_min(1e-12)).mean())
+                sigmas[key] = float(std.mean())
+        out["sigma_mean"] = sum(sigmas.values()) / len(sigmas)
+        return out
 
     def variational_network(self) -> BayesianNetwork:
         """The plain model (initialised under the fit's seed) with its ordered layers' units sorted

@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 
 NAME = "collapse"
 TITLE = "Figure 3: pairwise mutual information between zoo members, ID vs OOD"
+INPUTS = ("reference",)
+
+
+def applies(exp: Experiment) -> None:
+    """Applies to every model."""
 
 
 def check(exp: Experiment) -> None:

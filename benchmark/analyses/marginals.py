@@ -2,10 +2,20 @@
 weights, raw and symmetry-free (the NS MMD column's form), of the reference zoo and of every
 method's samples (first repetition of each method and mode), with two-sample Kolmogorov-Smirnov
 statistics and p-values (``metrics.marginals``); the zoo's own check of the paper's corollary
-that, raw, every unit of a layer has the same marginal (unit 0 against each other unit), which
+that, raw, every unit of a layer has the same marginal (unit 0 against the next units), which
 removing the symmetries breaks; and the D.1 estimate of the number of modes the permutations
 make of each zoo network (``metrics.symmetries.modes``: grouped convolutions counted with and
 without moving whole blocks).
+
+Memory: the work goes layer by layer and method by method. A zoo too large for
+``evaluate.max_in_memory_gb`` (ResNet-18: 45 MB per checkpoint) is read one layer at a time in
+column blocks, never whole; a method's sample set and its NS form are in memory one method at a
+time (as in the evaluate stage). Of each layer (pooled over the networks) the histograms and KS
+tests use at most ``analyze.marginals.max_values`` entries, a fixed uniform subsample drawn from
+``analyze.marginals.seed`` and the layer's position (the same positions for the raw and the NS
+form); the CSVs give how many entries were used out of how many. The figures show at most
+``analyze.marginals.max_layers_shown`` layers, evenly spaced from the first to the last, and the
+CSVs every layer.
 
 The KS test assumes independent values; the entries of one network are not, so the p-values
 describe rather than test (the statistic D, the largest gap between the two empirical CDFs,
@@ -13,19 +23,23 @@ is the number to compare).
 """
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from benchmark.analyses.figures import COLUMN_WIDTH, PALETTE, new_figure, save_figure, style
 from benchmark.analyses.inputs import figures_dir, first_repetition, reference, require_reference, require_samples
 from benchmark.experiment import Experiment
-from benchmark.store import load_checkpoints_as_sample_set, load_layer
+from benchmark.store import iter_layer_column_chunks, load_checkpoints_as_sample_set
 from methods import method_class, method_names
-from metrics.marginals import ks_test, layer_values, unit_values
+from metrics.marginals import gather, ks_test, subsample_indices
 from metrics.symmetries import canonicalize, log10_permutation_modes, spec_for_model
 
 log = logging.getLogger(__name__)
@@ -33,6 +47,13 @@ log = logging.getLogger(__name__)
 NAME = "marginals"
 TITLE = "Appendix D.3: marginal weight distributions per layer, zoo vs methods, raw and symmetry-free"
 FORMS = ("raw", "NS")
+INPUTS = ("reference", "samples")
+BLOCK_VALUES = 2**24
+"""Entries of one column block read from a streamed zoo (64 MB of float32)."""
+
+
+def applies(exp: Experiment) -> None:
+    """Applies to every model."""
 
 
 def check(exp: Experiment) -> None:
@@ -46,15 +67,43 @@ def _label(method: str, mode: str) -> str:
     return f"{label} [{mode}]"
 
 
-def zoo_layers(exp: Experiment, keys: list[str]) -> dict[str, dict[str, torch.Tensor]]:
-    """``{form: {key: [R, ...]}}`` of the reference zoo (raw and NS), read whole when it fits in
-    ``evaluate.max_in_memory_gb``, else layer by layer from the store."""
-    ref = reference(exp)
-    if ref.in_memory:
-        raw, ns = ref.weights(), ref.canonical()
-        return {"raw": {k: raw[k] for k in keys}, "NS": {k: ns[k] for k in keys}}
-    canonical = ref.canonical_paths()
-    return {"raw": {k: load_layer(ref.paths, k) for k in keys}, "NS": {k: load_layer(canonical, k) for k in keys}}
+def shown_layers(keys: list[str], most: int) -> list[str]:
+    """At most ``most`` of ``keys``, evenly spaced from the first to the last, in order."""
+    if len(keys) <= most:
+        return list(keys)
+    return [keys[i] for i in sorted({round(x) for x in np.linspace(0, len(keys) - 1, most)})]
+
+
+class ZooLayers:
+    """The reference zoo's layers, raw and NS, as column blocks ``[R, d]``: from memory when the
+    zoo fits in ``evaluate.max_in_memory_gb``, else streamed from its checkpoint files (the NS
+    form from the evaluate stage's canonical checkpoints) one block at a time."""
+
+    def __init__(self, exp: Experiment) -> None:
+        ref = reference(exp)
+        self.count = len(ref.seeds)
+        if ref.in_memory:
+            self.forms = {"raw": ref.weights(), "NS": ref.canonical()}
+            self.paths = None
+        else:
+            self.forms = None
+            self.paths = {"raw": ref.paths, "NS": ref.canonical_paths()}
+
+    def blocks(self, form: str, key: str) -> Iterator[torch.Tensor]:
+        """Tensor ``key`` of every zoo network as column blocks ``[R, d_i]`` (all of its columns)."""
+        if self.forms is not None:
+            yield self.forms[form][key].reshape(self.count, -1)
+        else:
+            yield from iter_layer_column_chunks(self.paths[form], key, max(1, BLOCK_VALUES // self.count))
+
+    def units(self, form: str, key: str, count: int, per_unit: int) -> Iterator[torch.Tensor]:
+        """The ``per_unit`` incoming weights of units ``0 .. count - 1`` of tensor ``key`` (its
+        first axis), one block ``[R, per_unit]`` per unit."""
+        if self.forms is not None:
+            for unit in range(count):
+                yield self.forms[form][key][:, unit].reshape(self.count, -1)
+            return
+        yield from itertools.islice(iter_layer_column_chunks(self.paths[form], key, per_unit), count)
 
 
 def run(exp: Experiment) -> list[Path]:
@@ -62,41 +111,101 @@ def run(exp: Experiment) -> list[Path]:
     count, and the two figures (marginals, KS heatmap)."""
     require_reference(exp, NAME)
     rows = require_samples(exp, NAME)
+    settings = exp.config.analyze.marginals
     spec = spec_for_model(exp.model())
     steps = [s.value for s in exp.config.evaluate.canonical_steps]
     keys = list(spec.mass_keys)
-    zoo = zoo_layers(exp, keys)
-    methods = {}
-    for method, mode in rows:
-        samples = first_repetition(exp, method, mode)
-        methods[(method, mode)] = {"raw": samples, "NS": canonicalize(samples, spec, steps)[0]}
+    shapes = exp.shapes()
+    entries = {key: math.prod(shapes[key]) for key in keys}
+    zoo = ZooLayers(exp)
+
+    def values(blocks, samples: int, key: str) -> np.ndarray:
+        # the same positions for every source of one size: seeded by the layer's position alone
+        indices = subsample_indices(samples, entries[key], settings.max_values, (settings.seed, keys.index(key)))
+        return gather(blocks, indices)
+
+    zoo_values, edges, histograms = {}, {}, []
+    for form in FORMS:
+        for key in tqdm(keys, desc=f"{NAME}: zoo, {form}", unit="layer", dynamic_ncols=True, disable=len(keys) < 8):
+            zoo_values[(form, key)] = values(zoo.blocks(form, key), zoo.count, key).astype(np.float32)
+            edges[(form, key)] = bin_edges(zoo_values[(form, key)], settings.bins)
+            histograms.append(histogram("zoo", key, form, zoo_values[(form, key)], edges[(form, key)],
+                                        zoo.count * entries[key]))
     tests = []
-    for (method, mode), forms in methods.items():
+    for method, mode in tqdm(rows, desc=f"{NAME}: methods", unit="row", dynamic_ncols=True):
+        raw = first_repetition(exp, method, mode)
+        count = int(next(iter(raw.values())).shape[0])
+        forms = {"raw": {key: values([raw[key].reshape(count, -1)], count, key) for key in keys}}
+        canonical = canonicalize(raw, spec, steps, device=exp.device)[0]
+        del raw
+        forms["NS"] = {key: values([canonical[key].reshape(count, -1)], count, key) for key in keys}
+        del canonical
         for form in FORMS:
             for key in keys:
-                result = ks_test(layer_values(zoo[form], key), layer_values(forms[form], key))
+                theirs = forms[form][key]
+                result = ks_test(zoo_values[(form, key)], theirs)
+                histograms.append(histogram(_label(method, mode), key, form, theirs, edges[(form, key)],
+                                            count * entries[key]))
                 tests.append({"method": method, "mode": mode, "label": _label(method, mode), "layer": key, "form": form,
                               "ks_statistic": result.statistic, "ks_pvalue": result.pvalue, "n_zoo": result.n_x,
-                              "n_method": result.n_y})
-    numbers = pd.DataFrame(tests)
-    units = []
-    for group in spec.groups:
-        for form in FORMS:
-            first = unit_values(zoo[form], group.sort_key, 0) if group.sort_key in zoo[form] else None
-            if first is None:
-                continue
-            for unit in range(1, group.size):
-                result = ks_test(first, unit_values(zoo[form], group.sort_key, unit))
-                units.append({"layer": group.sort_key, "form": form, "unit_a": 0, "unit_b": unit,
-                              "ks_statistic": result.statistic, "ks_pvalue": result.pvalue, "n": result.n_x})
+                              "n_method": result.n_y, "zoo_entries": zoo.count * entries[key],
+                              "method_entries": count * entries[key]})
+    shown = shown_layers(keys, settings.max_layers_shown)
+    subsample = {"max_values": settings.max_values, "subsample_seed": settings.seed}
+    numbers = pd.DataFrame(tests).assign(shown=lambda df: df["layer"].isin(shown), **subsample)
+    units = unit_tests(exp, zoo, spec, keys).assign(**subsample)
     modes = mode_counts(exp, spec)
-    log.info("%s: %d method rows x %d layers; zoo unit-vs-unit KS median D raw %.3f, NS %.3f; log10 modes per network "
-             "(median, with block moves) %.1f", NAME, len(methods), len(keys),
-             np.median([u["ks_statistic"] for u in units if u["form"] == "raw"] or [np.nan]),
-             np.median([u["ks_statistic"] for u in units if u["form"] == "NS"] or [np.nan]),
+    log.info("%s: %d method rows x %d layers (figures: %s); zoo unit-vs-unit KS median D raw %.3f, NS %.3f; log10 "
+             "modes per network (median, with block moves) %.1f", NAME, len(rows), len(keys), shown,
+             units.loc[units["form"] == "raw", "ks_statistic"].median(),
+             units.loc[units["form"] == "NS", "ks_statistic"].median(),
              float(modes.loc[modes["group"] == "total", "log10_modes_median"].iloc[0]))
-    written = draw_marginals(exp, zoo, methods, keys)
-    return written + draw_ks(exp, numbers, keys, pd.DataFrame(units), modes)
+    frame = pd.concat(histograms, ignore_index=True).assign(shown=lambda df: df["layer"].isin(shown), **subsample)
+    written = draw_marginals(exp, frame, [(m, mode) for m, mode in rows], shown, len(keys))
+    return written + draw_ks(exp, numbers, shown, len(keys), units, modes)
+
+
+def bin_edges(values: np.ndarray, bins: int) -> np.ndarray:
+    """``bins + 1`` edges over the zoo's 0.5-99.5 percentiles widened by a quarter on each side."""
+    low, high = np.percentile(values, [0.5, 99.5])
+    pad = 0.25 * (high - low) if high > low else 0.5
+    return np.linspace(low - pad, high + pad, bins + 1)
+
+
+def histogram(source: str, key: str, form: str, values: np.ndarray, edges: np.ndarray, entries: int) -> pd.DataFrame:
+    """One histogram's rows for the CSV (densities over ``edges`` of the values inside them, 0 when
+    none is; the fraction of the values outside; how many values of how many entries it counts)."""
+    counts, _ = np.histogram(values, bins=edges)
+    density = counts / (counts.sum() * np.diff(edges)) if counts.sum() else np.zeros(len(counts))
+    return pd.DataFrame({"layer": key, "form": form, "source": source, "bin_left": edges[:-1], "bin_right": edges[1:],
+                         "density": density, "outside_range": float(np.mean((values < edges[0]) | (values > edges[-1]))),
+                         "values_used": len(values), "entries": entries})
+
+
+def unit_tests(exp: Experiment, zoo: ZooLayers, spec, keys: list[str]) -> pd.DataFrame:
+    """The zoo's unit 0 against each of the next ``max_units`` units of every unit group's layer
+    (its sort key), raw and NS: KS on each unit's incoming weights over the zoo (subsampled as the
+    layers are, seeded by the layer's and the unit's positions)."""
+    settings = exp.config.analyze.marginals
+    out = []
+    for group in spec.groups:
+        if group.sort_key not in keys or group.size < 2:
+            continue
+        per_unit = math.prod(exp.shapes()[group.sort_key][1:])
+        count = min(group.size, settings.max_units + 1)
+        for form in FORMS:
+            picked = []
+            for unit, block in enumerate(zoo.units(form, group.sort_key, count, per_unit)):
+                indices = subsample_indices(zoo.count, per_unit, settings.max_values,
+                                            (settings.seed, keys.index(group.sort_key), 1 + unit))
+                picked.append(gather([block], indices))
+            for unit in range(1, count):
+                result = ks_test(picked[0], picked[unit])
+                out.append({"layer": group.sort_key, "form": form, "unit_a": 0, "unit_b": unit,
+                            "ks_statistic": result.statistic, "ks_pvalue": result.pvalue, "n": result.n_x,
+                            "entries": zoo.count * per_unit, "units_in_layer": group.size})
+    return pd.DataFrame(out, columns=["layer", "form", "unit_a", "unit_b", "ks_statistic", "ks_pvalue", "n", "entries",
+                                      "units_in_layer"])
 
 
 def mode_counts(exp: Experiment, spec) -> pd.DataFrame:
@@ -121,57 +230,52 @@ def mode_counts(exp: Experiment, spec) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def draw_marginals(exp, zoo, methods, keys) -> list[Path]:
-    """Figure: per layer (rows) and form (columns) the zoo's marginal (grey) and each method's
-    (lines; solid one-mode, dashed multi-mode); its CSV has every histogram's densities."""
-    bins = exp.config.analyze.marginals.bins
-    colors = {method: PALETTE[i % len(PALETTE)] for i, method in enumerate(dict.fromkeys(m for m, _ in methods))}
-    histograms = []
+def _layers_text(shown: list[str], total: int) -> str:
+    return "" if len(shown) == total else f"; {len(shown)} of {total} layers, all in the CSV"
 
-    def record(source: str, key: str, form: str, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-        density, _ = np.histogram(values, bins=edges, density=True)
-        histograms.append(pd.DataFrame({"layer": key, "form": form, "source": source, "bin_left": edges[:-1],
-                                        "bin_right": edges[1:], "density": density,
-                                        "outside_range": float(np.mean((values < edges[0]) | (values > edges[-1])))}))
-        return values
+
+def draw_marginals(exp, frame: pd.DataFrame, rows: list[tuple[str, str]], shown: list[str], total: int) -> list[Path]:
+    """Figure: per shown layer (rows) and form (columns) the zoo's marginal (grey) and each
+    method's (lines; solid one-mode, dashed multi-mode), drawn from the histograms of ``frame``,
+    which the CSV keeps for every layer."""
+    colors = {method: PALETTE[i % len(PALETTE)] for i, method in enumerate(dict.fromkeys(m for m, _ in rows))}
     with style():
-        figure = new_figure(1.05 * len(keys) + 0.9, COLUMN_WIDTH)
-        axes = figure.subplots(len(keys), 2, squeeze=False)
-        for row, key in enumerate(keys):
+        figure = new_figure(1.05 * len(shown) + 0.9, COLUMN_WIDTH)
+        axes = figure.subplots(len(shown), 2, squeeze=False)
+        for row, key in enumerate(shown):
             for col, form in enumerate(FORMS):
                 ax = axes[row, col]
-                values = layer_values(zoo[form], key)
-                low, high = np.percentile(values, [0.5, 99.5])
-                pad = 0.25 * (high - low)
-                edges = np.linspace(low - pad, high + pad, bins + 1)
-                ax.hist(record("zoo", key, form, values, edges), bins=edges, density=True, color="#bbbbbb", label="zoo")
-                for (method, mode), forms in methods.items():
-                    theirs = record(_label(method, mode), key, form, layer_values(forms[form], key), edges)
-                    ax.hist(theirs, bins=edges, density=True, histtype="step",
-                            color=colors[method], linestyle="-" if mode == "one" else "--", linewidth=0.7,
-                            label=_label(method, mode))
+                part = frame[(frame["layer"] == key) & (frame["form"] == form)]
+                zoo = part[part["source"] == "zoo"]
+                edges = np.append(zoo["bin_left"].to_numpy(), zoo["bin_right"].iloc[-1])
+                ax.stairs(zoo["density"].to_numpy(), edges, fill=True, color="#bbbbbb", label="zoo")
+                for method, mode in rows:
+                    theirs = part[part["source"] == _label(method, mode)]
+                    ax.stairs(theirs["density"].to_numpy(), edges, color=colors[method],
+                              linestyle="-" if mode == "one" else "--", linewidth=0.7, label=_label(method, mode))
                 ax.set_xlim(edges[0], edges[-1])
                 ax.set_title(f"{key}, {form}", fontsize=7)
                 ax.set_yticks([])
-                if row == len(keys) - 1:
+                if row == len(shown) - 1:
                     ax.set_xlabel("weight value")
             axes[row, 0].set_ylabel("density")
         handles, labels = axes[0, 0].get_legend_handles_labels()
         figure.legend(handles, labels, loc="outside lower center", ncol=2)
-        figure.suptitle(f"Marginal weight distributions per layer ({exp.display_name})")
-        return save_figure(figure, figures_dir(exp), NAME, pd.concat(histograms, ignore_index=True))
+        figure.suptitle(f"Marginal weight distributions per layer ({exp.display_name}{_layers_text(shown, total)})")
+        return save_figure(figure, figures_dir(exp), NAME, frame)
 
 
-def draw_ks(exp, numbers: pd.DataFrame, keys: list[str], units: pd.DataFrame, modes: pd.DataFrame) -> list[Path]:
-    """Figure: heatmap of the KS statistic D, zoo vs each method row, per layer and form; its CSV
-    has every test, with the zoo's unit-vs-unit tests and the mode counts beside it."""
+def draw_ks(exp, numbers: pd.DataFrame, shown: list[str], total: int, units: pd.DataFrame,
+            modes: pd.DataFrame) -> list[Path]:
+    """Figure: heatmap of the KS statistic D, zoo vs each method row, per shown layer and form; its
+    CSV has every test of every layer, with the zoo's unit-vs-unit tests and the mode counts beside it."""
     labels = list(dict.fromkeys(numbers["label"]))
     grid = numbers.set_index(["label", "form", "layer"])["ks_statistic"]
     with style():
         figure = new_figure(2 * (0.2 * len(labels) + 0.45) + 0.9, COLUMN_WIDTH)
         axes = figure.subplots(2, 1, sharex=True)
         for ax, form in zip(axes, FORMS):
-            values = np.array([[grid[(label, form, key)] for key in keys] for label in labels])
+            values = np.array([[grid[(label, form, key)] for key in shown] for label in labels])
             image = ax.imshow(values, vmin=0, vmax=1, cmap="viridis", aspect="auto")
             for i in range(values.shape[0]):
                 for j in range(values.shape[1]):
@@ -180,8 +284,9 @@ def draw_ks(exp, numbers: pd.DataFrame, keys: list[str], units: pd.DataFrame, mo
             ax.set_yticks(range(len(labels)), labels)
             ax.set_title("raw weights" if form == "raw" else "symmetry-free (NS) weights")
             ax.spines[:].set_visible(False)
-        axes[1].set_xticks(range(len(keys)), [key.removesuffix(".weight") for key in keys])
-        axes[1].set_xlabel("layer")
+        axes[1].set_xticks(range(len(shown)), [key.removesuffix(".weight") for key in shown],
+                           rotation=30 if len(shown) > 4 else 0, ha="right" if len(shown) > 4 else "center")
+        axes[1].set_xlabel(f"layer{_layers_text(shown, total)}")
         figure.colorbar(image, ax=list(axes), orientation="horizontal", location="bottom", shrink=0.8,
                         label="KS statistic D (zoo vs method)")
         return save_figure(figure, figures_dir(exp), f"{NAME}_ks", numbers, {"units": units, "modes": modes})
@@ -193,8 +298,12 @@ CAPTION = (
     "of the NS MMD column; the x-range is the zoo's 0.5-99.5 percentiles widened by a quarter (marginals.csv: the "
     "densities and the fraction of values outside). marginals_ks: the two-sample KS statistic D between the zoo's "
     "and each method's marginal (p-values in marginals_ks.csv; entries of one network are not independent, so they "
-    "describe rather than test). marginals_ks_units.csv: the zoo's unit 0 vs each other unit of a layer (raw: one "
-    "marginal for all units; NS: not). marginals_ks_modes.csv: log10 of the number "
-    "of modes the permutations make of each zoo network (appendix D.1), grouped convolutions counted with and "
-    "without whole-block moves."
+    "describe rather than test). Histograms and KS use at most analyze.marginals.max_values entries of a layer "
+    "(default 500,000: every OptuNet layer whole; ResNet-18 layers subsampled), a fixed uniform subsample seeded by "
+    "analyze.marginals.seed (the CSVs: values_used / n_zoo / n_method out of entries / zoo_entries / method_entries). "
+    "The figures show at most analyze.marginals.max_layers_shown layers (default 6), evenly spaced from the first "
+    "to the last and named on the panels; the CSVs have every layer (column shown). marginals_ks_units.csv: the "
+    "zoo's unit 0 vs each of the next analyze.marginals.max_units units of a layer (raw: one marginal for all "
+    "units; NS: not). marginals_ks_modes.csv: log10 of the number of modes the permutations make of each zoo "
+    "network (appendix D.1), grouped convolutions counted with and without whole-block moves."
 )

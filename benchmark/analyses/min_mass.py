@@ -28,16 +28,21 @@ log = logging.getLogger(__name__)
 
 NAME = "min_mass"
 TITLE = "Figure 2: mass of the zoo's networks and of their minimum-mass rescalings"
+INPUTS = ("reference",)
 CHECK_IMAGES = 32
 CHECK_ATOL = 1e-4
 
 
-def check(exp: Experiment) -> None:
-    """Needs the reference zoo and a model without BatchNorm."""
+def applies(exp: Experiment) -> None:
+    """Only for models without BatchNorm (``NotApplicableError`` otherwise)."""
     try:
         check_min_mass_defined(spec_for_model(exp.model()))
     except DegenerateMinMassError as err:
         raise NotApplicableError(f"analysis={NAME}: {err}") from None
+
+
+def check(exp: Experiment) -> None:
+    """Needs the reference zoo."""
     require_reference(exp, NAME)
 
 

@@ -2,11 +2,14 @@
 permutation that sorts a layer's units changes during training.
 
 A few networks are trained with the experiment's recipe (``analyze.permutation_frequency``:
-runs, seeds, logging interval), logging their weights after every ``log_every`` optimiser
-steps (and at initialisation) through ``train_network``'s ``on_step`` callback. Each logged
-network is put in the symmetry-free form of the NS MMD column (the pre-sort steps of
-``evaluate.canonical_steps``, then sorting by the first incoming weight, the paper's appendix
-C.2), which yields, for every unit group ("layer"), the permutation that sorts it. Kendall's tau
+runs, seeds, logging interval). At initialisation, after every ``log_every`` optimiser steps
+and after the last one, ``train_network``'s ``on_step`` callback puts the network in the
+symmetry-free form of the NS MMD column (the pre-sort steps of ``evaluate.canonical_steps``,
+then sorting by the first incoming weight, the paper's appendix C.2) and keeps only what that
+yields for every unit group ("layer"): the permutation that sorts it, ``[n]`` integers per
+logged step. Weights are held only in a small buffer (``BUFFER_BYTES``; batched for speed on
+small models), so a ResNet-18 trace needs ``[T, 2880]`` integers, not ``T`` copies of its 45 MB
+of weights. Kendall's tau
 between successive permutations (gather indices; ``metrics.kendall``) is 1 when the order did
 not change. The figure shows its mean over the groups with at least two units and over the
 runs (band: the runs' range), with the learning-rate schedule. Runs that fail the recipe's
@@ -34,6 +37,14 @@ log = logging.getLogger(__name__)
 
 NAME = "permutation_frequency"
 TITLE = "Figure 4: Kendall's tau between successive sorting permutations during training"
+INPUTS: tuple[str, ...] = ()
+BUFFER_BYTES = 64 * 2**20
+"""Weights buffered before their permutations are computed: every logged step of a small model
+(OptuNet: ~2 KB each) in one batch, a ResNet-18 (45 MB) one or two at a time."""
+
+
+def applies(exp: Experiment) -> None:
+    """Applies to every model (trains it with the experiment's recipe)."""
 
 
 def check(exp: Experiment) -> None:
@@ -46,34 +57,73 @@ def sort_steps(exp: Experiment) -> list[str]:
     return [s.value for s in exp.config.evaluate.canonical_steps if s.value in ("scale", "minmass")] + ["sort"]
 
 
-def trace(exp: Experiment, seed: int, log_every: int) -> tuple[dict[str, torch.Tensor], pd.DataFrame, str | None]:
-    """Train seed ``seed`` with the recipe, logging its weights at initialisation and after every
-    ``log_every`` steps. Returns the logged networks ``{key: [T, ...]}``, one row per logged
-    step (``step``, ``epoch`` as a fraction of epochs, ``lr``), and the failure reason, if any."""
+class SortingPermutations:
+    """Collects, network by network, the permutation that sorts each unit group in the NS form
+    (``sort_steps``): ``add`` copies a network's weights into a buffer, which is put through
+    ``canonicalize`` (on ``device``) and emptied once it holds ``buffer_bytes``; ``result``
+    returns ``{group: [T, n] int64}`` over every network added, in order."""
+
+    def __init__(self, spec, steps: list[str], device: torch.device | str, buffer_bytes: int = 0) -> None:
+        self.spec, self.steps, self.device = spec, steps, device
+        self.buffer_bytes = buffer_bytes or BUFFER_BYTES
+        self.pending: list[dict[str, torch.Tensor]] = []
+        self.held = 0  # bytes in ``pending``
+        self.parts: dict[str, list[torch.Tensor]] = {}
+
+    def add(self, state: dict[str, torch.Tensor]) -> None:
+        """Queue one network's state dict (copied to the CPU); flush when the buffer is full."""
+        self.pending.append({k: v.detach().to("cpu", copy=True) for k, v in state.items()})
+        self.held += sum(v.numel() * v.element_size() for v in self.pending[-1].values())
+        if self.held >= self.buffer_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Sort the buffered networks and keep only their permutations."""
+        if not self.pending:
+            return
+        _, applied = canonicalize(stack_state_dicts(self.pending), self.spec, self.steps, device=self.device)
+        for name, perm in applied["sort"].items():
+            self.parts.setdefault(name, []).append(perm.to("cpu", torch.int64))
+        self.pending.clear()
+        self.held = 0
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """``{group: [T, n] int64}``: row t sorts the group's units of the t-th network added."""
+        self.flush()
+        return {name: torch.cat(parts) for name, parts in self.parts.items()}
+
+
+def trace(exp: Experiment, seed: int, log_every: int,
+          buffer_bytes: int = 0) -> tuple[dict[str, torch.Tensor], pd.DataFrame, str | None]:
+    """Train seed ``seed`` with the recipe; at initialisation, after every ``log_every`` steps and
+    after the last step, record the permutation that sorts each unit group
+    (``SortingPermutations``, buffer ``buffer_bytes``, default ``BUFFER_BYTES``). Returns
+    ``{group: [T, n] int64}``, one row per logged step (``step``, ``epoch`` as a fraction of
+    epochs, ``lr``), and the failure reason, if any."""
     recipe = exp.recipe
     steps_per_epoch = -(-len(exp.train_set) // recipe.batch_size)
+    last = recipe.epochs * steps_per_epoch
     with seeded(seed):
         model = exp.model().to(exp.device)
-    snapshots = [{k: v.detach().cpu().clone() for k, v in model.state_dict().items()}]
+    perms = SortingPermutations(spec_for_model(exp.model()), sort_steps(exp), exp.device, buffer_bytes)
+    perms.add(model.state_dict())
     rows = [{"step": 0, "epoch": 0.0, "lr": learning_rate(recipe, 0)}]
 
     def log_step(epoch: int, step: int, net: torch.nn.Module) -> None:
         done = epoch * steps_per_epoch + step + 1
-        if done % log_every == 0:
-            snapshots.append({k: v.detach().cpu().clone() for k, v in net.state_dict().items()})
+        if done % log_every == 0 or done == last:
+            perms.add(net.state_dict())
             rows.append({"step": done, "epoch": done / steps_per_epoch, "lr": learning_rate(recipe, epoch)})
 
     result = train_network(model, exp.train_set, exp.validation_tensors, recipe, seed, where=f"{NAME} seed {seed}",
                            on_step=log_step)
-    return stack_state_dicts(snapshots), pd.DataFrame(rows), result.failure
+    return perms.result(), pd.DataFrame(rows), result.failure
 
 
-def kendall_by_group(snapshots: dict[str, torch.Tensor], exp: Experiment) -> dict[str, torch.Tensor]:
+def kendall_by_group(perms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Per unit group with at least 2 units: Kendall's tau ``[T - 1]`` between the sorting
-    permutations of successive logged networks."""
-    spec = spec_for_model(exp.model())
-    _, applied = canonicalize(snapshots, spec, sort_steps(exp))
-    return {name: successive_kendall_tau(perm) for name, perm in applied["sort"].items() if perm.shape[1] >= 2}
+    permutations ``[T, n]`` of successive logged networks."""
+    return {name: successive_kendall_tau(perm) for name, perm in perms.items() if perm.shape[1] >= 2}
 
 
 def run(exp: Experiment) -> list[Path]:
@@ -88,11 +138,11 @@ def run(exp: Experiment) -> list[Path]:
         if seed is None:
             raise RuntimeError(f"{NAME}: only {len(runs)} of {settings.runs} runs converged in {2 * settings.runs} seeds "
                                f"from {settings.first_seed}; failures: {failures}")
-        snapshots, steps, failure = trace(exp, seed, settings.log_every)
+        perms, steps, failure = trace(exp, seed, settings.log_every)
         if failure:
             failures[seed] = failure
             continue
-        taus = kendall_by_group(snapshots, exp)
+        taus = kendall_by_group(perms)
         logged = steps.iloc[1:]
         runs.append(pd.concat([
             pd.DataFrame({"seed": seed, "step": logged["step"].to_numpy(), "epoch": logged["epoch"].to_numpy(),

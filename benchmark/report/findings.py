@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from benchmark.report.tables import variant_notes
 from benchmark.results import check_metrics, half_width
 from metrics.uncertainty import compare
 
@@ -95,7 +96,8 @@ def verdict(outcomes: list[str]) -> str:
 
 
 def render(df: pd.DataFrame) -> str:
-    """findings.md for the rows of one experiment's metrics frame."""
+    """findings.md for the rows of one experiment's metrics frame; with symmetry-breaking vBNN rows,
+    a closing note on how to read them (``tables.variant_notes``)."""
     frame = check_metrics(df)
     failed = frame[frame["status"] != "ok"]
     frame = frame[frame["status"] == "ok"].set_index(["method", "mode"])
@@ -127,6 +129,9 @@ def render(df: pd.DataFrame) -> str:
     if len(failed):
         names = ", ".join(f"{label} ({mode})" for label, mode in zip(failed["method_label"], failed["mode"]))
         head += ["", f"Rows that failed are left out: {names}."]
+    notes = variant_notes(frame.index.get_level_values("method"))
+    if notes:
+        lines += ["## Reading the symmetry-breaking vBNN rows", "", *[f"- {note}" for note in notes], ""]
     return "\n".join(lines[:4] + head + [""] + lines[4:])
 
 

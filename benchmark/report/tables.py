@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
 
 from benchmark.results import check_metrics, half_width
 from benchmark.store import atomic_write_text
-from methods import method_names
+from methods import method_class, method_names
 
 GROUP_LABELS = {"one": "One Mode", "multi": "Multi Mode"}
 
@@ -76,6 +77,35 @@ STEP_TEXT = {
 }
 """What each step of ``evaluate.canonical_steps`` removes, for the captions."""
 
+VARIANT_NOTES = {
+    "bnn_skip": (
+        "{label}: the vBNN of another model, the network with fixed random semi-orthogonal skip connections added "
+        "to every layer (seed 001); the skips are constants, not in the samples, so its weight samples are that "
+        "model's posterior over the layers' own weights, compared with the zoo on the shared state-dict keys, and "
+        "its predictive columns are the skip network's."
+    ),
+    "bnn_ordered": (
+        "{label}: the vBNN with its hidden biases constrained to ascend (seed 000). Its raw MMD compares bias-sorted "
+        "samples with an unsorted zoo, so it is worse by construction; NS MMD, which sorts both the same way, is the "
+        "fair comparison. Only hidden Linear layers with a bias can be ordered: on OptuNet that is fc1's 3 units "
+        "(3! = 6 orderings), and the permutations of conv1 and conv2 (no biases) remain."
+    ),
+}
+"""How to read the symmetry-breaking vBNN rows (``{label}``: the row's label); for the table
+captions and findings.md."""
+
+
+def variant_notes(methods: Iterable[str]) -> list[str]:
+    """The ``VARIANT_NOTES`` of the methods among ``methods``, in registry order."""
+    present = set(methods)
+    return [note.format(label=method_class(name).label) for name, note in VARIANT_NOTES.items() if name in present]
+
+
+def _variant_text(df: pd.DataFrame) -> str:
+    notes = variant_notes(df["method"])
+    return " " + " ".join(notes) if notes else ""
+
+
 _MARKDOWN_UNITS = {"times": "x100", "pct": "%"}
 _LATEX_UNITS = {"times": r"$\times 100$", "pct": r"\%"}
 
@@ -102,7 +132,8 @@ def _uncertainty_text(df: pd.DataFrame) -> str:
 
 
 def captions(df: pd.DataFrame) -> tuple[str, str]:
-    """The captions of Tables 1 and 2 for the rows of ``df`` (with ``{times}``/``{pct}`` unit slots)."""
+    """The captions of Tables 1 and 2 for the rows of ``df`` (with ``{times}``/``{pct}`` unit slots);
+    with symmetry-breaking vBNN rows, how to read them (``VARIANT_NOTES``)."""
     table1_caption = (
         "Table 1: Posterior estimation and predictive performance. " + _mmd_text(df, "the median")
         + " Acc, ECE (top-label, 15 bins), AUPR and FPR95 (OOD as positive class, FPR at 95{pct} TPR) in {pct}; "
@@ -111,8 +142,10 @@ def captions(df: pd.DataFrame) -> tuple[str, str]:
         + " MMD rej. and NS rej.: {pct} of layers where MMDAgg's aggregated test (the 20 kernels, level 0.05) "
         "rejects \"same distribution\" (first repetition; SGHMC's samples are consecutive chain states, "
         "which the test's exchangeability assumption does not cover)."
+        + _variant_text(df)
     )
-    table2_caption = "Table 2: Full MMD table. " + _mmd_text(df, "the median, mean or max") + " " + _uncertainty_text(df)
+    table2_caption = ("Table 2: Full MMD table. " + _mmd_text(df, "the median, mean or max") + " " + _uncertainty_text(df)
+                      + _variant_text(df))
     return table1_caption, table2_caption
 
 
@@ -141,6 +174,7 @@ def table3_caption(df: pd.DataFrame) -> str:
         f"(seed 002's code aligns to the first network of its list); {_anchor_text(df)}. MMD columns {{times}}. "
         "NS rank / WM rank: the row's rank by NS MMD / WM MMD within its experiment (1 = closest to the zoo). "
         + _uncertainty_text(df)
+        + _variant_text(df)
     )
 
 

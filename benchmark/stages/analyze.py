@@ -1,10 +1,11 @@
 """Analyze stage: the paper's analyses as figures (``python -m benchmark stage=analyze
 analysis=<name>|all``), from the same store as the tables.
 
-Every selected analysis is checked before any work: one whose inputs are missing from the
-store stops the stage naming what to run first; with ``analysis=all`` an analysis that does
-not apply to the experiment's model (min-mass with BatchNorm) is skipped with its reason,
-while a named one is refused. Each writes ``results/<experiment>/figures/<name>.{png,pdf,csv}``
+Every selected analysis is checked before any work (and by the CLI's preflight before the
+first stage of ``stage=all``): one whose inputs are missing from the store stops the stage
+naming what to run first; with ``analysis=all`` an analysis that does not apply to the
+experiment's model (min-mass with BatchNorm) is skipped with its reason, while a named one is
+refused. Each writes ``results/<experiment>/figures/<name>.{png,pdf,csv}``
 (and extra CSVs); ``figures/index.md`` lists the figures with their captions and timings.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Sequence
 
 from benchmark import analyses  # the package, not its names: it imports the evaluate stage (a cycle)
 from benchmark.experiment import Experiment
@@ -26,22 +28,43 @@ def selected(exp: Experiment) -> list[str]:
     return list(analyses.ANALYSES) if choice == "all" else [choice]
 
 
-def runnable(exp: Experiment) -> tuple[list[str], dict[str, str]]:
-    """``(analyses to run, {skipped analysis: reason})``. Raises ``MissingInputsError`` listing
-    every selected analysis whose inputs are missing, and ``NotApplicableError`` for a named
-    analysis that does not apply."""
+def produced_by(exp: Experiment, stages: Sequence[str]) -> frozenset[str]:
+    """The analysis inputs (``INPUTS`` of the analysis modules) that ``stages``, run in this
+    process before the analyze stage, write to the store: ``"reference"`` (the zoo stage, when
+    ``zoo.range`` includes the reference seeds; an import into the reference range) and
+    ``"samples"`` (the sample stage)."""
+    made = set()
+    if "zoo" in stages and exp.config.zoo.range.value in ("both", "reference"):
+        made.add("reference")
+    if "import" in stages and exp.config.import_.range.value == "reference":
+        made.add("reference")
+    if "sample" in stages:
+        made.add("samples")
+    return frozenset(made)
+
+
+def runnable(exp: Experiment, produced: frozenset[str] = frozenset()) -> tuple[list[str], dict[str, str]]:
+    """``(analyses to run, {skipped analysis: reason})``: every selected analysis's ``applies``
+    and, unless ``produced`` (what earlier stages of this run will write, ``produced_by``) covers
+    its ``INPUTS``, its store check. Raises ``NotApplicableError`` for a named analysis that does
+    not apply (with ``analysis=all`` it is skipped), and ``MissingInputsError`` listing every
+    selected analysis whose inputs are missing."""
     names, skipped, missing = [], {}, []
     for name in selected(exp):
+        module = analyses.ANALYSES[name]
         try:
-            analyses.ANALYSES[name].check(exp)
+            module.applies(exp)
         except analyses.NotApplicableError as err:
             if exp.config.analysis.value != "all":
                 raise
             skipped[name] = str(err)
             continue
-        except analyses.MissingInputsError as err:
-            missing.append(str(err))
-            continue
+        if not set(module.INPUTS) <= produced:
+            try:
+                module.check(exp)
+            except analyses.MissingInputsError as err:
+                missing.append(str(err))
+                continue
         names.append(name)
     if missing:
         raise analyses.MissingInputsError(" | ".join(missing))

@@ -110,3 +110,28 @@ def test_the_sample_stage_alone_checks_its_bases_first(tmp_path):
     with pytest.raises(MissingBasesError, match=r"\d+ converged held-out base checkpoints needed, 0 found"):
         preflight(exp, ("sample",))
     preflight(exp, ("zoo", "sample"))  # with the zoo stage first, the bases will be there
+
+
+def test_stage_all_refuses_an_analysis_that_does_not_apply_before_training(tmp_path):
+    from benchmark.analyses import NotApplicableError
+
+    cfg = compose_config([*TINY_TRAIN, f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}", "stage=all",
+                          "model=resnet18", "method=ensemble", "analysis=min_mass"])
+    with pytest.raises(NotApplicableError, match="analysis=min_mass: .*BatchNorm"):
+        run(cfg)
+    assert _nothing_written(tmp_path / "store") and _nothing_written(tmp_path / "results")
+    skipping = Experiment(compose_config([f"store={tmp_path / 'store'}", "model=resnet18", "method=ensemble",
+                                          "analysis=all"]))
+    preflight(skipping, stages_of(Stage.all))  # analysis=all skips it (at the analyze stage, with its reason)
+
+
+def test_stage_all_checks_the_store_only_for_inputs_no_earlier_stage_writes(tmp_path):
+    from benchmark.analyses import MissingInputsError
+
+    empty = [f"store={tmp_path / 'store'}", "method=ensemble", "analysis=marginals"]
+    preflight(Experiment(compose_config(empty)), stages_of(Stage.all))  # zoo and sample stages write the inputs
+    with pytest.raises(MissingInputsError, match="analysis=marginals needs the reference zoo.*zoo.range=reference"):
+        preflight(Experiment(compose_config([*empty, "zoo.range=heldout"])), stages_of(Stage.all))
+    with pytest.raises(MissingInputsError, match="analysis=marginals needs the reference zoo"):
+        preflight(Experiment(compose_config(empty)), ("analyze",))
+    preflight(Experiment(compose_config([*empty, "analysis=toy"])), ("analyze",))  # the toy reads nothing

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from benchmark.models import mlp, optunet, predict_with_weights
 from benchmark.training import FailRule, RecipeOverrides, seeded
 from methods.base import MethodConfigError
+from methods.bnn import BNNMethod
 from methods.bnn_ordered import (
-    OrderedBiasLinear, log_abs_det_jacobian, ordered, ordered_layers, sort_units_by_bias, unordered,
+    OrderedBiasLinear, log_abs_det_jacobian, ordered, ordered_layers, ordered_moments, sort_units_by_bias, unordered,
 )
 from methods.bnn_skip import SkipChain, semi_orthogonal, skip_matrices
 from tests.methods.conftest import build, one_thread
@@ -98,6 +99,30 @@ def test_the_ordered_vbnn_starts_where_the_plain_one_starts_reordered(tiny_exp):
     torch.testing.assert_close(ordered(net.samplers["fc1.bias"].mu.detach()), plain.samplers["fc1.bias"].mu.detach()[order])
     torch.testing.assert_close(net.samplers["fc2.weight"].mu, plain.samplers["fc2.weight"].mu[:, order])
     assert torch.equal(net.samplers["conv1.weight"].mu, plain.samplers["conv1.weight"].mu)
+
+
+def test_ordered_moments_against_monte_carlo():
+    generator = torch.Generator().manual_seed(0)
+    mu = torch.tensor([0.3, -1.0, 0.5, -2.0], dtype=torch.float64)
+    sigma = torch.tensor([0.2, 0.4, 0.1, 0.8], dtype=torch.float64)
+    draws = ordered(mu + sigma * torch.randn(400_000, 4, generator=generator, dtype=torch.float64))
+    mean, std = ordered_moments(mu, sigma)
+    torch.testing.assert_close(mean, draws.mean(dim=0), rtol=5e-3, atol=0)
+    torch.testing.assert_close(std, draws.std(dim=0), rtol=1e-2, atol=0)
+
+
+def test_ordered_vbnn_diagnostics_describe_the_biases_not_their_log_gaps(fitted):
+    method = fitted["bnn_ordered"]
+    diagnostics = method.diagnostics(None, None)
+    draws = method.sample(800, torch.Generator().manual_seed(2))["fc1.bias"].double()
+    empirical = float((draws.std(dim=0) / draws.mean(dim=0).abs()).mean())
+    assert diagnostics["sigma_over_mu.fc1.bias"] == pytest.approx(empirical, rel=0.1)
+    log_gaps = BNNMethod.diagnostics(method, None, None)["sigma_over_mu.fc1.bias"]
+    assert log_gaps != pytest.approx(empirical, rel=0.1), "the plain vBNN's number (on y) is another quantity"
+    sigmas = method.network.sigma_mean()
+    sigmas["fc1.bias"] = float(draws.std(dim=0).mean())
+    assert diagnostics["sigma_mean"] == pytest.approx(sum(sigmas.values()) / len(sigmas), rel=1e-2)
+    assert diagnostics["sigma_over_mu.fc1.weight"] == BNNMethod.diagnostics(method, None, None)["sigma_over_mu.fc1.weight"]
 
 
 # --- orthogonal skips ------------------------------------------------------------------------------
@@ -186,6 +211,20 @@ def test_the_variants_take_the_plain_vbnns_settings_in_every_experiment():
     for experiment in ("cifar100_resnet18", "tinyimagenet_resnet18"):
         exp = Experiment(compose_config([f"experiment={experiment}"]))
         assert exp.method_settings("bnn_ordered").unavailable and exp.method_settings("bnn_skip").unavailable
+
+
+def test_a_command_line_override_of_the_plain_vbnn_must_be_repeated_for_the_variants():
+    """As conf/methods/bnn_{ordered,skip}.yaml and the README say: the YAML alias is resolved when the
+    experiment file is read, so methods.bnn.* on the command line reaches the plain vBNN only."""
+    from benchmark.config import compose_config
+    from benchmark.experiment import Experiment
+
+    default = Experiment(compose_config([])).method_settings("bnn_ordered").kl_weight
+    alone = Experiment(compose_config(["methods.bnn.kl_weight=0.001"]))
+    assert alone.method_settings("bnn").kl_weight == 0.001
+    assert alone.method_settings("bnn_ordered").kl_weight == alone.method_settings("bnn_skip").kl_weight == default
+    repeated = Experiment(compose_config([f"methods.{name}.kl_weight=0.001" for name in ("bnn", "bnn_ordered", "bnn_skip")]))
+    assert {repeated.method_settings(name).kl_weight for name in ("bnn", "bnn_ordered", "bnn_skip")} == {0.001}
 
 
 def test_the_sample_stage_stores_the_skip_networks_predictions(fitted, tiny_exp):

@@ -12,18 +12,21 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from matplotlib.colors import LogNorm
 from matplotlib.image import imread
 from scipy import stats
 from torch import nn
 
 from benchmark.analyses import ANALYSES, MissingInputsError, NotApplicableError, min_mass, permutation_frequency, toy
-from benchmark.analyses.figures import COLUMN_WIDTH, DPI
+from benchmark.analyses.figures import COLUMN_WIDTH, DPI, style
 from benchmark.cli import check_command_line, run
 from benchmark.config import Analysis
 from benchmark.experiment import Experiment
 from benchmark.models import predict_with_weights
-from benchmark.store import load_checkpoints_as_sample_set, load_sample_set, save_checkpoint, save_sample_set
-from benchmark.training import seeded
+from benchmark.store import (
+    load_checkpoints_as_sample_set, load_sample_set, save_checkpoint, save_sample_set, stack_state_dicts,
+)
+from benchmark.training import seeded, train_network
 from metrics.predictive import mutual_information
 from metrics.symmetries import canonicalize, min_mass_cvxpy, sort_units, spec_for_model
 from tests.conftest import compose_config
@@ -130,6 +133,40 @@ def test_toy_check_catches_a_removal_that_changes_the_function(monkeypatch):
         toy.remove_symmetries(params, torch.Generator().manual_seed(0))
 
 
+def test_toy_panels_share_one_log_colour_scale():
+    result, _ = toy.simulate(300, seed=1)
+    points = toy.output_weights(result)
+    with style():
+        figure = toy.draw(points, result.kept)
+    meshes = [ax.collections[0] for ax in figure.axes[:3]]
+    counts = [float(mesh.get_array().max()) for mesh in meshes]
+    assert len(set(counts)) > 1, "the panels' largest bins differ, so one scale per panel would differ too"
+    norm = meshes[0].norm
+    assert isinstance(norm, LogNorm) and (norm.vmin, norm.vmax) == (1, max(counts))
+    assert all(mesh.norm is norm for mesh in meshes)
+    assert figure.axes[3].get_ylim() == pytest.approx((1, max(counts))), "the colorbar spans the shared scale"
+
+
+def test_toy_warns_and_flags_when_more_than_one_percent_is_dropped(analyzed, tmp_path, monkeypatch, caplog):
+    _, losses = toy.simulate(200, seed=0)
+    monkeypatch.setattr(toy, "KEEP_LOSS", float(losses.median()))  # drops about half
+    exp = Experiment(compose_config([f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}",
+                                     "analyze.toy.networks=200", "analyze.toy.seed=0"]))
+    with caplog.at_level("WARNING", logger=toy.__name__):
+        toy.run(exp)
+    summary = _csv(exp, "toy_summary").iloc[0]
+    assert summary.networks_kept == int((losses <= losses.median()).sum()) and summary.dropped_above_paper
+    assert "more than the paper's <1%" in caplog.text
+    fixture = _csv(analyzed[0], "toy_summary").iloc[0]
+    dropped = fixture.networks_trained - fixture.networks_kept
+    assert fixture.dropped_above_paper == (100 * dropped > fixture.networks_trained)
+    second = float(losses.sort().values[1])
+    monkeypatch.setattr(toy, "KEEP_LOSS", (float(losses.min()) + second) / 2)  # exactly one network kept
+    with pytest.raises(RuntimeError, match="toy: only 1 of 200 networks reached a last-epoch loss"):
+        toy.simulate(200, seed=0)
+    assert "early stopping is not implemented" in toy.CAPTION
+
+
 # --- min_mass --------------------------------------------------------------------------------------
 def test_min_mass_numbers_against_cvxpy_and_the_direct_mass(analyzed):
     exp, _ = analyzed
@@ -162,26 +199,56 @@ def test_pairwise_mi_against_each_pairs_predictions_and_pearson_against_scipy(an
 
 
 # --- permutation_frequency ---------------------------------------------------------------------------
+def _every_step(exp, seed):
+    """The weights at initialisation and after every step of seed ``seed``'s training, collected
+    independently of ``trace`` (same recipe and seeds: ``train_network`` is deterministic)."""
+    with seeded(seed):
+        model = exp.model()
+    snapshots = [{k: v.clone() for k, v in model.state_dict().items()}]
+    train_network(model, exp.train_set, exp.validation_tensors, exp.recipe, seed,
+                  on_step=lambda epoch, step, net: snapshots.append({k: v.clone() for k, v in net.state_dict().items()}))
+    return stack_state_dicts(snapshots)
+
+
 def test_kendall_tau_of_successive_sorting_permutations_against_scipy(analyzed):
     exp, _ = analyzed
     runs = _csv(exp, "permutation_frequency_runs")
     assert sorted(runs.seed.unique()) == [900000, 900001]
-    snapshots, steps, failure = permutation_frequency.trace(exp, 900000, log_every=2)
-    steps_per_epoch = math.ceil(len(exp.train_set) / exp.recipe.batch_size)
-    assert failure is None and len(steps) == 1 + (2 * steps_per_epoch) // 2
     spec = spec_for_model(exp.model())
-    scaled = canonicalize(snapshots, spec, ("scale",))[0]
-    perms = sort_units(scaled, spec, "first")[1]
-    mine = runs[runs.seed == 900000]
-    for group, perm in perms.items():
+    scaled = canonicalize(_every_step(exp, 900000), spec, ("scale",))[0]
+    every = sort_units(scaled, spec, "first")[1]  # {group: [1 + steps, n]}
+    steps_total = 2 * math.ceil(len(exp.train_set) / exp.recipe.batch_size)
+    assert steps_total % 5 != 0, "the last step is logged on its own"
+    logged = [*range(0, steps_total + 1, 5), steps_total]
+    # trace keeps only the permutations; a buffer of one byte sorts every logged network on its own
+    traced, steps, failure = permutation_frequency.trace(exp, 900000, log_every=5, buffer_bytes=1)
+    assert failure is None and steps["step"].tolist() == logged and set(traced) == set(every)
+    for group, perm in every.items():
+        assert traced[group].dtype == torch.int64 and torch.equal(traced[group], perm[logged]), group
+    mine = runs[runs.seed == 900000]  # the analysis: every 2 steps
+    for group, perm in every.items():
         if perm.shape[1] < 2:
             continue
-        expected = [stats.kendalltau(a, b).statistic for a, b in zip(perm[:-1].numpy(), perm[1:].numpy())]
+        perm = perm[::2].numpy()
+        expected = [stats.kendalltau(a, b).statistic for a, b in zip(perm[:-1], perm[1:])]
         np.testing.assert_allclose(mine[mine.group == group].tau.to_numpy(), expected, rtol=1e-5)  # CSV: 6 digits
     means = _csv(exp, "permutation_frequency")
     by_step = runs.groupby(["seed", "step"]).tau.mean().groupby("step").mean()
     np.testing.assert_allclose(means.set_index("step").mean_tau.loc[by_step.index], by_step.to_numpy(), rtol=1e-5)
     assert set(means.lr) == {exp.recipe.lr, exp.recipe.lr * exp.recipe.gamma}
+
+
+@pytest.mark.parametrize("experiment", ["cifar100_resnet18", "tinyimagenet_resnet18"])
+def test_resnet_permutation_traces_fit_in_memory(experiment, tmp_path):
+    """The ResNet experiments log sparsely enough that a run's permutations ([T, units] int64)
+    stay small, and train few runs (each is a full ResNet-18 training)."""
+    exp = Experiment(compose_config([f"store={tmp_path}", f"experiment={experiment}"]))
+    settings = exp.config.analyze.permutation_frequency
+    steps = exp.recipe.epochs * math.ceil({"cifar100_resnet18": 50000, "tinyimagenet_resnet18": 100000}[experiment]
+                                          / exp.recipe.batch_size)
+    units = sum(g.size for g in spec_for_model(exp.model()).groups)
+    assert settings.runs <= 3 and 100 <= steps // settings.log_every <= 1000
+    assert settings.runs * (1 + steps // settings.log_every) * units * 8 < 64 * 2**20
 
 
 # --- marginals -------------------------------------------------------------------------------------
@@ -198,6 +265,12 @@ def test_marginal_ks_against_scipy_on_the_store_values(analyzed):
             expected = stats.ks_2samp(a[key].flatten().double().numpy(), b[key].flatten().double().numpy())
             row = numbers.loc[("ensemble", "multi", key, form)]
             assert row.ks_statistic == pytest.approx(expected.statistic) and row.ks_pvalue == pytest.approx(expected.pvalue)
+    histograms = _csv(exp, "marginals")
+    for source, values in (("zoo", zoo), ("Deep Ensembles [multi]", samples)):
+        mine = histograms[(histograms.layer == "fc1.weight") & (histograms.form == "raw") & (histograms.source == source)]
+        edges = np.append(mine.bin_left.to_numpy(), mine.bin_right.iloc[-1])
+        expected = np.histogram(values["fc1.weight"].flatten().double().numpy(), bins=edges, density=True)[0]
+        np.testing.assert_allclose(mine.density.to_numpy(), expected, rtol=1e-4)  # edges: 6 digits in the CSV
     units = _csv(exp, "marginals_ks_units")
     raw = units[(units.layer == "fc1.weight") & (units.form == "raw") & (units.unit_b == 2)].iloc[0]
     expected = stats.ks_2samp(zoo["fc1.weight"][:, 0].flatten().numpy(), zoo["fc1.weight"][:, 2].flatten().numpy())
@@ -206,6 +279,45 @@ def test_marginal_ks_against_scipy_on_the_store_values(analyzed):
     total = modes.loc[("total", True)]
     assert total.log10_modes_median == pytest.approx(math.log10(2 * math.factorial(5) ** 2 * 6))
     assert modes.loc[("conv1", False)].log10_modes_median == 0.0
+
+
+def test_marginals_subsample_large_layers_show_a_few_and_stream_to_the_same_numbers(analyzed, tmp_path):
+    exp, root = analyzed
+    small = ["analyze.marginals.max_values=300", "analyze.marginals.max_layers_shown=2", "analyze.marginals.max_units=1"]
+    results = {}
+    for name, extra in (("memory", []), ("streamed", ["evaluate.max_in_memory_gb=1e-6"])):
+        cfg = compose_config([f"store={root / 'store'}", f"results={tmp_path / name}", *TINY, "stage=analyze",
+                              "analysis=marginals", *small, *extra])
+        run(cfg)
+        results[name] = Experiment(cfg)
+    numbers = _csv(results["memory"], "marginals_ks").set_index(["method", "mode", "layer", "form"])
+    spec = spec_for_model(exp.model())
+    zoo = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(REFERENCE))
+    samples = load_sample_set(exp.store.samples_path("ensemble", "multi"))
+    forms = {"raw": (zoo, samples), "NS": (canonicalize(zoo, spec, ("scale", "sort"))[0],
+                                         canonicalize(samples, spec, ("scale", "sort"))[0])}
+
+    def subsample(tensor, position):  # 300 of the entries, column-major positions drawn from (seed 0, layer position)
+        flat = tensor.reshape(len(tensor), -1).T.reshape(-1).double().numpy()
+        return flat[np.sort(np.random.default_rng((0, position)).choice(flat.size, 300, replace=False))]
+
+    position = list(spec.mass_keys).index("conv2.weight")
+    for form, (a, b) in forms.items():
+        row = numbers.loc[("ensemble", "multi", "conv2.weight", form)]
+        assert (row.n_zoo, row.zoo_entries, row.n_method, row.method_entries) == (300, 8 * 250, 300, 4 * 250)
+        expected = stats.ks_2samp(subsample(a["conv2.weight"], position), subsample(b["conv2.weight"], position))
+        assert row.ks_statistic == pytest.approx(expected.statistic, rel=1e-5)  # CSV: 6 digits
+        assert row.ks_pvalue == pytest.approx(expected.pvalue, rel=1e-5)
+        whole = numbers.loc[("ensemble", "multi", "fc2.weight", form)]
+        assert (whole.n_zoo, whole.zoo_entries) == (8 * 30, 8 * 30), "a layer within max_values is used whole"
+    assert set(numbers.index.get_level_values("layer")) == set(spec.mass_keys), "the CSV keeps every layer"
+    assert sorted(numbers[numbers["shown"]].index.get_level_values("layer").unique()) == ["conv1.weight", "fc2.weight"]
+    assert (numbers["max_values"] == 300).all() and (numbers["subsample_seed"] == 0).all()
+    figures = results["memory"].results_dir / "figures"
+    assert imread(figures / "marginals.png").shape[0] == round((1.05 * 2 + 0.9) * DPI), "two layers shown"
+    assert set(_csv(results["memory"], "marginals_ks_units").unit_b) == {1}
+    for name in ("marginals", "marginals_ks", "marginals_ks_units"):
+        pd.testing.assert_frame_equal(_csv(results["streamed"], name), _csv(results["memory"], name), obj=name)
 
 
 # --- bad input -------------------------------------------------------------------------------------
@@ -244,4 +356,4 @@ def test_marginals_without_samples_names_the_sample_stage(analyzed, tmp_path):
 def test_min_mass_does_not_apply_to_batchnorm_networks(tmp_path):
     exp = Experiment(compose_config([f"store={tmp_path}", "model=resnet18"]))
     with pytest.raises(NotApplicableError, match="min-mass is degenerate.*absorbed by BatchNorm"):
-        min_mass.check(exp)
+        min_mass.applies(exp)

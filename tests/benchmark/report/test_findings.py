@@ -1,7 +1,11 @@
-"""findings.md: the paper's claims as comparisons with error bars, and their verdicts."""
+"""findings.md: the paper's and the seeds' claims as comparisons with error bars, their verdicts, and
+the note on how to read the symmetry-breaking vBNN rows."""
+import re
+
 import pandas as pd
 
-from benchmark.report.findings import paper_claims, render
+from benchmark.report.findings import Comparison, paper_claims, render, seed_claims
+from methods import method_class
 from metrics.uncertainty import compare, interval
 from tests.benchmark.report.test_tables import row
 
@@ -67,3 +71,54 @@ def test_failed_rows_are_named_and_left_out():
     frame.loc[frame["method"] == "swag", "status"] = "failed"
     text = render(frame)
     assert "Rows that failed are left out: SWAG (one), SWAG (multi)." in text and "SWAG (multi) <" not in text
+
+
+def _vbnn_rows(**variants):
+    """The plain vBNN (one mode) and the variants given as ``name={column: value}``; every
+    half-width 0.01 unless a variant sets ``<column>_hw``."""
+    base = dict(acc=0.80, nll=0.60, mmd_median=0.30, ns_mmd_median=0.20)
+    out = []
+    for method, values in {"bnn": {}, **variants}.items():
+        r = row("digits_optunet", method, "one", **(base | {k: v for k, v in values.items() if not k.endswith("_hw")}))
+        r |= {f"{c}_hw": 0.01 for c in base} | {k: v for k, v in values.items() if k.endswith("_hw")}
+        out.append(r | {"method_label": method_class(method).label})
+    return pd.DataFrame(out)
+
+
+def test_seed_claims_need_the_plain_vbnn_and_a_variant():
+    assert all(not claim.comparisons for claim in seed_claims({("bnn", "one")}))
+    assert all(not claim.comparisons for claim in seed_claims({("bnn_skip", "one"), ("bnn_ordered", "one")}))
+    assert all(not claim.comparisons for claim in seed_claims({("bnn", "multi"), ("bnn_skip", "one")}))
+    claims = {claim.text: claim.comparisons for claim in seed_claims({("bnn", "one"), ("bnn_ordered", "one")})}
+    assert [len(c) for c in claims.values()] == [0, 0, 1, 1], "the accuracy and NLL claims are seed 001's (skips)"
+    text = render(_vbnn_rows())
+    assert "Seed 001" not in text and "Seeds 000, 001" not in text and "symmetry-breaking vBNN rows" not in text
+
+
+def test_seed_claim_directions_and_verdicts_on_hand_made_rows():
+    rows = {("bnn", "one"), ("bnn_skip", "one"), ("bnn_ordered", "one")}
+    skip, ordered, bnn = ("bnn_skip", "one"), ("bnn_ordered", "one"), ("bnn", "one")
+    claims = {claim.text: claim.comparisons for claim in seed_claims(rows)}
+    assert list(claims.values()) == [
+        (Comparison(skip, bnn, "acc", lower=False),),
+        (Comparison(skip, bnn, "nll"),),
+        (Comparison(skip, bnn, "ns_mmd_median"), Comparison(ordered, bnn, "ns_mmd_median")),
+        (Comparison(skip, bnn, "mmd_median"), Comparison(ordered, bnn, "mmd_median")),
+    ]
+    frame = _vbnn_rows(
+        bnn_skip=dict(acc=0.85, nll=0.70, ns_mmd_median=0.15, mmd_median=0.29, mmd_median_hw=0.05),
+        bnn_ordered=dict(ns_mmd_median=0.10, mmd_median=0.45),  # bias-sorted: raw MMD worse by construction
+    )
+    text = render(frame)
+    assert "| Seed 001: fixed orthogonal skips reduce the vBNN's underfitting: higher accuracy ... | holds | 1/1 |" in text
+    assert "| ... and lower NLL than the plain vBNN. | fails | 0/1 |" in text
+    assert ("| Seeds 000, 001: breaking the symmetry during training brings the vBNN's posterior closer to the "
+            "reference: lower NS MMD than the plain vBNN. | holds | 2/2 |") in text
+    assert "| ... and lower MMD. | fails | 0/2 |" in text
+    assert re.search(r"\| BNN \(orthogonal skips\) \(one\) < BNN \(one\) +\| mmd_median +\| 29.0 ± 5.0 \| 30.0 ± 1.0 "
+                     r"\| not distinguishable", text)
+    assert re.search(r"\| BNN \(ordered biases\) \(one\) +< BNN \(one\) +\| mmd_median +\| 45.0 ± 1.0 \| 30.0 ± 1.0 "
+                     r"\| fails", text)
+    note = text[text.index("## Reading the symmetry-breaking vBNN rows"):]
+    assert "BNN (orthogonal skips): the vBNN of another model" in note and "worse by construction" in note
+    assert "fc1's 3 units" in note

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from benchmark.report import table1, table2, table3, write_tables
-from benchmark.report.tables import table3_caption
+from benchmark.report.tables import captions, table3_caption
 from benchmark.results import MEASURED, VALUE_COLUMNS, half_width
 
 # The paper's MNIST - OptuNet Dropout and DE rows (Table 1), as metrics.csv stores them.
@@ -211,3 +211,23 @@ def test_table3_caption_names_the_anchor_or_says_it_was_off():
     assert "MNIST - OptuNet: the reference checkpoint of seed 0" in caption
     assert "CIFAR100 - ResNet18: not computed (evaluate.weight_matching=false)" in caption
     assert "lowest seed" in caption and "Agreement" in caption
+
+
+def test_captions_say_how_to_read_the_symmetry_breaking_rows_when_they_are_there(tmp_path):
+    plain = pd.DataFrame(paper_rows("digits_optunet"))
+    with_skip = pd.DataFrame(paper_rows("digits_optunet") + [row("digits_optunet", "bnn_skip", "one")])
+    both = pd.DataFrame(paper_rows("digits_optunet") + [row("digits_optunet", "bnn_skip", "one"),
+                                                         row("digits_optunet", "bnn_ordered", "one")])
+    for caption in (*captions(plain), table3_caption(plain)):
+        assert "skip connections" not in caption and "bias-sorted" not in caption
+    for caption in (*captions(with_skip), table3_caption(with_skip)):
+        assert "BNN (orthogonal skips): the vBNN of another model" in caption and "shared state-dict keys" in caption
+        assert "bias-sorted" not in caption
+    for caption in (*captions(both), table3_caption(both)):
+        assert "BNN (ordered biases): " in caption and "worse by construction" in caption
+        assert "NS MMD, which sorts both the same way, is the fair comparison" in caption and "fc1's 3 units" in caption
+    written = write_tables(both, tmp_path)
+    for name in ("table1", "table2", "table3"):
+        assert "worse by construction" in (tmp_path / f"{name}.md").read_text()
+        assert "fc1's 3 units" in (tmp_path / f"{name}.tex").read_text()
+    assert len(written) == 9
