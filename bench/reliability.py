@@ -182,7 +182,7 @@ def damage(source: Path, reference: dict[str, str]) -> None:
           f"{'yes' if redone else 'NO'}")
     healed = 0
     for i, kind in enumerate(kinds):
-        target = base / ("samples" if i % 2 == 0 else "preds") / "swag_one.safetensors"
+        target = base / ("samples" if i % 2 == 0 else "preds") / "swag_one_r0.safetensors"
         corrupt(target, kind)
         code, out = finish(cli(store, "stage=sample", *SAMPLE, "mode=one"))
         ok = code == 0 and "moved to" in out and digests(base) == reference
