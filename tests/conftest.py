@@ -40,6 +40,15 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 
 @pytest.fixture
+def single_torch_thread() -> Iterator[None]:
+    """One torch thread during the test (bit-identical reruns; no oversubscribed cores), restored after."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture
 def tiny_cfg(tmp_path) -> Iterator[DictConfig]:
     """digits/OptuNet config with a 2-epoch recipe and a store in a temp folder (with the
     model's CPU backend switches applied, as the CLI does)."""

@@ -16,12 +16,7 @@ from tests.conftest import compose_config
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def tiny_images(n=8, generator_seed=0):

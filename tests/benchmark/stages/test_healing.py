@@ -25,12 +25,7 @@ TINY = ["train.epochs=1", "sample.repetitions=1", "evaluate.reference_resamples=
         "method=ensemble", "sample.per_method=3"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)  # bit-identical retraining
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")  # bit-identical retraining
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,9 @@ from benchmark.stages import verify
 from benchmark.stages.sample import run as run_sample
 from benchmark.stages.zoo import run_zoo
 from benchmark.store import load_checkpoint, read_metadata
-from tests.benchmark.stages.test_healing import TINY, exp, healthy, one_thread  # noqa: F401 (fixtures)
+from tests.benchmark.stages.test_healing import TINY, exp, healthy  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 from tests.conftest import REPO
 from tests.corruptions import _rewrite, _tensors_and_metadata, corrupt
 

@@ -13,12 +13,7 @@ from benchmark.training.stacked import NotStackableError, PackedChain, VmapNetwo
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def every_piece() -> nn.Sequential:
