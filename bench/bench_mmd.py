@@ -33,7 +33,7 @@ from scipy.spatial.distance import cdist
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmark.store import SampleSetFile, sample_set_keys  # noqa: E402
+from benchmark.core.store import SampleSetFile, sample_set_keys  # noqa: E402
 from metrics.mmd import layer_mmd, mmd, split_columns  # noqa: E402
 from summary import record  # noqa: E402  (bench/summary.py, next to this file)
 

@@ -29,9 +29,9 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmark.models import resnet18  # noqa: E402
-from benchmark.store import load_checkpoint, save_checkpoint  # noqa: E402
-from benchmark.store.checksum import forget_all, tensor_digest  # noqa: E402
+from benchmark.core.models import resnet18  # noqa: E402
+from benchmark.core.store import load_checkpoint, save_checkpoint  # noqa: E402
+from benchmark.core.store.checksum import forget_all, tensor_digest  # noqa: E402
 from summary import record  # noqa: E402  (bench/summary.py, next to this file)
 
 WORK = REPO / "bench" / "_work" / "store"  # bench/_work is shared with other benches: only this folder is ours

@@ -5,7 +5,7 @@
    extrapolated linearly to N. Prints the speed ratio (goal >= 50x) and the worst objective gap.
 2. Canonicalising ResNet-18 checkpoints streamed from the store: M random-init checkpoints
    (default 100, ~45 MB each) are written under bench/_work/, read back in batches with
-   ``benchmark.store.iter_checkpoint_batches``, canonicalised and written as sample sets;
+   ``benchmark.core.store.iter_checkpoint_batches``, canonicalised and written as sample sets;
    prints wall time, peak RSS during the phase and the linear extrapolation to 1000. The files
    are deleted at the end.
 """
@@ -24,8 +24,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmark.models import optunet, resnet18  # noqa: E402
-from benchmark.store import iter_checkpoint_batches, save_checkpoint, save_sample_set, stack_state_dicts  # noqa: E402
+from benchmark.core.models import optunet, resnet18  # noqa: E402
+from benchmark.core.store import iter_checkpoint_batches, save_checkpoint, save_sample_set, stack_state_dicts  # noqa: E402
 from metrics.symmetries import canonicalize, min_mass, min_mass_cvxpy, random_scales, rescale, spec_for_model  # noqa: E402
 from summary import record  # noqa: E402  (bench/summary.py, next to this file)
 

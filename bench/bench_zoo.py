@@ -45,7 +45,7 @@ def experiment(epochs: int | None = None):
 
 
 def build(exp, seeds):
-    from benchmark.training import seeded
+    from benchmark.core.training import seeded
 
     models = []
     for seed in seeds:
@@ -56,8 +56,8 @@ def build(exp, seeds):
 
 def train(exp, seeds, how: str) -> list:
     """Train ``seeds`` one at a time (``how="one"``) or stacked (``"packed"``, ``"vmap"``); outcomes in seed order."""
-    from benchmark.training import NonFiniteError, train_network
-    from benchmark.training.vectorised import train_networks
+    from benchmark.core.training import NonFiniteError, train_network
+    from benchmark.core.training.vectorised import train_networks
 
     data = exp.training_data
     if how != "one":
@@ -109,7 +109,7 @@ def flops_per_image() -> tuple[float, float]:
     """``(forward + backward, forward)`` FLOPs of OptuNet per image (batch of 32)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from benchmark.models import optunet
+    from benchmark.core.models import optunet
 
     model, x, y = optunet(), torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))
     with FlopCounterMode(display=False) as train_count:

@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmark.store.claims import HOST_ENV  # noqa: E402
+from benchmark.core.store.claims import HOST_ENV  # noqa: E402
 from tests.corruptions import CORRUPTIONS, corrupt  # noqa: E402
 
 WORK = REPO / "bench" / "_work" / "reliability"  # bench/_work is shared with other benches: only this folder is ours

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from benchmark.config import CONF_DIR, MAX_SEED, Analysis, ConfigError, Stage, compose_config, one_line, register_configs
-from benchmark.data import check_ood_pairing, get_dataset
+from benchmark.core.data import check_ood_pairing, get_dataset
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages import PIPELINE, STAGES
 from benchmark.stages.analyze import produced_by, runnable

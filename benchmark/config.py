@@ -23,11 +23,11 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from benchmark.data import DATASET_NAMES
-from benchmark.models import MODEL_NAMES
-from benchmark.settings import SettingsError, require
-from benchmark.store.importing import KeyMapping
-from benchmark.training import Recipe
+from benchmark.core.data import DATASET_NAMES
+from benchmark.core.models import MODEL_NAMES
+from benchmark.core.settings import SettingsError, require
+from benchmark.core.store.importing import KeyMapping
+from benchmark.core.training import Recipe
 from methods.bayesian_layers import BNNLayers
 from methods.laplace import HessianStructure, SubsetOfWeights
 from methods import registry
@@ -116,7 +116,7 @@ class SeedsConfig:
 class ZooConfig:
     """``range``: which ranges ``stage=zoo`` trains; this job trains the seeds with
     ``seed % num_shards == shard``. ``vectorize``: networks trained at once (K) by the
-    vectorised trainer (``benchmark/training/vectorised.py``): ``auto`` = as many as fit in
+    vectorised trainer (``benchmark/core/training/vectorised.py``): ``auto`` = as many as fit in
     memory, up to ``AUTO_NETWORKS`` (one at a time where the architecture or the data cannot be
     stacked, e.g. ResNet-18's BatchNorm), an integer K (refused before any work if K networks
     do not fit in memory, with the K that does), or 1 = one at a time (``train_network``)."""
@@ -253,7 +253,7 @@ class VerifyConfig:
 
 @dataclass
 class ClaimConfig:
-    """Claims on units of work shared by processes and cluster nodes (``benchmark/store/claims.py``):
+    """Claims on units of work shared by processes and cluster nodes (``benchmark/core/store/claims.py``):
     a held claim is refreshed every ``heartbeat_s`` seconds; one not refreshed for ``timeout_s``
     seconds is taken over (a claimant on the same host whose process is gone, at once)."""
 

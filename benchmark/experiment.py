@@ -18,10 +18,10 @@ from omegaconf import DictConfig
 from torch import nn
 
 from benchmark.config import MAX_SEED, ConfigError, Precision, resolve_config
-from benchmark.data import DatasetInfo, TrainSplit, as_tensors, dataset_info, get_dataset, get_ood_dataset, get_train_split
-from benchmark.models import build_model
-from benchmark.store import ExperimentStore
-from benchmark.training import Acceleration, Recipe, TrainingData
+from benchmark.core.data import DatasetInfo, TrainSplit, as_tensors, dataset_info, get_dataset, get_ood_dataset, get_train_split
+from benchmark.core.models import build_model
+from benchmark.core.store import ExperimentStore
+from benchmark.core.training import Acceleration, Recipe, TrainingData
 from methods import PosteriorMethod, method_class
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmark.store import atomic_path
+from benchmark.core.store import atomic_path
 
 STATUSES = ("ok", "failed")
 MODES = ("one", "multi")

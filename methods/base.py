@@ -21,9 +21,9 @@ from typing import Callable, ClassVar, Optional
 import torch
 from torch import nn
 
-from benchmark.models import predict_with_weights
-from benchmark.store import SampleSet
-from benchmark.training import Recipe, TrainingData
+from benchmark.core.models import predict_with_weights
+from benchmark.core.store import SampleSet
+from benchmark.core.training import Recipe, TrainingData
 
 MODES = ("one", "multi")
 ModelFactory = Callable[..., nn.Module]
@@ -105,7 +105,7 @@ class PosteriorMethod(ABC):
         """Fit the approximation around ``base`` (a trained plain-model state dict).
 
         ``seed`` fixes every random choice of the fit (data order, initialisation of
-        retrained networks). NaN/Inf during fitting raises ``benchmark.training.NonFiniteError``.
+        retrained networks). NaN/Inf during fitting raises ``benchmark.core.training.NonFiniteError``.
         """
 
     @abstractmethod

@@ -114,7 +114,7 @@ def to_bayesian(model: nn.Module, layers: BNNLayers | str, rho_init: float | Non
 
     BLiTZ's default priors are kept, and its posterior ``rho`` initialisation unless ``rho_init``
     is given (``rho ~ N(rho_init, 0.1^2)``, sigma = softplus(rho)); ``rho`` is drawn from torch's
-    global RNG (wrap the call in ``benchmark.training.seeded`` for reproducibility).
+    global RNG (wrap the call in ``benchmark.core.training.seeded`` for reproducibility).
     """
     check_convertible(model, layers)
     plain_keys = tuple(model.state_dict())

@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from blitz.losses import kl_divergence_from_nn
 from torch import nn
 
-from benchmark.settings import SettingsError, require
-from benchmark.store import SampleSet, stack_state_dicts
-from benchmark.training import LossFn, OptimizerChain, Recipe, RecipeOverrides, make_optimizer, seeded, train_network
+from benchmark.core.settings import SettingsError, require
+from benchmark.core.store import SampleSet, stack_state_dicts
+from benchmark.core.training import LossFn, OptimizerChain, Recipe, RecipeOverrides, make_optimizer, seeded, train_network
 from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod
 from methods.bayesian_layers import BayesianNetwork, BNNLayers, check_convertible, to_bayesian
 

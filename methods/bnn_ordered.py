@@ -32,7 +32,7 @@ from blitz.modules import BayesianLinear
 from blitz.modules.weight_sampler import TrainableRandomDistribution
 from torch import nn
 
-from benchmark.training import seeded
+from benchmark.core.training import seeded
 from methods.base import MethodConfigError
 from methods.bayesian_layers import BayesianNetwork, BNNLayers, to_bayesian
 from methods.bnn import BNNMethod, BNNSettings

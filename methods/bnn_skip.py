@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmark.models import predict_with_weights
-from benchmark.settings import require
-from benchmark.store import SampleSet
-from benchmark.training import seeded
+from benchmark.core.models import predict_with_weights
+from benchmark.core.settings import require
+from benchmark.core.store import SampleSet
+from benchmark.core.training import seeded
 from methods.base import MethodConfigError
 from methods.bayesian_layers import BayesianNetwork, to_bayesian
 from methods.bnn import BNNMethod, BNNSettings

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from benchmark.models import predict_with_weights
-from benchmark.settings import require
-from benchmark.store import SampleSet
-from benchmark.training import seeded, train_network
+from benchmark.core.models import predict_with_weights
+from benchmark.core.settings import require
+from benchmark.core.store import SampleSet
+from benchmark.core.training import seeded, train_network
 from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod
 
 

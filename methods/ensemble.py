@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from benchmark.store import SampleSet
-from benchmark.training import seeded
+from benchmark.core.store import SampleSet
+from benchmark.core.training import seeded
 from methods.base import MethodConfigError, PosteriorMethod
 
 

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from benchmark.settings import require
-from benchmark.store import SampleSet
-from benchmark.training import NonFiniteError, seeded
+from benchmark.core.settings import require
+from benchmark.core.store import SampleSet
+from benchmark.core.training import NonFiniteError, seeded
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
 
 

@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.store import SampleSet
-from benchmark.training import NonFiniteError
+from benchmark.core.store import SampleSet
+from benchmark.core.training import NonFiniteError
 from methods.base import MethodConfigError, MethodFitError, PosteriorMethod
 
 log = logging.getLogger(__name__)

@@ -37,11 +37,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value
 
-from benchmark.data import InMemoryImageDataset
-from benchmark.models import predict_with_weights
-from benchmark.settings import require
-from benchmark.store import SampleSet, stack_state_dicts
-from benchmark.training import NonFiniteError, iterate_batches, seeded
+from benchmark.core.data import InMemoryImageDataset
+from benchmark.core.models import predict_with_weights
+from benchmark.core.settings import require
+from benchmark.core.store import SampleSet, stack_state_dicts
+from benchmark.core.training import NonFiniteError, iterate_batches, seeded
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
 
 log = logging.getLogger(__name__)

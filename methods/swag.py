@@ -29,9 +29,9 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.optim.swa_utils import update_bn
 
-from benchmark.settings import require
-from benchmark.store import SampleSet, stack_state_dicts
-from benchmark.training import (
+from benchmark.core.settings import require
+from benchmark.core.store import SampleSet, stack_state_dicts
+from benchmark.core.training import (
     NonFiniteError, check_weights_finite, iterate_batches, learning_rate, make_optimizer, seeded,
 )
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod

@@ -14,9 +14,9 @@ from typing import Callable
 import torch
 from safetensors import safe_open
 
-from benchmark.store.blocks import read_header
-from benchmark.store.checkpoint import write_safetensors
-from benchmark.store.checksum import METADATA_KEY
+from benchmark.core.store.blocks import read_header
+from benchmark.core.store.checkpoint import write_safetensors
+from benchmark.core.store.checksum import METADATA_KEY
 
 
 def _tensors_and_metadata(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

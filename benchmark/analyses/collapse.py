@@ -23,8 +23,8 @@ from scipy import stats
 from benchmark.analyses.figures import PALETTE, new_figure, save_figure, style
 from benchmark.analyses.inputs import figures_dir, reference, require_reference
 from benchmark.experiment import Experiment
-from benchmark.models import predict_with_weights
-from benchmark.store import iter_checkpoint_batches
+from benchmark.core.models import predict_with_weights
+from benchmark.core.store import iter_checkpoint_batches
 from metrics.collapse import pairs_to_use, pairwise_mutual_information
 
 log = logging.getLogger(__name__)

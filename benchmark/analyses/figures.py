@@ -16,7 +16,7 @@ from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from benchmark.store import atomic_path, atomic_write_text
+from benchmark.core.store import atomic_path, atomic_write_text
 
 logging.getLogger("fontTools").setLevel(logging.WARNING)  # its PDF font subsetting logs every glyph at INFO
 

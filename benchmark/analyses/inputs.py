@@ -7,7 +7,7 @@ import torch
 
 from benchmark.experiment import Experiment
 from benchmark.stages.evaluate import Reference, available_rows, reference_seeds
-from benchmark.store import StoreError, load_sample_set, validate_tensors
+from benchmark.core.store import StoreError, load_sample_set, validate_tensors
 
 
 class MissingInputsError(StoreError):

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from benchmark.analyses.figures import COLUMN_WIDTH, PALETTE, new_figure, save_figure, style
 from benchmark.analyses.inputs import figures_dir, first_repetition, reference, require_reference, require_samples
 from benchmark.experiment import Experiment
-from benchmark.store import iter_layer_column_chunks, load_checkpoints_as_sample_set
+from benchmark.core.store import iter_layer_column_chunks, load_checkpoints_as_sample_set
 from methods import method_class, method_names
 from metrics.marginals import gather, ks_test, subsample_indices
 from metrics.symmetries import canonicalize, log10_permutation_modes, spec_for_model

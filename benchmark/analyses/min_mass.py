@@ -21,7 +21,7 @@ from matplotlib.patches import Patch
 from benchmark.analyses.figures import PALETTE, new_figure, save_figure, style
 from benchmark.analyses.inputs import NotApplicableError, figures_dir, reference, require_reference
 from benchmark.experiment import Experiment
-from benchmark.models import predict_with_weights
+from benchmark.core.models import predict_with_weights
 from metrics.symmetries import DegenerateMinMassError, check_min_mass_defined, min_mass, spec_for_model
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 from benchmark.analyses.figures import PALETTE, new_figure, save_figure, style
 from benchmark.analyses.inputs import figures_dir
 from benchmark.experiment import Experiment
-from benchmark.store import stack_state_dicts
-from benchmark.training import learning_rate, seeded, train_network
+from benchmark.core.store import stack_state_dicts
+from benchmark.core.training import learning_rate, seeded, train_network
 from metrics.kendall import successive_kendall_tau
 from metrics.symmetries import canonicalize, spec_for_model
 

@@ -37,7 +37,7 @@ from scipy.optimize import linprog
 from benchmark.analyses.figures import COLUMN_WIDTH, new_figure, save_figure, sequential_colormap, style
 from benchmark.analyses.inputs import figures_dir
 from benchmark.experiment import Experiment
-from benchmark.models import mlp
+from benchmark.core.models import mlp
 from metrics.symmetries import normalize_scales, permute, rescale, sequential_spec
 
 log = logging.getLogger(__name__)

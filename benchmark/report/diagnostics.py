@@ -15,7 +15,7 @@ import pandas as pd
 
 from benchmark.experiment import Experiment
 from benchmark.stages.evaluate import available_rows
-from benchmark.store import atomic_write_text, load_sample_set, read_metadata
+from benchmark.core.store import atomic_write_text, load_sample_set, read_metadata
 from metrics.chains import effective_sample_size
 
 BASE_COLUMNS = ["method", "method_label", "mode", "repetitions", "n_samples", "sample_acc_min", "sample_acc_median",

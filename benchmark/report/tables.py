@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark.results import check_metrics, half_width
-from benchmark.store import atomic_write_text
+from benchmark.core.store import atomic_write_text
 from methods import method_class, method_names
 
 GROUP_LABELS = {"one": "One Mode", "multi": "Multi Mode"}

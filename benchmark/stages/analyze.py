@@ -17,7 +17,7 @@ from typing import Sequence
 
 from benchmark import analyses  # the package, not its names: it imports the evaluate stage (a cycle)
 from benchmark.experiment import Experiment
-from benchmark.store import atomic_write_text
+from benchmark.core.store import atomic_write_text
 
 log = logging.getLogger(__name__)
 

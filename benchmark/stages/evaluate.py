@@ -32,11 +32,11 @@ import torch
 from tqdm.auto import tqdm
 
 from benchmark.experiment import Experiment, code_fingerprint, stable_hash
-from benchmark.models import predict_with_weights
+from benchmark.core.models import predict_with_weights
 from benchmark.results import MEASURED, MMD_COLUMNS, half_width, write_metrics
 from benchmark.stages.sample import unit_problem
 from benchmark.stages.zoo import corrupt_zoo_error
-from benchmark.store import (
+from benchmark.core.store import (
     CheckpointError,
     CheckpointFiles,
     SampleSetFile,
@@ -60,7 +60,7 @@ from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
 from metrics.uncertainty import interval
 
 log = logging.getLogger(__name__)
-EVALUATE_CODE = ("metrics", "benchmark/stages/evaluate.py", "benchmark/models", "benchmark/results.py")
+EVALUATE_CODE = ("metrics", "benchmark/stages/evaluate.py", "benchmark/core/models", "benchmark/results.py")
 SUMMARIES = ("median", "mean", "max")
 
 

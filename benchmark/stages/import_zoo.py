@@ -27,8 +27,8 @@ from tqdm.auto import tqdm
 
 from benchmark.config import ConfigError, ImportRange, SeedsFrom
 from benchmark.experiment import Experiment, SeedRange, library_versions
-from benchmark.store import StoreError, read_metadata, save_checkpoint, seed_name
-from benchmark.store.importing import (
+from benchmark.core.store import StoreError, read_metadata, save_checkpoint, seed_name
+from benchmark.core.store.importing import (
     ForeignCheckpoint,
     check_against,
     iter_checkpoints,
@@ -36,7 +36,7 @@ from benchmark.store.importing import (
     read_checkpoint,
     seed_from_name,
 )
-from benchmark.training import accuracy
+from benchmark.core.training import accuracy
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from benchmark.experiment import Experiment
 from benchmark.report import diagnostics, findings, write_tables
 from benchmark.results import read_metrics
 from benchmark.stages.zoo import zoo_summary
-from benchmark.store import atomic_write_text
+from benchmark.core.store import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -34,10 +34,10 @@ import torch
 
 from benchmark.config import ConfigError, ModeChoice
 from benchmark.experiment import Experiment, code_fingerprint, library_versions, stable_hash
-from benchmark.models import predict_with_weights
-from benchmark.settings import SettingsError
+from benchmark.core.models import predict_with_weights
+from benchmark.core.settings import SettingsError
 from benchmark.stages.zoo import corrupt_zoo_error
-from benchmark.store import (
+from benchmark.core.store import (
     CheckpointError,
     SampleSet,
     StoreError,
@@ -50,7 +50,7 @@ from benchmark.store import (
     save_sample_set,
     validate_tensors,
 )
-from benchmark.training import NonFiniteError
+from benchmark.core.training import NonFiniteError
 from methods import MODES, MethodConfigError, MethodFitError, PosteriorMethod, method_class, method_names
 from methods.modes import ModePlan, plan_counts, run_mode
 
@@ -109,7 +109,7 @@ def selected_units(method: str, mode: str) -> list[tuple[str, str]]:
     return units
 
 
-SAMPLE_CODE = ("methods", "benchmark/training", "benchmark/models")  # what a sample set is computed by
+SAMPLE_CODE = ("methods", "benchmark/core/training", "benchmark/core/models")  # what a sample set is computed by
 
 
 def settings_hash(exp: Experiment, name: str) -> str:

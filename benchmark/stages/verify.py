@@ -31,11 +31,11 @@ from benchmark.config import CONF_DIR, ConfigError, VerifyScope, compose_config
 from benchmark.experiment import Experiment
 from benchmark.stages.sample import StoredUnit, inspect_unit, selected_units, unit_expectations
 from benchmark.stages.zoo import quarantined_seeds, seed_problem
-from benchmark.store import (
+from benchmark.core.store import (
     CheckpointError, ExperimentStore, StoreError, check_file, claims_in, quarantine, quarantined, read_metadata,
     remove_temp_files_of, seed_of_file, stale_reason, stored_checksums,
 )
-from benchmark.store.atomic import is_temp_file
+from benchmark.core.store.atomic import is_temp_file
 from methods import MODES, method_names
 
 log = logging.getLogger(__name__)

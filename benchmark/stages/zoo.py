@@ -26,14 +26,14 @@ from tqdm.auto import tqdm
 
 from benchmark.config import ConfigError, ZooRange
 from benchmark.experiment import Experiment, SeedRange, library_versions
-from benchmark.store import (
+from benchmark.core.store import (
     CheckpointError, ExperimentStore, StoreError, check_file, metadata_float, quarantine, quarantined, read_metadata,
     remove_temp_files_of, save_checkpoint, seed_name, seed_of_file,
 )
-from benchmark.store.claims import Claim
-from benchmark.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
-from benchmark.training.stacked import NotStackableError, stacked_networks
-from benchmark.training.vectorised import AUTO_NETWORKS, check_stackable, networks_that_fit, train_networks
+from benchmark.core.store.claims import Claim
+from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
+from benchmark.core.training.stacked import NotStackableError, stacked_networks
+from benchmark.core.training.vectorised import AUTO_NETWORKS, check_stackable, networks_that_fit, train_networks
 
 log = logging.getLogger(__name__)
 

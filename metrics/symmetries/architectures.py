@@ -158,7 +158,7 @@ def _attach_consumer(architecture: str, current: _Draft, name: str, m: nn.Module
 
 
 def sequential_spec(model: nn.Sequential, architecture: str = "sequential") -> SymmetrySpec:
-    """Spec derived from a plain sequential ReLU net (e.g. ``benchmark.models.mlp``)."""
+    """Spec derived from a plain sequential ReLU net (e.g. ``benchmark.core.models.mlp``)."""
     if not isinstance(model, nn.Sequential):
         raise ValueError(f"sequential_spec: expected an nn.Sequential, got {type(model).__name__}")
     return chain_spec(architecture, model, list(model.named_children()))
@@ -180,7 +180,7 @@ def layer_chain_spec(model: nn.Module, architecture: str | None = None) -> Symme
 
 
 def resnet_spec(model: nn.Module, architecture: str = "resnet18") -> SymmetrySpec:
-    """Spec of a torchvision BasicBlock ResNet (``benchmark.models.resnet18``).
+    """Spec of a torchvision BasicBlock ResNet (``benchmark.core.models.resnet18``).
 
     Groups: ``stream1..4`` (the residual stream of each stage: stem or shortcut output plus every
     block's ``bn2`` output, read by the next blocks' ``conv1``, the next shortcut and ``fc``) and

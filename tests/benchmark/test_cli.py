@@ -10,10 +10,10 @@ import pytest
 
 from benchmark.cli import check_command_line, preflight, run, stages_of
 from benchmark.config import Stage
-from benchmark.data import DatasetNotFoundError
+from benchmark.core.data import DatasetNotFoundError
 from benchmark.experiment import Experiment
 from methods import MethodConfigError, method_names
-from tests.benchmark.data import formats
+from tests.benchmark.core.data import formats
 from tests.conftest import REPO, TINY_TRAIN, compose_config
 
 

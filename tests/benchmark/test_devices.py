@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from benchmark.config import ConfigError
-from benchmark.data import InMemoryImageDataset
+from benchmark.core.data import InMemoryImageDataset
 from benchmark.experiment import Experiment
-from benchmark.models import optunet, resnet18
-from benchmark.training import FULL_PRECISION, Acceleration, Recipe, seeded, train_network
+from benchmark.core.models import optunet, resnet18
+from benchmark.core.training import FULL_PRECISION, Acceleration, Recipe, seeded, train_network
 from tests.conftest import compose_config
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -92,7 +92,7 @@ def test_resnet_training_with_automatic_precision_on_cuda():
 
 @cuda
 def test_stacked_training_on_cuda_equals_the_cpu_kernels(tmp_path):
-    from benchmark.training.vectorised import train_networks
+    from benchmark.core.training.vectorised import train_networks
 
     exp = Experiment(compose_config(["train.epochs=1", "train.fail_rule.epoch=null"]))
     data, seeds = exp.training_data, [0, 1, 2]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmark.store import ExperimentStore, load_checkpoint, load_sample_set
+from benchmark.core.store import ExperimentStore, load_checkpoint, load_sample_set
 from benchmark.cli import run
 from tests.conftest import REPO, compose_config
 

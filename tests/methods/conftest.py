@@ -20,10 +20,10 @@ import torch
 from omegaconf import DictConfig
 
 from benchmark import config
-from benchmark.data import InMemoryImageDataset
+from benchmark.core.data import InMemoryImageDataset
 from benchmark.experiment import Experiment
 from benchmark.stages.zoo import run_zoo
-from benchmark.store import load_checkpoint
+from benchmark.core.store import load_checkpoint
 
 HELDOUT = (100000, 100008)
 # 2 epochs, the OptuMNIST non-convergence rule moved to epoch 2 so dead seeds are still recorded as failed.

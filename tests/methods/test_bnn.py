@@ -11,10 +11,10 @@ from torch import nn
 
 import methods.bnn as bnn_module
 from benchmark.config import compose_config
-from benchmark.data import InMemoryImageDataset
+from benchmark.core.data import InMemoryImageDataset
 from benchmark.experiment import Experiment
-from benchmark.models import optunet, predict_with_weights, resnet18
-from benchmark.training import FailRule, NonFiniteError, RecipeOverrides, TrainingData, seeded
+from benchmark.core.models import optunet, predict_with_weights, resnet18
+from benchmark.core.training import FailRule, NonFiniteError, RecipeOverrides, TrainingData, seeded
 from methods.base import MethodConfigError
 from methods.bayesian_layers import bayesian_layer_names, check_convertible, to_bayesian
 from methods.bnn import BNNMethod

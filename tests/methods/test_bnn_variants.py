@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmark.models import mlp, optunet, predict_with_weights
-from benchmark.training import FailRule, RecipeOverrides, seeded
+from benchmark.core.models import mlp, optunet, predict_with_weights
+from benchmark.core.training import FailRule, RecipeOverrides, seeded
 from methods.base import MethodConfigError
 from methods.bnn import BNNMethod
 from methods.bnn_ordered import (

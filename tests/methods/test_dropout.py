@@ -7,8 +7,8 @@ from torch import nn
 
 from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
-from benchmark.models import predict_with_weights
-from benchmark.training import NonFiniteError
+from benchmark.core.models import predict_with_weights
+from benchmark.core.training import NonFiniteError
 from methods.base import MethodFitError
 from methods.dropout import DropoutMethod, DropoutSettings, draw_masks, masked_weights
 from tests.methods.conftest import build

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from benchmark.experiment import Experiment
-from benchmark.models import predict_with_weights
+from benchmark.core.models import predict_with_weights
 from benchmark.stages.sample import load_base, prepare_units
 from methods.base import MethodConfigError
 from methods.modes import run_mode

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
-from benchmark.models import predict_with_weights
+from benchmark.core.models import predict_with_weights
 from methods.base import MethodConfigError
 from methods.laplace import LaplaceMethod, per_sample_jacobian_ggn
 from tests.methods.conftest import build

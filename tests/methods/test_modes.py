@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmark.training import NonFiniteError
+from benchmark.core.training import NonFiniteError
 from methods.base import MethodConfigError, MethodFitError
 from methods.dropout import DropoutMethod
 from methods.ensemble import EnsembleMethod

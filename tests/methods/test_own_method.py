@@ -14,8 +14,8 @@ import methods.registry as registry
 from benchmark.cli import check_command_line, run
 from benchmark.config import compose_config
 from benchmark.experiment import Experiment
-from benchmark.store import load_sample_set, save_checkpoint
-from benchmark.training import seeded
+from benchmark.core.store import load_sample_set, save_checkpoint
+from benchmark.core.training import seeded
 from methods import register_method
 from tests.conftest import REPO
 from tests.methods.conftest import HELDOUT, TINY_OVERRIDES

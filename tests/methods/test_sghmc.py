@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmark.data import InMemoryImageDataset
-from benchmark.models import predict_with_weights
-from benchmark.training import NonFiniteError, seeded
+from benchmark.core.data import InMemoryImageDataset
+from benchmark.core.models import predict_with_weights
+from benchmark.core.training import NonFiniteError, seeded
 from methods.base import MethodConfigError
 from methods.sghmc import Chain, SGHMCMethod, SGHMCSettings, network_log_posterior
 from tests.methods.conftest import build, one_thread

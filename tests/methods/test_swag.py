@@ -9,8 +9,8 @@ import torch
 
 from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
-from benchmark.models import predict_with_weights
-from benchmark.training import NonFiniteError
+from benchmark.core.models import predict_with_weights
+from benchmark.core.training import NonFiniteError
 from methods.base import MethodConfigError
 from methods.swag import SwagMoments, SWAGMethod, swag_draw
 from tests.methods.conftest import build

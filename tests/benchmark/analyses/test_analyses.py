@@ -22,11 +22,11 @@ from benchmark.analyses.figures import COLUMN_WIDTH, DPI, style
 from benchmark.cli import check_command_line, run
 from benchmark.config import Analysis
 from benchmark.experiment import Experiment
-from benchmark.models import predict_with_weights
-from benchmark.store import (
+from benchmark.core.models import predict_with_weights
+from benchmark.core.store import (
     load_checkpoints_as_sample_set, load_sample_set, save_checkpoint, save_sample_set, stack_state_dicts,
 )
-from benchmark.training import seeded, train_network
+from benchmark.core.training import seeded, train_network
 from metrics.predictive import mutual_information
 from metrics.symmetries import canonicalize, min_mass_cvxpy, sort_units, spec_for_model
 from tests.conftest import compose_config

@@ -7,12 +7,12 @@ import torch
 from safetensors.torch import save_file
 
 from benchmark.experiment import Experiment
-from benchmark.models import predict_with_weights
+from benchmark.core.models import predict_with_weights
 from benchmark.results import COLUMNS
 from benchmark.stages.evaluate import run as run_evaluate
 from benchmark.stages.report import run as run_report
-from benchmark.store import StoreError, load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
-from benchmark.training import seeded
+from benchmark.core.store import StoreError, load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
+from benchmark.core.training import seeded
 from benchmark.stages.evaluate import StaleSamplesError
 from benchmark.stages.sample import settings_hash
 from metrics.mmd import ReferenceResampling, mmd

@@ -10,9 +10,9 @@ from safetensors.torch import save_file
 from benchmark.cli import preflight, run
 from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
-from benchmark.models import predict_with_weights, resnet18
-from benchmark.store import CheckpointError, load_sample_set, read_metadata, save_checkpoint
-from benchmark.training import seeded
+from benchmark.core.models import predict_with_weights, resnet18
+from benchmark.core.store import CheckpointError, load_sample_set, read_metadata, save_checkpoint
+from benchmark.core.training import seeded
 from metrics.mmd import mmd
 from metrics.symmetries import canonicalize, spec_for_model
 from tests.conftest import compose_config

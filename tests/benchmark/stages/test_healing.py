@@ -15,8 +15,8 @@ from benchmark.stages.evaluate import run as run_evaluate
 from benchmark.stages.report import write_zoo_summary
 from benchmark.stages.sample import run as run_sample
 from benchmark.stages.zoo import CorruptZooError, run_zoo
-from benchmark.store import save_checkpoint
-from benchmark.training import seeded
+from benchmark.core.store import save_checkpoint
+from benchmark.core.training import seeded
 from tests.conftest import compose_config
 from tests.corruptions import CORRUPTIONS, corrupt
 

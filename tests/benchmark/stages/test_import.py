@@ -15,12 +15,12 @@ from safetensors.torch import save_file
 
 from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
-from benchmark.models import optunet, resnet18
+from benchmark.core.models import optunet, resnet18
 from benchmark.stages import import_zoo
 from benchmark.stages.zoo import zoo_summary
-from benchmark.store import CheckpointError, StoreError, load_checkpoint, save_checkpoint
-from benchmark.store.importing import check_against, natural_key
-from benchmark.training import seeded
+from benchmark.core.store import CheckpointError, StoreError, load_checkpoint, save_checkpoint
+from benchmark.core.store.importing import check_against, natural_key
+from benchmark.core.training import seeded
 from tests.conftest import REPO, compose_config
 
 
@@ -204,7 +204,7 @@ def test_a_trained_checkpoint_is_never_replaced(tmp_path):
 
 def test_natural_order_and_fill_missing():
     assert sorted(["m10.pt", "m2.pt", "a/m1.pt"], key=natural_key) == ["a/m1.pt", "m2.pt", "m10.pt"]
-    from benchmark.store.importing import KeyMapping
+    from benchmark.core.store.importing import KeyMapping
 
     reference = resnet18(num_classes=10).state_dict()
     partial = {k: v for k, v in reference.items() if not k.endswith("num_batches_tracked")}

@@ -20,11 +20,11 @@ from torch.optim.swa_utils import update_bn
 
 from benchmark.cli import run
 from benchmark.experiment import Experiment
-from benchmark.models import predict_with_weights
-from benchmark.store import load_checkpoints_as_sample_set, load_sample_set, read_metadata
-from benchmark.training import iterate_batches
+from benchmark.core.models import predict_with_weights
+from benchmark.core.store import load_checkpoints_as_sample_set, load_sample_set, read_metadata
+from benchmark.core.training import iterate_batches
 from metrics.symmetries import canonicalize, spec_for_model
-from tests.benchmark.data import formats
+from tests.benchmark.core.data import formats
 from tests.conftest import compose_config
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ TINY_RESNET = (
 @pytest.fixture(autouse=True)
 def exists_only_checksums(monkeypatch):
     """Tiny CIFAR-100/SVHN files cannot match the official md5 sums: only here torchvision's
-    check_integrity is reduced to "the file exists" (as tests/benchmark/data/conftest.py does)."""
+    check_integrity is reduced to "the file exists" (as tests/benchmark/core/data/conftest.py does)."""
     def exists_only(fpath, md5=None):
         return os.path.isfile(fpath)
 

@@ -12,14 +12,14 @@ import benchmark.stages.sample as sample_stage
 from benchmark.cli import run
 from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
-from benchmark.models import predict_with_weights
+from benchmark.core.models import predict_with_weights
 from benchmark.stages.sample import (
     MissingBasesError, SampleStageError, prepare_units, select_bases, selected_units,
 )
 from benchmark.stages.sample import run as run_sample
 from benchmark.stages.zoo import run_zoo
-from benchmark.store import load_checkpoint, load_sample_set, read_metadata
-from benchmark.training import NonFiniteError
+from benchmark.core.store import load_checkpoint, load_sample_set, read_metadata
+from benchmark.core.training import NonFiniteError
 from methods.base import MethodConfigError
 from tests.methods.conftest import compose_config, one_thread
 

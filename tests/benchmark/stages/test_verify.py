@@ -15,7 +15,7 @@ from benchmark.experiment import Experiment
 from benchmark.stages import verify
 from benchmark.stages.sample import run as run_sample
 from benchmark.stages.zoo import run_zoo
-from benchmark.store import load_checkpoint, read_metadata
+from benchmark.core.store import load_checkpoint, read_metadata
 from tests.benchmark.stages.test_healing import TINY, exp, healthy  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")

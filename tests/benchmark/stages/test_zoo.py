@@ -12,8 +12,8 @@ from benchmark.config import ConfigError
 from benchmark.experiment import Experiment, SeedRange
 from benchmark.stages import zoo
 from benchmark.stages.zoo import TrainingDivergedError, run_zoo
-from benchmark.store import load_checkpoint
-from benchmark.store.claims import HOST_ENV
+from benchmark.core.store import load_checkpoint
+from benchmark.core.store.claims import HOST_ENV
 from tests.conftest import REPO, TINY_TRAIN, compose_config
 
 FIRST_SIX = SeedRange("reference", 0, 6)
@@ -207,7 +207,7 @@ def test_vectorised_and_one_at_a_time_zoos_hold_the_same_checkpoints(tmp_path):
 def test_stack_size_follows_the_setting_the_architecture_and_the_memory(tmp_path, monkeypatch):
     exp = Experiment(compose_config([f"store={tmp_path}"]))
     assert zoo.stack_size(exp, 1000) == zoo.AUTO_NETWORKS and zoo.stack_size(exp, 5) == 5
-    monkeypatch.setattr("benchmark.training.vectorised.available_bytes", lambda device: 2**27)
+    monkeypatch.setattr("benchmark.core.training.vectorised.available_bytes", lambda device: 2**27)
     fit = zoo.stack_size(exp, 1000)
     assert 1 < fit < zoo.AUTO_NETWORKS  # auto: the largest K that fits
     too_many = Experiment(compose_config([f"store={tmp_path}", f"zoo.vectorize={fit + 1}"]))

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from benchmark.models import optunet, resnet18
+from benchmark.core.models import optunet, resnet18
 from metrics.mmd import MMDInputError, check_comparable_shapes, group_layers, layer_name
 
 

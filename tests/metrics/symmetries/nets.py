@@ -7,8 +7,8 @@ import torch
 from hypothesis import strategies as st
 from torch import nn
 
-from benchmark.models import mlp, optunet
-from benchmark.store import stack_state_dicts, unstack
+from benchmark.core.models import mlp, optunet
+from benchmark.core.store import stack_state_dicts, unstack
 
 
 def randomize(model: nn.Module, generator: torch.Generator) -> nn.Module:

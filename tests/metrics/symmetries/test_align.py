@@ -3,8 +3,8 @@ matching to an anchor, checked against the steps done one by one."""
 import pytest
 import torch
 
-from benchmark.models import optunet
-from benchmark.store import unstack
+from benchmark.core.models import optunet
+from benchmark.core.store import unstack
 from metrics.symmetries import (
     align_to_anchor, canonicalize, normalize_scales, permute, random_permutations, spec_for_model, weight_matching,
 )

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmark.models import mlp, optunet, resnet18
+from benchmark.core.models import mlp, optunet, resnet18
 from metrics.symmetries import (
     SORT_KEYS, canonicalize, center_logit_bias, normalize_scales, permute, random_permutations, random_scales,
     rescale, sort_units, spec_for_model,

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from benchmark.models import mlp, optunet, resnet18
+from benchmark.core.models import mlp, optunet, resnet18
 from metrics.symmetries import compose, permute, random_permutations, random_scales, rescale, spec_for_model
 from metrics.symmetries.engine import check_permutations, lift_block_permutation
 from tests.metrics.symmetries.nets import assert_same_function, drawn_weights, random_sample_set, small_networks

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from benchmark.models import mlp, optunet, resnet18
+from benchmark.core.models import mlp, optunet, resnet18
 from metrics.symmetries import (
     DegenerateMinMassError, canonicalize, mass, min_mass, min_mass_cvxpy, permute, random_permutations,
     random_scales, rescale, spec_for_model,

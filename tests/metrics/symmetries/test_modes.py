@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from benchmark.store import stack_state_dicts
+from benchmark.core.store import stack_state_dicts
 from metrics.symmetries import check_permutations, log10_permutation_modes, permute, sequential_spec
 from metrics.symmetries.engine import block_permutation
 
@@ -62,7 +62,7 @@ def test_mode_count_matches_brute_force(duplicate, block_moves):
 
 
 def test_distinct_units_give_the_factorials_and_optunet_conv1_counts_two_or_one():
-    from benchmark.models import optunet
+    from benchmark.core.models import optunet
     from metrics.symmetries import optunet_spec
 
     torch.manual_seed(1)

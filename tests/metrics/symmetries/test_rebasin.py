@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from benchmark.models import mlp, optunet
+from benchmark.core.models import mlp, optunet
 from metrics.symmetries import number_of_transpositions, permute, random_permutations, spec_for_model, weight_matching
 from tests.metrics.symmetries.nets import assert_same_function, assert_same_weights, drawn_weights, random_sample_set, small_networks
 

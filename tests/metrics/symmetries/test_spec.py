@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from benchmark.models import mlp, optunet, resnet18
+from benchmark.core.models import mlp, optunet, resnet18
 from metrics.symmetries import Axis, check_sample_set, sequential_spec, spec_for_model
 from tests.metrics.symmetries.nets import conv_chain
 

@@ -1,0 +1,137 @@
+"""Positional reads of row blocks from safetensors files, without memory-mapping them.
+
+safetensors' ``get_slice`` returns views of a memory-mapped file: every page a slice
+touches stays mapped into the process, so streaming a 10 GB layer still drives resident
+memory to 10 GB. Reading the needed byte ranges with ``os.pread`` keeps resident memory
+at the size of the block being read (the kernel's page cache is not charged to us).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from benchmark.core.store.errors import CheckpointError
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}  # torch dtype -> safetensors name
+MAX_HEADER = 100 * 2**20  # safetensors' own limit on the JSON header
+
+
+@dataclass(frozen=True)
+class Header:
+    """The parsed header of a safetensors file: tensor entries, metadata, and where data starts."""
+
+    entries: dict[str, dict]  # key -> {"dtype", "shape", "data_offsets"}
+    metadata: dict[str, str]
+    data_start: int  # absolute byte offset of the data section
+
+    @property
+    def data_size(self) -> int:
+        """Bytes of the data section the entries account for."""
+        return max((e["data_offsets"][1] for e in self.entries.values()), default=0)
+
+    def location(self, path: str | os.PathLike, key: str) -> "TensorLocation":
+        if key not in self.entries:
+            raise CheckpointError(f"{path}: no key {key!r}")
+        entry = self.entries[key]
+        if entry["dtype"] not in _DTYPES:
+            raise CheckpointError(f"{path}: key {key!r} has unsupported dtype {entry['dtype']}")
+        return TensorLocation(_DTYPES[entry["dtype"]], tuple(entry["shape"]), self.data_start + entry["data_offsets"][0])
+
+
+def read_header(path: str | os.PathLike) -> Header:
+    """Parse the header of safetensors file ``path`` (no data read); ``CheckpointError`` naming
+    the file when it is missing, unreadable, or its header is corrupt or truncated."""
+    try:
+        with open(path, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            if length > MAX_HEADER:
+                raise ValueError(f"header length {length} is implausible")
+            raw = fh.read(length)
+            if len(raw) != length:
+                raise ValueError(f"header of {length} bytes cut at {len(raw)}")
+            header = json.loads(raw)
+            metadata = header.pop("__metadata__", None) or {}
+            for key, entry in header.items():
+                begin, end = entry["data_offsets"]
+                if not (isinstance(entry["shape"], list) and 0 <= begin <= end):
+                    raise ValueError(f"entry {key!r} is malformed")
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{path}: no such file") from err
+    except (OSError, struct.error, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{path}: corrupt or truncated safetensors header ({err})") from err
+    return Header(header, dict(metadata), 8 + length)
+
+
+@dataclass(frozen=True)
+class TensorLocation:
+    """Where a tensor's bytes lie in a safetensors file."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset of element 0
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+
+def locate(path: str | os.PathLike, key: str) -> TensorLocation:
+    """Parse the header of ``path`` and return where tensor ``key`` lies."""
+    return read_header(path).location(path, key)
+
+
+def read_range(fd: int, path: str | os.PathLike, view: memoryview, offset: int) -> None:
+    """Fill ``view`` with the bytes of open file ``fd`` at ``offset``; ``CheckpointError`` if the file ends first."""
+    got = os.preadv(fd, [view], offset)
+    if got != len(view):
+        raise CheckpointError(f"{path}: truncated data (wanted {len(view)} bytes at {offset}, got {got})")
+
+
+def _read_ranges(path: str | os.PathLike, ranges: list[tuple[int, int]], total: int) -> bytearray:
+    buffer = bytearray(total)
+    view = memoryview(buffer)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        at = 0
+        for offset, size in ranges:
+            read_range(fd, path, view[at : at + size], offset)
+            at += size
+    finally:
+        os.close(fd)
+    return buffer
+
+
+def read_rows(path: str | os.PathLike, key: str, axis: int, start: int, stop: int) -> torch.Tensor:
+    """Rows ``start:stop`` of ``axis`` (0 or 1) of tensor ``key``, all leading indices kept.
+
+    ``axis=0``: ``tensor[start:stop]`` (one contiguous range). ``axis=1``: ``tensor[:, start:stop]``
+    of a sample set ``[S, a, ...]`` (S contiguous ranges). Returns a new tensor.
+    """
+    loc = locate(path, key)
+    shape = loc.shape
+    if axis not in (0, 1) or len(shape) <= axis:
+        raise ValueError(f"read_rows: axis {axis} out of range for {key!r} of shape {shape}")
+    stop = min(stop, shape[axis])
+    inner = math.prod(shape[axis + 1 :]) * loc.itemsize
+    rows = max(0, stop - start)
+    if axis == 0:
+        ranges = [(loc.begin + start * inner, rows * inner)]
+        out_shape = (rows, *shape[1:])
+    else:
+        stride = shape[1] * inner
+        ranges = [(loc.begin + s * stride + start * inner, rows * inner) for s in range(shape[0])]
+        out_shape = (shape[0], rows, *shape[2:])
+    total = sum(size for _, size in ranges)
+    if total == 0:
+        return torch.empty(out_shape, dtype=loc.dtype)
+    return torch.frombuffer(_read_ranges(path, ranges, total), dtype=loc.dtype).reshape(out_shape)

@@ -1,0 +1,92 @@
+"""Quarantine: a file that fails validation is moved to ``quarantine/`` beside it, with a JSON
+record of why, when and by whom, so that the stage that owns it redoes its unit of work and
+the evidence is kept for a person to look at (or to move back by hand).
+
+```
+<folder>/seed_000007.safetensors  ->  <folder>/quarantine/seed_000007.safetensors
+                                      <folder>/quarantine/seed_000007.json   {"reason", "time", "host", ...}
+```
+
+A second quarantine of the same name gets ``seed_000007-2.safetensors`` and so on. Move a file
+only while holding the claim on its unit of work (``claims.py``), so that no other process is
+writing it at the same moment.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmark.core.store.atomic import atomic_write_text, is_temp_file
+from benchmark.core.store.claims import host_name
+
+FOLDER = "quarantine"
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """A quarantined file and its record (``reason`` etc.; empty if the record is missing)."""
+
+    path: Path
+    record: dict
+
+    @property
+    def reason(self) -> str:
+        return str(self.record.get("reason", "unknown (no record)"))
+
+
+def _record_path(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".reason.json") if dest.suffix == ".json" else dest.with_suffix(".json")
+
+
+def _free_destination(folder: Path, name: str) -> Path:
+    stem, dot, suffix = name.partition(".")
+    for n in range(1, 10_000):
+        dest = folder / (name if n == 1 else f"{stem}-{n}{dot}{suffix}")
+        if not dest.exists() and not _record_path(dest).exists():
+            return dest
+    raise FileExistsError(f"{folder}: no free name for {name}")
+
+
+def quarantine(path: str | os.PathLike, reason: str) -> Path:
+    """Move ``path`` into ``quarantine/`` beside it and write its record; return the new path.
+
+    Raises ``FileNotFoundError`` if ``path`` is gone (another process moved or replaced it).
+    """
+    path = Path(path)
+    folder = path.parent / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    dest = _free_destination(folder, path.name)
+    os.rename(path, dest)
+    record = {
+        "file": path.name, "from": str(path), "reason": reason, "host": host_name(), "pid": os.getpid(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    atomic_write_text(_record_path(dest), json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return dest
+
+
+def quarantined(folder: str | os.PathLike, suffix: str = ".safetensors") -> list[Quarantined]:
+    """The files ending in ``suffix`` quarantined from ``folder``, with their records, sorted by name."""
+    qdir = Path(folder) / FOLDER
+    if not qdir.is_dir():
+        return []
+    out = []
+    for path in sorted(qdir.iterdir()):
+        if not path.name.endswith(suffix) or path.name.endswith(".reason.json") or is_temp_file(path):
+            continue
+        if suffix != ".json" and path.suffix == ".json":
+            continue
+        try:
+            record = json.loads(_record_path(path).read_text())
+        except (OSError, ValueError):
+            record = {}
+        out.append(Quarantined(path, record))
+    return out
+
+
+def original_name(entry: Quarantined) -> str:
+    """The file name it had before quarantine (``seed_000007.safetensors``)."""
+    return str(entry.record.get("file") or entry.path.name)

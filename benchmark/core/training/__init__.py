@@ -1,0 +1,29 @@
+"""Training plumbing: the typed recipe, the data bundle, and the loop every training runs."""
+from benchmark.core.training.loop import (
+    FULL_PRECISION,
+    Acceleration,
+    LossFn,
+    NonFiniteError,
+    OptimizerChain,
+    OptimizerFactory,
+    StepCallback,
+    TrainingData,
+    TrainResult,
+    accuracy,
+    check_weights_finite,
+    cross_entropy_loss,
+    iterate_batches,
+    learning_rate,
+    make_optimizer,
+    seeded,
+    train_epoch,
+    train_network,
+)
+from benchmark.core.training.recipe import FailRule, Recipe, RecipeOverrides, Schedule
+
+__all__ = [
+    "FULL_PRECISION", "Acceleration", "LossFn", "NonFiniteError", "OptimizerChain", "OptimizerFactory", "StepCallback",
+    "TrainingData", "TrainResult", "accuracy", "check_weights_finite",
+    "cross_entropy_loss", "iterate_batches", "learning_rate", "make_optimizer", "seeded", "train_epoch",
+    "train_network", "FailRule", "Recipe", "RecipeOverrides", "Schedule",
+]

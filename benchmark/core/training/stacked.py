@@ -1,0 +1,406 @@
+"""K networks of one architecture as one set of stacked parameters and one forward pass.
+
+Two implementations of one interface (``StackedNetworks``), both exact per network (a
+network's output never depends on the others):
+
+- ``PackedChain`` (CPU): the layer chain of the model (``model.layer_chain()``, or an
+  ``nn.Sequential``) run on activations ``[B, C, H, W, K]`` with the network index innermost;
+  convolutions (and a max-pool right after one) go through the numba kernels of
+  ``benchmark.core.training.kernels``, everything else through PyTorch. Supports Conv2d (stride 1,
+  no padding, any groups), ReLU, MaxPool2d (kernel = stride, after a convolution),
+  global average pooling, Flatten, Linear, Identity and Dropout(p=0): OptuNet and the MLP.
+- ``VmapNetworks`` (any device, any model without BatchNorm or active dropout):
+  ``torch.func.vmap`` over ``functional_call``; PyTorch batches each convolution into a
+  grouped one.
+
+Parameters are a dict keyed like the model's state dict; each tensor holds the K networks
+along ``network_axis(key)`` (so an SGD step over them is K independent steps).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from benchmark.core.data import crop_at
+from benchmark.core.training.kernels import conv_kernels, gather_crops, gather_images
+
+Params = dict[str, torch.Tensor]
+LANES = 16  # networks per SIMD vector of float32 (AVX-512); stacks are padded to a multiple of it
+
+
+class NotStackableError(ValueError):
+    """The model cannot be trained as stacked networks; the message says which layer and why."""
+
+
+class StackedNetworks(Protocol):
+    """What the vectorised trainer needs from a stacked architecture."""
+
+    def network_axis(self, key: str) -> int:
+        """The axis of parameter ``key``'s stacked tensor that indexes the networks."""
+
+    def pack(self, state_dicts: Sequence[Mapping[str, torch.Tensor]]) -> Params:
+        """Stack K state dicts (the template's keys) into parameters."""
+
+    def unpack(self, params: Params, index: int) -> dict[str, torch.Tensor]:
+        """The state dict of network ``index`` (contiguous CPU copies, the template's key order)."""
+
+    def select(self, tensors: Params, indices: torch.Tensor) -> Params:
+        """The networks ``indices`` (1-D long tensor) of parameters or same-shaped buffers."""
+
+    def source(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The training images ``[N, C, H, W]`` stored as ``batch`` reads them."""
+
+    def batch(self, source: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor | None, padding: int,
+              fill: float) -> torch.Tensor:
+        """The input of ``forward``: image ``index[k, b]`` of ``source`` for network k, cropped at
+        ``offsets[k, :, b]`` after padding by ``padding`` pixels of ``fill`` when ``offsets`` is given
+        (as ``benchmark.core.data.crop_at``)."""
+
+    def forward(self, params: Params, batch: torch.Tensor) -> torch.Tensor:
+        """Logits ``[K, B, classes]`` of network k on its own images of ``batch``."""
+
+    def predict(self, params: Params, images: torch.Tensor) -> torch.Tensor:
+        """Logits ``[K, N, classes]`` of every network on the same ``images [N, C, H, W]``."""
+
+
+def _chain(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    chain = getattr(model, "layer_chain", None)
+    if callable(chain):
+        return list(chain())
+    if isinstance(model, nn.Sequential):
+        return list(model.named_children())
+    raise NotStackableError(f"{type(model).__name__} declares no layer chain (layer_chain() or nn.Sequential)")
+
+
+def _pair(value) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else tuple(value)
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One step of a packed chain: ``kind`` in conv, relu, gap, flatten, linear."""
+
+    kind: str
+    prefix: str = ""
+    groups: int = 1
+    pool: int = 0
+    relu: bool = False
+    has_bias: bool = False
+
+
+def _conv_problem(name: str, conv: nn.Conv2d) -> str | None:
+    if _pair(conv.stride) != (1, 1) or _pair(conv.dilation) != (1, 1):
+        return f"{name}: stride {conv.stride} / dilation {conv.dilation}; the packed kernels need 1"
+    if conv.padding not in ("valid", 0, (0, 0)):
+        return f"{name}: padding {conv.padding}; the packed kernels need none"
+    return None
+
+
+def _pool_size(name: str, pool: nn.MaxPool2d) -> int:
+    kernel, stride = _pair(pool.kernel_size), _pair(pool.stride if pool.stride is not None else pool.kernel_size)
+    ok = (kernel[0] == kernel[1] and kernel == stride and _pair(pool.padding) == (0, 0) and _pair(pool.dilation) == (1, 1)
+          and not pool.ceil_mode and not pool.return_indices)
+    if not ok:
+        raise NotStackableError(f"{name}: MaxPool2d {pool}; the packed kernels need a square kernel equal to the "
+                                "stride, no padding, no dilation, floor mode")
+    return kernel[0]
+
+
+def compile_chain(model: nn.Module) -> list[_Op]:
+    """The chain of ``model`` as packed ops; ``NotStackableError`` names the first layer that is not supported."""
+    chain = _chain(model)
+    ops: list[_Op] = []
+    image = True  # activations are images [B, C, H, W, K] until Flatten
+    i = 0
+    while i < len(chain):
+        name, module = chain[i]
+        if isinstance(module, nn.Conv2d):
+            problem = _conv_problem(name, module)
+            if problem or not image:
+                raise NotStackableError(problem or f"{name}: a Conv2d after Flatten")
+            following = [m for _, m in chain[i + 1 : i + 3]]
+            kinds = [("relu" if isinstance(m, nn.ReLU) else "pool" if isinstance(m, nn.MaxPool2d) else "") for m in following]
+            # conv [relu] [pool] or conv pool relu: one fused op. relu(maxpool(y)) = maxpool(relu(y)),
+            # gradients included (ties go to the same first maximum; a window with no positive value
+            # passes no gradient either way).
+            taken = 2 if kinds[:2] in (["relu", "pool"], ["pool", "relu"]) else 1 if kinds[:1] in (["relu"], ["pool"]) else 0
+            fused = dict(zip(kinds[:taken], chain[i + 1 : i + 1 + taken]))
+            pool = _pool_size(*fused["pool"]) if "pool" in fused else 0
+            ops.append(_Op("conv", name, module.groups, pool, "relu" in fused, module.bias is not None))
+            i += 1 + taken
+            continue
+        if isinstance(module, nn.ReLU):
+            ops.append(_Op("relu"))
+        elif isinstance(module, nn.MaxPool2d):
+            raise NotStackableError(f"{name}: a MaxPool2d that does not follow a Conv2d (optionally after a ReLU)")
+        elif isinstance(module, nn.AdaptiveAvgPool2d):
+            if _pair(module.output_size) != (1, 1) or not image:
+                raise NotStackableError(f"{name}: AdaptiveAvgPool2d({module.output_size}); only global pooling (1) is supported")
+            ops.append(_Op("gap"))
+        elif isinstance(module, nn.Flatten):
+            if (module.start_dim, module.end_dim) != (1, -1):
+                raise NotStackableError(f"{name}: Flatten({module.start_dim}, {module.end_dim}); only Flatten(1, -1)")
+            ops.append(_Op("flatten"))
+            image = False
+        elif isinstance(module, nn.Linear):
+            if image:
+                raise NotStackableError(f"{name}: a Linear layer on images (no Flatten before it)")
+            ops.append(_Op("linear", name, has_bias=module.bias is not None))
+        elif isinstance(module, nn.Dropout):
+            if module.p > 0:
+                raise NotStackableError(f"{name}: Dropout(p={module.p}); stacked training draws no dropout masks")
+        elif not isinstance(module, nn.Identity):
+            raise NotStackableError(f"{name}: {type(module).__name__} is not supported by the packed kernels")
+        i += 1
+    if image or not ops or ops[-1].kind != "linear":
+        raise NotStackableError(f"{type(model).__name__}: the chain must end with Flatten ... Linear")
+    return ops
+
+
+class _ConvFunction(torch.autograd.Function):
+    """A packed convolution, with the ReLU and max-pool fused after it, and its own backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, groups: int, pool: int, relu: bool):
+        c_out, cpg, kh, kw, n_k = weight.shape
+        kernels = conv_kernels(cpg, kh, kw, max(pool, 1))
+        n_b, _, h, w, _ = x.shape
+        ho, wo = h - kh + 1, w - kw + 1
+        has_bias = bias is not None
+        bias_arg = (bias if has_bias else weight.new_zeros(1, 1)).detach().contiguous().numpy()
+        x, weight = x.detach().contiguous(), weight.detach().contiguous()
+        if pool:
+            out = x.new_empty(n_b, c_out, ho // pool, wo // pool, n_k)
+            arg = torch.empty(out.shape, dtype=torch.int8)
+            kernels.pool_forward(x.numpy(), weight.numpy(), bias_arg, has_bias, groups, relu, out.numpy(), arg.numpy())
+            ctx.save_for_backward(x, weight, out, arg)
+        else:
+            out = x.new_empty(n_b, c_out, ho, wo, n_k)
+            kernels.forward(x.numpy(), weight.numpy(), bias_arg, has_bias, groups, relu, out.numpy())
+            ctx.save_for_backward(x, weight, out)
+        ctx.groups, ctx.pool, ctx.relu, ctx.has_bias = groups, pool, relu, has_bias
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, out, *arg = ctx.saved_tensors
+        _, cpg, kh, kw, _ = weight.shape
+        kernels = conv_kernels(cpg, kh, kw, max(ctx.pool, 1))
+        need_x = ctx.needs_input_grad[0]
+        grad_w = torch.zeros_like(weight)
+        grad_x = torch.zeros_like(x) if need_x else x.new_zeros((1,) * 5)
+        # grad_out may be strided (the global pool's backward expands): the kernels read it once.
+        args = (x.numpy(), weight.numpy(), out.numpy(), grad_out.numpy())
+        if ctx.pool:
+            kernels.pool_backward(*args, arg[0].numpy(), ctx.groups, ctx.relu, grad_x.numpy(), grad_w.numpy(), need_x)
+        else:
+            kernels.backward(*args, ctx.groups, ctx.relu, grad_x.numpy(), grad_w.numpy(), need_x)
+        grad_b = None
+        if ctx.has_bias:
+            grad_b = (grad_out * (out > 0) if ctx.relu else grad_out).sum(dim=(0, 2, 3))
+        return (grad_x if need_x else None), grad_w, grad_b, None, None, None
+
+
+class _GlobalAverage(torch.autograd.Function):
+    """Mean over the positions of ``x [B, C, H, W, K]`` -> ``[B, C, 1, 1, K]``, summed position by
+    position (PyTorch's own reduction picks its summation order by shape, i.e. by K); the
+    backward spreads ``grad / (H W)`` over the positions, as ``mean``'s does."""
+
+    @staticmethod
+    def forward(ctx, x):
+        flat = x.flatten(2, 3)
+        total = flat[:, :, 0].clone()
+        for position in range(1, flat.shape[2]):
+            total += flat[:, :, position]
+        ctx.shape = x.shape
+        return (total / flat.shape[2])[:, :, None, None]
+
+    @staticmethod
+    def backward(ctx, grad):
+        b, c, h, w, k = ctx.shape
+        return (grad / (h * w)).expand(b, c, h, w, k).contiguous()
+
+
+def _global_average(x: torch.Tensor) -> torch.Tensor:
+    return _GlobalAverage.apply(x)
+
+
+def _stacked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x [K, B, in] -> [K, B, out]`` with each network's ``weight [K, out, in]`` and ``bias [K, out]``.
+
+    Products and sums over the last axis instead of ``bmm``: the batched GEMM (and its backward)
+    picks kernels by batch count, so a network's result would depend on K; these layers are a
+    few units wide, so the broadcast costs nothing that matters.
+    """
+    out = (x.unsqueeze(2) * weight.unsqueeze(1)).sum(-1)
+    return out if bias is None else out + bias.unsqueeze(1)
+
+
+class PackedChain:
+    """K networks of a layer-chain architecture on CPU (see the module docstring)."""
+
+    def __init__(self, template: nn.Module) -> None:
+        self.ops = compile_chain(template)
+        state = template.state_dict()
+        known = {f"{op.prefix}.{leaf}" for op in self.ops if op.prefix for leaf in ("weight", "bias")}
+        extra = sorted(set(state) - known)
+        if extra:
+            raise NotStackableError(f"{type(template).__name__}: state-dict keys {extra} belong to no packed layer")
+        self.keys = list(state)
+        self.kinds = {f"{op.prefix}.{leaf}": op.kind for op in self.ops if op.prefix for leaf in ("weight", "bias")}
+
+    def network_axis(self, key: str) -> int:
+        """Axis of ``key``'s packed tensor that indexes the networks (last for convolutions)."""
+        return -1 if self.kinds[key] == "conv" else 0
+
+    def pack(self, state_dicts: Sequence[Mapping[str, torch.Tensor]]) -> Params:
+        return {key: torch.stack([sd[key] for sd in state_dicts], dim=self.network_axis(key)).contiguous()
+                for key in self.keys}
+
+    def unpack(self, params: Params, index: int) -> dict[str, torch.Tensor]:
+        return {key: params[key].detach().select(self.network_axis(key), index).cpu().contiguous().clone()
+                for key in self.keys}
+
+    def select(self, tensors: Params, indices: torch.Tensor) -> Params:
+        return {key: value.index_select(self.network_axis(key) % value.dim(), indices).contiguous()
+                for key, value in tensors.items()}
+
+    def _run(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, C, H, W, K]`` through the chain -> logits ``[K, B, classes]``."""
+        for op in self.ops:
+            if op.kind == "conv":
+                bias = params.get(f"{op.prefix}.bias") if op.has_bias else None
+                x = _ConvFunction.apply(x, params[f"{op.prefix}.weight"], bias, op.groups, op.pool, op.relu)
+            elif op.kind == "relu":
+                x = torch.relu(x)
+            elif op.kind == "gap":
+                x = _global_average(x)
+            elif op.kind == "flatten":
+                x = x.permute(4, 0, 1, 2, 3).flatten(2)  # [K, B, C*H*W] in NCHW flatten order
+            else:  # linear: x [K, B, in], W [K, out, in] -> [K, B, out]
+                x = _stacked_linear(x, params[f"{op.prefix}.weight"], params.get(f"{op.prefix}.bias") if op.has_bias else None)
+        return x
+
+    def source(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return images.permute(1, 2, 3, 0).contiguous()  # [C, H, W, N]: a pixel of every image in a row
+
+    def batch(self, source: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor | None, padding: int,
+              fill: float) -> torch.Tensor:
+        # Lanes padded to a multiple of LANES (copies of network 0's images), so that the kernels'
+        # network loops run in whole SIMD vectors; forward drops the padding lanes again.
+        spare = -len(index) % LANES
+        if spare:
+            index = torch.cat([index, index[:1].expand(spare, -1)])
+            offsets = None if offsets is None else torch.cat([offsets, offsets[:1].expand(spare, -1, -1)])
+        n_k, n_b = index.shape
+        out = source.new_empty(n_b, *source.shape[:3], n_k)
+        index_t = index.T.contiguous()
+        if offsets is None:
+            gather_images(source.numpy(), index_t.numpy(), out.numpy())
+        else:
+            gather_crops(source.numpy(), index_t.numpy(), offsets.permute(1, 2, 0).contiguous().numpy(), padding,
+                         fill, out.numpy())
+        return out
+
+    def _padded(self, params: Params, lanes: int) -> Params:
+        """``params`` with zero networks appended up to ``lanes`` networks."""
+        out = {}
+        for key, value in params.items():
+            axis = self.network_axis(key) % value.dim()
+            spare = lanes - value.shape[axis]
+            shape = list(value.shape)
+            shape[axis] = spare
+            out[key] = torch.cat([value, value.new_zeros(shape)], dim=axis) if spare else value
+        return out
+
+    def count(self, params: Params) -> int:
+        """K, the number of networks in ``params``."""
+        return next(iter(params.values())).shape[self.network_axis(self.keys[0])]
+
+    def forward(self, params: Params, batch: torch.Tensor) -> torch.Tensor:
+        return self._run(self._padded(params, batch.shape[-1]), batch)[: self.count(params)]
+
+    def predict(self, params: Params, images: torch.Tensor) -> torch.Tensor:
+        n_k = self.count(params)
+        lanes = n_k + (-n_k % LANES)
+        return self._run(self._padded(params, lanes), images.unsqueeze(-1).expand(*images.shape, lanes).contiguous())[:n_k]
+
+
+class VmapNetworks:
+    """K networks of any architecture without BatchNorm or active dropout, on any device,
+    through ``torch.func.vmap`` (see the module docstring)."""
+
+    def __init__(self, template: nn.Module) -> None:
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in template.modules()):
+            raise NotStackableError(f"{type(template).__name__}: BatchNorm running statistics are updated in place, "
+                                    "which vmap cannot batch")
+        if any(isinstance(m, nn.Dropout) and m.p > 0 for m in template.modules()):
+            raise NotStackableError(f"{type(template).__name__}: active dropout; stacked training draws no dropout masks")
+        buffers = [name for name, _ in template.named_buffers()]
+        if buffers:
+            raise NotStackableError(f"{type(template).__name__}: buffers {buffers} are not trained by SGD")
+        self.template = copy.deepcopy(template).to("meta")
+        self.keys = [name for name, _ in template.named_parameters()]
+
+    def network_axis(self, key: str) -> int:
+        return 0
+
+    def pack(self, state_dicts: Sequence[Mapping[str, torch.Tensor]]) -> Params:
+        return {key: torch.stack([sd[key] for sd in state_dicts]).contiguous() for key in self.keys}
+
+    def unpack(self, params: Params, index: int) -> dict[str, torch.Tensor]:
+        return {key: params[key].detach()[index].cpu().contiguous().clone() for key in self.keys}
+
+    def select(self, tensors: Params, indices: torch.Tensor) -> Params:
+        return {key: value.index_select(0, indices.to(value.device)).contiguous() for key, value in tensors.items()}
+
+    def _call(self, params: Params, images: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.template, params, (images,))
+
+    def source(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return images.to(device)
+
+    def batch(self, source: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor | None, padding: int,
+              fill: float) -> torch.Tensor:
+        images = source[index.to(source.device)]
+        if offsets is None:
+            return images
+        n_k, n_b = index.shape
+        flat = crop_at(images.flatten(0, 1), padding, fill, offsets.permute(1, 0, 2).reshape(2, n_k * n_b).to(source.device))
+        return flat.view(images.shape)
+
+    def forward(self, params: Params, batch: torch.Tensor) -> torch.Tensor:
+        return vmap(self._call)(params, batch)
+
+    def predict(self, params: Params, images: torch.Tensor) -> torch.Tensor:
+        return vmap(self._call, in_dims=(0, None))(params, images)
+
+
+IMPLEMENTATIONS = ("packed", "vmap")
+
+
+def stacked_networks(template: nn.Module, device: torch.device, implementation: str = "auto") -> StackedNetworks:
+    """The stacked form of ``template``'s architecture: ``packed`` (CPU), ``vmap``, or ``auto``
+    (packed on CPU when the chain is supported, else vmap). ``NotStackableError`` if none applies."""
+    if implementation not in ("auto", *IMPLEMENTATIONS):
+        raise ValueError(f"stacked_networks: implementation {implementation!r}; expected auto, packed or vmap")
+    problems = []
+    if implementation in ("auto", "packed"):
+        if device.type != "cpu":
+            problems.append(f"packed: CPU only (device {device})")
+        else:
+            try:
+                return PackedChain(template)
+            except NotStackableError as err:
+                problems.append(f"packed: {err}")
+    if implementation in ("auto", "vmap"):
+        try:
+            return VmapNetworks(template)
+        except NotStackableError as err:
+            problems.append(f"vmap: {err}")
+    raise NotStackableError("; ".join(problems))

@@ -1,0 +1,241 @@
+"""Train K networks of one architecture at once, each exactly as ``train_network`` trains it.
+
+Each network keeps what makes it itself in ``train_network``: its initialisation (the caller
+builds it under ``seeded(seed)``), its data order and augmentation (its own
+``torch.Generator(seed)``, consumed in the same order: one permutation per epoch, then the
+crop offsets of each batch), its SGD (momentum, Nesterov, weight decay: one optimizer over the
+stacked parameters is K independent ones because the update is elementwise and the loss is
+the *sum* of the K mean losses), the recipe's schedule, the convergence rule judged on
+``TrainingData.check``, and its failure record. A network whose loss or weights become
+NaN/Inf, or that fails the rule, leaves the stack (the others go on, unchanged) and is
+reported at once through ``on_done``. Results agree with ``train_network`` up to float
+rounding (sums in another order) and do not depend on K.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from benchmark.core.data import InMemoryImageDataset, as_in_memory, crop_offsets
+from benchmark.core.training.loop import NonFiniteError, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer
+from benchmark.core.training.recipe import Recipe
+from benchmark.core.training.stacked import NotStackableError, Params, StackedNetworks, stacked_networks
+
+Outcome = TrainResult | NonFiniteError
+EVAL_ELEMENTS = 2**22  # images x pixels x networks per evaluation batch (16 MiB of float32)
+MEMORY_SHARE = 0.5  # of the free memory a stack may use (the rest: other jobs, the data, the allocator)
+AUTO_NETWORKS = 128  # K of zoo.vectorize=auto: per-network time stops improving there on a CPU (make bench)
+
+
+@dataclass
+class _Lane:
+    """Bookkeeping of one network while it trains."""
+
+    index: int
+    where: str
+    generator: torch.Generator
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def check_stackable(train: Dataset) -> InMemoryImageDataset:
+    """The in-memory training set the vectorised trainer slices (``as_in_memory``: an
+    ``InMemoryImageDataset`` or a subset of one); others cannot be stacked."""
+    memory = as_in_memory(train)
+    if memory is None:
+        raise NotStackableError(f"training set {type(train).__name__}: stacked training needs an in-memory "
+                                "image dataset (InMemoryImageDataset, or a Subset of one)")
+    return memory
+
+
+def network_bytes(template: nn.Module, input_shape: Sequence[int], batch_size: int, dtype: torch.dtype = torch.float32) -> int:
+    """Memory one more network adds to a stack, in bytes: its parameters with their gradient
+    and momentum (x4), and its training batch and the activations kept for backward with their
+    gradients (x3, sizes measured with forward hooks on a zero batch of the template)."""
+    sizes = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: sizes.append(out.numel()))
+             for m in template.modules() if not list(m.children())]
+    try:
+        with torch.no_grad():
+            template(torch.zeros(batch_size, *input_shape, device=next(template.parameters()).device))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    item = torch.empty((), dtype=dtype).element_size()
+    params = sum(p.numel() for p in template.parameters())
+    return item * (4 * params + 3 * (sum(sizes) + batch_size * math.prod(input_shape)))
+
+
+def available_bytes(device: torch.device) -> int:
+    """Free memory on ``device`` (CUDA: the driver's free memory; CPU: what the OS reports available)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def networks_that_fit(template: nn.Module, input_shape: Sequence[int], batch_size: int, device: torch.device,
+                      share: float = MEMORY_SHARE) -> tuple[int, int, int]:
+    """``(K, bytes per network, bytes available)``: the most networks like ``template`` that
+    train together in ``share`` of the free memory of ``device``, next to the fixed
+    evaluation buffer (``EVAL_ELEMENTS``)."""
+    per_network = network_bytes(template, input_shape, batch_size)
+    available = available_bytes(device)
+    usable = share * available - 4 * EVAL_ELEMENTS
+    return max(0, int(usable // per_network)), per_network, available
+
+
+def _accuracies(stacked: StackedNetworks, params: Params, tensors: Tensors, count: int) -> torch.Tensor:
+    """Top-1 accuracy (fractions, ``[count]`` float64) of each network on shared ``tensors``."""
+    images, labels = tensors
+    device = next(iter(params.values())).device
+    batch = max(1, EVAL_ELEMENTS // max(1, images[0].numel() * count))
+    correct = torch.zeros(count, dtype=torch.long)
+    with torch.no_grad():
+        for start in range(0, len(labels), batch):
+            logits = stacked.predict(params, images[start : start + batch].to(device, next(iter(params.values())).dtype))
+            correct += (logits.argmax(-1).cpu() == labels[start : start + batch]).sum(1)
+    return correct.double() / max(1, len(labels))
+
+
+class _Stack:
+    """The stacked parameters, their optimizer and the lanes still training."""
+
+    def __init__(self, stacked: StackedNetworks, params: Params, recipe: Recipe, lanes: list[_Lane]) -> None:
+        self.stacked, self.recipe, self.lanes = stacked, recipe, lanes
+        self.params = {k: v.detach().requires_grad_() for k, v in params.items()}
+        self.optimizer = make_optimizer(list(self.params.values()), recipe)
+
+    def keep(self, mask: torch.Tensor) -> None:
+        """Drop the lanes where ``mask`` is False (parameters and momentum buffers follow)."""
+        indices = mask.nonzero().squeeze(1)
+        momentum = {k: self.optimizer.state[p].get("momentum_buffer") for k, p in self.params.items()}
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.params = {k: v.detach().requires_grad_() for k, v in self.stacked.select(self.params, indices).items()}
+        self.optimizer = make_optimizer(list(self.params.values()), self.recipe, lr=lr)
+        buffers = {k: v for k, v in momentum.items() if v is not None}
+        for key, buffer in self.stacked.select(buffers, indices).items():
+            self.optimizer.state[self.params[key]]["momentum_buffer"] = buffer
+        self.lanes = [lane for lane, kept in zip(self.lanes, mask.tolist()) if kept]
+
+    def first_non_finite(self) -> list[str | None]:
+        """Per lane, the first key (state-dict order) holding NaN/Inf, or None."""
+        bad: list[str | None] = [None] * len(self.lanes)
+        for key, value in self.params.items():
+            moved = value.detach().movedim(self.stacked.network_axis(key) % value.dim(), 0).reshape(len(self.lanes), -1)
+            for i in (~torch.isfinite(moved).all(1)).nonzero().squeeze(1).tolist():
+                bad[i] = bad[i] or key
+        return bad
+
+
+def train_networks(
+    models: Sequence[nn.Module],
+    data: TrainingData,
+    recipe: Recipe,
+    seeds: Sequence[int],
+    where: Sequence[str],
+    on_done: Callable[[int, Outcome], None] | None = None,
+    train_eval: Tensors | None = None,
+    implementation: str = "auto",
+) -> list[Outcome]:
+    """Train ``models`` (K freshly built networks of one architecture, on one device) together.
+
+    Network i follows ``train_network(models[i], data.train, data.check, recipe, seeds[i],
+    where[i], train_eval=train_eval)``: the same data order, updates, convergence rule and
+    failure reasons; its outcome is a ``TrainResult`` or, where ``train_network`` would raise
+    it, the ``NonFiniteError``. ``on_done(i, outcome)`` is called as each network finishes
+    (early failures and NaN/Inf first, the rest after the last epoch). ``implementation``: see
+    ``stacked_networks``. Raises ``NotStackableError`` if the architecture or data cannot be stacked.
+    """
+    if not (len(models) == len(seeds) == len(where)) or not models:
+        raise ValueError(f"train_networks: {len(models)} models, {len(seeds)} seeds and {len(where)} names; need as many of each (>= 1)")
+    dataset = check_stackable(data.train)
+    device = next(models[0].parameters()).device
+    stacked = stacked_networks(models[0], device, implementation)
+    lanes = [_Lane(i, where[i], torch.Generator().manual_seed(int(seed))) for i, seed in enumerate(seeds)]
+    stack = _Stack(stacked, stacked.pack([m.state_dict() for m in models]), recipe, lanes)
+    dtype = next(iter(stack.params.values())).dtype
+    outcomes: list[Outcome | None] = [None] * len(models)
+
+    def finish(lane: _Lane, outcome: Outcome) -> None:
+        outcomes[lane.index] = outcome
+        if on_done is not None:
+            on_done(lane.index, outcome)
+
+    def result(position: int, train_acc: float, test_acc: float, epochs: int, failure: str | None) -> TrainResult:
+        lane = stack.lanes[position]
+        return TrainResult(stacked.unpack(stack.params, position), train_acc, test_acc, epochs, failure, lane.history)
+
+    n, rule = len(dataset), recipe.fail_rule
+    source = stacked.source(dataset.images.to(dtype), device)
+    for epoch in range(recipe.epochs):
+        if not stack.lanes:
+            break
+        for group in stack.optimizer.param_groups:
+            group["lr"] = learning_rate(recipe, epoch)
+        order = torch.stack([torch.randperm(n, generator=lane.generator) for lane in stack.lanes])
+        totals = torch.zeros(len(stack.lanes), dtype=torch.float64)
+        for step, start in enumerate(range(0, n, recipe.batch_size)):
+            idx = order[:, start : start + recipe.batch_size]
+            lanes, size = len(stack.lanes), idx.shape[1]
+            offsets = None
+            if dataset.augment:
+                offsets = torch.stack([crop_offsets(size, dataset.augment_padding, lane.generator) for lane in stack.lanes])
+            batch = stacked.batch(source, idx, offsets, dataset.augment_padding, dataset.fill)
+            logits = stacked.forward(stack.params, batch)
+            labels = dataset.labels[idx].to(device)
+            losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(lanes, size).mean(1)
+            finite = torch.isfinite(losses.detach()).cpu()
+            stack.optimizer.zero_grad(set_to_none=True)
+            (losses.sum() if bool(finite.all()) else losses[finite.to(device)].sum()).backward()
+            stack.optimizer.step()
+            totals += losses.detach().cpu().double() * size
+            if not bool(finite.all()):
+                for position in (~finite).nonzero().squeeze(1).tolist():
+                    lane = stack.lanes[position]
+                    value = float(losses.detach()[position])
+                    finish(lane, NonFiniteError(f"{lane.where}, epoch {epoch + 1}: loss became {value} at step {step}"))
+                stack.keep(finite)
+                order, totals = order[finite], totals[finite]
+                if not stack.lanes:
+                    break
+        if not stack.lanes:
+            break
+        bad = stack.first_non_finite()
+        if any(bad):
+            for lane, key in zip(stack.lanes, bad):
+                if key is not None:
+                    finish(lane, NonFiniteError(f"{lane.where}, epoch {epoch + 1}: {key!r} became NaN/Inf"))
+            keep = torch.tensor([key is None for key in bad])
+            stack.keep(keep)
+            totals = totals[keep]
+        for lane, total in zip(stack.lanes, totals.tolist()):
+            lane.history.append({"epoch": epoch + 1, "loss": total / n})
+        if rule.epoch is not None and epoch + 1 == rule.epoch and stack.lanes:
+            accs = _accuracies(stacked, stack.params, data.check, len(stack.lanes)).tolist()
+            failed = []
+            for position, (lane, acc) in enumerate(zip(stack.lanes, accs)):
+                lane.history[-1]["check_accuracy"] = acc
+                if rule.min_accuracy is not None and acc < rule.min_accuracy:
+                    reason = f"held-out accuracy {acc:.3f} < {rule.min_accuracy} after epoch {epoch + 1} (did not converge)"
+                    finish(lane, result(position, math.nan, acc, epoch + 1, reason))
+                    failed.append(position)
+            if failed:
+                stack.keep(torch.tensor([p not in failed for p in range(len(stack.lanes))]))
+    if stack.lanes:
+        test = _accuracies(stacked, stack.params, data.check, len(stack.lanes)).tolist()
+        train = (_accuracies(stacked, stack.params, train_eval, len(stack.lanes)).tolist()
+                 if train_eval is not None else [math.nan] * len(stack.lanes))
+        for position, lane in enumerate(stack.lanes):
+            failure = None
+            if rule.active and test[position] < rule.min_accuracy:
+                failure = (f"held-out accuracy {test[position]:.3f} < {rule.min_accuracy} at the end of training "
+                           "(collapsed)")
+            finish(lane, result(position, train[position], test[position], recipe.epochs, failure))
+    return outcomes  # type: ignore[return-value]

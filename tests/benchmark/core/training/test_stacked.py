@@ -1,0 +1,132 @@
+"""Stacked networks (benchmark.core.training.stacked): K networks at once give each network's own
+forward pass and gradients, checked against the plain PyTorch modules one network at a time."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmark.core.models import mlp, optunet
+from benchmark.core.training.stacked import NotStackableError, PackedChain, VmapNetworks, stacked_networks
+
+CPU = torch.device("cpu")
+
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+
+def every_piece() -> nn.Sequential:
+    """Conv with bias and 2 input channels per group, pool then ReLU, conv + ReLU without pool,
+    conv + pool without ReLU, global pool, Flatten, two Linear layers (one without bias)."""
+    return nn.Sequential(
+        nn.Conv2d(4, 6, 3, groups=2), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(6, 4, 2, bias=False), nn.ReLU(),
+        nn.Conv2d(4, 4, 2, groups=4), nn.MaxPool2d(2),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5), nn.ReLU(), nn.Dropout(0.0), nn.Linear(5, 3, bias=False),
+    )
+
+
+def per_network(factory, states, images, labels):
+    """Logits and parameter gradients of each network run alone with plain PyTorch."""
+    logits, grads = [], []
+    for state, x, y in zip(states, images, labels):
+        model = factory().double()
+        model.load_state_dict(state)
+        out = model(x)
+        F.cross_entropy(out, y).backward()
+        logits.append(out.detach())
+        grads.append({k: p.grad for k, p in model.named_parameters()})
+    return logits, grads
+
+
+@pytest.mark.parametrize("factory, shape", [
+    (optunet, (1, 28, 28)),
+    (every_piece, (4, 18, 18)),
+    (lambda: mlp(12, [7, 5], 4), (3, 2, 2)),
+])
+@pytest.mark.parametrize("implementation", ["packed", "vmap"])
+def test_stacked_forward_and_gradients_equal_each_network_alone(factory, shape, implementation):
+    torch.manual_seed(0)
+    k, b = 5, 6
+    states = [factory().double().state_dict() for _ in range(k)]
+    images = torch.randn(k, b, *shape, dtype=torch.float64)
+    # Constant patches make exact ties inside max-pool windows (the first maximum wins).
+    images[:, :, :, :6, :6] = 0.5
+    labels = torch.randint(0, 3, (k, b))
+    want_logits, want_grads = per_network(factory, states, images, labels)
+
+    stacked = stacked_networks(factory(), CPU, implementation)
+    params = {key: value.requires_grad_() for key, value in stacked.pack(states).items()}
+    source = stacked.source(images.flatten(0, 1), CPU)
+    batch = stacked.batch(source, torch.arange(k * b).view(k, b), None, 0, 0.0)
+    logits = stacked.forward(params, batch)
+    losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(k, b).mean(1)
+    losses.sum().backward()
+    grads = {key: value.grad for key, value in params.items()}
+    for i in range(k):
+        torch.testing.assert_close(logits[i], want_logits[i], rtol=1e-10, atol=1e-12)
+        unpacked = stacked.unpack(grads, i)
+        for key, want in want_grads[i].items():
+            torch.testing.assert_close(unpacked[key], want, rtol=1e-9, atol=1e-12, msg=f"network {i} {key}")
+    shared = stacked.predict({key: value.detach() for key, value in params.items()}, images[0])
+    for i in range(k):
+        model = factory().double()
+        model.load_state_dict(states[i])
+        torch.testing.assert_close(shared[i], model(images[0]), rtol=1e-10, atol=1e-12)
+
+
+def test_pack_unpack_select_round_trip():
+    states = [optunet().state_dict() for _ in range(4)]
+    stacked = PackedChain(optunet())
+    params = stacked.pack(states)
+    assert params["conv1.weight"].shape == (2, 1, 4, 4, 4) and params["fc1.weight"].shape == (4, 3, 10)
+    chosen = stacked.select(params, torch.tensor([3, 1]))
+    for position, index in enumerate([3, 1]):
+        assert all(torch.equal(stacked.unpack(chosen, position)[k], states[index][k]) for k in states[index])
+    assert list(stacked.unpack(params, 0)) == list(states[0])
+
+
+def test_crops_gathered_for_each_network_are_the_data_crops():
+    from benchmark.core.data import crop_at
+
+    torch.manual_seed(1)
+    images = torch.randn(7, 1, 6, 6)
+    index = torch.tensor([[0, 3, 5], [6, 6, 1]])
+    offsets = torch.randint(0, 5, (2, 2, 3))  # [K, 2, B]
+    packed = PackedChain(optunet()).batch(PackedChain(optunet()).source(images, CPU), index, offsets, 2, -0.7)
+    for k in range(2):
+        want = crop_at(images[index[k]], 2, -0.7, offsets[k])
+        assert torch.equal(packed[..., k], want)
+        vm = VmapNetworks(optunet()).batch(images, index, offsets, 2, -0.7)
+        assert torch.equal(vm[k], want)
+
+
+def test_nan_in_one_network_stays_in_that_network():
+    torch.manual_seed(2)
+    states = [optunet().state_dict() for _ in range(3)]
+    states[1]["conv1.weight"][0, 0, 0, 0] = float("nan")
+    stacked = PackedChain(optunet())
+    logits = stacked.predict(stacked.pack(states), torch.randn(4, 1, 28, 28))
+    assert torch.isnan(logits[1]).any() and torch.isfinite(logits[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("model, message", [
+    (lambda: nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.Flatten(), nn.Linear(2 * 9, 2)), "padding"),
+    (lambda: nn.Sequential(nn.Conv2d(1, 2, 3, stride=2), nn.Flatten(), nn.Linear(2, 2)), "stride"),
+    (lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.MaxPool2d(3, stride=2), nn.Flatten(), nn.Linear(2, 2)), "MaxPool2d"),
+    (lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2, 2)), "BatchNorm2d"),
+    (lambda: optunet(dropout=0.2), "Dropout"),
+])
+def test_unsupported_layers_are_named(model, message):
+    with pytest.raises(NotStackableError, match=message):
+        PackedChain(model())
+
+
+def test_resnet_cannot_be_stacked_and_says_why():
+    from benchmark.core.models import resnet18
+
+    with pytest.raises(NotStackableError, match="packed: .*layer_chain.*vmap: .*BatchNorm"):
+        stacked_networks(resnet18(num_classes=10), CPU)
+    assert isinstance(stacked_networks(optunet(), CPU), PackedChain)
+    assert isinstance(stacked_networks(optunet(), torch.device("meta")), VmapNetworks)  # any non-CPU device
