@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmark.core.store.claims import HOST_ENV  # noqa: E402
-from tests.corruptions import CORRUPTIONS, corrupt  # noqa: E402
+from bench.corruptions import CORRUPTIONS, corrupt  # noqa: E402
 
 WORK = REPO / "bench" / "_work" / "reliability"  # bench/_work is shared with other benches: only this folder is ours
 EXP = "digits_optunet"

@@ -19,14 +19,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from benchmark.config import CONF_DIR, MAX_SEED, Analysis, ConfigError, Stage, compose_config, one_line, register_configs
-from benchmark.core.data import check_ood_pairing, get_dataset
+from benchmark.config import ANALYSIS_NAMES, CONF_DIR, ConfigError, Stage, compose_config, one_line, register_configs
 from benchmark.experiment import Experiment, threads_per_job
-from benchmark.stages import PIPELINE, STAGES
-from benchmark.stages.analyze import produced_by, runnable
-from benchmark.stages.sample import external_mode, load_external, prepare_units
-from benchmark.stages.import_zoo import planned
-from benchmark.stages.zoo import stack_size
+from benchmark.stages import PIPELINE, STAGES, preflight
 from methods import registry
 
 log = logging.getLogger("benchmark")
@@ -38,39 +33,9 @@ def stages_of(stage: Stage) -> tuple[str, ...]:
     return PIPELINE if stage == Stage.all else (stage.value,)
 
 
-def preflight(exp: Experiment, stages: Sequence[str]) -> None:
-    """Refuse a configuration that cannot run, before any work: the OOD pairing and the data on
-    disk (for the stages that read data), ``zoo.vectorize`` (zoo stage), ``import.source`` (import stage), every
-    selected method x mode (settings, model, mode; and the bases in the store when the sample
-    stage runs without the zoo stage first), and, when the analyze stage runs (``stage=all``
-    too), whether every selected analysis applies to the model and, for the inputs no earlier
-    stage of this run writes, whether the store has them."""
-    config = exp.config
-    needs_data = {"zoo", "sample", "evaluate", "analyze"} | ({"import"} if config.import_.evaluate else set())
-    if set(stages) & needs_data:
-        check_ood_pairing(config.dataset.ood.value, exp.info.name)
-        location = (str(config.dataset.data_dir), bool(config.dataset.download))
-        get_dataset(exp.info.name, "train", *location)
-        get_dataset(exp.info.name, "test", *location)
-        _ = exp.ood_dataset
-    if "zoo" in stages:
-        stack_size(exp, pending=MAX_SEED)  # zoo.vectorize: refuses a K that cannot be stacked or does not fit
-        _ = exp.acceleration  # precision / channels_last the device cannot run
-    if "import" in stages:
-        planned(exp)  # import.source readable, its seeds fit the range
-    if set(stages) & {"zoo", "sample"}:
-        if config.method.value == "external":
-            if "sample" in stages:
-                external_mode(exp)
-                load_external(exp)
-        else:
-            prepare_units(exp, check_bases="sample" in stages and "zoo" not in stages)
-    if "analyze" in stages:  # applicability always; the store only for inputs no earlier stage of this run writes
-        runnable(exp, produced_by(exp, stages[: list(stages).index("analyze")]))
-
-
 def run(cfg: DictConfig) -> None:
-    """Resolve the config, set threads, check it (``preflight``) and run the stage(s)."""
+    """Resolve the config, set threads, check every selected stage (``preflight``: each stage's
+    ``check``, before any work) and run the stage(s)."""
     exp = Experiment(cfg)
     stages = stages_of(exp.config.stage)
     threads = threads_per_job(exp.config.threads, exp.config.cluster.parallel_jobs)
@@ -79,7 +44,7 @@ def run(cfg: DictConfig) -> None:
     with exp.backends():
         preflight(exp, stages)
         for name in stages:
-            STAGES[name](exp)
+            STAGES[name].run(exp)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
@@ -126,7 +91,7 @@ def _help(what: str) -> str:
     if what == "methods":
         return ", ".join(f"{name} ({cls.label}: mode={'|'.join(cls.modes)})" for name, cls in registry.METHODS.items())
     if what == "analyses":
-        return ", ".join(a.value for a in Analysis)
+        return ", ".join([*ANALYSIS_NAMES, "all"])
     if what == "experiments":
         return ", ".join(sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")))
     raise ValueError(f"help: unknown entry {what!r}")

@@ -7,11 +7,14 @@ when ``resolve_config`` turns the composed config into typed objects; their erro
 full key. Method settings come from the method registry: every registered method gets a
 ``methods.<name>`` node typed by its ``Settings`` and a ``conf/methods/<name>.yaml``.
 
-Only the runners (``benchmark.cli``, ``benchmark.experiment``, ``benchmark.stages``) import this.
+``Config`` is the root: every key of ``python -m benchmark`` with its type. Only the runners
+(``benchmark.cli``, ``benchmark.experiment``) read it; everything else gets typed objects.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
 from pathlib import Path
@@ -26,14 +29,12 @@ from omegaconf.errors import OmegaConfBaseException
 from benchmark.core.data import DATASET_NAMES
 from benchmark.core.models import MODEL_NAMES
 from benchmark.core.settings import SettingsError, require
+from benchmark.core.store import MAX_SEED
+from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S
 from benchmark.core.store.importing import KeyMapping
 from benchmark.core.training import Recipe
-from methods.bayesian_layers import BNNLayers
-from methods.laplace import HessianStructure, SubsetOfWeights
 from methods import registry
 from metrics.symmetries import STEPS
-
-MAX_SEED = 999_999
 
 
 class ConfigError(ValueError):
@@ -46,17 +47,6 @@ Stage = Enum("Stage", {name: name for name in ("zoo", "sample", "evaluate", "rep
 Stage.__doc__ = ("What ``python -m benchmark`` runs (``all`` = zoo, sample, evaluate, report, analyze in order; "
                  "``verify`` checks the store and is not part of ``all``; ``import`` = write a zoo made elsewhere "
                  "into the store instead of training it).")
-
-
-class Analysis(str, Enum):
-    """What ``stage=analyze`` draws (``analysis=...``): one of the paper's analyses, or ``all``."""
-
-    toy = "toy"
-    min_mass = "min_mass"
-    collapse = "collapse"
-    permutation_frequency = "permutation_frequency"
-    marginals = "marginals"
-    all = "all"
 
 
 class VerifyScope(str, Enum):
@@ -124,7 +114,7 @@ class ZooConfig:
     range: ZooRange = ZooRange.both
     shard: int = 0
     num_shards: int = 1
-    vectorize: str = "auto"
+    vectorize: str = "auto"  # "auto" or an integer: OmegaConf has no union type; ``networks_at_once`` is the typed value
 
     def __post_init__(self) -> None:
         require(self.num_shards >= 1, "num_shards", self.num_shards, "a positive integer")
@@ -132,6 +122,11 @@ class ZooConfig:
         value = str(self.vectorize)
         require(value == "auto" or (value.isdigit() and int(value) >= 1), "vectorize", self.vectorize,
                 "auto or a positive integer (1 = one network at a time)")
+
+    @property
+    def networks_at_once(self) -> Optional[int]:
+        """``zoo.vectorize`` typed: K networks at once, ``None`` for ``auto``."""
+        return None if str(self.vectorize) == "auto" else int(self.vectorize)
 
 
 class ImportRange(str, Enum):
@@ -173,26 +168,6 @@ class ImportConfig:
     def __post_init__(self) -> None:
         require(self.limit is None or self.limit >= 1, "limit", self.limit, "a positive integer or null (all files)")
         require(self.skip >= 0, "skip", self.skip, "an integer >= 0")
-
-
-def _keyword_field(cls: type, attribute: str, key: str) -> type:
-    """Make field ``attribute`` of dataclass ``cls`` appear as ``key`` (a Python keyword such as
-    ``import``) to OmegaConf and Hydra, which read field names; instances keep the value under
-    both names (``cfg.import_`` in code, ``getattr(cfg, "import")`` for generic readers)."""
-    definition = cls.__dataclass_fields__.pop(attribute)
-    definition.name = key
-    cls.__dataclass_fields__[key] = definition
-    cls.__annotations__[key] = cls.__annotations__.pop(attribute)
-    generated = cls.__init__
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if key in kwargs:
-            kwargs[attribute] = kwargs.pop(key)
-        generated(self, *args, **kwargs)
-        setattr(self, key, getattr(self, attribute))
-
-    cls.__init__ = __init__
-    return cls
 
 
 @dataclass
@@ -257,8 +232,8 @@ class ClaimConfig:
     a held claim is refreshed every ``heartbeat_s`` seconds; one not refreshed for ``timeout_s``
     seconds is taken over (a claimant on the same host whose process is gone, at once)."""
 
-    timeout_s: float = 300.0
-    heartbeat_s: float = 30.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
 
     def __post_init__(self) -> None:
         require(self.heartbeat_s > 0, "heartbeat_s", self.heartbeat_s, "a positive number of seconds")
@@ -276,6 +251,20 @@ class ToyConfig:
 
     def __post_init__(self) -> None:
         require(self.networks >= 2, "networks", self.networks, "an integer >= 2")
+
+
+@dataclass
+class MinMassConfig:
+    """``analysis=min_mass`` (Figure 2): the minimum-mass rescaling of every reference checkpoint is
+    checked to preserve the network's function on the first ``check_images`` test images, to
+    ``check_atol`` (largest absolute difference of the logits)."""
+
+    check_images: int = 32
+    check_atol: float = 1e-4
+
+    def __post_init__(self) -> None:
+        require(self.check_images >= 1, "check_images", self.check_images, "a positive integer")
+        require(self.check_atol > 0, "check_atol", self.check_atol, "a positive number")
 
 
 @dataclass
@@ -336,12 +325,20 @@ class MarginalsConfig:
 
 @dataclass
 class AnalyzeConfig:
-    """Settings of the analyses ``stage=analyze`` draws (one node each)."""
+    """The analyses ``stage=analyze`` draws, in the paper's order, with their settings (one node
+    each). Its fields are the analyses table: ``analysis=`` accepts their names and ``all``, and
+    ``benchmark/analyses/<name>.py`` implements each."""
 
     toy: ToyConfig = field(default_factory=ToyConfig)
+    min_mass: MinMassConfig = field(default_factory=MinMassConfig)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     permutation_frequency: PermutationFrequencyConfig = field(default_factory=PermutationFrequencyConfig)
     marginals: MarginalsConfig = field(default_factory=MarginalsConfig)
+
+
+ANALYSIS_NAMES = tuple(f.name for f in dataclasses.fields(AnalyzeConfig))
+Analysis = Enum("Analysis", {name: name for name in (*ANALYSIS_NAMES, "all")}, type=str)
+Analysis.__doc__ = "What ``stage=analyze`` draws (``analysis=...``): one of the analyses (``AnalyzeConfig``), or ``all``."
 
 
 @dataclass
@@ -378,26 +375,14 @@ class DatasetConfig:
 
 
 @dataclass
-class LaplaceModelConfig:
-    """Which weights and Hessian structure Laplace uses on this model (appendix B)."""
-
-    subset_of_weights: SubsetOfWeights = SubsetOfWeights.all
-    hessian_structure: HessianStructure = HessianStructure.full
-
-
-@dataclass
 class ModelConfig:
-    """The architecture and the method settings that depend on it (appendix B).
-
-    ``cpu_native_conv``: PyTorch's native CPU convolution instead of oneDNN/NNPACK (several
-    times faster for OptuNet's tiny convolutions).
-    """
+    """The architecture: ``name``, the factory's ``kwargs``, and ``cpu_native_conv`` (PyTorch's
+    native CPU convolution instead of oneDNN/NNPACK: several times faster for OptuNet's tiny
+    convolutions). The method settings that depend on the model (appendix B) live in the methods'
+    own nodes, set by ``conf/model/<name>.yaml``."""
 
     name: ModelName = MISSING
     kwargs: Dict[str, Any] = field(default_factory=dict)
-    dropout_p: float = 0.2
-    laplace: LaplaceModelConfig = field(default_factory=LaplaceModelConfig)
-    bnn_layers: BNNLayers = BNNLayers.all
     cpu_native_conv: bool = False
 
 
@@ -419,57 +404,120 @@ def _method_choice() -> type[Enum]:
     return choice
 
 
-def build_schema() -> type:
-    """The root config dataclass ``Config``, with one ``methods.<name>`` node per registered method.
+def _is_interpolation(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("${")
 
-    Keys: ``experiment_name``; ``display_name`` (the experiment's name in the tables); ``stage``;
+
+def _following(cls: type, path: str, keys: set[str]) -> type:
+    """A subclass of dataclass ``cls`` whose fields ``keys`` default to ``${<path>.<key>}``, recursively
+    into nested (non-optional) dataclass fields, so that an override of a nested key lands on the
+    subclass's own copy; ``__post_init__`` validates once no interpolation is left."""
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        if f.name not in keys:
+            continue
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            nested = _following(kind, f"{path}.{f.name}", {g.name for g in dataclasses.fields(kind)})
+            fields.append((f.name, nested, field(default_factory=nested)))
+        else:
+            fields.append((f.name, kind, field(default=f"${{{path}.{f.name}}}")))
+    validate = getattr(cls, "__post_init__", None)
+
+    def __post_init__(self) -> None:
+        if validate is not None and not any(_is_interpolation(getattr(self, f.name)) for f in dataclasses.fields(self)):
+            validate(self)
+
+    return make_dataclass(cls.__name__, fields, bases=(cls,),
+                          namespace={"__post_init__": __post_init__, "__module__": cls.__module__, "__doc__": cls.__doc__})
+
+
+@functools.lru_cache(maxsize=None)
+def settings_schema(name: str) -> type:
+    """The schema of ``methods.<name>``: the method's ``Settings``; for a variant of another method
+    (``PosteriorMethod.follows``), a subclass in which every setting the two share defaults to the
+    interpolation ``${methods.<followed>.<key>}`` (leaf by leaf inside nested nodes). An experiment
+    file or a command line that changes the followed method then changes the variant too, and
+    ``methods.<name>.<key>=...`` changes the variant alone."""
+    cls = registry.METHODS[name]
+    if not cls.follows:
+        return cls.Settings
+    shared = {f.name for f in dataclasses.fields(registry.METHODS[cls.follows].Settings)} - {"unavailable"}
+    return _following(cls.Settings, f"methods.{cls.follows}", shared)
+
+
+def _methods_config() -> type:
+    """``MethodsConfig``: one node per registered method, typed by its ``settings_schema``."""
+    schemas = {name: settings_schema(name) for name in registry.METHODS}
+    return make_dataclass("MethodsConfig", [(name, schema, field(default_factory=schema)) for name, schema in schemas.items()])
+
+
+def _defaults() -> list[Any]:
+    """The schema's defaults list: its own values first, then ``conf/methods/<name>.yaml`` of every method."""
+    return ["_self_"] + [{f"methods@methods.{name}": name} for name in registry.METHODS]
+
+
+MethodChoice = _method_choice()
+MethodsConfig = _methods_config()
+_REGISTERED = tuple(registry.METHODS)
+
+
+@dataclass
+class Config:
+    """The root of the config: every key of ``python -m benchmark``.
+
+    ``experiment_name``; ``display_name`` (the experiment's name in the tables); ``stage``;
     ``store`` (checkpoint store root: store/<experiment>/...); ``results`` (tables and figures:
     results/<experiment>/...); ``device`` (auto | cpu | cuda | cuda:N); ``precision`` and
     ``channels_last`` (mixed precision and NHWC memory format of the zoo's one-at-a-time training:
-    ``Precision``; channels_last null = on where precision auto would use autocast); ``threads`` (torch threads
-    per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead of one-line
-    errors); ``method`` and ``mode`` (what the sample stage runs); ``analysis`` (what the analyze
-    stage draws); then the nodes typed above (``verify``: ``stage=verify``; ``claims``: cross-node
-    claims on units of work; ``analyze``: the analyses' settings),
-    ``train`` (the ``Recipe``), ``methods`` and ``import`` (``ImportConfig``; a Python keyword,
-    read as ``config.import_``).
+    ``Precision``; channels_last null = on where precision auto would use autocast); ``threads``
+    (torch threads per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead
+    of one-line errors); ``method`` and ``mode`` (what the sample stage runs); ``analysis`` (what
+    the analyze stage draws); then the nodes typed above: ``seeds``, ``zoo``, ``sample``,
+    ``evaluate``, ``analyze``, ``external``, ``verify``, ``claims`` (cross-node claims on units of
+    work), ``dataset``, ``model``, ``train`` (the ``Recipe``), ``cluster``, ``methods`` (one node
+    per registered method) and ``zoo_import`` (``stage=import``).
     """
-    methods = make_dataclass(
-        "MethodsConfig", [(name, cls.Settings, field(default_factory=cls.Settings)) for name, cls in registry.METHODS.items()]
-    )
-    method_choice = _method_choice()
-    defaults = ["_self_"] + [{f"methods@methods.{name}": name} for name in registry.METHODS]  # schema values first
-    config = make_dataclass("Config", [
-        ("defaults", List[Any], field(default_factory=lambda: list(defaults))),
-        ("experiment_name", str, MISSING),
-        ("display_name", str, MISSING),
-        ("stage", Stage, Stage.all),
-        ("store", str, "store"),
-        ("results", str, "results"),
-        ("device", str, "auto"),
-        ("precision", Precision, Precision.auto),
-        ("channels_last", Optional[bool], None),
-        ("threads", str, "auto"),
-        ("debug", bool, False),
-        ("method", method_choice, method_choice["all"]),
-        ("mode", ModeChoice, ModeChoice.both),
-        ("analysis", Analysis, Analysis.all),
-        ("seeds", SeedsConfig, field(default_factory=SeedsConfig)),
-        ("zoo", ZooConfig, field(default_factory=ZooConfig)),
-        ("sample", SampleConfig, field(default_factory=SampleConfig)),
-        ("evaluate", EvaluateConfig, field(default_factory=EvaluateConfig)),
-        ("analyze", AnalyzeConfig, field(default_factory=AnalyzeConfig)),
-        ("external", ExternalConfig, field(default_factory=ExternalConfig)),
-        ("verify", VerifyConfig, field(default_factory=VerifyConfig)),
-        ("claims", ClaimConfig, field(default_factory=ClaimConfig)),
-        ("dataset", DatasetConfig, field(default_factory=DatasetConfig)),
-        ("model", ModelConfig, field(default_factory=ModelConfig)),
-        ("train", Recipe, MISSING),
-        ("cluster", ClusterConfig, field(default_factory=ClusterConfig)),
-        ("methods", methods, field(default_factory=methods)),
-        ("import_", ImportConfig, field(default_factory=ImportConfig)),
-    ])
-    return _keyword_field(config, "import_", "import")
+
+    defaults: List[Any] = field(default_factory=_defaults)
+    experiment_name: str = MISSING
+    display_name: str = MISSING
+    stage: Stage = Stage.all
+    store: str = "store"
+    results: str = "results"
+    device: str = "auto"
+    precision: Precision = Precision.auto
+    channels_last: Optional[bool] = None
+    threads: str = "auto"
+    debug: bool = False
+    method: MethodChoice = MethodChoice["all"]
+    mode: ModeChoice = ModeChoice.both
+    analysis: Analysis = Analysis.all
+    seeds: SeedsConfig = field(default_factory=SeedsConfig)
+    zoo: ZooConfig = field(default_factory=ZooConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    analyze: AnalyzeConfig = field(default_factory=AnalyzeConfig)
+    external: ExternalConfig = field(default_factory=ExternalConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    claims: ClaimConfig = field(default_factory=ClaimConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: Recipe = MISSING
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    methods: MethodsConfig = field(default_factory=MethodsConfig)
+    zoo_import: ImportConfig = field(default_factory=ImportConfig)
+
+
+def build_schema() -> type[Config]:
+    """``Config``; when methods were registered after this module was imported (a plugin's
+    ``register_method``), a subclass whose ``method`` and ``methods`` nodes include them."""
+    if tuple(registry.METHODS) == _REGISTERED:
+        return Config
+    choice, methods = _method_choice(), _methods_config()
+    return make_dataclass("Config", [("method", choice, field(default=choice["all"])),
+                                     ("methods", methods, field(default_factory=methods))], bases=(Config,))
 
 
 def register_configs() -> None:
@@ -477,8 +525,8 @@ def register_configs() -> None:
     for every registered method (``conf/methods/<name>.yaml`` lists it first in its defaults)."""
     store = ConfigStore.instance()
     store.store(name="base_config", node=build_schema())
-    for name, cls in registry.METHODS.items():
-        store.store(group="methods", name=f"base_{name}", node=cls.Settings)
+    for name in registry.METHODS:
+        store.store(group="methods", name=f"base_{name}", node=settings_schema(name))
 
 
 def resolve_config(cfg: DictConfig) -> Any:

@@ -1,13 +1,13 @@
-"""Everything a stage derives from the config: store, device, data, model factory, recipe,
-seed ranges, and the methods built from their typed settings. Only runners use it."""
+"""Everything a stage derives from the config: store, device, data, model factory, seed ranges,
+the zoo trainer, and the methods built from their typed settings. Only runners use it.
+
+Settings are read from ``exp.config`` (the typed root ``Config``); ``Experiment`` adds only what
+is derived from them (objects, resolved choices, checks)."""
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
-import json
+import logging
 import os
-import platform
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -17,22 +17,21 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from benchmark.config import MAX_SEED, ConfigError, Precision, resolve_config
-from benchmark.core.data import DatasetInfo, TrainSplit, as_tensors, dataset_info, get_dataset, get_ood_dataset, get_train_split
+from benchmark.config import Config, ConfigError, Precision, resolve_config
+from benchmark.core.data import (
+    DatasetInfo, TrainSplit, as_tensors, check_ood_pairing, dataset_info, get_dataset, get_ood_dataset, get_train_split,
+)
+from benchmark.core.fingerprint import stable_hash
 from benchmark.core.models import build_model
-from benchmark.core.store import ExperimentStore
+from benchmark.core.store import MAX_SEED, ExperimentStore
 from benchmark.core.training import Acceleration, Recipe, TrainingData
-from methods import PosteriorMethod, method_class
+from benchmark.core.training.stacked import NotStackableError, stacked_networks
+from benchmark.core.training.vectorised import AUTO_NETWORKS, check_stackable, networks_that_fit
+from benchmark.core.settings import SettingsError
+from methods import MethodConfigError, PosteriorMethod, method_class, selected
+from methods.modes import ModePlan, plan_counts
 
-
-def stable_hash(payload: Any, length: int = 16) -> str:
-    """Hex SHA-256 prefix of ``payload`` as key-sorted JSON: the same settings, the same hash."""
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=_plain).encode()).hexdigest()[:length]
-
-
-def _plain(value: Any) -> Any:
-    """JSON form of enums (their value) for hashing."""
-    return getattr(value, "value", str(value))
+log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -69,41 +68,6 @@ def threads_per_job(setting: str, parallel_jobs: int) -> int:
     return threads
 
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-@functools.lru_cache(maxsize=None)
-def code_fingerprint(sources: tuple[str, ...]) -> str:
-    """Hash of the Python sources under ``sources`` (paths relative to the repository: packages,
-    folders or files) and the versions of the numerical libraries: results computed by other code
-    are stale."""
-    import numpy
-    import scipy
-
-    files = sorted(p for source in sources for p in ((REPO / source).rglob("*.py") if (REPO / source).is_dir()
-                                                     else [REPO / source]))
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(str(path.relative_to(REPO)).encode())
-        digest.update(path.read_bytes())
-    versions = {**library_versions(), "numpy": numpy.__version__, "scipy": scipy.__version__}
-    digest.update(json.dumps(versions, sort_keys=True).encode())
-    return digest.hexdigest()[:16]
-
-
-def library_versions() -> dict[str, str]:
-    """Versions recorded in every checkpoint's metadata."""
-    import safetensors
-    import torchvision
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "safetensors": safetensors.__version__,
-    }
-
-
 @dataclass(frozen=True)
 class SeedRange:
     """Seeds ``[start, stop)`` of one role (``reference`` or ``heldout``)."""
@@ -124,11 +88,6 @@ class SeedRange:
     def __str__(self) -> str:
         return f"[{self.start}, {self.stop})"
 
-    @property
-    def override(self) -> str:
-        """The command-line override that sets this range."""
-        return f"seeds.{self.role}=[{self.start},{self.stop}]"
-
 
 def seed_ranges(seeds: Any) -> tuple[SeedRange, SeedRange]:
     """``(reference, heldout)`` from ``seeds``; refuses malformed or overlapping ranges."""
@@ -147,10 +106,29 @@ def seed_ranges(seeds: Any) -> tuple[SeedRange, SeedRange]:
     return reference, heldout
 
 
-class Experiment:
-    """The resolved experiment of a config. ``config`` is the typed config object."""
+@dataclass(frozen=True)
+class ZooTrainer:
+    """How the zoo stage trains, decided once per run (``Experiment.zoo_trainer``): ``stacked``
+    (the vectorised trainer, at most ``networks`` at once) or one at a time; ``reason``: why not
+    stacked."""
 
-    def __init__(self, cfg: DictConfig | Any) -> None:
+    stacked: bool
+    networks: int
+    reason: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The ``trainer`` metadata of the checkpoints it trains (not K: a stacked network's result
+        does not depend on how many train beside it)."""
+        return "vectorised" if self.stacked else "one at a time"
+
+
+class Experiment:
+    """The resolved experiment of a config. ``config`` is the typed root ``Config``."""
+
+    config: Config
+
+    def __init__(self, cfg: DictConfig | Config) -> None:
         self.config = resolve_config(cfg) if isinstance(cfg, DictConfig) else cfg
         self.reference, self.heldout = seed_ranges(self.config.seeds)
         if self.config.train.fail_rule.active and self.config.dataset.validation_fraction == 0:
@@ -293,6 +271,46 @@ class Experiment:
         """What the zoo and the methods train on; the convergence rule is judged on the validation part."""
         return TrainingData(train=self.train_set, train_tensors=self.train_tensors, check=self.validation_tensors)
 
+    def check_data(self) -> None:
+        """Refuse, before any work, an OOD set that does not pair with the ID set, or data that is
+        not on disk (``DatasetNotFoundError`` naming the folder and the download option)."""
+        dataset = self.config.dataset
+        check_ood_pairing(dataset.ood.value, self.info.name)
+        get_dataset(self.info.name, "train", *self._location())
+        get_dataset(self.info.name, "test", *self._location())
+        _ = self.ood_dataset
+
+    @cached_property
+    def zoo_trainer(self) -> ZooTrainer:
+        """How the zoo trains (``zoo.vectorize``), decided once: ``auto`` stacks as many networks as
+        fit in memory, up to ``AUTO_NETWORKS``, or trains one at a time where the architecture or
+        the data cannot be stacked (the reason is logged); an explicit K that cannot be stacked or
+        does not fit raises ``ConfigError`` naming the value to use; 1 = one at a time."""
+        wanted = self.config.zoo.networks_at_once
+        if wanted == 1:
+            return ZooTrainer(False, 1, "zoo.vectorize=1")
+        try:
+            check_stackable(self.train_set)
+            template = stacked_networks(self.model().to(self.device), self.device)
+        except NotStackableError as err:
+            if wanted is not None:
+                raise ConfigError(f"zoo.vectorize={wanted}: {self.name} cannot be trained stacked ({err}); "
+                                  "use zoo.vectorize=1 or zoo.vectorize=auto") from None
+            log.info("zoo: one network at a time (%s)", err)
+            return ZooTrainer(False, 1, str(err))
+        del template
+        shape = (self.info.in_channels, self.info.image_size, self.info.image_size)
+        fit, per_network, available = networks_that_fit(self.model().to(self.device), shape,
+                                                        self.config.train.batch_size, self.device)
+        if wanted is None:
+            return ZooTrainer(True, max(1, min(AUTO_NETWORKS, fit)))
+        if wanted > fit:
+            raise ConfigError(
+                f"zoo.vectorize={wanted}: {wanted} networks need about {wanted * per_network / 2**30:.2f} GiB on "
+                f"{self.device}, more than half of the {available / 2**30:.2f} GiB available; use "
+                f"zoo.vectorize={max(1, fit)} (or zoo.vectorize=auto)")
+        return ZooTrainer(True, wanted)
+
     def method_settings(self, name: str) -> Any:
         """The typed settings of method ``name`` (``methods.<name>``)."""
         return getattr(self.config.methods, name)
@@ -301,3 +319,30 @@ class Experiment:
         """Method ``name`` built from the model factory, the data, its settings and the recipe."""
         cls = method_class(name)
         return cls(self.model, self.training_data, self.method_settings(name), recipe=self.recipe, device=self.device)
+
+    def planned_methods(self) -> tuple[list[tuple[PosteriorMethod, ModePlan]], list[str]]:
+        """Every method x mode that ``method=`` and ``mode=`` select, built and checked before any
+        training: ``([(method, plan without candidate bases)], [skipped "name/mode: why"])``. Under
+        ``method=all`` a method the experiment marks ``unavailable`` is skipped. Raises
+        ``MethodConfigError`` listing every refused combination (bad method/model/mode, sample
+        counts that do not split) and ``ConfigError`` for a setting out of range."""
+        method, mode = self.config.method.value, self.config.mode.value
+        sample = self.config.sample
+        planned, skipped, refused = [], [], []
+        for name, m in selected(method, mode):
+            instance = self.build_method(name)
+            if method == "all" and instance.settings.unavailable:
+                skipped.append(f"{name}/{m}: {instance.settings.unavailable}")
+                continue
+            try:
+                instance.check(m)
+                bases, per_base = plan_counts(instance, m, sample.per_method, sample.modes_multi)
+            except SettingsError as err:
+                raise ConfigError(f"methods.{name}.{err}") from None
+            except MethodConfigError as err:
+                refused.append(f"{name}/{m}: {err}")
+                continue
+            planned.append((instance, ModePlan(m, (), bases, per_base)))
+        if refused:
+            raise MethodConfigError(f"{len(refused)} method/mode unit(s) refused before any work: {'; '.join(refused)}")
+        return planned, skipped

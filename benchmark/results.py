@@ -21,10 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmark.core.store import atomic_path
+from benchmark.core.store import MODES, atomic_path
 
 STATUSES = ("ok", "failed")
-MODES = ("one", "multi")
 KEY_COLUMNS = ["experiment", "method", "mode"]
 TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "status", "reason", "ns_steps",
                 "wm_anchor"]

@@ -2,9 +2,9 @@
 one registry (``methods.registry``). Methods never see the Hydra config: each is built from a
 model factory, the data, a typed settings dataclass and the training recipe."""
 from methods.base import MODES, MethodConfigError, MethodFitError, MethodSettings, ModelFactory, PosteriorMethod
-from methods.registry import METHODS, method_class, method_names, register_method
+from methods.registry import METHODS, method_class, method_names, register_method, selected
 
 __all__ = [
     "MODES", "MethodConfigError", "MethodFitError", "MethodSettings", "ModelFactory", "PosteriorMethod",
-    "METHODS", "method_class", "method_names", "register_method",
+    "METHODS", "method_class", "method_names", "register_method", "selected",
 ]

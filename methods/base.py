@@ -22,10 +22,9 @@ import torch
 from torch import nn
 
 from benchmark.core.models import predict_with_weights
-from benchmark.core.store import SampleSet
+from benchmark.core.store import MODES, SampleSet
 from benchmark.core.training import Recipe, TrainingData
 
-MODES = ("one", "multi")
 ModelFactory = Callable[..., nn.Module]
 
 
@@ -65,6 +64,9 @@ class PosteriorMethod(ABC):
     # Whether ``fit`` can fail on a base (MethodFitError: a retrained network that does not
     # converge), so that spare base networks are reserved for it.
     fits_can_fail: ClassVar[bool] = False
+    # A variant of another method (its name): the settings the two share follow that method's
+    # config node unless set for the variant itself (the config schema, benchmark/config.py).
+    follows: ClassVar[str | None] = None
 
     def __init__(
         self,

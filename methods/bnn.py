@@ -3,7 +3,7 @@
 The vBNN is trained from scratch with the experiment's recipe (changed per experiment by
 ``train``), no weight decay, and an ELBO of ``elbo_samples`` Monte Carlo terms per step with
 the KL weighted by ``kl_weight``. Its weight samples are BLiTZ draws, returned keyed like
-the plain model. Which layers are variational: ``layers`` (from ``model.bnn_layers``).
+the plain model. Which layers are variational: ``layers`` (set per model in ``conf/model/*.yaml``).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class BNNSettings(MethodSettings):
     ``elbo_samples``: Monte Carlo terms of the ELBO per step (paper: 3). ``kl_weight``: weight
     of BLiTZ's KL term in the per-example loss; ``null`` = 1/N of the train set (the exact
     per-example ELBO). ``train``: changes to the experiment's recipe for the vBNN (weight decay
-    is always 0). ``layers``: which layers are variational (``model.bnn_layers``). ``variance``:
+    is always 0). ``layers``: which layers are variational (set per model in ``conf/model/*.yaml``). ``variance``:
     how the posterior scales start and learn (``VarianceSettings``; default the paper's).
     """
 

@@ -36,7 +36,7 @@ from benchmark.core.training import seeded
 from methods.base import MethodConfigError
 from methods.bayesian_layers import BayesianNetwork, BNNLayers, to_bayesian
 from methods.bnn import BNNMethod, BNNSettings
-from methods.chains import ACTIVATIONS, PARAMETRISED, layer_chain
+from methods.layer_chain import ACTIVATIONS, PARAMETRISED, layer_chain
 
 MIN_GAP = 1e-6  # smallest gap between sorted initial biases (exp(y) > 0 needs a positive gap)
 
@@ -168,8 +168,9 @@ def spread_ties(bias: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class OrderedBNNSettings(BNNSettings):
-    """The plain vBNN's settings (``BNNSettings``); ``conf/methods/bnn_ordered.yaml`` takes them
-    from ``methods.bnn``. The ordered layers follow from the model (module doc)."""
+    """The plain vBNN's settings (``BNNSettings``); in the config they follow ``methods.bnn``
+    unless set under ``methods.bnn_ordered`` (``follows``). The ordered layers follow from the
+    model (module doc)."""
 
 
 class OrderedBiasBNNMethod(BNNMethod):
@@ -178,6 +179,7 @@ class OrderedBiasBNNMethod(BNNMethod):
     name = "bnn_ordered"
     label = "BNN (ordered biases)"
     Settings = OrderedBNNSettings
+    follows = "bnn"
     # The seed's claim is about one variational posterior; a multi-mode row would add 10 vBNN
     # trainings per repetition, beyond the default experiment's time budget.
     modes = ("one",)

@@ -43,7 +43,7 @@ from benchmark.core.training import seeded
 from methods.base import MethodConfigError
 from methods.bayesian_layers import BayesianNetwork, to_bayesian
 from methods.bnn import BNNMethod, BNNSettings
-from methods.chains import ACTIVATIONS, PARAMETRISED, layer_chain
+from methods.layer_chain import ACTIVATIONS, PARAMETRISED, layer_chain
 
 
 @dataclass(frozen=True)
@@ -121,8 +121,8 @@ class SkipChain(nn.Module):
 
 @dataclass
 class SkipBNNSettings(BNNSettings):
-    """The plain vBNN's settings (``BNNSettings``; ``conf/methods/bnn_skip.yaml`` takes them from
-    ``methods.bnn``), plus ``skip_seed`` (the fixed skip matrices' draw, the same for every fit)
+    """The plain vBNN's settings (``BNNSettings``; in the config they follow ``methods.bnn`` unless
+    set under ``methods.bnn_skip``), plus ``skip_seed`` (the fixed skip matrices' draw, the same for every fit)
     and ``skip_gain`` (their scale; the seed uses semi-orthogonal matrices, i.e. 1)."""
 
     skip_seed: int = 0
@@ -140,6 +140,7 @@ class SkipBNNMethod(BNNMethod):
     name = "bnn_skip"
     label = "BNN (orthogonal skips)"
     Settings = SkipBNNSettings
+    follows = "bnn"
     # The seed's claim is about one variational posterior; a multi-mode row would add 10 vBNN
     # trainings per repetition, beyond the default experiment's time budget.
     modes = ("one",)

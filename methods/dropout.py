@@ -49,7 +49,7 @@ def masked_weights(weight: torch.Tensor, masks: torch.Tensor, p: float) -> torch
 @dataclass
 class DropoutSettings(MethodSettings):
     """``p``: dropout rate on the last layer's input, at train and test time (appendix B:
-    0.2 OptuNet, 0.5 ResNet-18; the config takes it from ``model.dropout_p``)."""
+    0.2 OptuNet, 0.5 ResNet-18; set per model in ``conf/model/*.yaml``)."""
 
     p: float = 0.2
 

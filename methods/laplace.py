@@ -1,7 +1,7 @@
 """Laplace approximation around a trained base network, with laplace-torch (Daxberger et al. 2021).
 
 Subset of weights and Hessian structure come from the settings (the config wires them to
-``model.laplace``; appendix B: OptuNet = all weights, full GGN; ResNet-18 = last layer, KFAC).
+``conf/model/*.yaml``; appendix B: OptuNet = all weights, full GGN; ResNet-18 = last layer, KFAC).
 The GGN is fitted on the un-augmented train set, the prior precision optimised post hoc
 (``prior_optimization``, default the marginal likelihood), and weight samples are ``la.sample(n, generator)``: flat vectors over
 the Laplace subset (``la.params`` for 'all', the last Linear's weight then bias otherwise),
@@ -58,7 +58,7 @@ class PriorStructure(str, Enum):
 @dataclass
 class LaplaceSettings(MethodSettings):
     """Laplace settings (appendix B: OptuNet = all weights with the full GGN; ResNet-18 = last
-    layer with KFAC; the config takes both from ``model.laplace``).
+    layer with KFAC; the config takes both from ``conf/model/*.yaml``).
 
     ``prior_optimization``/``prior_structure``: the post-hoc prior precision; ``marglik_steps``
     and ``marglik_lr``: Adam steps and rate on its log; ``fit_batch_size``: batch size of the
@@ -159,7 +159,7 @@ class LaplaceMethod(PosteriorMethod):
             raise MethodConfigError(
                 f"method=laplace on {type(model).__name__} with subset_of_weights=all "
                 f"hessian_structure={s.hessian_structure.value}: {'; '.join(reasons)}. Use "
-                f"model.laplace.subset_of_weights=last_layer model.laplace.hessian_structure=kron (appendix B)"
+                f"methods.laplace.subset_of_weights=last_layer methods.laplace.hessian_structure=kron (appendix B)"
             )
 
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:

@@ -36,6 +36,22 @@ def method_class(name: str) -> type[PosteriorMethod]:
     return METHODS[name]
 
 
+def selected(method: str, mode: str) -> list[tuple[str, str]]:
+    """``(method, mode)`` pairs that ``method=`` x ``mode=`` select (registered methods only).
+
+    ``all``/``both`` expand to the modes each method supports; a named method with a named mode
+    is kept even if unsupported, so that its ``check`` refuses it with the reason. Raises
+    ``ValueError`` naming the valid methods for an unknown one.
+    """
+    names = method_names() if method == "all" else (method,)
+    pairs = []
+    for name in names:
+        supported = method_class(name).modes
+        wanted = supported if mode == "both" else (mode,)
+        pairs += [(name, m) for m in wanted if m in supported or method != "all"]
+    return pairs
+
+
 def register_method(cls: type[PosteriorMethod]) -> type[PosteriorMethod]:
     """Add ``cls`` (a ``PosteriorMethod`` subclass with ``name``, ``label`` and ``Settings``) after the
     registered methods; usable as a class decorator. Register before the config is composed."""

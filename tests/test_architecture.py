@@ -1,12 +1,11 @@
-"""The layers of ARCHITECTURE.md, checked on the import statements of every module.
+"""The layers of ARCHITECTURE.md, checked on the import statements of every module of the
+repository: the packages, ``bench/`` and ``tests/`` (function-level imports included).
 
-runners (benchmark.cli, config, experiment, stages, report, results)
-    -> methods, metrics
-        -> plumbing (benchmark.core.data, models, store, training, settings)
-
-Imports point one way only: plumbing imports nothing of the layers above it, metrics imports
-no project package but itself, methods import plumbing and themselves and never Hydra or
-OmegaConf, and only the runners read the config.
+Each module belongs to the first rule whose prefix matches its name, and may import only the
+prefixes that rule allows. On top of the layers: no stage imports another stage; the report and
+the analyses import no stage; no package imports itself through others (a cycle). The checks run
+on any tree, so the tests below also plant each kind of violation in a small fake repository and
+show that it is caught.
 """
 from __future__ import annotations
 
@@ -17,83 +16,222 @@ import pytest
 
 from tests.conftest import REPO
 
-PLUMBING = ("benchmark.core",)
-RUNNERS = ("benchmark.cli", "benchmark.config", "benchmark.experiment", "benchmark.stages", "benchmark.report",
-           "benchmark.analyses",
-           "benchmark.results", "benchmark.__main__")
+PROJECT = ("benchmark", "methods", "metrics", "bench", "tests")
+CORE = ("benchmark.core",)
+METRICS = ("metrics", *CORE)  # metrics import only themselves; listed with core for the rules below
+COMPUTE = ("methods", "metrics", *CORE)
+BASE = ("benchmark.experiment", "benchmark.config", "benchmark.results")
+QUERY = ("benchmark.inventory", "benchmark.reference")
 CONFIG_LIBRARIES = ("hydra", "omegaconf")
+CONFIG_READERS = ("benchmark.cli", "benchmark.config", "benchmark.experiment", "tests", "bench")
+
+RULES: list[tuple[str, tuple[str, ...]]] = [
+    # (prefix of the importing module, prefixes it may import), top of the layers first
+    ("tests", PROJECT),
+    ("bench", tuple(p for p in PROJECT if p != "tests")),
+    ("benchmark.__main__", ("benchmark.cli",)),
+    ("benchmark.cli", ("benchmark.stages", *QUERY, *BASE, *COMPUTE)),
+    ("benchmark.stages", ("benchmark.stages", "benchmark.report", "benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
+    ("benchmark.report", ("benchmark.report", *QUERY, *BASE, *COMPUTE)),
+    ("benchmark.analyses", ("benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
+    ("benchmark.inventory", (*BASE, *COMPUTE)),
+    ("benchmark.reference", ("benchmark.inventory", *BASE, *COMPUTE)),
+    ("benchmark.experiment", ("benchmark.config", *COMPUTE)),
+    ("benchmark.config", COMPUTE),
+    ("benchmark.results", COMPUTE),
+    ("benchmark.core", CORE),
+    ("benchmark", ()),  # the package's __init__: a docstring
+    ("methods", ("methods", "metrics", *CORE)),
+    ("metrics", ("metrics",)),
+]
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imports(path: Path) -> set[str]:
-    """Absolute module names imported anywhere in ``path`` (function-level imports included)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
-
-
-MODULES = {
-    _module_name(path): _imports(path)
-    for package in ("benchmark", "methods", "metrics")
-    for path in sorted((REPO / package).rglob("*.py"))
-}
-
-
-def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+def _within(name: str, prefixes: tuple[str, ...] | list[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def layer(name: str) -> str:
-    """The layer of a project module."""
-    if _within(name, PLUMBING):
-        return "plumbing"
-    if _within(name, RUNNERS) or name == "benchmark":
-        return "runners"
-    if _within(name, ("methods",)):
-        return "methods"
-    if _within(name, ("metrics",)):
-        return "metrics"
-    raise AssertionError(f"module {name} is in no layer; add it to ARCHITECTURE.md and this test")
+def module_name(root: Path, path: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-ALLOWED = {
-    "plumbing": {"plumbing"},
-    "metrics": {"metrics"},
-    "methods": {"methods", "plumbing"},
-    "runners": {"runners", "methods", "metrics", "plumbing"},
-}
+def scan(root: Path) -> dict[str, set[str]]:
+    """Module -> the project modules and config libraries it imports: ``from a import b`` counts as
+    ``a.b`` when that is a module of the tree, else as ``a``."""
+    paths = [p for package in PROJECT if (root / package).is_dir() for p in sorted((root / package).rglob("*.py"))]
+    known = {module_name(root, p) for p in paths}
+    modules = {}
+    for path in paths:
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    names.add(full if full in known else node.module)
+        modules[module_name(root, path)] = {n for n in names if n.split(".")[0] in (*PROJECT, *CONFIG_LIBRARIES)}
+    return modules
+
+
+def rule_of(name: str) -> tuple[str, tuple[str, ...]]:
+    for prefix, allowed in RULES:
+        if _within(name, (prefix,)):
+            return prefix, allowed
+    raise AssertionError(f"module {name} is in no layer; add it to ARCHITECTURE.md and to RULES here")
+
+
+def layer_violations(modules: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for every import that points up or across the layers, or that reads
+    the config outside the config readers."""
+    out = []
+    for name, imports in sorted(modules.items()):
+        prefix, allowed = rule_of(name)
+        for target in sorted(imports):
+            if target.split(".")[0] in CONFIG_LIBRARIES:
+                if not _within(name, CONFIG_READERS):
+                    out.append(f"{name} -> {target} (only {', '.join(CONFIG_READERS)} read the config)")
+            elif not _within(target, allowed) and not _within(target, (name,)):
+                out.append(f"{name} ({prefix}) -> {target}")
+    return out
+
+
+def stage_violations(modules: dict[str, set[str]]) -> list[str]:
+    """A stage importing another stage, and a report or analyses module importing any stage."""
+    out = []
+    for name, imports in sorted(modules.items()):
+        stages = sorted(t for t in imports if _within(t, ("benchmark.stages",)) and t != name)
+        if _within(name, ("benchmark.stages",)) and name != "benchmark.stages" and stages:
+            out.append(f"stage {name} imports {stages}: stages are siblings (share through benchmark.inventory/reference)")
+        if _within(name, ("benchmark.report", "benchmark.analyses")) and stages:
+            out.append(f"{name} imports {stages}: the report and the analyses import no stage")
+    return out
+
+
+def package_of(name: str, modules: dict[str, set[str]]) -> str:
+    """The node of a module in the package graph: its package, or, for a module directly in
+    ``benchmark/`` (a package of layers), the module itself."""
+    if name in modules and any(other.startswith(name + ".") for other in modules):
+        package = name  # a package's __init__
+    else:
+        package = name.rpartition(".")[0] or name
+    return name if package == "benchmark" else package
+
+
+def package_cycles(modules: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles among packages (each as the list of packages along it)."""
+    edges: dict[str, set[str]] = {}
+    for name, imports in modules.items():
+        source = package_of(name, modules)
+        for target in imports:
+            if target.split(".")[0] in CONFIG_LIBRARIES:
+                continue
+            sink = package_of(target, modules)
+            if sink != source:
+                edges.setdefault(source, set()).add(sink)
+    cycles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+MODULES = scan(REPO)
 
 
 def test_every_module_belongs_to_a_layer():
-    assert {layer(name) for name in MODULES} == set(ALLOWED)
+    for name in MODULES:
+        rule_of(name)
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_imports_point_down_the_layers_only(module):
-    mine = layer(module)
-    project = [n for n in MODULES[module] if n.split(".")[0] in ("benchmark", "methods", "metrics")]
-    wrong = sorted(n for n in project if layer(n) not in ALLOWED[mine])
-    assert not wrong, f"{module} ({mine}) imports {wrong} from a layer above or beside it"
-    if mine != "runners":
-        config = sorted(n for n in MODULES[module] if n.split(".")[0] in CONFIG_LIBRARIES)
-        assert not config, f"{module} ({mine}) imports {config}: only the runners read the config"
+def test_imports_point_down_the_layers_only():
+    assert layer_violations(MODULES) == []
 
 
-def test_stages_do_not_import_the_cli():
-    offenders = [m for m, imports in MODULES.items() if m.startswith("benchmark.stages") and "benchmark.cli" in imports]
-    assert not offenders, f"{offenders} import benchmark.cli: the CLI dispatches on the static stage table"
+def test_stages_are_siblings_and_the_report_and_analyses_import_no_stage():
+    assert stage_violations(MODULES) == []
+
+
+def test_no_package_imports_itself_through_others():
+    assert package_cycles(MODULES) == []
 
 
 def test_this_test_sees_the_arrows():
     """A guard against a scanner that finds nothing: known arrows of each layer are seen."""
     assert "benchmark.core.store" in MODULES["methods.base"]
-    assert "metrics.mmd" in MODULES["benchmark.stages.evaluate"]
-    assert "metrics.mmd.layers" in MODULES["metrics.mmd.table"]
+    assert "metrics.mmd" in MODULES["benchmark.reference"]
+    assert "benchmark.stages.zoo" in MODULES["benchmark.stages"]
+    assert "benchmark.inventory" in MODULES["benchmark.stages.evaluate"]
+    assert any(_within(m, ("benchmark",)) for m in MODULES["tests.conftest"])
+    assert any(_within(m, ("benchmark.core",)) for m in MODULES["bench.reliability"])
+
+
+def _tree(root: Path, files: dict[str, str]) -> dict[str, set[str]]:
+    """A fake repository with ``files`` (path -> source) and empty package ``__init__`` files."""
+    for rel, source in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+        for parent in path.relative_to(root).parents:
+            if str(parent) != "." and not (root / parent / "__init__.py").exists():
+                (root / parent / "__init__.py").write_text("")
+    return scan(root)
+
+
+CLEAN = {
+    "benchmark/stages/zoo.py": "from benchmark.inventory import converged\n",
+    "benchmark/stages/sample.py": "from benchmark.inventory import converged\n",
+    "benchmark/inventory.py": "from benchmark.core.store import Unit\n",
+    "benchmark/report/tables.py": "from benchmark.results import COLUMNS\n",
+    "benchmark/core/store/units.py": "",
+}
+
+
+def test_a_clean_fake_tree_passes(tmp_path):
+    modules = _tree(tmp_path, CLEAN)
+    assert layer_violations(modules) == [] and stage_violations(modules) == [] and package_cycles(modules) == []
+
+
+def test_a_stage_importing_another_stage_is_caught(tmp_path):
+    modules = _tree(tmp_path, {**CLEAN, "benchmark/stages/sample.py": "from benchmark.stages.zoo import converged\n"})
+    (found,) = stage_violations(modules)
+    assert "stage benchmark.stages.sample imports ['benchmark.stages.zoo']" in found
+    modules = _tree(tmp_path / "b", {**CLEAN, "benchmark/stages/sample.py": "def f():\n    from benchmark.stages import zoo\n"})
+    assert stage_violations(modules)  # a function-level import, by module name, is seen too
+
+
+def test_a_report_module_importing_a_stage_is_caught(tmp_path):
+    modules = _tree(tmp_path, {**CLEAN, "benchmark/report/tables.py": "from benchmark.stages.zoo import x\n"})
+    assert "the report and the analyses import no stage" in stage_violations(modules)[0]
+    assert "benchmark.report.tables (benchmark.report) -> benchmark.stages.zoo" in layer_violations(modules)
+
+
+def test_a_package_cycle_is_caught(tmp_path):
+    modules = _tree(tmp_path, {**CLEAN, "benchmark/core/store/units.py": "from benchmark.core.data import x\n",
+                               "benchmark/core/data/loading.py": "from benchmark.core.store import Unit\n"})
+    assert layer_violations(modules) == []  # allowed arrows, each on its own
+    assert package_cycles(modules) == [["benchmark.core.data", "benchmark.core.store", "benchmark.core.data"]]
+
+
+def test_an_upward_import_and_config_outside_the_runners_are_caught(tmp_path):
+    modules = _tree(tmp_path, {**CLEAN, "metrics/mmd.py": "import benchmark.experiment\n",
+                               "methods/swag.py": "from omegaconf import DictConfig\n"})
+    found = layer_violations(modules)
+    assert "metrics.mmd (metrics) -> benchmark.experiment" in found
+    assert any(f.startswith("methods.swag -> omegaconf") for f in found)
+
+
+@pytest.mark.parametrize("bad", ["bench/x.py", "benchmark/core/data/x.py"])
+def test_tests_are_imported_by_nobody(tmp_path, bad):
+    modules = _tree(tmp_path, {**CLEAN, bad: "from tests.corruptions import corrupt\n", "tests/corruptions.py": ""})
+    assert any("-> tests" in f for f in layer_violations(modules))

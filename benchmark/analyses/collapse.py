@@ -22,6 +22,7 @@ from scipy import stats
 
 from benchmark.analyses.figures import PALETTE, new_figure, save_figure, style
 from benchmark.analyses.inputs import figures_dir, reference, require_reference
+from benchmark.inventory import require_inputs
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import iter_checkpoint_batches
@@ -31,16 +32,20 @@ log = logging.getLogger(__name__)
 
 NAME = "collapse"
 TITLE = "Figure 3: pairwise mutual information between zoo members, ID vs OOD"
-INPUTS = ("reference",)
 
 
 def applies(exp: Experiment) -> None:
     """Applies to every model."""
 
 
-def check(exp: Experiment) -> None:
-    """Needs the reference zoo."""
-    require_reference(exp, NAME)
+def needs(exp: Experiment) -> frozenset[str]:
+    return frozenset({"reference"})
+
+
+def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
+    """Needs the reference zoo (unless an earlier stage of this run trains it) and the ID and OOD data."""
+    exp.check_data()
+    require_inputs(exp, needs(exp) - made, f"analysis={NAME}")
 
 
 def member_probabilities(exp: Experiment, seeds: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +105,7 @@ def run(exp: Experiment) -> list[Path]:
         joint.set_ylabel(f"OOD pairwise MI (nats, {ood})")
         joint.set_title(f"Pearson r = {correlation.statistic:.3f} (p = {correlation.pvalue:.2g})")
         shown = f"all {total:,} pairs" if len(pairs) == total else f"{len(pairs):,} random pairs of {total:,}"
-        figure.suptitle(f"Pairwise MI of {len(seeds)} zoo members ({shown})")
+        figure.suptitle(f"Pairwise MI of {len(seeds)} zoo members\n({shown})")
         return save_figure(figure, figures_dir(exp), NAME, numbers, {"summary": summary})
 
 

@@ -75,11 +75,16 @@ def save_figure(figure: Figure, folder: Path, name: str, numbers: pd.DataFrame,
     """Write ``<folder>/<name>.png``, ``.pdf`` and ``<name>.csv`` (``numbers``: what the figure
     plots), plus ``<name>_<suffix>.csv`` for each entry of ``extra``; every file atomically.
     Returns the paths written. Refuses (``ValueError``) a figure with text smaller than
-    ``FONT_SIZE`` points: it would not be readable at column width."""
+    ``FONT_SIZE`` points (it would not be readable at column width) or text that does not fit
+    inside the canvas at its saved size (``outside_canvas``)."""
     figure.draw_without_rendering()  # tick labels exist once laid out
     small = sorted({t.get_text() for t in figure.findobj(Text) if t.get_text().strip() and t.get_fontsize() < FONT_SIZE})
     if small:
         raise ValueError(f"figure {name}: text below {FONT_SIZE} pt: {small[:5]}")
+    cut = outside_canvas(figure)
+    if cut:
+        raise ValueError(f"figure {name}: text cut off at the edges of its {figure.get_figwidth():g} x "
+                         f"{figure.get_figheight():g} in canvas: {cut[:5]}")
     folder = Path(folder)
     written = []
     for suffix in ("png", "pdf"):
@@ -93,6 +98,32 @@ def save_figure(figure: Figure, folder: Path, name: str, numbers: pd.DataFrame,
         atomic_write_text(path, frame.to_csv(index=False, float_format="%.6g"))
         written.append(path)
     return written
+
+
+def outside_canvas(figure: Figure, tolerance_px: float = 1.0) -> list[str]:
+    """What of a laid-out ``figure`` is drawn beyond its canvas at the saved size by more than
+    ``tolerance_px`` pixels: figure texts and legends, and per axes its titles, texts, legend and
+    each axis (label and the tick labels that are drawn), named by their text."""
+    renderer = figure.canvas.get_renderer()
+    box = figure.bbox
+    parts: list[tuple[str, object]] = [(t.get_text(), t) for t in figure.texts] + \
+        [("legend", legend) for legend in figure.legends]
+    for axes in figure.axes:
+        parts += [(t.get_text(), t) for t in (axes.title, axes._left_title, axes._right_title, *axes.texts)]
+        parts += [(f"{name} axis '{axis.get_label().get_text()}'", axis) for name, axis in (("x", axes.xaxis), ("y", axes.yaxis))]
+        if axes.get_legend() is not None:
+            parts.append(("legend", axes.get_legend()))
+    out = []
+    for name, artist in parts:
+        if not artist.get_visible() or (isinstance(artist, Text) and not artist.get_text().strip()):
+            continue
+        extent = artist.get_tightbbox(renderer)
+        if extent is None:
+            continue
+        if (extent.x0 < box.x0 - tolerance_px or extent.x1 > box.x1 + tolerance_px
+                or extent.y0 < box.y0 - tolerance_px or extent.y1 > box.y1 + tolerance_px):
+            out.append(name)
+    return out
 
 
 def _metadata(suffix: str) -> dict[str, str | None]:

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from benchmark.analyses.figures import COLUMN_WIDTH, PALETTE, new_figure, save_figure, style
 from benchmark.analyses.inputs import figures_dir, first_repetition, reference, require_reference, require_samples
+from benchmark.inventory import require_inputs
 from benchmark.experiment import Experiment
 from benchmark.core.store import iter_layer_column_chunks, load_checkpoints_as_sample_set
 from methods import method_class, method_names
@@ -47,7 +48,6 @@ log = logging.getLogger(__name__)
 NAME = "marginals"
 TITLE = "Appendix D.3: marginal weight distributions per layer, zoo vs methods, raw and symmetry-free"
 FORMS = ("raw", "NS")
-INPUTS = ("reference", "samples")
 BLOCK_VALUES = 2**24
 """Entries of one column block read from a streamed zoo (64 MB of float32)."""
 
@@ -56,10 +56,13 @@ def applies(exp: Experiment) -> None:
     """Applies to every model."""
 
 
-def check(exp: Experiment) -> None:
-    """Needs the reference zoo and at least one method's samples."""
-    require_reference(exp, NAME)
-    require_samples(exp, NAME)
+def needs(exp: Experiment) -> frozenset[str]:
+    return frozenset({"reference", "samples"})
+
+
+def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
+    """Needs the reference zoo and at least one method's samples (unless earlier stages of this run make them)."""
+    require_inputs(exp, needs(exp) - made, f"analysis={NAME}")
 
 
 def _label(method: str, mode: str) -> str:
@@ -231,7 +234,7 @@ def mode_counts(exp: Experiment, spec) -> pd.DataFrame:
 
 
 def _layers_text(shown: list[str], total: int) -> str:
-    return "" if len(shown) == total else f"; {len(shown)} of {total} layers, all in the CSV"
+    return "" if len(shown) == total else f"\n({len(shown)} of {total} layers, all in the CSV)"
 
 
 def draw_marginals(exp, frame: pd.DataFrame, rows: list[tuple[str, str]], shown: list[str], total: int) -> list[Path]:
@@ -261,7 +264,7 @@ def draw_marginals(exp, frame: pd.DataFrame, rows: list[tuple[str, str]], shown:
             axes[row, 0].set_ylabel("density")
         handles, labels = axes[0, 0].get_legend_handles_labels()
         figure.legend(handles, labels, loc="outside lower center", ncol=2)
-        figure.suptitle(f"Marginal weight distributions per layer ({exp.display_name}{_layers_text(shown, total)})")
+        figure.suptitle(f"Marginal weight distributions per layer ({exp.display_name}){_layers_text(shown, total)}")
         return save_figure(figure, figures_dir(exp), NAME, frame)
 
 

@@ -19,7 +19,8 @@ import torch
 from matplotlib.patches import Patch
 
 from benchmark.analyses.figures import PALETTE, new_figure, save_figure, style
-from benchmark.analyses.inputs import NotApplicableError, figures_dir, reference, require_reference
+from benchmark.analyses.inputs import NotApplicableError, figures_dir, reference
+from benchmark.inventory import require_inputs
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
 from metrics.symmetries import DegenerateMinMassError, check_min_mass_defined, min_mass, spec_for_model
@@ -28,9 +29,6 @@ log = logging.getLogger(__name__)
 
 NAME = "min_mass"
 TITLE = "Figure 2: mass of the zoo's networks and of their minimum-mass rescalings"
-INPUTS = ("reference",)
-CHECK_IMAGES = 32
-CHECK_ATOL = 1e-4
 
 
 def applies(exp: Experiment) -> None:
@@ -41,9 +39,14 @@ def applies(exp: Experiment) -> None:
         raise NotApplicableError(f"analysis={NAME}: {err}") from None
 
 
-def check(exp: Experiment) -> None:
-    """Needs the reference zoo."""
-    require_reference(exp, NAME)
+def needs(exp: Experiment) -> frozenset[str]:
+    return frozenset({"reference"})
+
+
+def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
+    """Needs the reference zoo (unless an earlier stage of this run trains it) and the test data."""
+    exp.check_data()
+    require_inputs(exp, needs(exp) - made, f"analysis={NAME}")
 
 
 def run(exp: Experiment) -> list[Path]:
@@ -57,11 +60,12 @@ def run(exp: Experiment) -> list[Path]:
     if (after > before * (1 + 1e-9)).any():
         raise RuntimeError(f"min_mass: the optimum is above the starting mass for seeds "
                            f"{[ref.seeds[i] for i in np.flatnonzero(after > before * (1 + 1e-9))][:5]}")
-    images = exp.test_tensors[0][:CHECK_IMAGES]
+    settings = exp.config.analyze.min_mass
+    images = exp.test_tensors[0][: settings.check_images]
     model = exp.model().to(exp.device)
     change = (predict_with_weights(model, zoo, images) - predict_with_weights(model, rescaled, images)).abs().amax(dim=(1, 2))
-    if bool((change > CHECK_ATOL).any()):
-        raise RuntimeError(f"min_mass: rescaling changed the predictions of {int((change > CHECK_ATOL).sum())} network(s) "
+    if bool((change > settings.check_atol).any()):
+        raise RuntimeError(f"min_mass: rescaling changed the predictions of {int((change > settings.check_atol).sum())} network(s) "
                            f"by up to {float(change.max()):.3g}")
     layers = [key.removesuffix(".weight") for key in spec.mass_keys]
     numbers = pd.DataFrame({"seed": ref.seeds, "mass_before": before, "mass_after": after, "max_prob_change": change.numpy()})

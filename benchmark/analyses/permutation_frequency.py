@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 NAME = "permutation_frequency"
 TITLE = "Figure 4: Kendall's tau between successive sorting permutations during training"
-INPUTS: tuple[str, ...] = ()
 BUFFER_BYTES = 64 * 2**20
 """Weights buffered before their permutations are computed: every logged step of a small model
 (OptuNet: ~2 KB each) in one batch, a ResNet-18 (45 MB) one or two at a time."""
@@ -47,8 +46,14 @@ def applies(exp: Experiment) -> None:
     """Applies to every model (trains it with the experiment's recipe)."""
 
 
-def check(exp: Experiment) -> None:
-    """Trains its own networks: needs only the training data (checked by the CLI's preflight)."""
+def needs(exp: Experiment) -> frozenset[str]:
+    """Trains its own networks: needs nothing from the store."""
+    return frozenset()
+
+
+def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
+    """Trains its own networks: needs only the training data on disk."""
+    exp.check_data()
 
 
 def sort_steps(exp: Experiment) -> list[str]:

@@ -47,7 +47,6 @@ TITLE = "Figure 1: toy posterior of the output weights of 2-2-1 ReLU perceptrons
 MEANS = ((-2.0, -2.0), (2.0, 2.0))
 POINTS_PER_CLASS = 200
 EPOCHS, BATCH_SIZE, LR = 10, 10, 2.0
-INPUTS: tuple[str, ...] = ()
 KEEP_LOSS = 0.01  # last-epoch mean batch loss at most this (the authors' rule)
 PAPER_DROPPED = 0.01  # the paper drops "<1%" of the networks; more is warned about
 NORM = 3.0
@@ -183,7 +182,12 @@ def applies(exp: Experiment) -> None:
     """The toy is its own experiment: it applies whatever the model."""
 
 
-def check(exp: Experiment) -> None:
+def needs(exp: Experiment) -> frozenset[str]:
+    """The toy needs nothing from the store."""
+    return frozenset()
+
+
+def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
     """The toy needs nothing from the store."""
 
 

@@ -6,16 +6,15 @@ precision, near-flat GGN directions and GLM vs sampled accuracy, SGHMC's tempera
 effective sample size."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from benchmark.core.store import SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
-from benchmark.stages.evaluate import available_rows
-from benchmark.core.store import atomic_write_text, load_sample_set, read_metadata
+from benchmark.inventory import available_rows, row_units
 from metrics.chains import effective_sample_size
 
 BASE_COLUMNS = ["method", "method_label", "mode", "repetitions", "n_samples", "sample_acc_min", "sample_acc_median",
@@ -42,21 +41,21 @@ def collect(exp: Experiment) -> pd.DataFrame:
     labels = exp.test_tensors[1].numpy()
     rows = []
     for method, mode in available_rows(exp):
-        repetitions = sorted(int(p.stem.rpartition("_r")[2]) for p in exp.store.samples_dir.glob(f"{method}_{mode}_r*.safetensors"))
-        preds = load_sample_set(exp.store.preds_path(method, mode, 0), ["id"])["id"].numpy()
+        units = row_units(exp, method, mode)  # the repetitions the config asks for, as evaluate averages them
+        preds = load_sample_set(exp.store.preds_path(units[0]), ["id"])["id"].numpy()
         per_sample = (preds.argmax(-1) == labels[None]).mean(1)
-        row = {"method": method, "mode": mode, "repetitions": len(repetitions), "n_samples": len(per_sample),
+        row = {"method": method, "mode": mode, "repetitions": len(units), "n_samples": len(per_sample),
                "sample_acc_min": per_sample.min(), "sample_acc_median": float(np.median(per_sample)),
                "sample_acc_max": per_sample.max(), "ensemble_acc": float((preds.mean(0).argmax(-1) == labels).mean())}
         diagnostics: dict[str, list[float]] = {}
-        for r in repetitions:
-            meta = read_metadata(exp.store.samples_path(method, mode, r))
-            row["method_label"] = meta.get("label", method)
-            for key, value in json.loads(meta.get("diagnostics", "{}")).items():
+        for unit in units:
+            meta = SampleSetMetadata.decode(read_metadata(exp.store.samples_path(unit)))
+            row["method_label"] = meta.label or method
+            for key, value in (meta.diagnostics or {}).items():
                 diagnostics.setdefault(key, []).append(float(value))
         row |= {key: float(np.mean(values)) for key, values in diagnostics.items()}
         if method == "sghmc":
-            samples = load_sample_set(exp.store.samples_path(method, mode, 0))
+            samples = load_sample_set(exp.store.samples_path(units[0]))
             draws = np.concatenate([v.reshape(len(v), -1).double().numpy() for v in samples.values()
                                     if v.is_floating_point() and v.reshape(len(v), -1).std(0).max() > 0], axis=1)
             row["ess_median"] = float(np.median(effective_sample_size(draws))) if len(draws) >= 4 else math.nan

@@ -192,7 +192,7 @@ def table3(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
 
 
 def table1(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
-    """Table 1 of the paper from a metrics.csv frame (``benchmark.results.ResultRow`` columns).
+    """Table 1 of the paper from a metrics.csv frame (``benchmark.results.COLUMNS``).
 
     Index (Experiment, Group, Method) in the paper's order; columns ``TABLE1_SOURCES`` then
     ``TEST_SOURCES``; cells are text: value x100 with one decimal ``± half-width`` (separate

@@ -1,21 +1,39 @@
-"""The stages, one module each, and the static table the CLI dispatches on.
+"""The stages, one module each, siblings that never import one another, and the static table the
+CLI dispatches on.
 
-Each stage is ``run(exp: Experiment)``: it reads the experiment's config through ``exp``,
-skips work whose output already exists and is valid, and writes atomically.
+Every stage module follows one protocol (the analyses follow it too):
+
+- ``NAME``: what ``stage=`` calls it;
+- ``needs(exp) -> frozenset[str]``: what it reads from the store (``benchmark.inventory.INPUTS``:
+  ``reference``, ``heldout``, ``samples``, ``metrics``);
+- ``produces(exp) -> frozenset[str]``: what it writes (the same names, and ``tables``, ``figures``);
+- ``check(exp, made)``: refuses a configuration that cannot run, before any work: its settings,
+  the data on disk, and the inputs it needs that are not in the store and that no earlier stage
+  of this run makes (``made``);
+- ``run(exp)``: does the work; it skips work whose output already exists and is valid, and
+  writes atomically.
+
+What two stages share (what the store holds and whether it is usable, the reference zoo and its
+caches) lives under them, in ``benchmark.inventory`` and ``benchmark.reference``.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from types import ModuleType
+from typing import Sequence
 
+from benchmark.experiment import Experiment
 from benchmark.stages import analyze, evaluate, import_zoo, report, sample, verify, zoo
 
-STAGES: dict[str, Callable[..., Any]] = {
-    "zoo": zoo.run,
-    "sample": sample.run,
-    "evaluate": evaluate.run,
-    "report": report.run,
-    "analyze": analyze.run,
-    "verify": verify.run,
-    "import": import_zoo.run,
-}
-PIPELINE = ("zoo", "sample", "evaluate", "report", "analyze")  # what stage=all runs, in order (not verify; import replaces zoo when asked)
+STAGES: dict[str, ModuleType] = {module.NAME: module for module in (zoo, sample, evaluate, report, analyze, verify, import_zoo)}
+"""``stage=<name>`` -> its module."""
+PIPELINE = ("zoo", "sample", "evaluate", "report", "analyze")
+"""What ``stage=all`` runs, in order (not verify; import replaces zoo when asked)."""
+
+
+def preflight(exp: Experiment, stages: Sequence[str]) -> None:
+    """Check every stage of ``stages`` in order before any of them runs: each with what the stages
+    before it produce (``made``)."""
+    made: frozenset[str] = frozenset()
+    for name in stages:
+        STAGES[name].check(exp, made)
+        made = made | STAGES[name].produces(exp)

@@ -1,25 +1,27 @@
 """Analyze stage: the paper's analyses as figures (``python -m benchmark stage=analyze
 analysis=<name>|all``), from the same store as the tables.
 
-Every selected analysis is checked before any work (and by the CLI's preflight before the
-first stage of ``stage=all``): one whose inputs are missing from the store stops the stage
-naming what to run first; with ``analysis=all`` an analysis that does not apply to the
-experiment's model (min-mass with BatchNorm) is skipped with its reason, while a named one is
-refused. Each writes ``results/<experiment>/figures/<name>.{png,pdf,csv}``
-(and extra CSVs); ``figures/index.md`` lists the figures with their captions and timings.
+Every selected analysis is checked before any work (``check``, also before the first stage of
+``stage=all``): one whose inputs are missing from the store, and that no earlier stage of the run
+makes, stops the stage naming what to run first; with ``analysis=all`` an analysis that does not
+apply to the experiment's model (min-mass with BatchNorm) is skipped with its reason, while a
+named one is refused. Each writes ``results/<experiment>/figures/<name>.{png,pdf,csv}`` (and extra
+CSVs); ``figures/index.md`` lists the figures with their captions. Run times go to the log only,
+so the committed figures folder is a function of the inputs.
 """
 from __future__ import annotations
 
 import logging
 import time
 from pathlib import Path
-from typing import Sequence
 
-from benchmark import analyses  # the package, not its names: it imports the evaluate stage (a cycle)
-from benchmark.experiment import Experiment
+from benchmark import analyses
 from benchmark.core.store import atomic_write_text
+from benchmark.experiment import Experiment
+from benchmark.inventory import MissingInputsError
 
 log = logging.getLogger(__name__)
+NAME = "analyze"
 
 
 def selected(exp: Experiment) -> list[str]:
@@ -28,27 +30,20 @@ def selected(exp: Experiment) -> list[str]:
     return list(analyses.ANALYSES) if choice == "all" else [choice]
 
 
-def produced_by(exp: Experiment, stages: Sequence[str]) -> frozenset[str]:
-    """The analysis inputs (``INPUTS`` of the analysis modules) that ``stages``, run in this
-    process before the analyze stage, write to the store: ``"reference"`` (the zoo stage, when
-    ``zoo.range`` includes the reference seeds; an import into the reference range) and
-    ``"samples"`` (the sample stage)."""
-    made = set()
-    if "zoo" in stages and exp.config.zoo.range.value in ("both", "reference"):
-        made.add("reference")
-    if "import" in stages and exp.config.import_.range.value == "reference":
-        made.add("reference")
-    if "sample" in stages:
-        made.add("samples")
-    return frozenset(made)
+def needs(exp: Experiment) -> frozenset[str]:
+    """What the selected analyses read from the store."""
+    return frozenset().union(*(analyses.ANALYSES[name].needs(exp) for name in selected(exp)))
 
 
-def runnable(exp: Experiment, produced: frozenset[str] = frozenset()) -> tuple[list[str], dict[str, str]]:
-    """``(analyses to run, {skipped analysis: reason})``: every selected analysis's ``applies``
-    and, unless ``produced`` (what earlier stages of this run will write, ``produced_by``) covers
-    its ``INPUTS``, its store check. Raises ``NotApplicableError`` for a named analysis that does
-    not apply (with ``analysis=all`` it is skipped), and ``MissingInputsError`` listing every
-    selected analysis whose inputs are missing."""
+def produces(exp: Experiment) -> frozenset[str]:
+    return frozenset({"figures"})
+
+
+def runnable(exp: Experiment, made: frozenset[str] = frozenset()) -> tuple[list[str], dict[str, str]]:
+    """``(analyses to run, {skipped analysis: reason})``: every selected analysis's ``applies`` and
+    its ``check`` with ``made`` (what earlier stages of this run write). Raises
+    ``NotApplicableError`` for a named analysis that does not apply (with ``analysis=all`` it is
+    skipped), and ``MissingInputsError`` listing every selected analysis whose inputs are missing."""
     names, skipped, missing = [], {}, []
     for name in selected(exp):
         module = analyses.ANALYSES[name]
@@ -59,16 +54,20 @@ def runnable(exp: Experiment, produced: frozenset[str] = frozenset()) -> tuple[l
                 raise
             skipped[name] = str(err)
             continue
-        if not set(module.INPUTS) <= produced:
-            try:
-                module.check(exp)
-            except analyses.MissingInputsError as err:
-                missing.append(str(err))
-                continue
+        try:
+            module.check(exp, made)
+        except MissingInputsError as err:
+            missing.append(str(err))
+            continue
         names.append(name)
     if missing:
-        raise analyses.MissingInputsError(" | ".join(missing))
+        raise MissingInputsError(" | ".join(missing))
     return names, skipped
+
+
+def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
+    """Refuse before any work a named analysis that does not apply, or missing inputs (``runnable``)."""
+    runnable(exp, made)
 
 
 def run(exp: Experiment) -> list[Path]:
@@ -76,22 +75,22 @@ def run(exp: Experiment) -> list[Path]:
     names, skipped = runnable(exp)
     for name, reason in skipped.items():
         log.info("analysis %s skipped: %s", name, reason)
-    written, timings = [], {}
+    written = []
     for name in names:
         start = time.perf_counter()
         written += analyses.ANALYSES[name].run(exp)
-        timings[name] = time.perf_counter() - start
-        log.info("analysis %s: %.1f s", name, timings[name])
+        log.info("analysis %s: %.1f s", name, time.perf_counter() - start)
     index = analyses.figures_dir(exp) / "index.md"
-    atomic_write_text(index, render_index(exp, timings, skipped))
+    atomic_write_text(index, render_index(exp, names, skipped))
     for path in written:
         log.info("wrote %s", path)
     return [*written, index]
 
 
-def render_index(exp: Experiment, timings: dict[str, float], skipped: dict[str, str]) -> str:
-    """``figures/index.md``: every figure of this run with its title, caption and run time, and
-    the analyses skipped with their reasons. Figures of earlier runs in the folder are listed too."""
+def render_index(exp: Experiment, drawn: list[str], skipped: dict[str, str]) -> str:
+    """``figures/index.md``: every figure in the folder with its title and caption (those of
+    ``drawn`` by this run, the others from an earlier run), and the analyses skipped with their
+    reasons. It holds no run time, so it changes only when the figures do."""
     folder = analyses.figures_dir(exp)
     lines = [f"# Figures of {exp.display_name}", "",
              "Written by `python -m benchmark stage=analyze`; each figure has a PNG, a PDF and its numbers as CSV.", ""]
@@ -101,7 +100,7 @@ def render_index(exp: Experiment, timings: dict[str, float], skipped: dict[str, 
             lines += [f"## {module.TITLE}", "", f"Not applicable: {skipped[name]}", ""]
         if not figures:
             continue
-        timing = f" (this run: {timings[name]:.1f} s)" if name in timings else " (from an earlier run)"
-        lines += [f"## {module.TITLE}{timing}", "", module.CAPTION, ""]
+        origin = "" if name in drawn else " (from an earlier run)"
+        lines += [f"## {module.TITLE}{origin}", "", module.CAPTION, ""]
         lines += [f"![{stem}]({stem}.png) [PDF]({stem}.pdf) [CSV]({stem}.csv)" for stem in figures] + [""]
     return "\n".join(lines)

@@ -1,12 +1,12 @@
 """Import stage: write a zoo trained elsewhere into the store instead of training it.
 
-``python -m benchmark stage=import experiment=<name> import.source=<folder or archive> [import=<mapping>]``
+``python -m benchmark stage=import experiment=<name> zoo_import.source=<folder or archive> [zoo_import=<mapping>]``
 
 Every checkpoint file of the source (natural order of the paths) is read, its keys mapped to
-the experiment's model (``import.mapping``; ready mappings in ``conf/import/``), and checked
+the experiment's model (``zoo_import.mapping``; ready mappings in ``conf/zoo_import/``), and checked
 (every key, shape, finite values; errors name the file, the key and the expected shape). It
-becomes the zoo checkpoint of one seed of ``import.range`` (``import.seeds_from``: the i-th file
-gets the range's i-th seed, or the number in its file name). With ``import.evaluate`` its
+becomes the zoo checkpoint of one seed of ``zoo_import.range`` (``zoo_import.seeds_from``: the i-th file
+gets the range's i-th seed, or the number in its file name). With ``zoo_import.evaluate`` its
 test accuracy and its accuracy on the validation split are measured, and the recipe's
 convergence rule is applied to the latter as for a trained seed (a checkpoint below the
 threshold is recorded as failed). The metadata records the
@@ -26,8 +26,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from benchmark.config import ConfigError, ImportRange, SeedsFrom
-from benchmark.experiment import Experiment, SeedRange, library_versions
-from benchmark.core.store import StoreError, read_metadata, save_checkpoint, seed_name
+from benchmark.core.fingerprint import library_versions
+from benchmark.core.store import CheckpointMetadata, StoreError, read_metadata, save_checkpoint
+from benchmark.experiment import Experiment, SeedRange
 from benchmark.core.store.importing import (
     ForeignCheckpoint,
     check_against,
@@ -39,6 +40,7 @@ from benchmark.core.store.importing import (
 from benchmark.core.training import accuracy
 
 log = logging.getLogger(__name__)
+NAME = "import"
 
 
 @dataclass
@@ -51,33 +53,50 @@ class ImportSummary:
     skipped_busy: list[int] = field(default_factory=list)
 
 
+def needs(exp: Experiment) -> frozenset[str]:
+    return frozenset()
+
+
+def produces(exp: Experiment) -> frozenset[str]:
+    """The range the checkpoints fill (``reference`` or ``heldout``)."""
+    return frozenset({target_range(exp).role})
+
+
+def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
+    """``zoo_import.source`` readable and its seeds fitting the range; the data on disk when the
+    imported networks are evaluated."""
+    if exp.config.zoo_import.evaluate:
+        exp.check_data()
+    planned(exp)
+
+
 def target_range(exp: Experiment) -> SeedRange:
-    """The seed range ``import.range`` names."""
-    return exp.reference if exp.config.import_.range == ImportRange.reference else exp.heldout
+    """The seed range ``zoo_import.range`` names."""
+    return exp.reference if exp.config.zoo_import.range == ImportRange.reference else exp.heldout
 
 
 def planned(exp: Experiment) -> tuple[list[str], list[int]]:
-    """The files to import (natural order, after ``import.skip``, at most ``import.limit``) and their seeds.
+    """The files to import (natural order, after ``zoo_import.skip``, at most ``zoo_import.limit``) and their seeds.
 
     Raises ``ConfigError`` when the source is not set, or the seeds do not fit the range
     (too many files, a file-name seed outside it, two files with one seed).
     """
-    settings = exp.config.import_
+    settings = exp.config.zoo_import
     if not settings.source:
-        raise ConfigError("import.source: missing; stage=import needs import.source=/path/to/folder-or-archive")
+        raise ConfigError("zoo_import.source: missing; stage=import needs zoo_import.source=/path/to/folder-or-archive")
     found = list_checkpoints(settings.source)
     names = found[settings.skip :]
     if settings.limit is not None:
         names = names[: settings.limit]
     if not names:
-        raise ConfigError(f"import.skip={settings.skip}: {settings.source} holds only {len(found)} checkpoints")
+        raise ConfigError(f"zoo_import.skip={settings.skip}: {settings.source} holds only {len(found)} checkpoints")
     seeds_range = target_range(exp)
     if settings.seeds_from == SeedsFrom.order:
         if len(names) > len(seeds_range):
             raise ConfigError(
-                f"import.source={settings.source}: {len(names)} checkpoints but seeds.{seeds_range.role}={[seeds_range.start, seeds_range.stop]} "
+                f"zoo_import.source={settings.source}: {len(names)} checkpoints but seeds.{seeds_range.role}={[seeds_range.start, seeds_range.stop]} "
                 f"holds {len(seeds_range)} seeds; pass 'seeds.{seeds_range.role}=[{seeds_range.start},{seeds_range.start + len(names)}]' "
-                f"or import.limit={len(seeds_range)}")
+                f"or zoo_import.limit={len(seeds_range)}")
         return names, [seeds_range.start + i for i in range(len(names))]
     seeds, owner = [], {}
     for name in names:
@@ -93,7 +112,7 @@ def planned(exp: Experiment) -> tuple[list[str], list[int]]:
 
 def provenance(exp: Experiment, file: ForeignCheckpoint, seed: int) -> dict[str, object]:
     """Metadata of an imported checkpoint (no ``config_hash``: it was not trained with this recipe)."""
-    settings = exp.config.import_
+    settings = exp.config.zoo_import
     return {
         "seed": seed,
         "experiment": exp.name,
@@ -127,8 +146,8 @@ def _already(exp: Experiment, seed: int, file: ForeignCheckpoint) -> bool:
 
 
 def run(exp: Experiment) -> ImportSummary:
-    """Import the checkpoints of ``import.source`` (see the module docstring)."""
-    settings = exp.config.import_
+    """Import the checkpoints of ``zoo_import.source`` (see the module docstring)."""
+    settings = exp.config.zoo_import
     names, seeds = planned(exp)
     store = exp.store
     store.ensure_writable()
@@ -141,7 +160,7 @@ def run(exp: Experiment) -> ImportSummary:
     log.info("import %d checkpoints from %s into %s seeds %d..%d", len(names), settings.source, exp.name, seeds[0], seeds[-1])
     files = iter_checkpoints(settings.source, names)
     for file, seed in tqdm(zip(files, seeds), total=len(names), desc=f"import {exp.name}", unit="file", dynamic_ncols=True):
-        with store.claim(f"zoo-{seed_name(seed)}") as claim:
+        with store.claim(store.seed_unit(seed)) as claim:
             if claim is None:
                 summary.skipped_busy.append(seed)
                 continue

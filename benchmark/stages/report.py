@@ -12,21 +12,34 @@ from pathlib import Path
 
 import pandas as pd
 
+from benchmark.core.store import atomic_write_text
 from benchmark.experiment import Experiment
+from benchmark.inventory import range_state, require_inputs
 from benchmark.report import diagnostics, findings, write_tables
 from benchmark.results import read_metrics
-from benchmark.stages.zoo import zoo_summary
-from benchmark.core.store import atomic_write_text
 
 log = logging.getLogger(__name__)
+NAME = "report"
+
+
+def needs(exp: Experiment) -> frozenset[str]:
+    """The evaluate stage's metrics.csv (and, for the diagnostics, the samples it was computed from)."""
+    return frozenset({"metrics"})
+
+
+def produces(exp: Experiment) -> frozenset[str]:
+    return frozenset({"tables"})
+
+
+def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
+    """The metrics.csv, unless an earlier stage of this run writes it."""
+    require_inputs(exp, needs(exp) - made, f"stage={NAME}")
 
 
 def run(exp: Experiment) -> list[Path]:
-    """Write the tables; raises ``FileNotFoundError`` naming the missing metrics.csv."""
-    own = exp.results_dir / "metrics.csv"
-    if not own.is_file():
-        raise FileNotFoundError(f"{own}: no metrics for {exp.name}; run python -m benchmark stage=evaluate experiment={exp.name}")
-    metrics = read_metrics(own)
+    """Write the tables; raises ``MissingInputsError`` naming the missing metrics.csv."""
+    check(exp)
+    metrics = read_metrics(exp.results_dir / "metrics.csv")
     written = write_tables(metrics, exp.results_dir)
     written.append(write_zoo_summary(exp, exp.results_dir / "zoo.md"))
     written += diagnostics.write(exp, exp.results_dir)
@@ -45,7 +58,7 @@ def write_zoo_summary(exp: Experiment, path: Path) -> Path:
     """The reference zoo and held-out seeds: checkpoints, failures (with the rate), accuracies."""
     lines = [f"# Zoo of {exp.name}", ""]
     for seeds, role in ((exp.reference, "the reference posterior"), (exp.heldout, "base networks, Deep Ensembles")):
-        lines += [f"- {zoo_summary(exp, seeds).describe(seeds, this_run=False).replace(chr(10), '; ')} ({role})"]
+        lines += [f"- {range_state(exp, seeds).describe()} ({role})"]
     failed = exp.store.failed_seeds()
     reasons = sorted({r.get("reason", "").split(" (")[-1].rstrip(")") for r in failed.values()})
     if failed:

@@ -28,17 +28,19 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from benchmark.config import CONF_DIR, ConfigError, VerifyScope, compose_config
-from benchmark.experiment import Experiment
-from benchmark.stages.sample import StoredUnit, inspect_unit, selected_units, unit_expectations
-from benchmark.stages.zoo import quarantined_seeds, seed_problem
 from benchmark.core.store import (
-    CheckpointError, ExperimentStore, StoreError, check_file, claims_in, quarantine, quarantined, read_metadata,
-    remove_temp_files_of, seed_of_file, stale_reason, stored_checksums,
+    CheckpointError, ExperimentStore, StoreError, Unit, check_file, claims_in, quarantined, read_metadata,
+    remove_temp_files_of, stale_reason, stored_checksums,
 )
 from benchmark.core.store.atomic import is_temp_file
-from methods import MODES, method_names
+from benchmark.experiment import Experiment
+from benchmark.inventory import (
+    UnitState, checkpoint_staleness, expected_units, quarantine_and_redo, quarantined_seeds, seed_problem, unit_state,
+)
+from methods import method_names
 
 log = logging.getLogger(__name__)
+NAME = "verify"
 
 
 class StoreIntegrityError(StoreError):
@@ -52,7 +54,7 @@ class Problem:
     kind: str  # "corrupt" | "stale"
     path: Path
     reason: str
-    unit: str  # claim name of its unit: zoo-seed_000007, sample-swag-one
+    unit: Unit  # the unit the file belongs to (its claim guards the repair)
     redo: str  # the command that redoes the unit once the file is quarantined
     action: str = ""  # what this run did about it
     identity: tuple | None = None  # (inode, size, mtime) when it was checked
@@ -93,6 +95,18 @@ class ExperimentHealth:
         for problem in self.problems:
             out.append(f"  {problem.kind.upper()}: {problem.reason} -> {problem.action}")
         return out
+
+
+def needs(exp: Experiment) -> frozenset[str]:
+    return frozenset()
+
+
+def produces(exp: Experiment) -> frozenset[str]:
+    return frozenset()
+
+
+def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
+    """Verify reads whatever the store holds: nothing to refuse in advance."""
 
 
 def experiment_folders(exp: Experiment) -> list[str]:
@@ -178,13 +192,13 @@ def check_zoo(exp: Experiment | None, store: ExperimentStore, health: Experiment
                 problem = None
             except CheckpointError as err:
                 problem = str(err)
-        unit = f"zoo-seed_{seed:06d}"
+        unit = store.seed_unit(seed)
         redo = f"{zoo_command} retrains seed {seed}"
         if problem:
             counter_of(seed)["corrupt"] += 1
             health.problems.append(Problem("corrupt", path, problem, unit, redo))
             continue
-        stale = checkpoint_staleness(exp, path)
+        stale = _unverified(path) or (checkpoint_staleness(exp, path) if exp is not None else None)
         if stale:
             counter_of(seed)["stale"] += 1
             health.problems.append(Problem("stale", path, stale, unit, redo))
@@ -192,7 +206,7 @@ def check_zoo(exp: Experiment | None, store: ExperimentStore, health: Experiment
             counter_of(seed)["complete"] += 1
     for seed, problem in store.unreadable_failure_records().items():
         counter_of(seed)["corrupt"] += 1
-        health.problems.append(Problem("corrupt", store.failed_path(seed), problem, f"zoo-seed_{seed:06d}",
+        health.problems.append(Problem("corrupt", store.failed_path(seed), problem, store.seed_unit(seed),
                                        f"{zoo_command} retrains seed {seed}"))
     for seed in store.failed_seeds():
         counter_of(seed)["failed to converge"] += 1
@@ -204,79 +218,52 @@ def check_zoo(exp: Experiment | None, store: ExperimentStore, health: Experiment
     health.zoo = {label: c for label, c in counters.items() if label != "other seeds" or sum(c.values())}
 
 
-def checkpoint_staleness(exp: Experiment | None, path: Path) -> str | None:
-    """Why a valid checkpoint is stale (no checksum; trained with another config), or ``None``."""
+def _unverified(path: Path) -> str | None:
+    """Why a valid file counts as stale for lack of content checksums (written before they existed)."""
     try:
-        metadata = read_metadata(path)
+        if stored_checksums(read_metadata(path), str(path)) is None:
+            return f"{path}: written before content checksums (unverified: a silent bit flip could not be detected)"
     except CheckpointError as err:
         return str(err)
-    if stored_checksums(metadata, str(path)) is None:
-        return f"{path}: written before content checksums (unverified: a silent bit flip could not be detected)"
-    trained_with = metadata.get("config_hash")
-    if exp is not None and trained_with != exp.config_hash:
-        return (f"{path}: trained with config_hash {trained_with}, the current config's is {exp.config_hash} "
-                "(model, data or recipe changed)")
     return None
-
-
-def _units_on_disk(store: ExperimentStore) -> list[tuple[str, str, int]]:
-    """``(method, mode, repetition)`` of every sample set or predictions file (``<method>_<mode>_r<k>``)."""
-    units = set()
-    for folder in (store.samples_dir, store.preds_dir):
-        for path in folder.glob("*.safetensors") if folder.is_dir() else ():
-            stem, _, rep = path.stem.rpartition("_r")
-            method, _, mode = stem.rpartition("_")
-            if method and mode in MODES and rep.isdigit():
-                units.add((method, mode, int(rep)))
-    return sorted(units)
 
 
 def check_samples(exp: Experiment | None, store: ExperimentStore, health: ExperimentHealth) -> None:
     """Validate every repetition's sample set and its predictions; count repetitions complete,
     missing (of the ``sample.repetitions`` the config asks for), corrupt, stale."""
     counter = health.samples
-    on_disk = _units_on_disk(store)
+    on_disk = store.sample_units()
     if exp is not None:
-        expected = [(m, mode, r) for m, mode in selected_units("all", "both") if not exp.method_settings(m).unavailable
-                    for r in range(exp.config.sample.repetitions)]
-        counter["missing"] = sum(u not in on_disk for u in expected)
-    for method, mode, r in _progress(on_disk, f"{store.experiment} samples"):
-        unit = f"sample-{method}-{mode}-r{r}"
+        counter["missing"] = sum(u not in on_disk for u in expected_units(exp))
+    for unit in _progress(on_disk, f"{store.experiment} samples"):
+        method, mode = unit.row()
         redo = (f"python -m benchmark stage=sample experiment={store.experiment} method={method} mode={mode} redraws it"
                 if method in method_names() else f"stage=sample method=external mode={mode} scores it again")
         if exp is None:
-            state = _integrity_only(store, method, mode, r)
+            state = _integrity_only(store, unit)
         else:
-            wanted = unit_expectations(exp, method, mode, r) if method in method_names() else \
-                {"experiment": exp.name, "method": method, "mode": mode}
-            state = inspect_unit(exp, method, mode, wanted, r)
+            wanted = None if method in method_names() else {"experiment": exp.name, "method": method, "mode": mode}
+            state = unit_state(exp, unit, wanted)
         for path, problem in state.corrupt.items():
             health.problems.append(Problem("corrupt", path, problem, unit, redo))
         if state.corrupt:
             counter["corrupt"] += 1
-        elif state.missing:
+            continue
+        if state.missing:
             counter["missing"] += 1
-        elif state.stale or not _has_checksums(store, method, mode, r):
+            continue
+        stale = state.stale or next((r for p in store.unit_paths(unit) if (r := _unverified(p))), None)
+        if stale:
             counter["stale"] += 1
-            path = store.samples_path(method, mode, r)
-            reason = state.stale or f"{path}: written before content checksums (unverified)"
-            health.problems.append(Problem("stale", path, reason, unit, redo))
+            health.problems.append(Problem("stale", store.samples_path(unit), stale, unit, redo))
         else:
             counter["complete"] += 1
     counter["quarantined"] = len(quarantined(store.samples_dir)) + len(quarantined(store.preds_dir))
 
 
-def _has_checksums(store: ExperimentStore, method: str, mode: str, repetition: int) -> bool:
-    paths = (store.samples_path(method, mode, repetition), store.preds_path(method, mode, repetition))
-    try:
-        return all(stored_checksums(read_metadata(p), str(p)) is not None for p in paths)
-    except CheckpointError:
-        return False
-
-
-def _integrity_only(store: ExperimentStore, method: str, mode: str, repetition: int) -> StoredUnit:
-    paths = (store.samples_path(method, mode, repetition), store.preds_path(method, mode, repetition))
-    state = StoredUnit(missing=not all(p.is_file() for p in paths))
+def _integrity_only(store: ExperimentStore, unit: Unit) -> UnitState:
+    paths = store.unit_paths(unit)
+    state = UnitState(missing=not all(p.is_file() for p in paths))
     for path in (p for p in paths if p.is_file()):
         try:
             check_file(path, expect={"experiment": store.experiment})
@@ -303,8 +290,10 @@ def fix(store: ExperimentStore, problem: Problem) -> str:
             return "already gone (another process moved or replaced it)"
         if _identity(problem.path) != problem.identity:
             return "left as is: the file was replaced since it was checked (run verify again)"
-        dest = quarantine(problem.path, f"{problem.kind}: {problem.reason}")
-    return f"moved to {dest}; {problem.redo}"
+        moved = quarantine_and_redo({problem.path: f"{problem.kind}: {problem.reason}"}, problem.redo)
+    if not moved:
+        return "already gone (another process moved or replaced it)"
+    return f"moved to {moved[problem.path]}; {problem.redo}"
 
 
 def _identity(path: Path) -> tuple | None:
@@ -319,14 +308,10 @@ def remove_temp_files(store: ExperimentStore, health: ExperimentHealth) -> None:
     """Remove temp files of killed writes whose unit nobody is working on (its claim is free)."""
     removed = 0
     for tmp in health.temp_files:
+        unit = store.unit_of(tmp)
+        if unit is None:
+            continue
         final = tmp.with_name(tmp.name[1:].split(".tmp-")[0])
-        seed = seed_of_file(final.name)
-        if seed is not None:
-            unit = f"zoo-seed_{seed:06d}"
-        else:
-            stem, _, rep = final.stem.rpartition("_r")
-            method, _, mode = stem.rpartition("_")
-            unit = f"sample-{method}-{mode}-r{rep}"
         with store.claim(unit) as claim:
             if claim is not None:
                 removed += len(remove_temp_files_of(final))

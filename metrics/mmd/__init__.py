@@ -1,6 +1,16 @@
 """Layer-wise MMD between weight sample sets, as MMDAgg (Schrab et al. 2023): 10 Laplace + 10
 Gaussian kernels per layer on distances computed once, streamed in column blocks; optional
-aggregated permutation test. See ARCHITECTURE.md and DESIGN.md "MMD".
+aggregated permutation test (``aggregated_test.py``).
+
+Definition. Per layer (a module owning parameters: its weight and bias flattened together), with
+X = reference samples (m) and Y = method samples (n): the Laplace kernels ``exp(-|x-y|_1 / l)`` and
+the Gaussian kernels ``exp(-|x-y|_2^2 / l^2)``, 10 bandwidths each (``bandwidths.py``: separately
+for L1 and L2, from the cross distances between the first 500 rows of X and of Y; l_min = their
+minimum (if < 0.1: max(5% quantile, 0.1)), halved; l_max = 2 * max(max distance, 0.3); 10 values
+geometric from l_min to l_max); the unbiased U-statistic
+``sum_{i!=i'} k(x,x')/(m(m-1)) + sum_{j!=j'} k(y,y')/(n(n-1)) - 2 mean k(x,y)`` (``statistic.py``);
+per layer the median, mean and max over the 20 kernels; the experiment's value is the mean over
+layers weighted by parameter count (``table.py``).
 
 ``mmd(x, y)`` is the entry point: two sources, each an in-memory sample set
 ``{key: [S, ...]}`` or a ``ColumnSource`` (the store's files). ``layer_mmd`` is its
@@ -9,7 +19,7 @@ one-layer step on aligned column blocks; the rest are its parts.
 from metrics.mmd.bandwidths import bandwidth_grid
 from metrics.mmd.distances import DistanceAccumulator, PairwiseDistances, pairwise_distances, split_columns
 from metrics.mmd.layers import MMDInputError, check_comparable_shapes, group_layers, layer_name
-from metrics.mmd.permutation_test import (
+from metrics.mmd.aggregated_test import (
     AggregatedTestResult,
     PermutationTestConfig,
     aggregate_decision,

@@ -6,7 +6,6 @@ BatchNorm running statistics are buffers, not parameters, and belong to no layer
 """
 from __future__ import annotations
 
-import math
 from typing import Iterable, Mapping
 
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
@@ -36,11 +35,6 @@ def group_layers(keys: Iterable[str]) -> dict[str, list[str]]:
         if not is_buffer(key):
             layers.setdefault(layer_name(key), []).append(key)
     return layers
-
-
-def per_sample_numel(shape: tuple[int, ...]) -> int:
-    """Number of values one sample of a ``[S, ...]`` tensor holds."""
-    return math.prod(shape[1:])
 
 
 def check_comparable_shapes(

@@ -1,6 +1,6 @@
 """The unbiased MMD^2 U-statistic and kernel matrices, on precomputed distances.
 
-Kernels (as DESIGN.md and MMDAgg): Laplace ``exp(-|x-y|_1 / l)``, Gaussian
+Kernels (as MMDAgg): Laplace ``exp(-|x-y|_1 / l)``, Gaussian
 ``exp(-|x-y|_2^2 / l^2)`` (MMDAgg's ``exp(-(d/l)^2)``: no factor 2 in the denominator).
 Statistic with X = rows ``:m`` and Y = rows ``m:`` of the pooled kernel matrix:
 ``sum_{i!=i'} k(x_i,x_i')/(m(m-1)) + sum_{j!=j'} k(y_j,y_j')/(n(n-1)) - 2 mean_{i,j} k(x_i,y_j)``.

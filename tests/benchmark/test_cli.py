@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from benchmark.cli import check_command_line, preflight, run, stages_of
+from benchmark.cli import check_command_line, run, stages_of
+from benchmark.stages import preflight
 from benchmark.config import Stage
 from benchmark.core.data import DatasetNotFoundError
 from benchmark.experiment import Experiment
@@ -97,7 +98,7 @@ def test_a_missing_ood_dataset_is_refused_before_training(tmp_path):
 
 def test_a_method_the_sample_stage_would_refuse_stops_the_zoo_before_training(tmp_path):
     cfg = compose_config([*TINY_TRAIN, f"store={tmp_path / 'store'}", "stage=zoo", "model=resnet18",
-                          "model.laplace.subset_of_weights=all", "model.laplace.hessian_structure=full"])
+                          "methods.laplace.subset_of_weights=all", "methods.laplace.hessian_structure=full"])
     with pytest.raises(MethodConfigError, match="laplace/one: method=laplace on CifarResNet18 with subset_of_weights=all"):
         run(cfg)
     assert _nothing_written(tmp_path / "store")
@@ -130,7 +131,7 @@ def test_stage_all_checks_the_store_only_for_inputs_no_earlier_stage_writes(tmp_
 
     empty = [f"store={tmp_path / 'store'}", "method=ensemble", "analysis=marginals"]
     preflight(Experiment(compose_config(empty)), stages_of(Stage.all))  # zoo and sample stages write the inputs
-    with pytest.raises(MissingInputsError, match="analysis=marginals needs the reference zoo.*zoo.range=reference"):
+    with pytest.raises(MissingInputsError, match="stage=evaluate needs the reference zoo.*zoo.range=reference"):
         preflight(Experiment(compose_config([*empty, "zoo.range=heldout"])), stages_of(Stage.all))
     with pytest.raises(MissingInputsError, match="analysis=marginals needs the reference zoo"):
         preflight(Experiment(compose_config(empty)), ("analyze",))

@@ -92,11 +92,12 @@ def tiny_bases(tiny_exp: Experiment) -> list[tuple[int, dict[str, torch.Tensor]]
 
 @pytest.fixture
 def tiny_resnet(tmp_path: Path) -> Callable[..., Experiment]:
-    """``tiny_resnet(*overrides)``: a ResNet-18 experiment whose data are 8 random 1x8x8 images
+    """``tiny_resnet(*overrides)``: a narrow ResNet-18 experiment (width 8: the keys and structure of the
+    real one, 60x fewer weights) whose data are 8 random 1x8x8 images
     (10 classes) for train, test and OOD; recipe of 1 epoch in batches of 4, no convergence rule."""
 
     def build(*overrides: str) -> Experiment:
-        cfg = compose_config(tmp_path / "store", "model=resnet18", "train.epochs=1", "train.batch_size=4",
+        cfg = compose_config(tmp_path / "store", "model=resnet18", "+model.kwargs.width=8", "train.epochs=1", "train.batch_size=4",
                              "train.fail_rule.epoch=null", *overrides)
         exp = Experiment(cfg)
         generator = torch.Generator().manual_seed(0)

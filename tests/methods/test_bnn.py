@@ -151,7 +151,7 @@ def test_tinyimagenet_is_refused_before_any_training(tmp_path: Path, monkeypatch
         ("methods.bnn.kl_weight=-1.0", "methods.bnn.kl_weight=-1.0: expected a number >= 0"),
         ("methods.bnn.train.epoch=3", "methods.bnn.train.epoch: Key 'epoch' not in 'RecipeOverrides'"),
         ("+methods.bnn.train.epoch=3", "methods.bnn.train.epoch: not a key of RecipeOverrides; expected one of batch_size"),
-        ("model.bnn_layers=middle", "model.bnn_layers: Invalid value 'middle', expected one of [all, last_layer]"),
+        ("methods.bnn.layers=middle", "methods.bnn.layers: Invalid value 'middle', expected one of [all, last_layer]"),
     ],
 )
 def test_bad_settings_are_refused_by_the_schema(tmp_path, override, match):

@@ -55,7 +55,7 @@ def _assert_consistent(method: DropoutMethod, exp: Experiment, images: torch.Ten
 def test_optunet_samples_are_the_dropout_network_with_masked_last_layer(tiny_exp, tiny_bases) -> None:
     seed = tiny_bases[0][0]
     method = _fitted(tiny_exp, seed)
-    assert method.p == tiny_exp.config.model.dropout_p == 0.2
+    assert method.p == tiny_exp.config.methods.dropout.p == 0.2
     samples = _assert_consistent(method, tiny_exp, tiny_exp.test_tensors[0][:64], 6)
     trained = method._weights
     for key, value in samples.items():
@@ -74,7 +74,7 @@ def test_resnet18_last_layer_dropout(tiny_resnet) -> None:
     method = _fitted(exp, 3)
     assert method.p == 0.5
     samples = _assert_consistent(method, exp, exp.test_tensors[0], 2)
-    assert samples["fc.weight"].shape == (2, 10, 512)
+    assert samples["fc.weight"].shape == (2, 10, 64)
     assert torch.equal(samples["layer4.1.bn2.running_var"][0], method._weights["layer4.1.bn2.running_var"])
 
 

@@ -6,7 +6,7 @@ import torch
 
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
-from benchmark.stages.sample import load_base, prepare_units
+from benchmark.stages.sample import jobs as prepare_units, load_base
 from methods.base import MethodConfigError
 from methods.modes import run_mode
 from tests.methods.conftest import build

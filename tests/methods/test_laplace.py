@@ -82,18 +82,18 @@ def test_resnet18_last_layer_kfac_keeps_the_map_elsewhere(tiny_resnet) -> None:
 
 
 def test_full_hessian_on_resnet18_is_refused_before_training(tiny_resnet) -> None:
-    exp = tiny_resnet("model.laplace.subset_of_weights=all", "model.laplace.hessian_structure=full")
+    exp = tiny_resnet("methods.laplace.subset_of_weights=all", "methods.laplace.hessian_structure=full")
     with pytest.raises(MethodConfigError) as err:
         build(exp, "laplace").check("one")
     message = str(err.value)
     assert "does not fit" in message and "BatchNorm" in message
-    assert "model.laplace.subset_of_weights=last_layer model.laplace.hessian_structure=kron" in message
+    assert "methods.laplace.subset_of_weights=last_layer methods.laplace.hessian_structure=kron" in message
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
-    [("model.laplace.hessian_structure=lowrankish", "model.laplace.hessian_structure: Invalid value 'lowrankish', expected one of [full, kron, diag]"),
-     ("model.laplace.subset_of_weights=some", "model.laplace.subset_of_weights: Invalid value 'some', expected one of [all, last_layer]"),
+    [("methods.laplace.hessian_structure=lowrankish", "methods.laplace.hessian_structure: Invalid value 'lowrankish', expected one of [full, kron, diag]"),
+     ("methods.laplace.subset_of_weights=some", "methods.laplace.subset_of_weights: Invalid value 'some', expected one of [all, last_layer]"),
      ("methods.laplace.prior_optimization=grid", "methods.laplace.prior_optimization: Invalid value 'grid', expected one of [marglik]"),
      ("methods.laplace.marglik_steps=0", "methods.laplace.marglik_steps=0: expected a positive integer")],
 )

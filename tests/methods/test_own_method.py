@@ -67,7 +67,7 @@ def test_a_new_method_gets_its_rows_in_the_tables(noise_method, tiny_exp, tmp_pa
         run(compose_config([*overrides, "stage=sample", "method=noise"]))
         run(compose_config([*overrides, "stage=evaluate"]))
         run(compose_config([*overrides, "stage=report"]))
-    samples = load_sample_set(exp.store.samples_path("noise", "multi"))
+    samples = load_sample_set(exp.store.samples_path(exp.store.sample_unit("noise", "multi")))
     base = load_sample_set(exp.store.checkpoint_path(exp.store.converged_seeds(*HELDOUT)[0]))
     spread = (samples["fc2.weight"][:2] - base["fc2.weight"]).std()
     assert 0.005 < float(spread) < 0.02, "the samples are the base plus N(0, sigma^2) noise"

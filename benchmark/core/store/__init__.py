@@ -5,7 +5,6 @@ from benchmark.core.store.atomic import atomic_path, atomic_write_text, remove_t
 from benchmark.core.store.checkpoint import (
     check_finite,
     load_checkpoint,
-    metadata_float,
     read_metadata,
     save_checkpoint,
     validate_tensors,
@@ -13,7 +12,9 @@ from benchmark.core.store.checkpoint import (
 from benchmark.core.store.checksum import ChecksumError, stored_checksums
 from benchmark.core.store.claims import Claim, ClaimInfo, claims_in, host_name, read_claim as read_claim_info, stale_reason, try_claim
 from benchmark.core.store.errors import CheckpointError, StoreError
-from benchmark.core.store.layout import ExperimentStore, seed_name, seed_of_file
+from benchmark.core.store.metadata import CheckpointMetadata, SampleSetMetadata, encode_metadata
+from benchmark.core.store.layout import ExperimentStore
+from benchmark.core.store.units import MAX_SEED, MODES, Unit
 from benchmark.core.store.quarantine import Quarantined, quarantine, quarantined
 from benchmark.core.store.validate import check_file, verify_file_tensors
 from benchmark.core.store.sampleset import (
@@ -34,9 +35,9 @@ from benchmark.core.store.sources import CheckpointFiles, SampleSetFile
 
 __all__ = [
     "atomic_path", "atomic_write_text", "remove_temp_files_of", "temp_files_of", "check_finite", "load_checkpoint",
-    "metadata_float", "read_metadata", "save_checkpoint", "validate_tensors", "ChecksumError", "stored_checksums",
-    "Claim", "ClaimInfo", "claims_in", "host_name", "read_claim_info", "stale_reason", "try_claim", "CheckpointError", "StoreError",
-    "ExperimentStore", "seed_name", "seed_of_file", "Quarantined", "quarantine", "quarantined", "check_file", "verify_file_tensors",
+    "read_metadata", "save_checkpoint", "validate_tensors", "ChecksumError", "stored_checksums",
+    "Claim", "ClaimInfo", "claims_in", "host_name", "read_claim_info", "stale_reason", "try_claim", "CheckpointError", "StoreError", "CheckpointMetadata", "SampleSetMetadata", "encode_metadata",
+    "ExperimentStore", "MAX_SEED", "MODES", "Unit", "Quarantined", "quarantine", "quarantined", "check_file", "verify_file_tensors",
     "SampleSet", "iter_checkpoint_batches", "iter_column_chunks", "iter_layer_column_chunks",
     "load_checkpoints_as_sample_set", "load_layer", "load_sample_set", "sample_count", "sample_set_keys",
     "save_sample_set", "stack_state_dicts", "unstack", "CheckpointFiles", "SampleSetFile",

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import struct
 from pathlib import Path
@@ -16,13 +15,9 @@ from torch import nn
 from benchmark.core.store.atomic import atomic_path
 from benchmark.core.store.checksum import METADATA_KEY, checksums_entry, file_identity, verify_tensors
 from benchmark.core.store.errors import CheckpointError
+from benchmark.core.store.metadata import encode_metadata
 
 ShapeSpec = Mapping[str, tuple[int, ...]]
-
-
-def encode_metadata(metadata: Mapping[str, Any]) -> dict[str, str]:
-    """safetensors metadata must be ``str -> str``: strings stay, other values become JSON."""
-    return {str(k): v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in metadata.items()}
 
 
 def plain_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -173,11 +168,3 @@ class open_safetensors:
 
     def __exit__(self, *exc) -> None:
         self._cm.__exit__(*exc)
-
-
-def metadata_float(metadata: Mapping[str, str], key: str) -> float:
-    """A numeric metadata entry, NaN if absent."""
-    try:
-        return float(json.loads(metadata[key]))
-    except (KeyError, ValueError, TypeError):
-        return math.nan

@@ -36,6 +36,8 @@ from typing import Iterator
 import psutil
 
 HOST_ENV = "POSTERIOR_BENCH_HOST"
+DEFAULT_TIMEOUT_S = 300.0  # a claim not refreshed for this long is taken over (config: claims.timeout_s)
+DEFAULT_HEARTBEAT_S = 30.0  # a held claim is refreshed this often (config: claims.heartbeat_s)
 log = logging.getLogger(__name__)
 
 
@@ -125,7 +127,7 @@ class Claim:
 
 
 @contextlib.contextmanager
-def try_claim(path: str | os.PathLike, timeout_s: float = 300.0, heartbeat_s: float = 30.0) -> Iterator[Claim | None]:
+def try_claim(path: str | os.PathLike, timeout_s: float = DEFAULT_TIMEOUT_S, heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> Iterator[Claim | None]:
     """Try to claim ``path`` without waiting: yield the ``Claim``, or ``None`` if another live
     claimant holds it. A stale claim (see the module doc) is taken over. The claim is released
     when the block ends, however it ends."""

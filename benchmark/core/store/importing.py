@@ -80,11 +80,11 @@ def list_checkpoints(source: str | Path) -> list[str]:
         with tarfile.open(path) as archive:
             names = [m.name for m in archive.getmembers() if m.isfile() and is_checkpoint(m.name)]
     elif not path.exists():
-        raise CheckpointError(f"import.source={source}: no such file or folder")
+        raise CheckpointError(f"zoo_import.source={source}: no such file or folder")
     else:
-        raise CheckpointError(f"import.source={source}: expected a folder, a .zip or a .tar/.tar.gz/.tgz archive")
+        raise CheckpointError(f"zoo_import.source={source}: expected a folder, a .zip or a .tar/.tar.gz/.tgz archive")
     if not names:
-        raise CheckpointError(f"import.source={source}: no checkpoint file ({', '.join(CHECKPOINT_SUFFIXES)}) inside")
+        raise CheckpointError(f"zoo_import.source={source}: no checkpoint file ({', '.join(CHECKPOINT_SUFFIXES)}) inside")
     return sorted(names, key=natural_key)
 
 
@@ -174,7 +174,7 @@ class KeyMapping:
         for key, value in state.items():
             if not isinstance(value, torch.Tensor):
                 raise CheckpointError(f"{where}: entry {key!r} is a {type(value).__name__}, not a tensor; "
-                                      f"set import.mapping.state_dict_key to the entry that holds the state dict")
+                                      f"set zoo_import.mapping.state_dict_key to the entry that holds the state dict")
             mapped = str(key)
             stripped = True
             while stripped:
@@ -214,7 +214,7 @@ def check_against(tensors: dict[str, torch.Tensor], reference: Mapping[str, torc
             parts.append(f"missing key {key!r} (expected shape {tuple(reference[key].shape)}); {len(missing)} missing in all")
         if extra:
             hint = difflib.get_close_matches(extra[0], [k for k in reference if k not in tensors], n=1)
-            parts.append(f"unexpected key {extra[0]!r}" + (f" (did you mean {hint[0]!r}? add a rename to import.mapping)"
+            parts.append(f"unexpected key {extra[0]!r}" + (f" (did you mean {hint[0]!r}? add a rename to zoo_import.mapping)"
                                                             if hint else "") + f"; {len(extra)} unexpected in all")
         raise CheckpointError(f"{where}: " + "; ".join(parts))
     out = {}
@@ -231,5 +231,5 @@ def seed_from_name(name: str) -> int:
     """The last integer in the file name of ``name`` (``model_0042.safetensors`` -> 42)."""
     numbers = re.findall(r"\d+", Path(name).name.split(".")[0])
     if not numbers:
-        raise CheckpointError(f"{name}: no number in the file name to take the seed from (import.seeds_from=name)")
+        raise CheckpointError(f"{name}: no number in the file name to take the seed from (zoo_import.seeds_from=name)")
     return int(numbers[-1])

@@ -7,37 +7,26 @@
 <root>/<experiment>/samples/<method>_<mode>_r<k>.safetensors   weight sample set of a method (repetition k)
 <root>/<experiment>/preds/<method>_<mode>_r<k>.safetensors     per-sample probabilities (ID, OOD)
 <root>/<experiment>/{samples,preds}/quarantine/   sample sets and predictions that failed validation
+<root>/<experiment>/reference/                     the reference zoo's caches (benchmark/reference.py)
+<root>/<experiment>/eval/<method>_<mode>_r<k>.json the evaluate stage's numbers of one repetition
 <root>/<experiment>/.claims/                       one claim file per unit of work in progress (claims.py)
 ```
+
+File names come from ``Unit`` (``units.py``): every path of a unit is asked of the store.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 from benchmark.core.store.atomic import atomic_write_text
-from benchmark.core.store.claims import Claim, reap_stale, try_claim
+from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S, Claim, reap_stale, try_claim
 from benchmark.core.store.errors import StoreError
-
-_SEED_FILE = re.compile(r"^seed_(\d{6})\.(safetensors|json)$")
-
-
-def seed_of_file(name: str) -> int | None:
-    """The seed of a zoo file name (``seed_000042.safetensors`` -> 42), ``None`` for other names."""
-    m = _SEED_FILE.match(name)
-    return int(m.group(1)) if m else None
-
-
-def seed_name(seed: int) -> str:
-    """File stem of a seed: ``seed_000042``."""
-    if seed < 0 or seed > 999_999:
-        raise ValueError(f"seed must be in [0, 999999], got {seed}")
-    return f"seed_{seed:06d}"
+from benchmark.core.store.units import Unit
 
 
 @dataclass(frozen=True)
@@ -50,8 +39,8 @@ class ExperimentStore:
 
     root: Path
     experiment: str
-    claim_timeout_s: float = 300.0
-    claim_heartbeat_s: float = 30.0
+    claim_timeout_s: float = DEFAULT_TIMEOUT_S
+    claim_heartbeat_s: float = DEFAULT_HEARTBEAT_S
 
     @property
     def base(self) -> Path:
@@ -77,27 +66,75 @@ class ExperimentStore:
     def claims_dir(self) -> Path:
         return self.base / ".claims"
 
+    @property
+    def reference_dir(self) -> Path:
+        """The reference zoo's caches (``benchmark/reference.py``)."""
+        return self.base / "reference"
+
+    @property
+    def eval_dir(self) -> Path:
+        """The evaluate stage's per-repetition number caches."""
+        return self.base / "eval"
+
+    def seed_unit(self, seed: int) -> Unit:
+        """The unit of zoo seed ``seed``."""
+        return Unit.zoo(self.experiment, seed)
+
+    def sample_unit(self, method: str, mode: str, repetition: int = 0) -> Unit:
+        """The unit of one repetition of ``method`` in ``mode``."""
+        return Unit.samples(self.experiment, method, mode, repetition)
+
+    def unit_of(self, path: str | os.PathLike) -> Unit | None:
+        """The unit a file of this store (or a temp file of a write to it) belongs to, or ``None``."""
+        return Unit.parse(self.experiment, Path(path).name)
+
     def checkpoint_path(self, seed: int) -> Path:
-        return self.zoo_dir / f"{seed_name(seed)}.safetensors"
+        return self.zoo_dir / f"{self.seed_unit(seed).stem}.safetensors"
 
     def failed_path(self, seed: int) -> Path:
-        return self.failed_dir / f"{seed_name(seed)}.json"
+        return self.failed_dir / f"{self.seed_unit(seed).stem}.json"
 
-    def samples_path(self, method: str, mode: str, repetition: int = 0) -> Path:
-        """The sample set of one repetition of a (method, mode) unit."""
-        return self.samples_dir / f"{method}_{mode}_r{repetition}.safetensors"
+    def samples_path(self, unit: Unit) -> Path:
+        """The sample set of a (method, mode, repetition) unit."""
+        return self.samples_dir / f"{self._own(unit).stem}.safetensors"
 
-    def preds_path(self, method: str, mode: str, repetition: int = 0) -> Path:
-        """The per-sample predictions of one repetition of a (method, mode) unit."""
-        return self.preds_dir / f"{method}_{mode}_r{repetition}.safetensors"
+    def preds_path(self, unit: Unit) -> Path:
+        """The per-sample predictions of a (method, mode, repetition) unit."""
+        return self.preds_dir / f"{self._own(unit).stem}.safetensors"
 
-    def claim_path(self, name: str) -> Path:
-        return self.claims_dir / f"{name}.claim"
+    def unit_paths(self, unit: Unit) -> tuple[Path, ...]:
+        """Every file a unit publishes: the checkpoint (or failure record) of a seed; the sample
+        set and the predictions of a sample unit."""
+        if unit.is_seed:
+            return self.checkpoint_path(unit.seed), self.failed_path(unit.seed)
+        return self.samples_path(unit), self.preds_path(unit)
 
-    def claim(self, name: str) -> contextlib.AbstractContextManager[Claim | None]:
-        """``with store.claim("zoo-seed_000007") as claim:`` the unit's ``Claim``, or ``None`` when
-        a live process elsewhere holds it (see ``claims.try_claim``)."""
-        return try_claim(self.claim_path(name), self.claim_timeout_s, self.claim_heartbeat_s)
+    def eval_path(self, unit: Unit) -> Path:
+        """The evaluate stage's number cache of a sample unit."""
+        return self.eval_dir / f"{self._own(unit).cache_name}.json"
+
+    def sample_units(self) -> list[Unit]:
+        """Every sample unit with a sample set or a predictions file in the store (sorted)."""
+        units = set()
+        for folder in (self.samples_dir, self.preds_dir):
+            for path in folder.glob("*.safetensors") if folder.is_dir() else ():
+                unit = self.unit_of(path)
+                if unit is not None and not unit.is_seed:
+                    units.add(unit)
+        return sorted(units)
+
+    def _own(self, unit: Unit) -> Unit:
+        if unit.experiment != self.experiment or unit.is_seed:
+            raise ValueError(f"{unit.label} of {unit.experiment!r} is not a sample unit of the store of {self.experiment!r}")
+        return unit
+
+    def claim_path(self, unit: Unit) -> Path:
+        return self.claims_dir / f"{unit.claim_name}.claim"
+
+    def claim(self, unit: Unit) -> contextlib.AbstractContextManager[Claim | None]:
+        """``with store.claim(unit) as claim:`` the unit's ``Claim``, or ``None`` when a live
+        process elsewhere holds it (see ``claims.try_claim``)."""
+        return try_claim(self.claim_path(unit), self.claim_timeout_s, self.claim_heartbeat_s)
 
     def reap_stale_claims(self) -> int:
         """Remove claims left by dead or timed-out processes (``claims.reap_stale``); how many."""
@@ -176,9 +213,10 @@ def _seeds_in(folder: Path, suffix: str) -> set[int]:
         return set()
     seeds = set()
     for entry in folder.iterdir():
-        m = _SEED_FILE.match(entry.name)
-        if m and entry.name.endswith(suffix):
-            seeds.add(int(m.group(1)))
+        if entry.name.endswith(suffix) and not entry.name.startswith("."):
+            unit = Unit.parse("", entry.name)
+            if unit is not None and unit.is_seed:
+                seeds.add(unit.seed)
     return seeds
 
 

@@ -86,7 +86,3 @@ def quarantined(folder: str | os.PathLike, suffix: str = ".safetensors") -> list
         out.append(Quarantined(path, record))
     return out
 
-
-def original_name(entry: Quarantined) -> str:
-    """The file name it had before quarantine (``seed_000007.safetensors``)."""
-    return str(entry.record.get("file") or entry.path.name)

@@ -20,7 +20,7 @@ from torch import nn
 from benchmark.analyses import ANALYSES, MissingInputsError, NotApplicableError, min_mass, permutation_frequency, toy
 from benchmark.analyses.figures import COLUMN_WIDTH, DPI, style
 from benchmark.cli import check_command_line, run
-from benchmark.config import Analysis
+from benchmark.config import ANALYSIS_NAMES, Analysis
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
@@ -56,8 +56,8 @@ def analyzed(tmp_path_factory):
         save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
     members = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(range(100000, 100004)))
     meta = {"experiment": exp.name, "method": "ensemble", "mode": "multi", "repetition": 0}
-    save_sample_set(exp.store.samples_path("ensemble", "multi"), members, meta)
-    save_sample_set(exp.store.preds_path("ensemble", "multi"), {"id": torch.full((4, 2, 10), 0.1),
+    save_sample_set(exp.store.samples_path(exp.store.sample_unit("ensemble", "multi")), members, meta)
+    save_sample_set(exp.store.preds_path(exp.store.sample_unit("ensemble", "multi")), {"id": torch.full((4, 2, 10), 0.1),
                                                                 "ood": torch.full((4, 2, 10), 0.1)}, meta)
     torch.set_num_threads(1)
     run(compose_config(_overrides(root, "stage=analyze", "analysis=all")))
@@ -77,7 +77,9 @@ def test_every_analysis_writes_png_pdf_and_csv_at_column_width(analyzed):
         assert imread(figures / f"{name}.png").shape[1] == round(COLUMN_WIDTH * DPI), name
     index = (figures / "index.md").read_text()
     assert all(module.TITLE in index for module in ANALYSES.values())
-    assert [a.value for a in Analysis] == [*ANALYSES, "all"], "the config's Analysis enum lists the analyses table"
+    assert "from an earlier run" not in index and " s)" not in index  # no run times: a function of the inputs
+    assert [a.value for a in Analysis] == [*ANALYSES, "all"] == [*ANALYSIS_NAMES, "all"]
+    assert all(module.NAME == name for name, module in ANALYSES.items())
 
 
 # --- toy ---------------------------------------------------------------------------------------------
@@ -256,7 +258,7 @@ def test_marginal_ks_against_scipy_on_the_store_values(analyzed):
     exp, _ = analyzed
     numbers = _csv(exp, "marginals_ks").set_index(["method", "mode", "layer", "form"])
     zoo = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(REFERENCE))
-    samples = load_sample_set(exp.store.samples_path("ensemble", "multi"))
+    samples = load_sample_set(exp.store.samples_path(exp.store.sample_unit("ensemble", "multi")))
     spec = spec_for_model(exp.model())
     forms = {"raw": (zoo, samples), "NS": (canonicalize(zoo, spec, ("scale", "sort"))[0],
                                          canonicalize(samples, spec, ("scale", "sort"))[0])}
@@ -293,7 +295,7 @@ def test_marginals_subsample_large_layers_show_a_few_and_stream_to_the_same_numb
     numbers = _csv(results["memory"], "marginals_ks").set_index(["method", "mode", "layer", "form"])
     spec = spec_for_model(exp.model())
     zoo = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(REFERENCE))
-    samples = load_sample_set(exp.store.samples_path("ensemble", "multi"))
+    samples = load_sample_set(exp.store.samples_path(exp.store.sample_unit("ensemble", "multi")))
     forms = {"raw": (zoo, samples), "NS": (canonicalize(zoo, spec, ("scale", "sort"))[0],
                                          canonicalize(samples, spec, ("scale", "sort"))[0])}
 

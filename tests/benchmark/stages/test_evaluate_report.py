@@ -13,8 +13,8 @@ from benchmark.stages.evaluate import run as run_evaluate
 from benchmark.stages.report import run as run_report
 from benchmark.core.store import StoreError, load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
 from benchmark.core.training import seeded
-from benchmark.stages.evaluate import StaleSamplesError
-from benchmark.stages.sample import settings_hash
+from benchmark.inventory import MissingInputsError, StaleSamplesError
+from benchmark.inventory import sample_settings_hash as settings_hash
 from metrics.mmd import ReferenceResampling, mmd
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import normalize_scales, spec_for_model, weight_matching
@@ -29,12 +29,12 @@ def _write_unit(exp, method, mode, repetition, samples, preds, damaged=False):
     n = next(iter(samples.values())).shape[0]
     meta = {"experiment": exp.name, "method": method, "mode": mode, "repetition": repetition, "n_samples": n,
             "settings_hash": settings_hash(exp, method)}
-    save_sample_set(store.samples_path(method, mode, repetition), samples, meta)
+    save_sample_set(store.samples_path(store.sample_unit(method, mode, repetition)), samples, meta)
     if damaged:
-        save_file({k: v.contiguous() for k, v in preds.items()}, str(store.preds_path(method, mode, repetition)),
+        save_file({k: v.contiguous() for k, v in preds.items()}, str(store.preds_path(store.sample_unit(method, mode, repetition))),
                   metadata={k: str(v) for k, v in meta.items()})
     else:
-        save_sample_set(store.preds_path(method, mode, repetition), preds, meta)
+        save_sample_set(store.preds_path(store.sample_unit(method, mode, repetition)), preds, meta)
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +113,8 @@ def test_damaged_predictions_are_named_with_the_command_that_redraws_them(filled
             run_evaluate(exp)
     finally:
         for r in range(2):
-            exp.store.samples_path("dropout", "one", r).unlink()
-            exp.store.preds_path("dropout", "one", r).unlink()
+            exp.store.samples_path(exp.store.sample_unit("dropout", "one", r)).unlink()
+            exp.store.preds_path(exp.store.sample_unit("dropout", "one", r)).unlink()
 
 
 def test_a_missing_or_stale_repetition_is_named_never_mixed(filled, tmp_path):
@@ -134,8 +134,8 @@ def test_a_missing_or_stale_repetition_is_named_never_mixed(filled, tmp_path):
             run_evaluate(Experiment(other))
     finally:
         for r in range(2):
-            exp.store.samples_path("dropout", "one", r).unlink()
-            exp.store.preds_path("dropout", "one", r).unlink()
+            exp.store.samples_path(exp.store.sample_unit("dropout", "one", r)).unlink()
+            exp.store.preds_path(exp.store.sample_unit("dropout", "one", r)).unlink()
 
 
 def test_second_run_reuses_cached_rows_and_gives_identical_tables(filled):
@@ -172,20 +172,21 @@ def test_evaluate_refuses_an_empty_store_and_foreign_samples(tmp_path):
 def test_foreign_experiment_samples_are_refused(filled, tmp_path):
     exp, reps = filled
     store = exp.store
-    path = store.samples_path("hmc", "one")
+    path = store.samples_path(store.sample_unit("hmc", "one"))
     save_sample_set(path, {k: v[:2] for k, v in reps[0][0].items()}, {"experiment": "mnist_optunet"})
-    save_sample_set(store.preds_path("hmc", "one"), {k: v[:2] for k, v in reps[0][1].items()}, {"experiment": "mnist_optunet"})
+    save_sample_set(store.preds_path(store.sample_unit("hmc", "one")), {k: v[:2] for k, v in reps[0][1].items()}, {"experiment": "mnist_optunet"})
     try:
         with pytest.raises(StoreError, match="experiment 'mnist_optunet', expected 'digits_optunet'.*the store holds"):
             run_evaluate(exp)
     finally:
         path.unlink()
-        store.preds_path("hmc", "one").unlink()
+        store.preds_path(store.sample_unit("hmc", "one")).unlink()
 
 
 def test_report_without_metrics_names_the_command(tmp_path):
     exp = Experiment(compose_config([f"results={tmp_path}"]))
-    with pytest.raises(FileNotFoundError, match="stage=evaluate experiment=digits_optunet"):
+    with pytest.raises(MissingInputsError, match="stage=report needs the metrics: no .*metrics.csv; run "
+                                                 "python -m benchmark stage=evaluate experiment=digits_optunet"):
         run_report(exp)
 
 

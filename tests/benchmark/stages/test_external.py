@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from benchmark.cli import preflight, run
+from benchmark.cli import run
+from benchmark.stages import preflight
 from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights, resnet18
@@ -52,11 +53,11 @@ def test_external_samples_get_their_row_with_independent_numbers(zoo, tmp_path):
     save_file(samples, str(path))
     run(_cfg(zoo, path, "external.name=hmc", 'external.label="HMC (NumPyro)"', "mode=one"))
     exp = Experiment(_cfg(zoo, path, "external.name=hmc", "mode=one", "stage=all"))
-    stored = load_sample_set(exp.store.samples_path("hmc", "one"))
+    stored = load_sample_set(exp.store.samples_path(exp.store.sample_unit("hmc", "one")))
     assert all(torch.equal(stored[k], samples[k]) for k in samples)
-    meta = read_metadata(exp.store.preds_path("hmc", "one"))
+    meta = read_metadata(exp.store.preds_path(exp.store.sample_unit("hmc", "one")))
     assert (meta["method"], meta["label"], meta["mode"], meta["source"]) == ("hmc", "HMC (NumPyro)", "one", str(path))
-    preds = load_sample_set(exp.store.preds_path("hmc", "one"))
+    preds = load_sample_set(exp.store.preds_path(exp.store.sample_unit("hmc", "one")))
     torch.testing.assert_close(preds["id"], predict_with_weights(exp.model(), samples, exp.test_tensors[0]))
 
     run(compose_config([*zoo[1], "stage=evaluate"]))
@@ -73,7 +74,7 @@ def test_external_samples_get_their_row_with_independent_numbers(zoo, tmp_path):
     assert "| HMC (NumPyro) |" in (exp.results_dir / "table1.md").read_text()
 
     run(_cfg(zoo, path, "external.name=hmc", 'external.label="HMC (NumPyro)"', "mode=one"))  # done: not redone
-    assert read_metadata(exp.store.preds_path("hmc", "one")) == meta
+    assert read_metadata(exp.store.preds_path(exp.store.sample_unit("hmc", "one"))) == meta
 
 
 def _refused(zoo, tmp_path, samples, *extra):

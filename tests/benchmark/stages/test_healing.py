@@ -14,11 +14,12 @@ from benchmark.experiment import Experiment
 from benchmark.stages.evaluate import run as run_evaluate
 from benchmark.stages.report import write_zoo_summary
 from benchmark.stages.sample import run as run_sample
-from benchmark.stages.zoo import CorruptZooError, run_zoo
+from benchmark.inventory import CorruptZooError
+from benchmark.stages.zoo import run_zoo
 from benchmark.core.store import save_checkpoint
 from benchmark.core.training import seeded
 from tests.conftest import compose_config
-from tests.corruptions import CORRUPTIONS, corrupt
+from bench.corruptions import CORRUPTIONS, corrupt
 
 TINY = ["train.epochs=1", "sample.repetitions=1", "evaluate.reference_resamples=0", "evaluate.test_permutations=0",
         "train.fail_rule.epoch=null", "seeds.reference=[0,2]", "seeds.heldout=[100000,100003]",
@@ -67,7 +68,7 @@ def test_a_damaged_checkpoint_is_quarantined_and_retrained_bit_for_bit(exp, kind
     assert message in record["reason"] and str(path) in record["reason"] and {"time", "host", "pid"} <= set(record)
     lines = [r.getMessage() for r in caplog.records if "moved to" in r.getMessage()]
     assert len(lines) == 1 and str(path) in lines[0] and str(moved) in lines[0] and "trained again" in lines[0]
-    assert summary.quarantined_in_range == 1 and "1 quarantined" in summary.describe(exp.reference)
+    assert summary.state.quarantined == 1 and "1 quarantined" in summary.describe()
     assert not [p for p in exp.store.zoo_dir.iterdir() if p.name.startswith(".")]
 
 
@@ -82,7 +83,7 @@ def test_a_damaged_failure_record_is_quarantined_and_the_seed_retrained(exp):
 
 @pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
 def test_a_damaged_sample_set_is_quarantined_and_redrawn_bit_for_bit(exp, kind, caplog):
-    path = exp.store.samples_path("ensemble", "multi")
+    path = exp.store.samples_path(exp.store.sample_unit("ensemble", "multi"))
     original = path.read_bytes()
     message = corrupt(path, kind)
     with caplog.at_level(logging.ERROR, logger="benchmark.stages.sample"):
@@ -95,7 +96,7 @@ def test_a_damaged_sample_set_is_quarantined_and_redrawn_bit_for_bit(exp, kind, 
 
 
 def test_damaged_predictions_are_quarantined_and_redrawn(exp):
-    path = exp.store.preds_path("ensemble", "multi")
+    path = exp.store.preds_path(exp.store.sample_unit("ensemble", "multi"))
     original = path.read_bytes()
     corrupt(path, "nan")
     summary = run_sample(exp)
@@ -119,7 +120,7 @@ def test_evaluate_refuses_a_damaged_reference_with_the_healing_command(exp, kind
 
 
 def test_a_damaged_base_checkpoint_stops_the_sample_stage_with_the_healing_command(exp):
-    exp.store.samples_path("ensemble", "multi").unlink()
+    exp.store.samples_path(exp.store.sample_unit("ensemble", "multi")).unlink()
     corrupt(exp.store.checkpoint_path(100001), "bitflip")
     with pytest.raises(CorruptZooError, match=r"held-out base checkpoint.*seed_100001.*checksum mismatch.*stage=zoo"):
         run_sample(exp)

@@ -17,7 +17,7 @@ from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
 from benchmark.core.models import optunet, resnet18
 from benchmark.stages import import_zoo
-from benchmark.stages.zoo import zoo_summary
+from benchmark.inventory import range_state
 from benchmark.core.store import CheckpointError, StoreError, load_checkpoint, save_checkpoint
 from benchmark.core.store.importing import check_against, natural_key
 from benchmark.core.training import seeded
@@ -34,7 +34,7 @@ def nets(factory, seeds):
 
 def experiment(tmp_path, source, *overrides):
     return Experiment(compose_config([f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}",
-                                      f"import.source={source}", "import.evaluate=false", *overrides]))
+                                      f"zoo_import.source={source}", "zoo_import.evaluate=false", *overrides]))
 
 
 def tu_names(state):
@@ -62,7 +62,7 @@ def test_plain_lightning_and_prefixed_files_in_a_folder(tmp_path):
         assert meta["source"] == "import" and meta["source_file"] == name and json.loads(meta["seed"]) == seed
         assert meta["archive"] == str(folder.resolve()) and "config_hash" not in meta
         assert json.loads(meta["mapping"])["strip_prefixes"] == ["model.", "module.", "_orig_mod."]
-    assert sorted(zoo_summary(exp, exp.reference).accuracies) == [5, 6, 7]
+    assert sorted(range_state(exp, exp.reference).accuracies) == [5, 6, 7]
     again = import_zoo.run(exp)
     assert again.imported == [] and again.skipped_done == [5, 6, 7]
 
@@ -81,7 +81,7 @@ def test_released_float16_safetensors_of_torchuncertainty_resnet18_in_a_tgz(tmp_
     archive = tmp_path / "cifar100-resnet18-0-1.tgz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(folder, arcname=folder.name)
-    exp = experiment(tmp_path, archive, "experiment=cifar100_resnet18", "import=tu_resnet18", "import.seeds_from=name")
+    exp = experiment(tmp_path, archive, "experiment=cifar100_resnet18", "zoo_import=tu_resnet18", "zoo_import.seeds_from=name")
     assert import_zoo.run(exp).imported == [40, 41]
     for seed, state in zip([40, 41], states):
         stored, meta = load_checkpoint(exp.store.checkpoint_path(seed), exp.model())
@@ -98,7 +98,7 @@ def test_imported_resnet_weights_give_the_model_the_same_function(tmp_path):
     folder = tmp_path / "zoo"
     folder.mkdir()
     save_file({k: v.to(torch.float16) for k, v in tu_names(model.state_dict()).items()}, str(folder / "0.safetensors"))
-    exp = experiment(tmp_path, folder, "experiment=cifar100_resnet18", "import=tu_resnet18")
+    exp = experiment(tmp_path, folder, "experiment=cifar100_resnet18", "zoo_import=tu_resnet18")
     import_zoo.run(exp)
     imported = exp.model().eval()
     imported.load_state_dict(load_checkpoint(exp.store.checkpoint_path(0))[0])
@@ -115,7 +115,7 @@ def test_a_zip_of_lightning_checkpoints_with_seeds_from_names(tmp_path):
             path = tmp_path / f"seed{seed}.ckpt"
             torch.save({"state_dict": {f"model.{k}": v for k, v in state.items()}}, path)
             zf.write(path, f"ckpts/seed{seed}.ckpt")
-    exp = experiment(tmp_path, archive, "import.range=heldout", "import.seeds_from=name")
+    exp = experiment(tmp_path, archive, "zoo_import.range=heldout", "zoo_import.seeds_from=name")
     assert import_zoo.run(exp).imported == [100003, 100007]
     stored, meta = load_checkpoint(exp.store.checkpoint_path(100007))
     assert torch.equal(stored["fc2.weight"], states[1]["fc2.weight"]) and meta["role"] == "heldout"
@@ -127,7 +127,7 @@ def test_evaluated_imports_follow_the_convergence_rule(tmp_path):
     state = nets(optunet, [0])[0]
     state["fc2.bias"] = torch.tensor([50.0] + [0.0] * 9)  # always predicts class 0: accuracy ~10% < 15%
     torch.save(state, folder / "a.pt")
-    exp = experiment(tmp_path, folder, "import.evaluate=true")
+    exp = experiment(tmp_path, folder, "zoo_import.evaluate=true")
     summary = import_zoo.run(exp)
     assert summary.failed == [0] and exp.store.completed_seeds() == []
     record = exp.store.failed_seeds()[0]
@@ -160,7 +160,7 @@ def test_imagenet_stem_resnet_is_refused(tmp_path):
     state["conv1.weight"] = torch.randn(64, 3, 7, 7)
     save_file({k: v.half() for k, v in state.items()}, str(folder / "0.safetensors"))
     with pytest.raises(CheckpointError, match=r"0.safetensors: key 'conv1.weight' has shape \(64, 3, 7, 7\), expected \(64, 3, 3, 3\)"):
-        import_zoo.run(experiment(tmp_path, folder, "experiment=cifar100_resnet18", "import=tu_resnet18"))
+        import_zoo.run(experiment(tmp_path, folder, "experiment=cifar100_resnet18", "zoo_import=tu_resnet18"))
 
 
 def test_sources_and_seeds_that_cannot_work_are_refused(tmp_path):
@@ -170,25 +170,25 @@ def test_sources_and_seeds_that_cannot_work_are_refused(tmp_path):
         import_zoo.planned(experiment(tmp_path, folder))
     with pytest.raises(CheckpointError, match="no such file or folder"):
         import_zoo.planned(experiment(tmp_path, tmp_path / "nothing"))
-    with pytest.raises(ConfigError, match="import.source: missing"):
+    with pytest.raises(ConfigError, match="zoo_import.source: missing"):
         import_zoo.planned(Experiment(compose_config([])))
     for name in ("m1.pt", "m01.pth", "m3.pt"):
         torch.save(nets(optunet, [0])[0], folder / name)
-    with pytest.raises(ConfigError, match=r"3 checkpoints but seeds.reference=\[0, 2\] holds 2 seeds; pass 'seeds.reference=\[0,3\]' or import.limit=2"):
+    with pytest.raises(ConfigError, match=r"3 checkpoints but seeds.reference=\[0, 2\] holds 2 seeds; pass 'seeds.reference=\[0,3\]' or zoo_import.limit=2"):
         import_zoo.planned(experiment(tmp_path, folder, "seeds.reference=[0,2]"))
-    assert import_zoo.planned(experiment(tmp_path, folder, "seeds.reference=[0,2]", "import.limit=2"))[1] == [0, 1]
-    names, seeds = import_zoo.planned(experiment(tmp_path, folder, "seeds.heldout=[100000,100002]", "import.range=heldout",
-                                                 "import.skip=1", "import.limit=5"))
+    assert import_zoo.planned(experiment(tmp_path, folder, "seeds.reference=[0,2]", "zoo_import.limit=2"))[1] == [0, 1]
+    names, seeds = import_zoo.planned(experiment(tmp_path, folder, "seeds.heldout=[100000,100002]", "zoo_import.range=heldout",
+                                                 "zoo_import.skip=1", "zoo_import.limit=5"))
     assert (names, seeds) == (["m01.pth", "m3.pt"], [100000, 100001])  # natural order: m1.pt, m01.pth, m3.pt
-    with pytest.raises(ConfigError, match="import.skip=3: .* holds only 3 checkpoints"):
-        import_zoo.planned(experiment(tmp_path, folder, "import.skip=3"))
+    with pytest.raises(ConfigError, match="zoo_import.skip=3: .* holds only 3 checkpoints"):
+        import_zoo.planned(experiment(tmp_path, folder, "zoo_import.skip=3"))
     with pytest.raises(ConfigError, match="seed 1 .* is also the seed of"):
-        import_zoo.planned(experiment(tmp_path, folder, "import.seeds_from=name"))
+        import_zoo.planned(experiment(tmp_path, folder, "zoo_import.seeds_from=name"))
     with pytest.raises(ConfigError, match=r"seed 3 \(from its file name\) is outside seeds.reference=\[0, 2\]"):
         (folder / "m01.pth").unlink()
-        import_zoo.planned(experiment(tmp_path, folder, "import.seeds_from=name", "seeds.reference=[0,2]"))
-    with pytest.raises(ConfigError, match=r"import.mapping.drop='\(': expected a regular expression"):
-        Experiment(compose_config(["import.mapping.drop=['(']"]))
+        import_zoo.planned(experiment(tmp_path, folder, "zoo_import.seeds_from=name", "seeds.reference=[0,2]"))
+    with pytest.raises(ConfigError, match=r"zoo_import.mapping.drop='\(': expected a regular expression"):
+        Experiment(compose_config(["zoo_import.mapping.drop=['(']"]))
 
 
 def test_a_trained_checkpoint_is_never_replaced(tmp_path):
@@ -218,14 +218,14 @@ def test_the_command_line_imports(tmp_path):
     folder.mkdir()
     for i, state in enumerate(nets(optunet, [0, 1])):
         torch.save({"state_dict": {f"model.{k}": v for k, v in state.items()}}, folder / f"{i}.ckpt")
-    done = subprocess.run([sys.executable, "-m", "benchmark", "stage=import", f"import.source={folder}",
-                           f"store={tmp_path / 'store'}", "import.evaluate=false", f"hydra.run.dir={tmp_path / 'run'}"],
+    done = subprocess.run([sys.executable, "-m", "benchmark", "stage=import", f"zoo_import.source={folder}",
+                           f"store={tmp_path / 'store'}", "zoo_import.evaluate=false", f"hydra.run.dir={tmp_path / 'run'}"],
                           cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "store" / "digits_optunet" / "zoo").glob("*.safetensors")) == [
         "seed_000000.safetensors", "seed_000001.safetensors"]
-    bad = subprocess.run([sys.executable, "-m", "benchmark", "stage=import", f"import.source={tmp_path / 'nope'}",
+    bad = subprocess.run([sys.executable, "-m", "benchmark", "stage=import", f"zoo_import.source={tmp_path / 'nope'}",
                           f"store={tmp_path / 'store'}", f"hydra.run.dir={tmp_path / 'run2'}"],
                          cwd=REPO, capture_output=True, text=True)
     out = bad.stdout + bad.stderr
-    assert bad.returncode == 1 and "import.source=" in out and "no such file or folder" in out
+    assert bad.returncode == 1 and "zoo_import.source=" in out and "no such file or folder" in out

@@ -119,7 +119,7 @@ def test_every_method_and_mode_wrote_finite_samples_and_predictions(cifar):
         n = json.loads(read_metadata(path)["n_samples"])
         assert n == 2 and {k: tuple(v.shape) for k, v in samples.items()} == {k: (n, *s) for k, s in shapes.items()}
         assert all(torch.isfinite(v.float()).all() for v in samples.values()), path.name
-        preds = load_sample_set(exp.store.preds_path(method, mode, 0))
+        preds = load_sample_set(exp.store.preds_path(exp.store.sample_unit(method, mode, 0)))
         assert preds["id"].shape == (2, 4, 100) and preds["ood"].shape == (2, 4, 100)
         for p in preds.values():
             assert torch.isfinite(p).all() and torch.allclose(p.sum(-1), torch.ones(()), atol=1e-4)
@@ -128,7 +128,7 @@ def test_every_method_and_mode_wrote_finite_samples_and_predictions(cifar):
 
 def test_swag_draws_carry_batchnorm_statistics_recomputed_on_the_train_set(cifar):
     exp, _ = cifar
-    path = exp.store.samples_path("swag", "one")
+    path = exp.store.samples_path(exp.store.sample_unit("swag", "one"))
     samples = load_sample_set(path)
     (seed,) = json.loads(read_metadata(path)["base_seeds"])
     base = load_sample_set(exp.store.checkpoint_path(seed))
@@ -180,7 +180,7 @@ def test_tinyimagenet_through_the_stages_it_supports(tmp_path, data_dir):
     units = {f"{m}/{mode}" for m, mode in zip(metrics.method, metrics["mode"])}
     assert units == METHOD_UNITS - {"bnn/one", "bnn/multi"}  # the paper could not train vBNNs on TinyImageNet
     assert (metrics.status == "ok").all() and np.isfinite(metrics[["mmd_median", "acc"]].to_numpy()).all()
-    preds = load_sample_set(exp.store.preds_path("laplace", "one"))
+    preds = load_sample_set(exp.store.preds_path(exp.store.sample_unit("laplace", "one")))
     assert preds["id"].shape == (2, 2, 200) and preds["ood"].shape == (2, 3, 200)  # DTD: its three splits
     assert "TinyImageNet - ResNet18" in (exp.results_dir / "table1.md").read_text()
     shutil.rmtree(exp.store.base)  # ~1 GB of ResNet-18 sample sets

@@ -13,9 +13,9 @@ from benchmark.cli import run
 from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
-from benchmark.stages.sample import (
-    MissingBasesError, SampleStageError, prepare_units, select_bases, selected_units,
-)
+from methods import selected as selected_units
+from benchmark.stages.sample import MissingBasesError, SampleStageError, select_bases
+from benchmark.stages.sample import jobs as prepare_units
 from benchmark.stages.sample import run as run_sample
 from benchmark.stages.zoo import run_zoo
 from benchmark.core.store import load_checkpoint, load_sample_set, read_metadata
@@ -95,7 +95,7 @@ def test_ensemble_unit_is_written_validated_and_resumed(make_exp) -> None:
     cfg = compose_config(make_exp.store, "stage=sample", "method=ensemble", "sample.per_method=3")
     run(cfg)  # through the CLI: preflight, then the stage table
     exp = Experiment(cfg)
-    samples_path, preds_path = exp.store.samples_path("ensemble", "multi"), exp.store.preds_path("ensemble", "multi")
+    samples_path, preds_path = exp.store.samples_path(exp.store.sample_unit("ensemble", "multi")), exp.store.preds_path(exp.store.sample_unit("ensemble", "multi"))
     meta = read_metadata(samples_path)
     seeds = json.loads(meta["base_seeds"])
     assert seeds == [s for s in exp.store.completed_seeds()][:3]
@@ -124,15 +124,15 @@ def test_dropout_one_mode_unit(make_exp) -> None:
     exp = make_exp("method=dropout", "mode=one", "sample.per_method=4")
     with exp.backends():
         assert run_sample(exp).written == ["dropout/one/r0"]
-    samples = load_sample_set(exp.store.samples_path("dropout", "one"))
+    samples = load_sample_set(exp.store.samples_path(exp.store.sample_unit("dropout", "one")))
     assert samples["fc2.weight"].shape == (4, 10, 3)
-    seeds = json.loads(read_metadata(exp.store.preds_path("dropout", "one"))["base_seeds"])
+    seeds = json.loads(read_metadata(exp.store.preds_path(exp.store.sample_unit("dropout", "one")))["base_seeds"])
     assert len(seeds) == 1 and seeds[0] in exp.store.completed_seeds()
 
 
 def test_busy_unit_is_skipped(make_exp) -> None:
     exp = make_exp("method=ensemble", "sample.per_method=2")
-    with exp.store.claim("sample-ensemble-multi-r0") as claim:
+    with exp.store.claim(exp.store.sample_unit("ensemble", "multi", 0)) as claim:
         assert claim is not None
         assert run_sample(exp).skipped_busy == ["ensemble/multi/r0"]
     assert _written(exp) == []
@@ -147,7 +147,7 @@ def test_nan_in_a_named_method_fails_at_once_and_writes_nothing(make_exp) -> Non
 
 
 def test_all_methods_go_on_past_failures_and_list_them(make_exp, monkeypatch) -> None:
-    monkeypatch.setattr(sample_stage, "method_names", lambda: ("swag", "ensemble"))  # method=all runs these
+    monkeypatch.setattr("methods.registry.method_names", lambda: ("swag", "ensemble"))  # method=all runs these
     exp = make_exp("sample.per_method=2", "sample.modes_multi=2", "methods.swag.lr=1e30",
                    "methods.swag.epochs_factor=1", "methods.swag.snapshots=4", "methods.swag.rank=3")
     with pytest.raises(SampleStageError) as err:
@@ -175,7 +175,7 @@ def test_repetitions_use_disjoint_blocks_of_bases_and_survive_a_change_of_their_
     exp = make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=3")
     converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
     assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1", "ensemble/multi/r2"]
-    bases = [json.loads(read_metadata(exp.store.samples_path("ensemble", "multi", r))["base_seeds"]) for r in range(3)]
+    bases = [json.loads(read_metadata(exp.store.samples_path(exp.store.sample_unit("ensemble", "multi", r)))["base_seeds"]) for r in range(3)]
     assert bases == [converged[0:2], converged[2:4], converged[4:6]]
     assert run_sample(make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=2")).skipped_done == [
         "ensemble/multi/r0", "ensemble/multi/r1"]

@@ -20,7 +20,7 @@ from tests.benchmark.stages.test_healing import TINY, exp, healthy  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 from tests.conftest import REPO
-from tests.corruptions import _rewrite, _tensors_and_metadata, corrupt
+from bench.corruptions import _rewrite, _tensors_and_metadata, corrupt
 
 
 def _with(exp, **changes):
@@ -40,7 +40,7 @@ def test_corrupt_and_stale_files_are_reported_then_repaired_and_redone(exp, capl
     corrupt(exp.store.checkpoint_path(1), "bitflip")
     tensors, metadata = _tensors_and_metadata(exp.store.checkpoint_path(100002))
     _rewrite(exp.store.checkpoint_path(100002), tensors, {**metadata, "config_hash": "0123456789abcdef"})
-    corrupt(exp.store.preds_path("ensemble", "multi"), "truncate")
+    corrupt(exp.store.preds_path(exp.store.sample_unit("ensemble", "multi")), "truncate")
     old = exp.store.checkpoint_path(100000)
     state, meta = load_checkpoint(old)
     save_file(state, str(old), metadata={k: v for k, v in meta.items() if k != "checksums"})  # an older version's file

@@ -34,7 +34,7 @@ def test_zoo_trains_records_failures_and_resumes(tiny_cfg):
         assert "did not converge" in record["reason"]
     again = run_zoo(exp, FIRST_SIX)
     assert again.trained == [] and again.failed == [] and sorted(again.skipped_done) == list(range(6))
-    assert "failure rate" in again.describe(FIRST_SIX)
+    assert "failure rate" in again.describe()
 
 
 def test_the_stage_trains_both_ranges_or_the_one_selected(tmp_path):
@@ -189,7 +189,7 @@ def test_vectorised_and_one_at_a_time_zoos_hold_the_same_checkpoints(tmp_path):
     stores = {}
     for vectorize in ("1", "4"):
         exp = Experiment(compose_config([f"store={tmp_path / vectorize}", f"zoo.vectorize={vectorize}", *common]))
-        assert zoo.stack_size(exp, 6) == int(vectorize)
+        assert exp.zoo_trainer.stacked == (vectorize != "1") and exp.zoo_trainer.networks == int(vectorize)
         with exp.backends():
             summary = run_zoo(exp, FIRST_SIX)
         stores[vectorize] = exp.store
@@ -204,19 +204,22 @@ def test_vectorised_and_one_at_a_time_zoos_hold_the_same_checkpoints(tmp_path):
             torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
 
 
-def test_stack_size_follows_the_setting_the_architecture_and_the_memory(tmp_path, monkeypatch):
+def test_the_zoo_trainer_follows_the_setting_the_architecture_and_the_memory(tmp_path, monkeypatch):
+    from benchmark.core.training.vectorised import AUTO_NETWORKS
+
     exp = Experiment(compose_config([f"store={tmp_path}"]))
-    assert zoo.stack_size(exp, 1000) == zoo.AUTO_NETWORKS and zoo.stack_size(exp, 5) == 5
+    assert exp.zoo_trainer.stacked and exp.zoo_trainer.networks == AUTO_NETWORKS and exp.zoo_trainer.name == "vectorised"
     monkeypatch.setattr("benchmark.core.training.vectorised.available_bytes", lambda device: 2**27)
-    fit = zoo.stack_size(exp, 1000)
-    assert 1 < fit < zoo.AUTO_NETWORKS  # auto: the largest K that fits
+    fit = Experiment(compose_config([f"store={tmp_path}"])).zoo_trainer.networks
+    assert 1 < fit < AUTO_NETWORKS  # auto: the largest K that fits
     too_many = Experiment(compose_config([f"store={tmp_path}", f"zoo.vectorize={fit + 1}"]))
     with pytest.raises(ConfigError, match=rf"zoo.vectorize={fit + 1}: .* GiB available; use zoo.vectorize={fit} "):
-        zoo.stack_size(too_many, 1000)
+        _ = too_many.zoo_trainer
     resnet = Experiment(compose_config([f"store={tmp_path}", "model=resnet18"]))
-    assert zoo.stack_size(resnet, 1000) == 1  # BatchNorm: one at a time
+    assert not resnet.zoo_trainer.stacked and "BatchNorm" in resnet.zoo_trainer.reason  # one at a time
     with pytest.raises(ConfigError, match="zoo.vectorize=8: digits_optunet cannot be trained stacked .*BatchNorm.*"
                                           "use zoo.vectorize=1"):
-        zoo.stack_size(Experiment(compose_config([f"store={tmp_path}", "model=resnet18", "zoo.vectorize=8"])), 1000)
+        _ = Experiment(compose_config([f"store={tmp_path}", "model=resnet18", "zoo.vectorize=8"])).zoo_trainer
+    assert Experiment(compose_config([f"store={tmp_path}", "zoo.vectorize=1"])).zoo_trainer.stacked is False
     with pytest.raises(ConfigError, match="zoo.vectorize='many': expected auto or a positive integer"):
         Experiment(compose_config(["zoo.vectorize=many"]))

@@ -7,7 +7,7 @@ import torch
 from benchmark.core.models import optunet
 from benchmark.core.store import CheckpointError, load_checkpoint, read_metadata, save_checkpoint
 from benchmark.core.store.atomic import atomic_path
-from benchmark.core.store.checkpoint import metadata_float
+from benchmark.core.store import CheckpointMetadata, SampleSetMetadata
 
 
 @pytest.fixture
@@ -22,8 +22,21 @@ def test_round_trip_keeps_tensors_and_metadata(tmp_path, model):
     state, meta = load_checkpoint(path, model)
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     assert meta["experiment"] == "x" and json.loads(meta["seed"]) == 3 and json.loads(meta["v"]) == {"torch": "2"}
-    assert metadata_float(meta, "test_accuracy") == 0.75 and math.isnan(metadata_float(meta, "absent"))
+    typed = CheckpointMetadata.decode(meta)
+    assert typed.test_accuracy == 0.75 and typed.seed == 3 and math.isnan(typed.train_accuracy)
+    assert typed.extra == {"v": '{"torch": "2"}'}
     assert read_metadata(path) == meta
+
+
+def test_typed_metadata_round_trips_and_tolerates_absent_or_damaged_fields():
+    meta = SampleSetMetadata(experiment="x", method="swag", label="SWAG", mode="one", repetition=2, n_samples=10,
+                             base_seeds=[7, 8], diagnostics={"scale": 0.1}, settings_hash="abc")
+    encoded = meta.encode()
+    assert encoded["repetition"] == "2" and encoded["method"] == "swag" and "source" not in encoded
+    assert SampleSetMetadata.decode(encoded) == meta
+    damaged = SampleSetMetadata.decode({**encoded, "n_samples": "ten"})
+    assert damaged.n_samples == -1 and damaged.base_seeds == [7, 8]
+    assert CheckpointMetadata.decode({}).config_hash is None
 
 
 def test_nan_weights_are_refused_and_nothing_is_written(tmp_path, model):

@@ -14,7 +14,7 @@ from benchmark.core.store import (
     load_layer, load_sample_set, read_metadata, save_checkpoint, save_sample_set, stored_checksums,
 )
 from benchmark.core.store.checksum import forget_all
-from tests.corruptions import corrupt
+from bench.corruptions import corrupt
 
 
 @pytest.fixture(autouse=True)

@@ -30,7 +30,3 @@ def layer_chain(model: nn.Module) -> list[tuple[str, nn.Module]]:
                              "chain: Linear, Conv2d, ReLU, pooling, Flatten, Identity and Dropout only")
     return chain
 
-
-def parametrised_layers(model: nn.Module) -> list[str]:
-    """Names of the chain's Linear and Conv2d layers, in forward order (the last one gives the outputs)."""
-    return [name for name, module in layer_chain(model) if isinstance(module, PARAMETRISED)]

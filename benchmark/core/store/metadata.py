@@ -1,0 +1,105 @@
+"""The typed metadata of the store's files.
+
+safetensors keeps metadata as ``str -> str``; the store writes strings as they are and every other
+value as JSON (``encode``). ``CheckpointMetadata`` (a zoo checkpoint: trained here or imported)
+and ``SampleSetMetadata`` (a method's sample set and its predictions) are what readers get back
+(``decode``), so nobody parses a metadata string by hand. A field absent from a file (written by
+an older version or another tool) decodes to its default; unknown keys are kept in ``extra``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, TypeVar
+
+T = TypeVar("T", bound="_Metadata")
+WRITER_KEYS = ("checksums",)  # written by the store's writer itself, not part of a file's metadata
+
+
+def encode_metadata(metadata: Mapping[str, Any]) -> dict[str, str]:
+    """safetensors metadata must be ``str -> str``: strings stay, other values become JSON."""
+    return {str(k): v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in metadata.items()}
+
+
+def _decoded(raw: str, kind: Any) -> Any:
+    """A metadata string as the field type ``kind`` (a string field stays as it is)."""
+    if kind in (str, "str", Optional[str], "Optional[str]", "str | None"):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class _Metadata:
+    extra: dict = field(default_factory=dict)
+
+    def encode(self) -> dict[str, str]:
+        """The ``str -> str`` metadata written into the file (``None`` fields are left out)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return encode_metadata({**self.extra, **{k: v for k, v in values.items() if v is not None}})
+
+    @classmethod
+    def decode(cls: type[T], metadata: Mapping[str, str]) -> T:
+        """The typed metadata of a file's ``str -> str`` metadata; a field that is absent or does not
+        parse gets its default (and a malformed number its ``None``/NaN default)."""
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
+        values, extra = {}, {}
+        for key, raw in metadata.items():
+            if key in fields:
+                value = _decoded(raw, fields[key].type)
+                if value is not None:
+                    values[key] = value
+            elif key not in WRITER_KEYS:
+                extra[key] = raw
+        return cls(extra=extra, **values)
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata(_Metadata):
+    """A zoo checkpoint's metadata. Accuracies are fractions (NaN: not measured). ``config_hash``:
+    the model, data and recipe config it was trained with (``None``: imported or written by
+    another tool, never stale for that); ``trainer``: how it was trained; ``source`` ... ``mapping``:
+    the provenance of an imported checkpoint."""
+
+    experiment: Optional[str] = None
+    seed: Optional[int] = None
+    role: Optional[str] = None
+    config_hash: Optional[str] = None
+    train_accuracy: float = math.nan
+    validation_accuracy: float = math.nan
+    test_accuracy: float = math.nan
+    epochs: Optional[int] = None
+    trainer: Optional[str] = None
+    versions: Optional[dict] = None
+    source: Optional[str] = None
+    source_file: Optional[str] = None
+    archive: Optional[str] = None
+    source_sha256: Optional[str] = None
+    mapping: Optional[dict] = None
+
+
+@dataclass(frozen=True)
+class SampleSetMetadata(_Metadata):
+    """The metadata of a unit's sample set and predictions (both files carry the same).
+    ``settings_hash``: what a registered method's samples were drawn with (``None`` for an
+    external sample set); ``diagnostics``: the method's own numbers, averaged over its bases;
+    ``source`` / ``source_size``: the file an external sample set came from."""
+
+    experiment: Optional[str] = None
+    method: Optional[str] = None
+    label: Optional[str] = None
+    mode: Optional[str] = None
+    repetition: Optional[int] = None
+    n_samples: int = -1
+    base_seeds: Optional[list] = None
+    samples_per_base: Optional[int] = None
+    config_hash: Optional[str] = None
+    settings_hash: Optional[str] = None
+    diagnostics: Optional[dict] = None
+    versions: Optional[dict] = None
+    source: Optional[str] = None
+    source_size: Optional[int] = None

@@ -1,0 +1,345 @@
+"""What the store holds for an experiment, and whether it is usable: the query layer the stages,
+the report and the analyses share (none of them asks another stage).
+
+- the zoo: converged seeds of a range, the state of a range (checkpoints, failures, quarantined
+  files, accuracies), what is wrong with one seed's files, the one error for damaged checkpoints;
+- the sample units: which (method, mode, repetition) units a config asks for (repetitions always
+  come from ``sample.repetitions``), what a done unit's metadata must hold under the current
+  settings and code (``sample_settings_hash``: narrowed to the method's own code), the state of a
+  unit's two files (missing, stale, corrupt), the rows present, the repetitions a row averages;
+- ``quarantine_and_redo``: the one helper that moves damaged files aside, one log line each,
+  used by the zoo, sample and verify stages.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from benchmark.core.fingerprint import code_fingerprint, stable_hash
+from benchmark.core.store import (
+    MODES, CheckpointError, CheckpointMetadata, ExperimentStore, SampleSetMetadata, StoreError, Unit, check_file,
+    quarantine, quarantined, read_metadata,
+)
+from benchmark.experiment import Experiment, SeedRange
+from methods import method_class, method_names, selected
+
+log = logging.getLogger(__name__)
+
+
+class CorruptZooError(StoreError):
+    """Checkpoints a stage needs fail validation; the message names them and the command that heals them."""
+
+
+class StaleSamplesError(StoreError):
+    """A repetition of a row is missing or was drawn with other settings or code."""
+
+
+class MissingInputsError(StoreError):
+    """A stage or an analysis needs something the store lacks; the message names the command that makes it."""
+
+
+def corrupt_zoo_error(exp: Experiment, problems: dict[Path, str], what: str = "zoo checkpoint(s)") -> CorruptZooError:
+    """The one error for damaged checkpoints: each file and what is wrong, then how to heal the store."""
+    details = "; ".join(problems.values())
+    return CorruptZooError(
+        f"{len(problems)} {what} of {exp.name} fail validation: {details}. Heal the store with "
+        f"python -m benchmark stage=zoo experiment={exp.name} (quarantines and retrains them) or "
+        f"python -m benchmark stage=verify experiment={exp.name} verify.repair=true (quarantines them)"
+    )
+
+
+# ---- the zoo -----------------------------------------------------------------------------------
+
+
+def converged(exp: Experiment, seeds: SeedRange) -> list[int]:
+    """Seeds of ``seeds`` with a checkpoint and no failure record (sorted)."""
+    return exp.store.converged_seeds(seeds.start, seeds.stop)
+
+
+def reference_seeds(exp: Experiment) -> list[int]:
+    """Converged zoo seeds of ``seeds.reference``: the reference posterior."""
+    return converged(exp, exp.reference)
+
+
+def seed_problem(exp: Experiment, seed: int, shapes: dict[str, tuple[int, ...]] | None = None) -> str | None:
+    """What is wrong with the stored checkpoint (or failure record) of ``seed``; ``None`` if it is
+    valid or absent. Reads the checkpoint whole (``store.check_file``)."""
+    store = exp.store
+    path = store.checkpoint_path(seed)
+    if path.exists():
+        try:
+            check_file(path, shapes or exp.shapes(), expect={"experiment": exp.name, "seed": str(seed)})
+        except CheckpointError as err:
+            return str(err)
+        except OSError as err:
+            return f"{path}: unreadable ({err.strerror or err})"
+        return None
+    return store.unreadable_failure_records().get(seed) if store.failed_path(seed).exists() else None
+
+
+def quarantined_seeds(store: ExperimentStore) -> list[int]:
+    """Seeds of the zoo's quarantined checkpoints and failure records (one entry per file)."""
+    entries = quarantined(store.zoo_dir) + quarantined(store.failed_dir, suffix=".json")
+    units = (store.unit_of(str(entry.record.get("file") or entry.path.name)) for entry in entries)
+    return [u.seed for u in units if u is not None and u.is_seed]
+
+
+@dataclass
+class RangeState:
+    """The state of one seed range in the store: test accuracy of each converged checkpoint,
+    failure records, and files quarantined from it."""
+
+    seeds: SeedRange
+    accuracies: dict[int, float] = field(default_factory=dict)
+    failed: int = 0
+    quarantined: int = 0
+
+    def describe(self) -> str:
+        """One line: checkpoints, failures with the rate, quarantined files; then the accuracies."""
+        n = len(self.seeds)
+        line = (f"{self.seeds.role} seeds {self.seeds}: {len(self.accuracies)} checkpoints, {self.failed} failed "
+                f"({self.failed / max(1, n):.1%} failure rate), {self.quarantined} quarantined")
+        accs = list(self.accuracies.values())
+        if accs:
+            line += (f"; test accuracy of the checkpoints: mean {statistics.fmean(accs):.3f}, "
+                     f"min {min(accs):.3f}, max {max(accs):.3f}")
+        return line
+
+
+def range_state(exp: Experiment, seeds: SeedRange, strict: bool = True) -> RangeState:
+    """The ``RangeState`` of ``seeds``. A checkpoint whose header cannot be read raises
+    ``CorruptZooError`` with ``strict``; otherwise (another shard's seed, left to its job) it is
+    logged and left out."""
+    store = exp.store
+    state, problems = RangeState(seeds), {}
+    for seed in converged(exp, seeds):
+        path = store.checkpoint_path(seed)
+        try:
+            state.accuracies[seed] = CheckpointMetadata.decode(read_metadata(path)).test_accuracy
+        except CheckpointError as err:
+            problems[path] = str(err)
+    if problems and strict:
+        raise corrupt_zoo_error(exp, problems)
+    for problem in problems.values():
+        log.warning("%s; left for the zoo run of its shard (not counted here)", problem)
+    state.failed = sum(s in seeds for s in store.failed_seeds())
+    state.quarantined = sum(s in seeds for s in quarantined_seeds(store))
+    return state
+
+
+def checkpoint_staleness(exp: Experiment, path: Path) -> str | None:
+    """Why a valid checkpoint is stale (trained with another model, data or recipe config), or
+    ``None``. A checkpoint without ``config_hash`` (imported, or written by another tool) is not
+    stale: nothing says it was trained with another config."""
+    try:
+        trained_with = read_metadata(path).get("config_hash")
+    except CheckpointError as err:
+        return str(err)
+    if trained_with is not None and trained_with != exp.config_hash:
+        return (f"{path}: trained with config_hash {trained_with}, the current config's is {exp.config_hash} "
+                "(model, data or recipe changed)")
+    return None
+
+
+# ---- the sample units --------------------------------------------------------------------------
+
+SAMPLE_CODE = ("methods.modes", "benchmark.core.models.registry", "benchmark.core.models.predict")
+"""Code every method's samples and predictions go through besides the method's own module."""
+
+
+def expected_units(exp: Experiment) -> list[Unit]:
+    """Every unit a full sample stage of this config writes: each registered method the
+    experiment runs x each mode it supports x ``sample.repetitions``."""
+    return [exp.store.sample_unit(m, mode, r) for m, mode in selected("all", "both")
+            if not exp.method_settings(m).unavailable for r in range(exp.config.sample.repetitions)]
+
+
+def sample_settings_hash(exp: Experiment, method: str) -> str:
+    """Hash of what determines a unit's output besides the repetition: the zoo config, the
+    method's settings, the sample counts, the held-out range, the method's own code (its module
+    and what it imports, ``code_fingerprint``) with the code every method goes through
+    (``SAMPLE_CODE``), and the library versions. A docstring edit changes nothing; a change to
+    ``methods/swag.py`` changes SWAG's hash only. The number of repetitions is not in it: more
+    repetitions keep the ones done."""
+    return stable_hash({
+        "zoo": exp.config_hash,
+        "method": exp.method_settings(method),
+        "sample": {"per_method": exp.config.sample.per_method, "modes_multi": exp.config.sample.modes_multi},
+        "heldout": [exp.heldout.start, exp.heldout.stop],
+        "code": code_fingerprint((method_class(method).__module__, *SAMPLE_CODE)),
+    })
+
+
+def unit_expectations(exp: Experiment, unit: Unit) -> dict[str, str]:
+    """The metadata a done unit of a registered method must hold under the current settings and code."""
+    return {"method": str(unit.method), "mode": str(unit.mode), "experiment": exp.name,
+            "repetition": str(unit.repetition), "settings_hash": sample_settings_hash(exp, str(unit.method))}
+
+
+NOT_WRITTEN = "not written yet"
+
+
+@dataclass
+class UnitState:
+    """The state of a unit's two files in the store: ``missing`` (one or both not written),
+    ``stale`` (metadata differ from the current settings: redrawn in place), ``corrupt``
+    (file -> what is wrong: quarantined, then redrawn). ``problem`` is ``None`` when the unit is done."""
+
+    missing: bool = False
+    stale: str | None = None
+    corrupt: dict[Path, str] = field(default_factory=dict)
+
+    @property
+    def problem(self) -> str | None:
+        if self.corrupt:
+            return "; ".join(self.corrupt.values())
+        return NOT_WRITTEN if self.missing else self.stale
+
+
+def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = None) -> UnitState:
+    """The ``UnitState`` of ``unit``: done when both files are written, their metadata hold
+    ``expected`` (default: ``unit_expectations``), and they validate whole (``store.check_file``:
+    checksums, finite values, the model's keys and shapes with the sample count of the metadata,
+    predictions ``[S, N, classes]`` for the ID test set and the OOD set)."""
+    store = exp.store
+    expected = unit_expectations(exp, unit) if expected is None else expected
+    paths = (store.samples_path(unit), store.preds_path(unit))
+    state = UnitState(missing=not all(p.is_file() for p in paths))
+    metas: dict[Path, dict[str, str]] = {}
+    for path in (p for p in paths if p.is_file()):
+        try:
+            metas[path] = read_metadata(path)
+        except CheckpointError as err:
+            state.corrupt[path] = str(err)
+            continue
+        if metas[path].get("experiment") != exp.name:
+            state.corrupt[path] = (f"{path}: holds samples of experiment {metas[path].get('experiment')!r}, "
+                                   f"expected {exp.name!r}")
+        elif state.stale is None:
+            stale = [k for k, v in expected.items() if metas[path].get(k) != v]
+            if stale:
+                state.stale = f"{path}: metadata {', '.join(stale)} differ from the current settings"
+    if state.missing or state.stale or state.corrupt:
+        return state
+    n = SampleSetMetadata.decode(metas[paths[0]]).n_samples
+    c, rows = exp.info.num_classes, prediction_rows(exp)
+    shapes = (exp.shapes(), None if rows is None else {"id": (rows[0], c), "ood": (rows[1], c)})
+    for path, shape in zip(paths, shapes):
+        try:
+            check_file(path, shape, leading=1, samples=n, expect={"experiment": exp.name})
+        except CheckpointError as err:
+            state.corrupt[path] = str(err)
+    return state
+
+
+def prediction_rows(exp: Experiment) -> tuple[int, int] | None:
+    """Rows of the ID test set and the OOD set, or ``None`` when the data are not on this machine
+    (``stage=verify`` then checks predictions without their row counts)."""
+    try:
+        return len(exp.test_tensors[1]), len(exp.ood_tensors[1])
+    except OSError:
+        return None
+
+
+def available_rows(exp: Experiment) -> list[tuple[str, str]]:
+    """``(method, mode)`` rows with at least one unit whose sample set and predictions are both in
+    the store: registered methods in registry order, then external ones, sorted."""
+    store = exp.store
+    found = {u.row() for u in store.sample_units() if all(p.is_file() for p in store.unit_paths(u))}
+    registered = list(method_names())
+    order = registered + sorted({m for m, _ in found} - set(registered))
+    return sorted(found, key=lambda row: (order.index(row[0]), MODES.index(row[1])))
+
+
+def row_units(exp: Experiment, method: str, mode: str) -> list[Unit]:
+    """The units a row averages: repetitions ``0 .. sample.repetitions - 1`` of a registered
+    method, all checked done and current (``StaleSamplesError`` naming every problem and the
+    command that redoes them otherwise); the single unit of an external sample set."""
+    if method not in method_names():
+        return [exp.store.sample_unit(method, mode, 0)]
+    units = [exp.store.sample_unit(method, mode, r) for r in range(exp.config.sample.repetitions)]
+    problems = [f"repetition {u.repetition}: {p}" for u in units if (p := unit_state(exp, u).problem) is not None]
+    if problems:
+        raise StaleSamplesError(
+            f"{method}/{mode}: {'; '.join(problems)}. Redo them with: python -m benchmark stage=sample "
+            f"experiment={exp.name} method={method} mode={mode} (or lower sample.repetitions)"
+        )
+    return units
+
+
+def describe_store(exp: Experiment) -> str:
+    """One line per store folder, for error messages."""
+    store = exp.store
+    parts = [f"{len(store.completed_seeds())} zoo checkpoints"]
+    for folder in (store.samples_dir, store.preds_dir):
+        names = sorted(p.name for p in folder.glob("*.safetensors")) if folder.is_dir() else []
+        parts.append(f"{folder}: {', '.join(names) if names else 'nothing'}")
+    return "; ".join(parts)
+
+
+def row_label(exp: Experiment, method: str, mode: str) -> str:
+    """A row's name in the tables: the method's ``label``; an external sample set's ``label`` metadata."""
+    if method in method_names():
+        return method_class(method).label
+    return SampleSetMetadata.decode(read_metadata(exp.store.samples_path(exp.store.sample_unit(method, mode, 0)))).label \
+        or method
+
+
+# ---- what a stage or an analysis needs -------------------------------------------------------
+
+INPUTS = ("reference", "heldout", "samples", "metrics")
+"""What stages and analyses read (``needs``) and write (``produces``): the reference zoo, the
+held-out zoo (bases and ensemble members), the methods' samples, the evaluate stage's metrics.csv."""
+
+
+def input_problem(exp: Experiment, name: str) -> str | None:
+    """Why input ``name`` (of ``INPUTS``) is not in the store, with the command that makes it; ``None`` if it is."""
+    if name == "reference":
+        found = len(reference_seeds(exp))
+        if found < 2:
+            return (f"the reference zoo: {found} converged checkpoint(s) in seeds.reference={[exp.reference.start, exp.reference.stop]} "
+                    f"under {exp.store.zoo_dir}, at least 2 needed; run python -m benchmark stage=zoo experiment={exp.name} "
+                    "zoo.range=reference first")
+    elif name == "heldout":
+        if not converged(exp, exp.heldout):
+            return (f"the held-out zoo: no converged checkpoint in seeds.heldout={[exp.heldout.start, exp.heldout.stop]}; "
+                    f"run python -m benchmark stage=zoo experiment={exp.name} zoo.range=heldout first")
+    elif name == "samples":
+        if not available_rows(exp):
+            return (f"the methods' samples: {exp.store.samples_dir} holds none; run python -m benchmark stage=sample "
+                    f"experiment={exp.name} first")
+    elif name == "metrics":
+        path = exp.results_dir / "metrics.csv"
+        if not path.is_file():
+            return f"the metrics: no {path}; run python -m benchmark stage=evaluate experiment={exp.name} first"
+    else:
+        raise ValueError(f"unknown input {name!r}; expected one of {INPUTS}")
+    return None
+
+
+def require_inputs(exp: Experiment, needed: Iterable[str], who: str) -> None:
+    """Raise ``MissingInputsError`` naming ``who`` and every input of ``needed`` the store lacks."""
+    problems = [p for name in sorted(needed) if (p := input_problem(exp, name)) is not None]
+    if problems:
+        raise MissingInputsError(f"{who} needs {'; and '.join(problems)}")
+
+
+# ---- quarantine --------------------------------------------------------------------------------
+
+
+def quarantine_and_redo(problems: dict[Path, str], redo: str) -> dict[Path, Path]:
+    """Move each damaged file of ``problems`` (path -> what is wrong) to ``quarantine/`` beside it,
+    logging one line each with ``redo`` (what will redo its unit); return path -> new path. Call it
+    only while holding the claim of the files' unit. A file already gone is skipped."""
+    moved = {}
+    for path, problem in problems.items():
+        try:
+            moved[path] = quarantine(path, problem)
+        except FileNotFoundError:
+            continue
+        log.error("%s; moved to %s, %s", problem, moved[path], redo)
+    return moved
+

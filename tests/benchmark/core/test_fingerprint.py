@@ -1,0 +1,77 @@
+"""Code fingerprints narrowed to the modules that compute a result: a docstring edit changes
+nothing, a code change changes the fingerprints of what depends on it and of nothing else."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import benchmark.core.fingerprint as fingerprint
+from benchmark.core.fingerprint import closure, code_fingerprint, stable_hash
+from benchmark.inventory import SAMPLE_CODE
+from methods import METHODS
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def source_copy(tmp_path, monkeypatch) -> Path:
+    """An editable copy of the computational packages, read by ``code_fingerprint`` in this test."""
+    for package in ("methods", "metrics", "benchmark/core"):
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "benchmark" / "__init__.py").write_text("")
+    monkeypatch.setattr(fingerprint, "SOURCE_ROOT", tmp_path)
+    fingerprint.forget()
+    yield tmp_path
+    fingerprint.forget()
+
+
+def _sample_fingerprints() -> dict[str, str]:
+    """What every registered method's samples are keyed by (``inventory.sample_settings_hash``)."""
+    return {name: code_fingerprint((cls.__module__, *SAMPLE_CODE)) for name, cls in METHODS.items()}
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path} no longer holds {old!r}: update this test"
+    path.write_text(text.replace(old, new, 1))
+    fingerprint.forget()
+
+
+def test_a_docstring_edit_in_one_method_makes_no_sample_stale(source_copy):
+    before = _sample_fingerprints()
+    _edit(source_copy / "methods" / "swag.py", '"""', '"""A docstring edit. ')
+    _edit(source_copy / "methods" / "swag.py", "\n", "\n# a comment\n")
+    assert _sample_fingerprints() == before
+
+
+def test_a_code_change_in_one_method_makes_only_its_samples_stale(source_copy):
+    before = _sample_fingerprints()
+    _edit(source_copy / "methods" / "swag.py", "import math\n", "import math\nCHANGED = 1\n")
+    after = _sample_fingerprints()
+    assert [name for name in METHODS if after[name] != before[name]] == ["swag"]
+
+
+def test_a_change_to_shared_training_code_reaches_every_method_that_trains(source_copy):
+    before = _sample_fingerprints()
+    _edit(source_copy / "benchmark" / "core" / "training" / "loop.py", "import torch\n", "import torch\nCHANGED = 1\n")
+    after = _sample_fingerprints()
+    changed = {name for name in METHODS if after[name] != before[name]}
+    assert {"dropout", "bnn", "swag", "bnn_ordered", "bnn_skip"} <= changed
+
+
+def test_the_closure_follows_reexports_to_the_defining_module_and_leaves_the_store_out():
+    modules = closure(["methods.dropout"])
+    assert "benchmark.core.training.loop" in modules and "benchmark.core.models.predict" in modules
+    assert not any(m.startswith("benchmark.core.store") for m in modules)  # I/O, not computation
+    assert "methods.swag" not in modules and "methods.registry" not in modules
+    with pytest.raises(ValueError, match="not a module"):
+        closure(["methods.no_such_method"])
+
+
+def test_stable_hash_is_key_order_free_and_hashes_enums_by_value():
+    from benchmark.config import ModeChoice
+
+    assert stable_hash({"a": 1, "b": [1, 2]}) == stable_hash({"b": [1, 2], "a": 1})
+    assert stable_hash({"mode": ModeChoice.one}) == stable_hash({"mode": "one"})
+    assert stable_hash({"a": 1}) != stable_hash({"a": 2})

@@ -1,0 +1,81 @@
+"""The reference zoo's caches are keyed by exactly what computes them: a change to a function in
+metrics/symmetries rebuilds the canonical (and aligned) forms and leaves the predictive cache alone;
+changed settings, device or inputs give other keys; a damaged cache is rebuilt."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+import benchmark.core.fingerprint as fingerprint
+from benchmark.core.store import load_sample_set, read_metadata, save_checkpoint
+from benchmark.core.training import seeded
+from benchmark.experiment import Experiment
+from benchmark.reference import Reference
+from metrics.symmetries import canonicalize, spec_for_model
+from tests.conftest import REPO, compose_config
+
+
+@pytest.fixture
+def zoo(tmp_path):
+    """Six seeded initialisations as the reference zoo (the caches do not care whether they were trained)."""
+    exp = Experiment(compose_config([f"store={tmp_path / 'store'}", "seeds.reference=[0,6]", "seeds.heldout=[100000,100002]"]))
+    exp.store.ensure_writable()
+    for seed in range(6):
+        with seeded(seed):
+            state = exp.model().state_dict()
+        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
+    return exp
+
+
+def _cache_key(exp: Experiment, name: str) -> str:
+    return read_metadata(exp.store.reference_dir / f"{name}.safetensors")["key"]
+
+
+def test_a_code_change_in_metrics_symmetries_makes_the_canonical_cache_stale(zoo, tmp_path, monkeypatch):
+    ref = Reference(zoo)
+    ref.canonical()
+    ref.predictive()
+    keys = {name: _cache_key(zoo, name) for name in ("canonical", "predictive")} | {"aligned": ref.key("aligned"),
+                                                                                     "zoo": ref.key("zoo")}
+    copy = tmp_path / "source"
+    for package in ("methods", "metrics", "benchmark/core", "benchmark"):
+        shutil.copytree(REPO / package, copy / package, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    sorting = copy / "metrics" / "symmetries" / "sorting.py"
+    sorting.write_text(sorting.read_text().replace("import torch\n", "import torch\nFIXED_IN_A_LATER_VERSION = True\n", 1))
+    monkeypatch.setattr(fingerprint, "SOURCE_ROOT", copy)
+    fingerprint.forget()
+    try:
+        again = Reference(zoo)
+        assert again.key("canonical") != keys["canonical"] and again.key("aligned") != keys["aligned"]
+        assert again.key("predictive") == keys["predictive"] and again.key("zoo") == keys["zoo"]
+        again.canonical()  # rebuilt under the new key
+        assert _cache_key(zoo, "canonical") == again.key("canonical")
+    finally:
+        fingerprint.forget()
+
+
+def test_the_canonical_cache_holds_the_canonical_zoo_and_is_rebuilt_when_damaged(zoo):
+    ref = Reference(zoo)
+    canonical = ref.canonical()
+    expected = canonicalize(ref.weights(), spec_for_model(zoo.model()), ref.steps)[0]
+    assert all(torch.equal(canonical[k], expected[k]) for k in expected)
+    path = zoo.store.reference_dir / "canonical.safetensors"
+    path.write_bytes(path.read_bytes()[:-16])  # truncated
+    rebuilt = Reference(zoo).canonical()
+    assert all(torch.equal(rebuilt[k], expected[k]) for k in expected) and load_sample_set(path).keys() == expected.keys()
+
+
+def test_keys_follow_settings_inputs_and_device(zoo, tmp_path):
+    ref = Reference(zoo)
+    other_steps = Reference(Experiment(compose_config([f"store={tmp_path / 'store'}", "seeds.reference=[0,6]",
+                                                       "seeds.heldout=[100000,100002]",
+                                                       "evaluate.canonical_steps=[scale,sort,softmax]"])))
+    assert other_steps.key("canonical") != ref.key("canonical") and other_steps.key("zoo") == ref.key("zoo")
+    fewer = Reference(Experiment(compose_config([f"store={tmp_path / 'store'}", "seeds.reference=[0,5]",
+                                                 "seeds.heldout=[100000,100002]"])))
+    assert all(fewer.key(c) != ref.key(c) for c in ("zoo", "canonical", "aligned", "predictive"))
+    on_cpu = ref.key("canonical")
+    ref.exp.__dict__["device"] = torch.device("meta")  # a device type other than the one the caches were built on
+    assert Reference(ref.exp).key("canonical") != on_cpu
