@@ -26,9 +26,10 @@ benchmark: $(STAMP)
 	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all
 
 # One pytest-xdist worker per core (tests/conftest.py pins each to its core); TEST_JOBS=0 runs in this process.
+# The 15 slowest tests are listed at the end of every run.
 TEST_JOBS ?= logical
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15 tests
 
 # Every bench/bench_*.py runs; those that record figures (bench/summary.py: record) add rows to
 # the closing table of measured ratios and goals.

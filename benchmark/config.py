@@ -154,7 +154,7 @@ class ImportConfig:
     gets its seed; ``skip`` / ``limit``: leave out the first ``skip`` files, then import at most
     ``limit`` (null = all the rest, which must fit in the range); ``evaluate``: compute each checkpoint's held-out accuracy and apply the
     recipe's convergence rule, as for a trained one; ``mapping``: how the files' keys map to the
-    model (``KeyMapping``; ready mappings in ``conf/import/``).
+    model (``KeyMapping``; ready mappings in ``conf/zoo_import/``).
     """
 
     source: Optional[str] = None

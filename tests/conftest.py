@@ -57,3 +57,30 @@ def tiny_cfg(tmp_path) -> Iterator[DictConfig]:
     cfg = compose_config([f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}", *TINY_TRAIN])
     with Experiment(cfg).backends():
         yield cfg
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, caplog, capsys):
+    """``cli(*args) -> (exit status, output)``: ``python -m benchmark *args`` run in this process
+    (the subprocess costs seconds of imports and is not what these tests test): the command-line
+    check, Hydra, the stages and the one-line error, with Hydra's logging left alone so that the
+    log records reach the output."""
+    import logging
+    import sys
+
+    from benchmark.cli import main
+
+    def run(*args: str) -> tuple[int, str]:
+        argv = [*args, f"hydra.run.dir={tmp_path / 'hydra'}", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+        monkeypatch.setattr(sys, "argv", ["benchmark", *argv])
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            try:
+                main()
+                code = 0
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err + "\n".join(r.getMessage() for r in caplog.records)
+
+    return run

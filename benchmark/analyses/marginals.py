@@ -90,7 +90,7 @@ class ZooLayers:
             self.paths = None
         else:
             self.forms = None
-            self.paths = {"raw": ref.paths, "NS": ref.canonical_paths()}
+            self.paths = {"raw": ref.checked_paths(), "NS": ref.canonical_paths()}
 
     def blocks(self, form: str, key: str) -> Iterator[torch.Tensor]:
         """Tensor ``key`` of every zoo network as column blocks ``[R, d_i]`` (all of its columns)."""

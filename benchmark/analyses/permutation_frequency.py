@@ -18,6 +18,7 @@ convergence rule (dead networks, whose order never changes) are replaced by the 
 from __future__ import annotations
 
 import logging
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 NAME = "permutation_frequency"
 TITLE = "Figure 4: Kendall's tau between successive sorting permutations during training"
+TITLE_CHARACTERS = 52  # the longest title line that fits above the plot at column width
 BUFFER_BYTES = 64 * 2**20
 """Weights buffered before their permutations are computed: every logged step of a small model
 (OptuNet: ~2 KB each) in one batch, a ResNet-18 (45 MB) one or two at a time."""
@@ -190,7 +192,7 @@ def run(exp: Experiment) -> list[Path]:
         ax.set_zorder(lr_axis.get_zorder() + 1)
         ax.patch.set_visible(False)
         ax.legend(loc="lower right")
-        ax.set_title(f"Successive sorting permutations ({exp.display_name})")
+        ax.set_title("\n".join(textwrap.wrap(f"Successive sorting permutations ({exp.display_name})", TITLE_CHARACTERS)))
         return save_figure(figure, figures_dir(exp), NAME, numbers, {"runs": per_run, "summary": summary})
 
 

@@ -18,11 +18,9 @@ from tests.benchmark.core.data import formats
 from tests.conftest import REPO, TINY_TRAIN, compose_config
 
 
-@pytest.mark.slow
-def test_help_introduces_the_suite():
-    out = subprocess.run([sys.executable, "-m", "benchmark", "--help"], cwd=REPO, capture_output=True, text=True,
-                         check=True).stdout
-    assert out.startswith("posterior-bench:") and "powered by Hydra" not in out
+def test_help_introduces_the_suite(cli):
+    code, out = cli("--help")
+    assert code == 0 and out.startswith("posterior-bench:") and "powered by Hydra" not in out
     assert "zoo, sample, evaluate, report, analyze, all, verify, import" in out
     assert "toy, min_mass, collapse, permutation_frequency, marginals, all" in out
     assert "cifar100_resnet18, digits_optunet, mnist_optunet, tinyimagenet_resnet18" in out

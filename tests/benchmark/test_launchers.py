@@ -14,8 +14,8 @@ from benchmark.core.store import ExperimentStore, load_checkpoint, load_sample_s
 from benchmark.cli import run
 from tests.conftest import REPO, compose_config
 
-COMMON = ("train.epochs=2", "train.fail_rule.epoch=2", "seeds.reference=[0,6]", "seeds.heldout=[100000,100010]",
-          "sample.per_method=4", "sample.modes_multi=2", "sample.repetitions=1")
+COMMON = ("train.epochs=1", "train.fail_rule.epoch=null", "seeds.reference=[0,2]", "seeds.heldout=[100000,100004]",
+          "sample.per_method=2", "sample.modes_multi=2", "sample.repetitions=1", "threads=1")
 METHODS = "method=laplace,ensemble"
 
 

@@ -15,7 +15,7 @@ from benchmark.core.training import FailRule, RecipeOverrides, seeded
 from methods.base import MethodConfigError
 from methods.bnn import BNNMethod
 from methods.bnn_ordered import (
-    OrderedBiasLinear, log_abs_det_jacobian, ordered, ordered_layers, ordered_moments, sort_units_by_bias, unordered,
+    OrderedBiasLinear, OrderedBNNSettings, log_abs_det_jacobian, ordered, ordered_layers, ordered_moments, sort_units_by_bias, unordered,
 )
 from methods.bnn_skip import SkipChain, semi_orthogonal, skip_matrices
 from tests.methods.conftest import build, one_thread
@@ -213,18 +213,23 @@ def test_the_variants_take_the_plain_vbnns_settings_in_every_experiment():
         assert exp.method_settings("bnn_ordered").unavailable and exp.method_settings("bnn_skip").unavailable
 
 
-def test_a_command_line_override_of_the_plain_vbnn_must_be_repeated_for_the_variants():
-    """As conf/methods/bnn_{ordered,skip}.yaml and the README say: the YAML alias is resolved when the
-    experiment file is read, so methods.bnn.* on the command line reaches the plain vBNN only."""
+def test_a_command_line_override_of_the_plain_vbnn_reaches_the_variants_and_theirs_only_them():
+    """The variants' settings follow methods.bnn (``PosteriorMethod.follows``): an override of the
+    plain vBNN reaches both variants, one of a variant changes that variant alone, nested keys too."""
     from benchmark.config import compose_config
     from benchmark.experiment import Experiment
 
-    default = Experiment(compose_config([])).method_settings("bnn_ordered").kl_weight
-    alone = Experiment(compose_config(["methods.bnn.kl_weight=0.001"]))
-    assert alone.method_settings("bnn").kl_weight == 0.001
-    assert alone.method_settings("bnn_ordered").kl_weight == alone.method_settings("bnn_skip").kl_weight == default
-    repeated = Experiment(compose_config([f"methods.{name}.kl_weight=0.001" for name in ("bnn", "bnn_ordered", "bnn_skip")]))
-    assert {repeated.method_settings(name).kl_weight for name in ("bnn", "bnn_ordered", "bnn_skip")} == {0.001}
+    both = Experiment(compose_config(["methods.bnn.kl_weight=0.001", "methods.bnn.train.epochs=4"]))
+    for name in ("bnn", "bnn_ordered", "bnn_skip"):
+        settings = both.method_settings(name)
+        assert settings.kl_weight == 0.001 and settings.train.epochs == 4 and settings.train.milestones == [4, 8], name
+    one = Experiment(compose_config(["methods.bnn_ordered.kl_weight=0.002", "methods.bnn_skip.train.epochs=3",
+                                     "methods.bnn_skip.variance.lr=0.5"]))
+    plain, ordered, skip = (one.method_settings(n) for n in ("bnn", "bnn_ordered", "bnn_skip"))
+    assert ordered.kl_weight == 0.002 and plain.kl_weight == skip.kl_weight != 0.002
+    assert skip.train.epochs == 3 and skip.train.milestones == plain.train.milestones and plain.train.epochs == 15
+    assert skip.variance.lr == 0.5 and plain.variance.lr is None and ordered.variance.lr is None
+    assert isinstance(ordered, OrderedBNNSettings) and isinstance(skip.train, type(plain.train))
 
 
 def test_the_sample_stage_stores_the_skip_networks_predictions(fitted, tiny_exp):

@@ -4,8 +4,6 @@ names, in folders, zip and tar archives) become zoo checkpoints with their prove
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tarfile
 import zipfile
 
@@ -21,7 +19,7 @@ from benchmark.inventory import range_state
 from benchmark.core.store import CheckpointError, StoreError, load_checkpoint, save_checkpoint
 from benchmark.core.store.importing import check_against, natural_key
 from benchmark.core.training import seeded
-from tests.conftest import REPO, compose_config
+from tests.conftest import compose_config
 
 
 def nets(factory, seeds):
@@ -212,20 +210,14 @@ def test_natural_order_and_fill_missing():
     assert list(filled) == list(reference) and int(filled["bn1.num_batches_tracked"]) == 0
 
 
-@pytest.mark.slow
-def test_the_command_line_imports(tmp_path):
+def test_the_command_line_imports(tmp_path, cli):
     folder = tmp_path / "zoo"
     folder.mkdir()
     for i, state in enumerate(nets(optunet, [0, 1])):
         torch.save({"state_dict": {f"model.{k}": v for k, v in state.items()}}, folder / f"{i}.ckpt")
-    done = subprocess.run([sys.executable, "-m", "benchmark", "stage=import", f"zoo_import.source={folder}",
-                           f"store={tmp_path / 'store'}", "zoo_import.evaluate=false", f"hydra.run.dir={tmp_path / 'run'}"],
-                          cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    code, out = cli("stage=import", f"zoo_import.source={folder}", f"store={tmp_path / 'store'}", "zoo_import.evaluate=false")
+    assert code == 0, out
     assert sorted(p.name for p in (tmp_path / "store" / "digits_optunet" / "zoo").glob("*.safetensors")) == [
         "seed_000000.safetensors", "seed_000001.safetensors"]
-    bad = subprocess.run([sys.executable, "-m", "benchmark", "stage=import", f"zoo_import.source={tmp_path / 'nope'}",
-                          f"store={tmp_path / 'store'}", f"hydra.run.dir={tmp_path / 'run2'}"],
-                         cwd=REPO, capture_output=True, text=True)
-    out = bad.stdout + bad.stderr
-    assert bad.returncode == 1 and "zoo_import.source=" in out and "no such file or folder" in out
+    code, out = cli("stage=import", f"zoo_import.source={tmp_path / 'nope'}", f"store={tmp_path / 'store'}")
+    assert code == 1 and "zoo_import.source=" in out and "no such file or folder" in out

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import subprocess
-import sys
 
 import pytest
 from safetensors.torch import save_file
@@ -19,7 +17,6 @@ from benchmark.core.store import load_checkpoint, read_metadata
 from tests.benchmark.stages.test_healing import TINY, exp, healthy  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
-from tests.conftest import REPO
 from bench.corruptions import _rewrite, _tensors_and_metadata, corrupt
 
 
@@ -79,21 +76,18 @@ def test_the_whole_store_is_scanned(exp, tmp_path):
         verify.run(exp)
 
 
-@pytest.mark.slow
-def test_the_cli_exits_non_zero_on_a_damaged_store(exp, tmp_path):
+def test_the_cli_exits_non_zero_on_a_damaged_store(exp, tmp_path, cli):
     corrupt(exp.store.checkpoint_path(0), "garbage")
     other = exp.store.root / "mnist_optunet" / "zoo" / "seed_000003.safetensors"  # another experiment's folder
     other.parent.mkdir(parents=True)
     other.write_bytes(b"not a checkpoint")
-    args = [sys.executable, "-m", "benchmark", "stage=verify", f"store={exp.store.root}", *TINY, "threads=1",
-            f"hydra.run.dir={tmp_path / 'run'}"]
-    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
-    out = done.stdout + done.stderr
-    assert done.returncode == 1, out
+    args = ["stage=verify", f"store={exp.store.root}", *TINY, "threads=1"]
+    code, out = cli(*args)
+    assert code == 1, out
     assert "CORRUPT: " + str(exp.store.checkpoint_path(0)) + ": corrupt or truncated safetensors header" in out
     assert "StoreIntegrityError: store" in out and "in digits_optunet, mnist_optunet" in out
     assert "mnist_optunet (checked against conf/experiment/mnist_optunet.yaml)" in out
     assert "CORRUPT: " + str(other) + ": corrupt or truncated safetensors header" in out
-    done = subprocess.run(args + ["verify.repair=true"], cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 1 and (exp.store.zoo_dir / "quarantine" / "seed_000000.safetensors").exists()
+    code, out = cli(*args, "verify.repair=true")
+    assert code == 1 and (exp.store.zoo_dir / "quarantine" / "seed_000000.safetensors").exists()
     assert read_metadata(exp.store.checkpoint_path(1))["experiment"] == "digits_optunet"

@@ -1,8 +1,6 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -14,7 +12,8 @@ from benchmark.stages import zoo
 from benchmark.stages.zoo import TrainingDivergedError, run_zoo
 from benchmark.core.store import load_checkpoint
 from benchmark.core.store.claims import HOST_ENV
-from tests.conftest import REPO, TINY_TRAIN, compose_config
+from tests.conftest import TINY_TRAIN, compose_config
+from tests.processes import Forked, forked
 
 FIRST_SIX = SeedRange("reference", 0, 6)
 
@@ -70,20 +69,6 @@ def test_bad_seed_ranges_are_refused(value, message):
         Experiment(compose_config([f"seeds.reference={value}"]))
 
 
-def _cli(*args, **kwargs):
-    """``python -m benchmark *args`` in the background (``run_dir``: Hydra's run folder)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "benchmark", *args, "hydra.run.dir=" + str(kwargs.pop("run_dir"))],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
-    )
-
-
-def _output(proc, timeout=240):
-    out, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, out
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -94,94 +79,74 @@ def _output(proc, timeout=240):
         (["stage=zoo", "store=/proc/version/x"], "store=/proc/version/x: cannot write"),
     ],
 )
-def test_cli_bad_input_exits_non_zero_with_a_clear_message(tmp_path, args, message):
-    code, out = _output(_cli(*args, run_dir=tmp_path / "run"))
+def test_cli_bad_input_exits_non_zero_with_a_clear_message(cli, args, message):
+    code, out = cli(*args)
     assert code != 0 and message in out, out
 
 
-@pytest.mark.slow
-def test_killed_runs_resume_bit_for_bit_with_no_partial_file_or_claim(tmp_path):
-    store = tmp_path / "store"
-    args = ["stage=zoo", f"store={store}", "seeds.reference=[0,5]", "zoo.range=reference", "train.epochs=4",
-            "train.fail_rule.epoch=null", "threads=1"]
-    zoo = store / "digits_optunet" / "zoo"
-    def stored():
-        return len(list(zoo.glob("seed_*.safetensors")) + list(zoo.glob("failed/seed_*.json")))
+def _zoo_files(zoo):
+    return sorted(p.name for p in zoo.iterdir() if p.is_file()) + sorted(p.name for p in (zoo / "failed").iterdir())
 
-    for kill in range(2):  # killed mid-training of a later seed, possibly mid-write
-        proc = _cli(*args, run_dir=tmp_path / f"r{kill}")
-        before = stored()
-        deadline = time.time() + 180
-        while time.time() < deadline and stored() <= before and proc.poll() is None:
-            time.sleep(0.02)
-        time.sleep(0.05 * kill)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate()
-    assert stored(), "the runs were killed before they stored anything"
-    code, out = _output(_cli(*args, run_dir=tmp_path / "resume"))
-    assert code == 0, out
-    names = {p.name for p in zoo.iterdir() if p.is_file()}
-    failed = {p.name for p in (zoo / "failed").iterdir()}
-    assert {n.split(".")[0] for n in names | failed} == {f"seed_{s:06d}" for s in range(5)}
-    assert not [n for n in names | failed if n.startswith(".")], "temp files left behind"
-    assert not list((store / "digits_optunet" / ".claims").iterdir()), "claims left behind"
-    clean = Experiment(compose_config([f"store={tmp_path / 'clean'}", *args[2:-1]]))  # uninterrupted, in-process
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with clean.backends():
-            run_zoo(clean, clean.reference)
-    finally:
-        torch.set_num_threads(saved)
-    for name in names:
+
+def test_killed_runs_resume_bit_for_bit_with_no_partial_file_or_claim(tmp_path, single_torch_thread):
+    overrides = ["seeds.reference=[0,5]", "zoo.range=reference", "train.epochs=3", "train.fail_rule.epoch=null"]
+    exp = Experiment(compose_config([f"store={tmp_path / 'store'}", *overrides]))
+    zoo = exp.store.zoo_dir
+    for kill_at in (2, 3):  # each run killed while writing a seed's checkpoint (temp file written, not renamed)
+        with exp.backends():
+            code, _ = forked(lambda: run_zoo(exp, exp.reference), kill_at_publish=kill_at)
+        assert code == -signal.SIGKILL
+    assert any(p.name.startswith(".") for p in zoo.iterdir()), "the kill did not leave the half-written file it should"
+    assert list(exp.store.claims_dir.iterdir()), "the killed process's claims stay until a later run reaps them"
+    with exp.backends():
+        resumed = run_zoo(exp, exp.reference)
+    names = _zoo_files(zoo)
+    assert {n.split(".")[0] for n in names} == {f"seed_{s:06d}" for s in range(5)}
+    assert resumed.trained == [3, 4]  # runs 1 and 2 published seeds 0, then 1 and 2, before their kills
+    assert not [n for n in names if n.startswith(".")], "temp files left behind"
+    assert not list(exp.store.claims_dir.iterdir()), "claims left behind"
+    clean = Experiment(compose_config([f"store={tmp_path / 'clean'}", *overrides]))  # uninterrupted
+    with clean.backends():
+        run_zoo(clean, clean.reference)
+    for name in (n for n in names if n.endswith(".safetensors")):
         assert (zoo / name).read_bytes() == clean.store.checkpoint_path(int(name[5:11])).read_bytes(), name
 
 
-@pytest.mark.slow
-def test_two_processes_on_two_hosts_with_overlapping_ranges_share_the_work(tmp_path):
+def test_two_processes_on_two_hosts_with_overlapping_ranges_share_the_work(tmp_path, single_torch_thread):
     store = tmp_path / "store"
-    common = [f"store={store}", "stage=zoo", "zoo.range=reference", *TINY_TRAIN]
-    a = _cli(*common, "seeds.reference=[0,6]", run_dir=tmp_path / "a", env={**os.environ, HOST_ENV: "node-a"})
-    b = _cli(*common, "seeds.reference=[2,8]", run_dir=tmp_path / "b", env={**os.environ, HOST_ENV: "node-b"})
-    (code_a, out_a), (code_b, out_b) = _output(a), _output(b)
-    assert code_a == 0 and code_b == 0, out_a + out_b
-    zoo = store / "digits_optunet" / "zoo"
-    stored = sorted(p.name for p in zoo.glob("seed_*.safetensors")) + sorted(p.name for p in (zoo / "failed").iterdir())
+    common = [f"store={store}", "zoo.range=reference", *TINY_TRAIN]
+    a = Experiment(compose_config([*common, "seeds.reference=[0,6]"]))
+    b = Experiment(compose_config([*common, "seeds.reference=[2,8]"]))
+    with a.backends():
+        runs = [Forked(lambda: run_zoo(a, a.reference), env={HOST_ENV: "node-a"}),
+                Forked(lambda: run_zoo(b, b.reference), env={HOST_ENV: "node-b"})]
+        (code_a, summary_a), (code_b, summary_b) = (run.result() for run in runs)
+    assert code_a == 0 and code_b == 0
+    stored = _zoo_files(store / "digits_optunet" / "zoo")
     assert sorted(s.split(".")[0] for s in stored) == [f"seed_{s:06d}" for s in range(8)]  # each seed exactly once
-
-    def worked(out):
-        line = next(l for l in out.splitlines() if "this run trained" in l)
-        trained = int(line.split("this run trained ")[1].split(",")[0])
-        failed = int(line.split("recorded ")[1].split(" failures")[0])
-        return trained + failed
-
-    assert worked(out_a) + worked(out_b) == 8, "a seed was trained twice"
-    state, _ = load_checkpoint(next(zoo.glob("seed_*.safetensors")))
+    worked = summary_a.trained + summary_a.failed + summary_b.trained + summary_b.failed
+    assert sorted(worked) == list(range(8)), "a seed was trained twice"
+    state, _ = load_checkpoint(next((store / "digits_optunet" / "zoo").glob("seed_*.safetensors")))
     assert all(torch.isfinite(v).all() for v in state.values())
 
 
-@pytest.mark.slow
 def test_a_seed_claimed_on_a_node_that_died_is_trained_after_the_claim_timeout(tmp_path, monkeypatch):
-    store = tmp_path / "store"
-    args = ["stage=zoo", f"store={store}", "seeds.reference=[0,2]", "zoo.range=reference", "train.epochs=200",
-            "train.fail_rule.epoch=null", "threads=1", "claims.timeout_s=2", "claims.heartbeat_s=0.5"]
-    proc = _cli(*args, run_dir=tmp_path / "a", env={**os.environ, HOST_ENV: "node-a"})
-    claim = store / "digits_optunet" / ".claims" / "zoo-seed_000000.claim"
-    deadline = time.time() + 120
-    while time.time() < deadline and not claim.exists():
-        time.sleep(0.02)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGKILL)  # node-a dies mid-training of its batch: seeds 0 and 1 (vectorised, K = 2)
-    proc.communicate()
+    exp = Experiment(compose_config([f"store={tmp_path / 'store'}", "seeds.reference=[0,2]", "zoo.range=reference",
+                                     *TINY_TRAIN, "claims.timeout_s=60", "claims.heartbeat_s=10"]))
+    exp.store.ensure_writable()
+    claims = [exp.store.claim_path(exp.store.seed_unit(s)) for s in (0, 1)]
+    for path in claims:  # node-a holds both seeds' claims, then dies: its heartbeats stop
+        path.write_text(json.dumps({"host": "node-a", "pid": 4242, "started": time.time(), "token": "a"}))
     monkeypatch.setenv(HOST_ENV, "node-b")
-    exp = Experiment(compose_config([f"store={store}", *args[2:4], "train.epochs=1", *args[5:7], *args[7:]]))
     with exp.backends():
         first = run_zoo(exp, exp.reference)
-        assert first.skipped_busy == [0, 1] and first.trained == []  # node-a's heartbeats are still fresh
-        time.sleep(2.2)
+        assert first.skipped_busy == [0, 1] and first.trained + first.failed == []  # heartbeats still fresh
+        past = time.time() - 61
+        for path in claims:
+            os.utime(path, (past, past))  # the last heartbeat is now older than claims.timeout_s
         second = run_zoo(exp, exp.reference)
-    assert second.trained == [0, 1] and not claim.exists()
-    assert not [p for p in (store / "digits_optunet" / "zoo").iterdir() if p.name.startswith(".")]
+    assert sorted(second.trained + second.failed) == [0, 1] and not any(p.exists() for p in claims)
+    assert not [p for p in exp.store.zoo_dir.iterdir() if p.name.startswith(".")]
 
 
 def test_vectorised_and_one_at_a_time_zoos_hold_the_same_checkpoints(tmp_path):
