@@ -373,3 +373,12 @@ def test_a_tgz_is_read_in_one_pass_in_its_own_order(tmp_path, monkeypatch):
         stored, meta = load_checkpoint(exp.store.checkpoint_path(seed), exp.model())
         assert meta["source_file"] == f"m_{seed}.safetensors"
         assert torch.equal(stored["fc1.weight"], states[f"m_{seed}.safetensors"]["fc1.weight"])
+
+
+def test_chance_level_and_margin():
+    # the best constant guess: the most frequent class, at least 1/classes
+    assert import_zoo.chance_level(torch.tensor([0, 0, 1, 2]), 10) == 0.5
+    assert import_zoo.chance_level(torch.arange(200).repeat(50), 200) == pytest.approx(1 / 200)
+    # a few points on a full test split; 3 standard errors of a chance accuracy on a small one
+    assert import_zoo.near_chance_margin(0.1, 10_000) == import_zoo.NEAR_CHANCE_MARGIN == 0.05
+    assert import_zoo.near_chance_margin(0.25, 8) == pytest.approx(3 * (0.25 * 0.75 / 8) ** 0.5)
