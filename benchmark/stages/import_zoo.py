@@ -258,10 +258,55 @@ def _refuse_damaged_records(exp: Experiment, seeds: list[int]) -> None:
         _failure_record(exp, damaged[0])
 
 
+def _judged_before(exp: Experiment, seeds: list[int]) -> bool:
+    """True when a planned seed holds a checkpoint imported with evaluation: an earlier run of
+    this import passed the chance check (a resumed import is not judged on its last few files)."""
+    for seed in seeds:
+        path = exp.store.checkpoint_path(seed)
+        if path.exists():
+            meta = read_metadata(path)
+            if meta.get("source") == "import" and "test_accuracy" in meta:
+                return True
+    return False
+
+
+class _Importer:
+    """What importing one file needs: the experiment's fresh state dict (keys, shapes), a model to
+    evaluate with, and the splits."""
+
+    def __init__(self, exp: Experiment) -> None:
+        self.exp = exp
+        self.settings = exp.config.import_
+        self.reference = exp.model().state_dict()
+        self.model = exp.model().to(exp.device) if self.settings.evaluate else None
+        self.check = exp.validation_tensors if self.settings.evaluate else None  # the convergence rule's split
+
+    def prepare(self, file: ForeignCheckpoint, seed: int, summary: ImportSummary) -> tuple[dict, dict] | None:
+        """``(state, metadata)`` of ``file`` mapped, checked and evaluated; None (and a failure
+        record with the reason) when the file cannot be used."""
+        exp, settings = self.exp, self.settings
+        metadata = provenance(exp, file, seed)
+        try:
+            loaded = settings.mapping.apply(read_checkpoint(file), file.where)
+            state = check_against(loaded, self.reference, settings.mapping, file.where)
+        except CheckpointError as err:
+            reason = " ".join(str(err).split())
+            log.error("seed %d not imported: %s (recorded as failed)", seed, reason)
+            exp.store.record_failure(seed, {"reason": f"{UNUSABLE}: {reason}", "kind": UNUSABLE, **_source_fields(metadata)})
+            summary.unusable[seed] = reason
+            return None
+        if self.model is not None:
+            self.model.load_state_dict(state)
+            metadata["test_accuracy"] = accuracy(self.model, *exp.test_tensors)
+            if self.check is not None:
+                metadata["validation_accuracy"] = accuracy(self.model, *self.check)
+        return state, metadata
+
+
 def run(exp: Experiment) -> ImportSummary:
     """Import the checkpoints of ``import.source`` (see the module docstring).
 
-    Raises ``NearChanceError`` (nothing written) when the first networks score near chance,
+    Raises ``NearChanceError`` (no checkpoint written) when the first networks score near chance,
     ``ImportFailuresError`` at the end when some files could not be used, ``StoreError`` when
     a seed is taken by something else or has a damaged failure record.
     """
@@ -274,17 +319,15 @@ def run(exp: Experiment) -> ImportSummary:
     store = exp.store
     store.ensure_writable()
     _refuse_damaged_records(exp, seeds)
-    reference = exp.model().state_dict()
-    model = exp.model().to(exp.device)
-    check = exp.validation_tensors if settings.evaluate else None  # the split the convergence rule is judged on
+    importer = _Importer(exp)
     summary = ImportSummary()
     log.info("import %d checkpoints from %s into %s seeds %d..%d (archive order, one pass)", len(names), settings.source,
              exp.name, min(seeds), max(seeds))
-    waiting: list[_Ready] = []  # held (with their claims) until the chance check has passed
-    judged = not settings.evaluate
+    probing = settings.evaluate and not _judged_before(exp, seeds)
+    waiting: list[_Ready] = []  # held, with their claims, until the chance check has passed
     try:
-        files = iter_checkpoints(settings.source, names)
-        for file in tqdm(files, total=len(names), desc=f"import {exp.name}", unit="file", dynamic_ncols=True):
+        for file in tqdm(iter_checkpoints(settings.source, names), total=len(names), desc=f"import {exp.name}",
+                         unit="file", dynamic_ncols=True):
             seed = seed_of[file.name]
             with contextlib.ExitStack() as unit:
                 if unit.enter_context(store.claim(f"zoo-{seed_name(seed)}")) is None:
@@ -293,57 +336,50 @@ def run(exp: Experiment) -> ImportSummary:
                 if _already(exp, seed, file):
                     summary.skipped_done.append(seed)
                     continue
-                metadata = provenance(exp, file, seed)
-                try:
-                    loaded = settings.mapping.apply(read_checkpoint(file), file.where)
-                    state = check_against(loaded, reference, settings.mapping, file.where)
-                except CheckpointError as err:
-                    reason = " ".join(str(err).split())
-                    log.error("seed %d not imported: %s (recorded as failed)", seed, reason)
-                    store.record_failure(seed, {"reason": f"{UNUSABLE}: {reason}", "kind": UNUSABLE, **_source_fields(metadata)})
-                    summary.unusable[seed] = reason
+                prepared = importer.prepare(file, seed, summary)
+                if prepared is None:
                     continue
-                if settings.evaluate:
-                    model.load_state_dict(state)
-                    metadata["test_accuracy"] = accuracy(model, *exp.test_tensors)
-                    if check is not None:
-                        metadata["validation_accuracy"] = accuracy(model, *check)
-                ready = _Ready(seed, state, metadata, unit.pop_all())
-            if judged:
+                ready = _Ready(seed, *prepared, claim=unit.pop_all())
+            if not probing:
                 with ready.claim:
                     _write(exp, ready, summary)
                 continue
             waiting.append(ready)
             if len(waiting) >= CHANCE_PROBE:
-                judged = _judge_and_flush(exp, waiting, summary)
+                probing = _judge_and_flush(exp, waiting, summary)
         if waiting:
             _judge_and_flush(exp, waiting, summary)
     finally:
         for ready in waiting:
             ready.claim.close()
+    _finish(exp, summary, len(names))
+    return summary
+
+
+def _finish(exp: Experiment, summary: ImportSummary, planned_files: int) -> None:
+    """Sort the summary, log it, and raise ``ImportFailuresError`` when some files could not be used."""
     for seeds_list in (summary.imported, summary.failed, summary.skipped_done, summary.skipped_busy):
         seeds_list.sort()
-    written = [summary.test_accuracies[s] for s in summary.imported]
+    written = [summary.test_accuracies[s] for s in summary.imported if not math.isnan(summary.test_accuracies[s])]
     log.info("import: %d checkpoints written (median test accuracy %s), %d failed the convergence rule, %d files "
              "unusable, %d already imported, %d busy elsewhere", len(summary.imported),
-             f"{statistics.median(written):.3f}" if written and settings.evaluate else "not measured",
+             f"{statistics.median(written):.3f}" if written else "not measured",
              len(summary.failed), len(summary.unusable), len(summary.skipped_done), len(summary.skipped_busy))
     if summary.unusable:
         first = sorted(summary.unusable.items())[:3]
         raise ImportFailuresError(
-            f"import.source={settings.source}: {len(summary.unusable)} of {len(names)} files could not be imported "
-            f"(recorded as failed seeds; the next import tries them again): "
+            f"import.source={exp.config.import_.source}: {len(summary.unusable)} of {planned_files} files could not be "
+            "imported (recorded as failed seeds; the next import tries them again): "
             + "; ".join(f"seed {seed}: {reason}" for seed, reason in first)
             + (" ..." if len(summary.unusable) > len(first) else ""))
-    return summary
 
 
 def _judge_and_flush(exp: Experiment, waiting: list[_Ready], summary: ImportSummary) -> bool:
     """Judge the ``waiting`` networks against chance (``NearChanceError``), then write them and
-    release their claims; True (judged)."""
+    release their claims; False (probing is over)."""
     judge_against_chance(exp, [ready.metadata["test_accuracy"] for ready in waiting])
     while waiting:
         ready = waiting.pop(0)
         with ready.claim:
             _write(exp, ready, summary)
-    return True
+    return False
