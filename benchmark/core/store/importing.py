@@ -195,7 +195,7 @@ def iter_checkpoints(source: str | Path, names: Iterable[str]) -> Iterator[Forei
 
     A member whose bytes cannot be read (a zip member failing its CRC, a folder file that cannot
     be opened) comes with ``problem`` set; an archive that cannot be read on (a truncated or
-    corrupt .tgz stream), a member found twice, or one of ``names`` not found (the archive
+    corrupt .tgz stream) or one of ``names`` not found (the archive
     changed since it was listed) raises ``CheckpointError`` naming the archive.
     """
     path = Path(source).expanduser()
@@ -221,6 +221,8 @@ def iter_checkpoints(source: str | Path, names: Iterable[str]) -> Iterator[Forei
                         data, problem = b"", f"{archive_name}:{info.filename}: cannot be read ({type(err).__name__}: {err})"
                     last = info.filename
                     yield ForeignCheckpoint(info.filename, archive_name, data, problem)
+                    if not todo:
+                        break
         else:
             with tarfile.open(path) as archive:
                 for member in archive:  # reads headers as it goes: one pass, forward only
@@ -230,6 +232,8 @@ def iter_checkpoints(source: str | Path, names: Iterable[str]) -> Iterator[Forei
                     data = archive.extractfile(member).read()
                     last = member.name
                     yield ForeignCheckpoint(member.name, archive_name, data)
+                    if not todo:
+                        break  # the rest of the archive is not needed (import.skip / import.limit)
     except _ARCHIVE_ERRORS as err:
         after = f"after member {last!r}" if last else "before its first checkpoint"
         raise CheckpointError(f"{archive_name}: the archive cannot be read on {after} ({type(err).__name__}: {err})") from err
