@@ -17,6 +17,7 @@ zoos against a data set numbered otherwise are refused as near chance, naming th
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tarfile
 from pathlib import Path
@@ -45,9 +46,20 @@ TINYIMAGENET_STEPS = 200 * 782  # the recipe's 200 epochs of 100,000 images in b
 
 @pytest.fixture(autouse=True)
 def restore_threads():
+    """``run`` sets the torch threads (threads=1): put them back after each test."""
     saved = torch.get_num_threads()
     yield
     torch.set_num_threads(saved)
+
+
+@contextlib.contextmanager
+def one_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def to_hub_format(lightning_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -97,8 +109,7 @@ def trained_optunet() -> dict[str, torch.Tensor]:
     exp = Experiment(compose_config([]))
     images, labels = exp.train_tensors
     images, labels = images[:256], labels[:256]
-    torch.set_num_threads(1)
-    with exp.backends():
+    with exp.backends(), one_thread():
         with seeded(0):
             model = optunet()
         optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
@@ -195,16 +206,16 @@ def trained_resnets(tinyimagenet_dir) -> list[dict[str, torch.Tensor]]:
     then taken over the train images), their counters set to the real recipe's step count."""
     images = as_tensors(get_dataset("tinyimagenet", "train", tinyimagenet_dir))[0]
     labels = torch_uncertainty_labels(tinyimagenet_dir, "train")
-    torch.set_num_threads(1)
     states = []
     for seed in (0, 1):
         with seeded(seed):
             model = resnet18(num_classes=200, width=4)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-        for _ in range(8):
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(images), labels).backward()
-            optimizer.step()
+        with one_thread():
+            for _ in range(8):
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(images), labels).backward()
+                optimizer.step()
         with torch.no_grad():
             for module in model.modules():
                 if isinstance(module, torch.nn.BatchNorm2d):
