@@ -2,55 +2,82 @@
 
 ``python -m benchmark stage=import experiment=<name> zoo_import.source=<folder or archive> [zoo_import=<mapping>]``
 
-Every checkpoint file of the source (natural order of the paths) is read, its keys mapped to
-the experiment's model (``zoo_import.mapping``; ready mappings in ``conf/zoo_import/``), and checked
-(every key, shape, finite values; errors name the file, the key and the expected shape). It
-becomes the zoo checkpoint of one seed of ``zoo_import.range`` (``zoo_import.seeds_from``: the i-th file
-gets the range's i-th seed, or the number in its file name). With ``zoo_import.evaluate`` its
-test accuracy and its accuracy on the validation split are measured, and the recipe's
-convergence rule is applied to the latter as for a trained seed (a checkpoint below the
-threshold is recorded as failed). The metadata records the
-provenance: source file, archive, its SHA-256, and the mapping. The rest of the pipeline reads
-imported checkpoints like trained ones.
+The checkpoint files of the source are listed in natural order of their paths, which gives
+each its seed of ``zoo_import.range`` (``zoo_import.seeds_from``: the i-th file gets the range's i-th
+seed, or the number in its file name); members left out (links, hidden and other files) are
+logged in one line, and an archive naming one member twice is refused. The files are then read
+in the archive's own order, in one pass, each mapped to the experiment's model
+(``zoo_import.mapping``; ready mappings in ``conf/zoo_import/``) and checked (every key, shape, finite
+values; errors name the file, the key and the expected shape).
 
-Resumable like the zoo stage: per-seed claims, atomic writes; a seed already imported from the
-same file is skipped, and a seed the store holds from anything else stops the import.
+With ``zoo_import.evaluate`` each network's test accuracy and its accuracy on the validation split
+are measured, and the recipe's convergence rule is applied to the latter as for a trained seed
+(a checkpoint below the threshold is recorded as failed). Before anything is written, the first
+``zoo_import.chance_probe`` networks of the run are judged together: when their median test accuracy is
+within ``zoo_import.near_chance_margin`` of chance (null: no check), the zoo does not read this data set as it was trained
+on it (class order, normalisation, another data set) and the import is refused (``NearChanceError``).
+
+A file that cannot be used (unreadable, wrong keys or shapes, non-finite values) is recorded as
+a failed seed with its reason, like a seed that did not converge, and the import goes on; the
+run then ends with ``ImportFailuresError`` (non-zero exit) giving their count. The next import
+tries such files again (the mapping or the file may have been fixed).
+
+The metadata records the provenance: source file, archive, its SHA-256, and the mapping. The
+rest of the pipeline reads imported checkpoints like trained ones. Resumable like the zoo stage:
+per-seed claims, atomic writes; a seed already imported from the same file is skipped, and a
+seed the store holds from anything else (or a damaged failure record) stops the import.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from benchmark.config import ConfigError, ImportRange, SeedsFrom
 from benchmark.core.fingerprint import library_versions
-from benchmark.core.store import CheckpointMetadata, StoreError, read_metadata, save_checkpoint
+from benchmark.core.store import CheckpointError, StoreError, read_metadata, save_checkpoint
 from benchmark.experiment import Experiment, SeedRange
 from benchmark.core.store.importing import (
     ForeignCheckpoint,
     check_against,
     iter_checkpoints,
-    list_checkpoints,
     read_checkpoint,
+    scan_source,
     seed_from_name,
 )
 from benchmark.core.training import accuracy
 
 log = logging.getLogger(__name__)
 NAME = "import"
+UNUSABLE = "unusable file"  # the ``kind`` of a failure record written for a file that could not be used
+
+
+class NearChanceError(ValueError):
+    """The imported networks score near chance on this experiment's test split."""
+
+
+class ImportFailuresError(CheckpointError):
+    """Some files of the source could not be imported (each recorded as a failed seed)."""
 
 
 @dataclass
 class ImportSummary:
-    """What an import run did, by seed."""
+    """What an import run did, by seed (sorted); ``unusable`` maps a seed to why its file was not imported."""
 
     imported: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
+    unusable: dict[int, str] = field(default_factory=dict)
     skipped_done: list[int] = field(default_factory=list)
     skipped_busy: list[int] = field(default_factory=list)
+    test_accuracies: dict[int, float] = field(default_factory=dict)
 
 
 def needs(exp: Experiment) -> frozenset[str]:
@@ -79,12 +106,13 @@ def planned(exp: Experiment) -> tuple[list[str], list[int]]:
     """The files to import (natural order, after ``zoo_import.skip``, at most ``zoo_import.limit``) and their seeds.
 
     Raises ``ConfigError`` when the source is not set, or the seeds do not fit the range
-    (too many files, a file-name seed outside it, two files with one seed).
+    (too many files, a file-name seed outside it, two files with one seed); ``CheckpointError``
+    when the source cannot be listed or names a member twice.
     """
     settings = exp.config.zoo_import
     if not settings.source:
         raise ConfigError("zoo_import.source: missing; stage=import needs zoo_import.source=/path/to/folder-or-archive")
-    found = list_checkpoints(settings.source)
+    found = list(scan_source(settings.source).names)
     names = found[settings.skip :]
     if settings.limit is not None:
         names = names[: settings.limit]
@@ -126,8 +154,63 @@ def provenance(exp: Experiment, file: ForeignCheckpoint, seed: int) -> dict[str,
     }
 
 
+def chance_level(labels: torch.Tensor, num_classes: int) -> float:
+    """Accuracy of the best constant guess on ``labels`` ``[N]``: the share of the most frequent
+    class, and at least ``1 / num_classes`` (equal on a balanced test split)."""
+    if labels.numel() == 0:
+        return 1.0 / num_classes
+    return max(1.0 / num_classes, float(torch.bincount(labels).max()) / labels.numel())
+
+
+def near_chance_margin(chance: float, test_size: int, margin: float) -> float:
+    """How far above ``chance`` a median accuracy still counts as chance: ``margin``
+    (``zoo_import.near_chance_margin``), or 3 standard errors of an accuracy at chance on
+    ``test_size`` images if that is more."""
+    return max(margin, 3.0 * math.sqrt(chance * (1.0 - chance) / max(1, test_size)))
+
+
+def judge_against_chance(exp: Experiment, accuracies: list[float]) -> None:
+    """``NearChanceError`` (one line, with the numbers and the likely causes) when the median
+    of ``accuracies`` (test accuracies of imported networks) is within the margin of chance."""
+    images, labels = exp.test_tensors
+    chance = chance_level(labels, exp.info.num_classes)
+    margin = near_chance_margin(chance, len(labels), float(exp.config.zoo_import.near_chance_margin))
+    median = statistics.median(accuracies)
+    if median > chance + margin:
+        return
+    info = exp.info
+    raise NearChanceError(
+        f"zoo_import.source={exp.config.zoo_import.source}: refused: the {len(accuracies)} imported network(s) checked first "
+        f"score a median test accuracy of {median:.3f} (from {min(accuracies):.3f} to {max(accuracies):.3f}) on "
+        f"{info.name}'s test split ({len(labels)} images), within {margin:.3f} of chance ({chance:.3f}): they do not "
+        f"read this data set as they were trained on it. Likely causes: the class order (TinyImageNet: class i is line "
+        f"i of wnids.txt), the input normalisation (here mean {_numbers(info.mean)}, std {_numbers(info.std)}), or another data set than "
+        f"experiment={exp.name}'s. No checkpoint was written")
+
+
+def _numbers(values: tuple[float, ...]) -> str:
+    return "(" + ", ".join(f"{v:.3f}" for v in values) + ")"
+
+
+def _failure_record(exp: Experiment, seed: int) -> dict[str, Any]:
+    """The failure record of ``seed``; ``StoreError`` (one line) when it is damaged."""
+    path = exp.store.failed_path(seed)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        record, why = None, f"{type(err).__name__}: {err}"
+    else:
+        why = "not a JSON object with a 'reason'"
+    if isinstance(record, dict) and "reason" in record:
+        return record
+    raise StoreError(f"{path}: the failure record of seed {seed} is damaged ({why}); the import cannot tell what it "
+                     "may replace. Run stage=verify verify.repair=true (it quarantines the record) or move it away, "
+                     "then import again")
+
+
 def _already(exp: Experiment, seed: int, file: ForeignCheckpoint) -> bool:
-    """True if ``seed`` was imported from this very file; ``StoreError`` if the store holds it otherwise."""
+    """True if ``seed`` was imported from this very file; ``StoreError`` if the store holds it
+    otherwise. A failure record of an unusable file is not final: the file is tried again."""
     store = exp.store
     if store.checkpoint_path(seed).exists():
         meta = read_metadata(store.checkpoint_path(seed))
@@ -137,7 +220,9 @@ def _already(exp: Experiment, seed: int, file: ForeignCheckpoint) -> bool:
         raise StoreError(f"{store.checkpoint_path(seed)}: seed {seed} is already in the store ({origin}); importing "
                          f"{file.where} would replace it. Use another store= or another seeds.{target_range(exp).role} range")
     if store.failed_path(seed).exists():
-        record = json.loads(store.failed_path(seed).read_text())
+        record = _failure_record(exp, seed)
+        if record.get("kind") == UNUSABLE:
+            return False
         if record.get("source_sha256") == file.sha256:
             return True
         raise StoreError(f"{store.failed_path(seed)}: seed {seed} is recorded as failed; importing {file.where} would "
@@ -145,45 +230,165 @@ def _already(exp: Experiment, seed: int, file: ForeignCheckpoint) -> bool:
     return False
 
 
+def _source_fields(metadata: dict[str, Any]) -> dict[str, Any]:
+    return {k: metadata[k] for k in ("source", "source_file", "archive", "source_sha256")}
+
+
+@dataclass
+class _Ready:
+    """A checked (and evaluated) network waiting to be written, with the claim on its seed."""
+
+    seed: int
+    state: dict[str, torch.Tensor]
+    metadata: dict[str, Any]
+    claim: contextlib.ExitStack
+
+
+def _write(exp: Experiment, ready: _Ready, summary: ImportSummary) -> None:
+    """Store ``ready``: its checkpoint, or a failure record when it fails the convergence rule."""
+    store, metadata, seed = exp.store, ready.metadata, ready.seed
+    rule = exp.recipe.fail_rule
+    summary.test_accuracies[seed] = metadata.get("test_accuracy", math.nan)
+    validation = metadata.get("validation_accuracy")
+    if rule.active and validation is not None and validation < rule.min_accuracy:
+        reason = f"validation accuracy {validation:.3f} < {rule.min_accuracy} (imported checkpoint)"
+        store.record_failure(seed, {"reason": reason, "validation_accuracy": validation, **_source_fields(metadata)})
+        summary.failed.append(seed)
+        return
+    save_checkpoint(store.checkpoint_path(seed), ready.state, metadata)
+    store.failed_path(seed).unlink(missing_ok=True)  # the record of an earlier try with an unusable file
+    summary.imported.append(seed)
+
+
+def _refuse_damaged_records(exp: Experiment, seeds: list[int]) -> None:
+    """``StoreError`` before any work when a planned seed has a damaged failure record."""
+    damaged = sorted(set(exp.store.unreadable_failure_records()) & set(seeds))
+    if damaged:
+        _failure_record(exp, damaged[0])
+
+
+def _judged_before(exp: Experiment, seeds: list[int]) -> bool:
+    """True when a planned seed holds a checkpoint imported with evaluation: an earlier run of
+    this import passed the chance check (a resumed import is not judged on its last few files)."""
+    for seed in seeds:
+        path = exp.store.checkpoint_path(seed)
+        if path.exists():
+            meta = read_metadata(path)
+            if meta.get("source") == "import" and "test_accuracy" in meta:
+                return True
+    return False
+
+
+class _Importer:
+    """What importing one file needs: the experiment's fresh state dict (keys, shapes), a model to
+    evaluate with, and the splits."""
+
+    def __init__(self, exp: Experiment) -> None:
+        self.exp = exp
+        self.settings = exp.config.zoo_import
+        self.reference = exp.model().state_dict()
+        self.model = exp.model().to(exp.device) if self.settings.evaluate else None
+        self.check = exp.validation_tensors if self.settings.evaluate else None  # the convergence rule's split
+
+    def prepare(self, file: ForeignCheckpoint, seed: int, summary: ImportSummary) -> tuple[dict, dict] | None:
+        """``(state, metadata)`` of ``file`` mapped, checked and evaluated; None (and a failure
+        record with the reason) when the file cannot be used."""
+        exp, settings = self.exp, self.settings
+        metadata = provenance(exp, file, seed)
+        try:
+            loaded = settings.mapping.apply(read_checkpoint(file), file.where)
+            state = check_against(loaded, self.reference, settings.mapping, file.where)
+        except CheckpointError as err:
+            reason = " ".join(str(err).split())
+            log.error("seed %d not imported: %s (recorded as failed)", seed, reason)
+            exp.store.record_failure(seed, {"reason": f"{UNUSABLE}: {reason}", "kind": UNUSABLE, **_source_fields(metadata)})
+            summary.unusable[seed] = reason
+            return None
+        if self.model is not None:
+            self.model.load_state_dict(state)
+            metadata["test_accuracy"] = accuracy(self.model, *exp.test_tensors)
+            if self.check is not None:
+                metadata["validation_accuracy"] = accuracy(self.model, *self.check)
+        return state, metadata
+
+
 def run(exp: Experiment) -> ImportSummary:
-    """Import the checkpoints of ``zoo_import.source`` (see the module docstring)."""
+    """Import the checkpoints of ``zoo_import.source`` (see the module docstring).
+
+    Raises ``NearChanceError`` (no checkpoint written) when the first networks score near chance,
+    ``ImportFailuresError`` at the end when some files could not be used, ``StoreError`` when
+    a seed is taken by something else or has a damaged failure record.
+    """
     settings = exp.config.zoo_import
     names, seeds = planned(exp)
+    listing = scan_source(settings.source)
+    if listing.skipped:
+        log.warning("import: %d entries of %s left out: %s", len(listing.skipped), settings.source, listing.describe_skipped())
+    seed_of = dict(zip(names, seeds))
     store = exp.store
     store.ensure_writable()
-    reference = exp.model().state_dict()
-    model = exp.model().to(exp.device)
-    rule = exp.recipe.fail_rule
-    # the validation split the convergence rule is judged on (None without one)
-    check = exp.training_data.check if settings.evaluate else None
+    _refuse_damaged_records(exp, seeds)
+    importer = _Importer(exp)
     summary = ImportSummary()
-    log.info("import %d checkpoints from %s into %s seeds %d..%d", len(names), settings.source, exp.name, seeds[0], seeds[-1])
-    files = iter_checkpoints(settings.source, names)
-    for file, seed in tqdm(zip(files, seeds), total=len(names), desc=f"import {exp.name}", unit="file", dynamic_ncols=True):
-        with store.claim(store.seed_unit(seed)) as claim:
-            if claim is None:
-                summary.skipped_busy.append(seed)
-                continue
-            if _already(exp, seed, file):
-                summary.skipped_done.append(seed)
-                continue
-            state = check_against(settings.mapping.apply(read_checkpoint(file), file.where), reference, settings.mapping,
-                                  file.where)
-            metadata = provenance(exp, file, seed)
-            if settings.evaluate:
-                model.load_state_dict(state)
-                metadata["test_accuracy"] = accuracy(model, *exp.test_tensors)
-                if check is not None:
-                    metadata["validation_accuracy"] = accuracy(model, *check)
-                if rule.active and check is not None and metadata["validation_accuracy"] < rule.min_accuracy:
-                    reason = (f"validation accuracy {metadata['validation_accuracy']:.3f} < {rule.min_accuracy} "
-                              "(imported checkpoint)")
-                    store.record_failure(seed, {"reason": reason, "validation_accuracy": metadata["validation_accuracy"],
-                                                **{k: metadata[k] for k in ("source", "source_file", "archive", "source_sha256")}})
-                    summary.failed.append(seed)
+    log.info("import %d checkpoints from %s into %s seeds %d..%d (archive order, one pass)", len(names), settings.source,
+             exp.name, min(seeds), max(seeds))
+    probing = settings.evaluate and settings.near_chance_margin is not None and not _judged_before(exp, seeds)
+    waiting: list[_Ready] = []  # held, with their claims, until the chance check has passed
+    try:
+        for file in tqdm(iter_checkpoints(settings.source, names), total=len(names), desc=f"import {exp.name}",
+                         unit="file", dynamic_ncols=True):
+            seed = seed_of[file.name]
+            with contextlib.ExitStack() as unit:
+                if unit.enter_context(store.claim(store.seed_unit(seed))) is None:
+                    summary.skipped_busy.append(seed)
                     continue
-            save_checkpoint(store.checkpoint_path(seed), state, metadata)
-            summary.imported.append(seed)
-    log.info("import: %d checkpoints written, %d failed the convergence rule, %d already imported, %d busy elsewhere",
-             len(summary.imported), len(summary.failed), len(summary.skipped_done), len(summary.skipped_busy))
+                if _already(exp, seed, file):
+                    summary.skipped_done.append(seed)
+                    continue
+                prepared = importer.prepare(file, seed, summary)
+                if prepared is None:
+                    continue
+                ready = _Ready(seed, *prepared, claim=unit.pop_all())
+            if not probing:
+                with ready.claim:
+                    _write(exp, ready, summary)
+                continue
+            waiting.append(ready)
+            if len(waiting) >= settings.chance_probe:
+                probing = _judge_and_flush(exp, waiting, summary)
+        if waiting:
+            _judge_and_flush(exp, waiting, summary)
+    finally:
+        for ready in waiting:
+            ready.claim.close()
+    _finish(exp, summary, len(names))
     return summary
+
+
+def _finish(exp: Experiment, summary: ImportSummary, planned_files: int) -> None:
+    """Sort the summary, log it, and raise ``ImportFailuresError`` when some files could not be used."""
+    for seeds_list in (summary.imported, summary.failed, summary.skipped_done, summary.skipped_busy):
+        seeds_list.sort()
+    written = [summary.test_accuracies[s] for s in summary.imported if not math.isnan(summary.test_accuracies[s])]
+    log.info("import: %d checkpoints written (median test accuracy %s), %d failed the convergence rule, %d files "
+             "unusable, %d already imported, %d busy elsewhere", len(summary.imported),
+             f"{statistics.median(written):.3f}" if written else "not measured",
+             len(summary.failed), len(summary.unusable), len(summary.skipped_done), len(summary.skipped_busy))
+    if summary.unusable:
+        first = sorted(summary.unusable.items())[:3]
+        raise ImportFailuresError(
+            f"zoo_import.source={exp.config.zoo_import.source}: {len(summary.unusable)} of {planned_files} files could not be "
+            "imported (recorded as failed seeds; the next import tries them again): "
+            + "; ".join(f"seed {seed}: {reason}" for seed, reason in first)
+            + (" ..." if len(summary.unusable) > len(first) else ""))
+
+
+def _judge_and_flush(exp: Experiment, waiting: list[_Ready], summary: ImportSummary) -> bool:
+    """Judge the ``waiting`` networks against chance (``NearChanceError``), then write them and
+    release their claims; False (probing is over)."""
+    judge_against_chance(exp, [ready.metadata["test_accuracy"] for ready in waiting])
+    while waiting:
+        ready = waiting.pop(0)
+        with ready.claim:
+            _write(exp, ready, summary)
+    return False

@@ -8,6 +8,12 @@ Layout under ``root``::
     tiny-imagenet-200/val/val_annotations.txt    filename<TAB>wnid<TAB>x0<TAB>y0<TAB>x1<TAB>y1
 
 The official test images have no labels, so the ``"test"`` split is the official val set.
+
+Class ``i`` is the wnid on line ``i`` of ``wnids.txt`` (the file is not sorted). That is how
+torch-uncertainty's ``TinyImageNet`` numbers the classes (``self.ids.index(nid)`` over the lines of
+``wnids.txt``, for the train and the val split alike), so the networks of its released zoo, and
+every zoo trained here, read the labels they were trained with. Sorting the wnids instead would
+permute the labels: imported networks would score near chance.
 """
 from __future__ import annotations
 
@@ -29,11 +35,12 @@ LAYOUT = f"{FOLDER}/ with wnids.txt, train/<wnid>/images/*.JPEG, val/images/ and
 class TinyImageNet(VisionDataset):
     """TinyImageNet ``split`` (``"train"``: 100,000 images, ``"test"``: the 10,000 val images).
 
-    Items: ``(transform(PIL RGB image), class index)``; the class index is the position of
-    the image's wnid in the sorted ``wnids.txt``. ``download=True`` fetches and extracts the
+    Items: ``(transform(PIL RGB image), class index)``; the class index is the line of the
+    image's wnid in ``wnids.txt`` (file order, as torch-uncertainty numbers them; ``classes``
+    lists the wnids in that order). ``download=True`` fetches and extracts the
     official zip (md5-checked by torchvision) into ``root`` when the folder is missing. A
-    missing folder or file raises ``DatasetNotFoundError``; an annotation naming an unknown
-    wnid raises ValueError with the file and line.
+    missing folder or file raises ``DatasetNotFoundError``; a wnid listed twice in ``wnids.txt``
+    or an annotation naming an unknown wnid raises ValueError with the file and line.
     """
 
     def __init__(
@@ -51,7 +58,7 @@ class TinyImageNet(VisionDataset):
         self.folder = Path(self.root) / FOLDER
         if download and not self.folder.is_dir():
             download_and_extract_archive(URL, download_root=str(self.root), md5=MD5)
-        wnids = sorted(self._read_lines(self.folder / "wnids.txt"))
+        wnids = self._read_wnids(self.folder / "wnids.txt")
         self.classes = wnids
         self.class_to_idx = {wnid: i for i, wnid in enumerate(wnids)}
         self.samples = self._train_samples() if split == "train" else self._val_samples()
@@ -65,6 +72,17 @@ class TinyImageNet(VisionDataset):
         if not path.is_file():
             raise self._missing(path, "file missing")
         return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+    def _read_wnids(self, path: Path) -> list[str]:
+        """The wnids of ``path`` in line order (class i = line i); a repeated wnid is refused."""
+        wnids = self._read_lines(path)
+        first: dict[str, int] = {}
+        for number, wnid in enumerate(wnids, start=1):
+            if wnid in first:
+                raise ValueError(f"{path}:{number}: wnid {wnid!r} is already listed on line {first[wnid]}; "
+                                 "expected one wnid per class")
+            first[wnid] = number
+        return wnids
 
     def _train_samples(self) -> list[tuple[str, int]]:
         train = self.folder / "train"

@@ -12,7 +12,7 @@ import torchvision.datasets.svhn
 
 from tests.benchmark.core.data import formats
 
-TIN_WNIDS = ["n09999999", "n01443537", "n02124075"]  # unsorted on purpose: classes follow sorted order
+TIN_WNIDS = ["n09999999", "n01443537", "n02124075"]  # unsorted on purpose: class i is line i of wnids.txt
 RED, GREEN, BLUE, GREY = (200, 30, 40), (20, 180, 60), (10, 40, 220), (128, 128, 128)
 
 

@@ -105,13 +105,26 @@ def test_augment_is_the_papers_crop_and_flip_on_train_only(tiny_data, skip_md5, 
     assert torch.equal(as_tensors(get_dataset(name, "test", root, augment=True))[0], test_plain)
 
 
+def torch_uncertainty_labels(root, split):
+    """Independent expectation, torch-uncertainty's rule (its ``TinyImageNet._make_paths``): the label
+    of a wnid is its line in ``wnids.txt`` (``ids.index(nid)``), for the train folders and the val
+    annotations alike. Returns {image file name: label}."""
+    base = root / "tiny-imagenet-200"
+    ids = [line.strip() for line in (base / "wnids.txt").read_text().splitlines()]
+    if split == "train":
+        return {image.name: ids.index(folder.name) for folder in (base / "train").iterdir()
+                for image in (folder / "images").iterdir()}
+    lines = (base / "val" / "val_annotations.txt").read_text().splitlines()
+    return {line.split("\t")[0]: ids.index(line.split("\t")[1]) for line in lines}
+
+
 def test_tinyimagenet_folder_layout(tiny_data):
     train = get_dataset("tinyimagenet", "train", tiny_data.root)
     test = get_dataset("tinyimagenet", "test", tiny_data.root)
-    index = {wnid: i for i, wnid in enumerate(sorted(TIN_WNIDS))}
+    index = {wnid: i for i, wnid in enumerate(TIN_WNIDS)}  # line order of wnids.txt
     train_expected = [(index[w], c) for w, colours in tiny_data.arrays["tinyimagenet"]["train"].items() for c in colours]
     images, labels = as_tensors(train, batch_size=2)
-    order = sorted(range(len(train_expected)), key=lambda i: train_expected[i][0])  # folders walk in wnid order
+    order = sorted(range(len(train_expected)), key=lambda i: TIN_WNIDS[train_expected[i][0]])  # folders walk in name order
     assert labels.tolist() == [train_expected[i][0] for i in order]
     torch.testing.assert_close(
         images, colour_images([train_expected[i][1] for i in order], "tinyimagenet", 64), rtol=0, atol=JPEG_TOLERANCE / 0.224
@@ -120,6 +133,32 @@ def test_tinyimagenet_folder_layout(tiny_data):
     val = tiny_data.arrays["tinyimagenet"]["test"]
     assert labels.tolist() == [index[w] for w, _ in val] and images.shape == (3, 3, 64, 64)
     torch.testing.assert_close(images, colour_images([c for _, c in val], "tinyimagenet", 64), rtol=0, atol=JPEG_TOLERANCE / 0.224)
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_tinyimagenet_labels_follow_the_line_order_of_wnids_txt_as_torch_uncertainty(tmp_path, split):
+    """The released networks were trained with torch-uncertainty's numbering: class i = line i of
+    the (unsorted) wnids.txt. Sorting would permute every label of this mock (no fixed point)."""
+    wnids = ["n09256479", "n07753592", "n01443537", "n02124075"]
+    colours = [RED, GREEN, BLUE, GREY]
+    formats.write_tinyimagenet(tmp_path, wnids, {w: [c, c] for w, c in zip(wnids, colours)},
+                               [(w, c) for w, c in zip(reversed(wnids), reversed(colours))])
+    expected = torch_uncertainty_labels(tmp_path, split)
+    reader = tinyimagenet.TinyImageNet(tmp_path, split)
+    assert {path.rsplit("/", 1)[-1]: label for path, label in reader.samples} == expected and reader.classes == wnids
+    sorted_index = {w: i for i, w in enumerate(sorted(wnids))}
+    assert all(sorted_index[wnids[label]] != label for label in expected.values())  # the mock tells the orders apart
+    images, labels = as_tensors(get_dataset("tinyimagenet", split, tmp_path))  # the public loader: colour -> wnid -> line
+    palette = colour_images(colours, "tinyimagenet", 64)[:, :, 0, 0]
+    nearest = torch.cdist(images[:, :, 0, 0], palette).argmin(1)
+    assert labels.tolist() == nearest.tolist()  # colour k belongs to the wnid on line k
+
+
+def test_tinyimagenet_wnid_listed_twice_is_refused(tmp_path):
+    formats.write_tinyimagenet(tmp_path, ["n1", "n2"], {"n1": [RED], "n2": [BLUE]}, [("n1", RED)])
+    (tmp_path / "tiny-imagenet-200/wnids.txt").write_text("n1\nn2\nn1\n")
+    with pytest.raises(ValueError, match=r"wnids.txt:3: wnid 'n1' is already listed on line 1"):
+        get_dataset("tinyimagenet", "test", tmp_path)
 
 
 def test_tinyimagenet_grey_jpeg_becomes_rgb(tmp_path):
