@@ -186,13 +186,13 @@ class Experiment:
 
     @cached_property
     def config_hash(self) -> str:
-        """Hash of what determines a zoo checkpoint: model, dataset and training recipe."""
+        """Hash of what determines a zoo checkpoint: model, dataset (with its class numbering
+        where that changed between versions: ``DatasetInfo.labels``) and training recipe."""
         dataset = self.config.dataset
-        payload = {
-            "model": asdict(self.config.model),
-            "dataset": {"name": dataset.name.value, "augment": dataset.augment},
-            "train": asdict(self.recipe),
-        }
+        data = {"name": dataset.name.value, "augment": dataset.augment}
+        if self.info.labels:
+            data["labels"] = self.info.labels
+        payload = {"model": asdict(self.config.model), "dataset": data, "train": asdict(self.recipe)}
         return stable_hash(payload)
 
     def model(self, dropout: float = 0.0) -> nn.Module:

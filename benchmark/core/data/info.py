@@ -25,7 +25,9 @@ class DatasetInfo:
     normalisation ``get_dataset`` applies. OOD-only sets (``default_ood`` is None) carry the
     statistics of the in-distribution set they are paired with in the paper, because they are
     only ever used processed like that set's test split. ``splits`` lists the valid
-    ``split`` values (OOD-only sets built from a test split offer only ``"test"``).
+    ``split`` values (OOD-only sets built from a test split offer only ``"test"``). ``labels``:
+    how the readers number the classes where that changed between versions of the suite (part of
+    the experiment's config hash, so checkpoints trained on another numbering are stale).
     """
 
     name: str
@@ -36,6 +38,7 @@ class DatasetInfo:
     std: tuple[float, ...]
     default_ood: str | None
     splits: tuple[str, ...] = SPLITS
+    labels: str = ""
 
 
 _INFOS: dict[str, DatasetInfo] = {
@@ -48,7 +51,8 @@ _INFOS: dict[str, DatasetInfo] = {
         DatasetInfo("fashionmnist", 10, 1, 28, MNIST_MEAN, MNIST_STD, None),
         DatasetInfo("cifar100", 100, 3, 32, CIFAR100_MEAN, CIFAR100_STD, "svhn"),
         DatasetInfo("svhn", 10, 3, 32, CIFAR100_MEAN, CIFAR100_STD, None),
-        DatasetInfo("tinyimagenet", 200, 3, 64, TINYIMAGENET_MEAN, TINYIMAGENET_STD, "dtd"),
+        DatasetInfo("tinyimagenet", 200, 3, 64, TINYIMAGENET_MEAN, TINYIMAGENET_STD, "dtd",
+                    labels="class i = line i of wnids.txt"),
         # Textures: the three DTD splits concatenated, resized to 64x64 (paper, appendix B.3.2).
         DatasetInfo("dtd", 47, 3, 64, TINYIMAGENET_MEAN, TINYIMAGENET_STD, None, ("test",)),
     )
