@@ -1,6 +1,6 @@
 """Layer-wise MMD between weight sample sets, as MMDAgg (Schrab et al. 2023): 10 Laplace + 10
 Gaussian kernels per layer on distances computed once, streamed in column blocks; optional
-aggregated permutation test (``aggregated_test.py``).
+aggregated permutation test (``mmdagg.py``).
 
 Definition. Per layer (a module owning parameters: its weight and bias flattened together), with
 X = reference samples (m) and Y = method samples (n): the Laplace kernels ``exp(-|x-y|_1 / l)`` and
@@ -19,7 +19,7 @@ one-layer step on aligned column blocks; the rest are its parts.
 from metrics.mmd.bandwidths import bandwidth_grid
 from metrics.mmd.distances import DistanceAccumulator, PairwiseDistances, pairwise_distances, split_columns
 from metrics.mmd.layers import MMDInputError, check_comparable_shapes, group_layers, layer_name
-from metrics.mmd.aggregated_test import (
+from metrics.mmd.mmdagg import (
     AggregatedTestResult,
     PermutationTestConfig,
     aggregate_decision,

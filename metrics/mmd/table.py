@@ -18,7 +18,7 @@ from tqdm import tqdm
 from metrics.mmd.bandwidths import bandwidth_grid
 from metrics.mmd.distances import DEFAULT_MAX_CHUNK_ELEMENTS, PairwiseDistances, pairwise_distances
 from metrics.mmd.layers import MMDInputError, check_comparable_shapes
-from metrics.mmd.aggregated_test import AggregatedTestResult, PermutationTestConfig, aggregated_permutation_test
+from metrics.mmd.mmdagg import AggregatedTestResult, PermutationTestConfig, aggregated_permutation_test
 from metrics.mmd.sources import Source, as_column_source, layer_columns, zip_column_blocks
 from metrics.mmd.statistic import KERNEL_DISTANCE, KERNELS, u_statistics
 

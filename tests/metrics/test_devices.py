@@ -15,8 +15,8 @@ CREATORS = {"arange", "zeros", "ones", "empty", "full", "eye", "linspace", "tens
 ON_PURPOSE = {
     ("metrics/symmetries/engine.py", "random_permutations"), ("metrics/symmetries/engine.py", "random_scales"),
     ("metrics/symmetries/minmass.py", "min_mass_cvxpy"), ("metrics/mmd/bandwidths.py", "bandwidth_grid"),
-    ("metrics/mmd/distances.py", "_add_upper_gram"), ("metrics/mmd/aggregated_test.py", "relabelling_indicators"),
-    ("metrics/mmd/aggregated_test.py", "aggregate_decision"), ("metrics/mmd/aggregated_test.py", "quantiles"),
+    ("metrics/mmd/distances.py", "_add_upper_gram"), ("metrics/mmd/mmdagg.py", "relabelling_indicators"),
+    ("metrics/mmd/mmdagg.py", "aggregate_decision"), ("metrics/mmd/mmdagg.py", "quantiles"),
     ("metrics/mmd/table.py", "halves"),  # row indices from a CPU generator (subset_x moves them)
 }
 
