@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import textwrap
 from pathlib import Path
 from typing import Iterator
 
@@ -264,7 +265,9 @@ def draw_marginals(exp, frame: pd.DataFrame, rows: list[tuple[str, str]], shown:
             axes[row, 0].set_ylabel("density")
         handles, labels = axes[0, 0].get_legend_handles_labels()
         figure.legend(handles, labels, loc="outside lower center", ncol=2)
-        figure.suptitle(f"Marginal weight distributions per layer ({exp.display_name}){_layers_text(shown, total)}")
+        # 60 characters fit the column width at the title's font size (Digits - OptuNet's title is 58).
+        title = "\n".join(textwrap.wrap(f"Marginal weight distributions per layer ({exp.display_name})", 60))
+        figure.suptitle(title + _layers_text(shown, total))
         return save_figure(figure, figures_dir(exp), NAME, frame)
 
 
