@@ -5,6 +5,7 @@ own core (and its subprocesses with it), so that ``threads=auto`` gives one thre
 no two busy processes share a core (that slows the tiny models tens of times)."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
@@ -39,13 +40,23 @@ def compose_config(overrides: list[str]) -> DictConfig:
     return config.compose_config(overrides)
 
 
-@pytest.fixture
-def single_torch_thread() -> Iterator[None]:
-    """One torch thread during the test (bit-identical reruns; no oversubscribed cores), restored after."""
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """One torch thread inside the block (bit-identical reruns; tiny models slow down many times
+    when cores are oversubscribed), the previous count restored after."""
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+@pytest.fixture
+def single_torch_thread() -> Iterator[None]:
+    """One torch thread during the test (``one_thread`` as a fixture)."""
+    with one_thread():
+        yield
 
 
 @pytest.fixture

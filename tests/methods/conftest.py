@@ -11,7 +11,6 @@ Every test here runs with one torch thread; those using ``tiny_exp`` inside its 
 """
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -24,6 +23,7 @@ from benchmark.core.data import InMemoryImageDataset
 from benchmark.experiment import Experiment
 from benchmark.stages.zoo import run_zoo
 from benchmark.core.store import load_checkpoint
+from tests.conftest import one_thread
 
 HELDOUT = (100000, 100008)
 # 2 epochs, the OptuMNIST non-convergence rule moved to epoch 2 so dead seeds are still recorded as failed.
@@ -57,16 +57,6 @@ def tiny_exp(tmp_path_factory: pytest.TempPathFactory) -> Experiment:
         run_zoo(exp, exp.heldout)
     return exp
 
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """One torch thread inside the block (tiny models slow down many times when oversubscribed)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,8 @@ from benchmark.core.training import FailRule, NonFiniteError, RecipeOverrides, T
 from methods.base import MethodConfigError
 from methods.bayesian_layers import bayesian_layer_names, check_convertible, to_bayesian
 from methods.bnn import BNNMethod
-from tests.methods.conftest import build, one_thread
+from tests.conftest import one_thread
+from tests.methods.conftest import build
 
 
 def tiny_bnn(exp: Experiment, elbo_samples: int = 3, **train) -> BNNMethod:

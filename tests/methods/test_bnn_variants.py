@@ -18,7 +18,8 @@ from methods.bnn_ordered import (
     OrderedBiasLinear, OrderedBNNSettings, log_abs_det_jacobian, ordered, ordered_layers, ordered_moments, sort_units_by_bias, unordered,
 )
 from methods.bnn_skip import SkipChain, semi_orthogonal, skip_matrices
-from tests.methods.conftest import build, one_thread
+from tests.conftest import one_thread
+from tests.methods.conftest import build
 
 
 def _variant(exp, name):

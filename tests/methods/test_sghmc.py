@@ -13,7 +13,8 @@ from benchmark.core.models import predict_with_weights
 from benchmark.core.training import NonFiniteError, seeded
 from methods.base import MethodConfigError
 from methods.sghmc import Chain, SGHMCMethod, SGHMCSettings, network_log_posterior
-from tests.methods.conftest import build, one_thread
+from tests.conftest import one_thread
+from tests.methods.conftest import build
 
 MEAN = torch.tensor([1.0, -2.0])
 COV = torch.tensor([[1.0, 0.6], [0.6, 0.5]])  # curvatures 0.71 and 10: one stiff direction

@@ -17,7 +17,6 @@ zoos against a data set numbered otherwise are refused as near chance, naming th
 """
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tarfile
 from pathlib import Path
@@ -37,7 +36,7 @@ from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.stages.import_zoo import NearChanceError
 from tests.benchmark.core.data import formats
-from tests.conftest import compose_config
+from tests.conftest import compose_config, one_thread
 
 WNIDS = ["n09256479", "n07753592", "n01443537", "n02124075"]  # line order; sorting moves every class
 COLOURS = [(200, 30, 40), (20, 180, 60), (10, 40, 220), (230, 220, 40)]
@@ -51,15 +50,6 @@ def restore_threads():
     yield
     torch.set_num_threads(saved)
 
-
-@contextlib.contextmanager
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def to_hub_format(lightning_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -21,7 +21,8 @@ from benchmark.stages.zoo import run_zoo
 from benchmark.core.store import load_checkpoint, load_sample_set, read_metadata
 from benchmark.core.training import NonFiniteError
 from methods.base import MethodConfigError
-from tests.methods.conftest import compose_config, one_thread
+from tests.conftest import one_thread
+from tests.methods.conftest import compose_config
 
 
 @pytest.fixture(scope="module")
