@@ -6,15 +6,17 @@ experiment's ``display_name``, the method's ``label``), so a report can be rende
 CSV files alone. Values are raw: fractions for accuracy, ECE, AUPR, FPR95; MMD^2 unitless; MI in
 nats; NaN where a metric does not apply. Each value is the mean over ``n_repetitions``
 independent repetitions of the sample stage, and ``<value>_hw`` the half-width of its 95%
-interval (``metrics.uncertainty``: the spread over repetitions, and for MMD also the standard
-error due to the finite reference zoo). ``mmd_reject``/``ns_mmd_reject``: the fraction of layers
+interval (``metrics.uncertainty.interval``: the spread over repetitions, and for MMD also the
+standard error due to the finite reference zoo; NaN for a single repetition). ``mmd_reject``/``ns_mmd_reject``: the fraction of layers
 whose MMDAgg test rejects "same distribution" at level 0.05 (first repetition). ``ns_steps``:
 the symmetries removed for the NS columns (``scale+sort`` ...). ``wm_mmd_*``: MMD with the
 permutations removed by weight matching every network to one anchor instead of sorting
 (``wm_anchor`` names it, e.g. ``seed 0``; empty and NaN with ``evaluate.weight_matching=false``).
 ``mmd_shared_median``/``ns_mmd_shared_median``: MMD and NS MMD (median over the 20 kernels) with
 one bandwidth grid per layer shared by every row of the experiment, chosen from the reference
-alone (``metrics.mmd.reference_bandwidths``), so that rows are on one scale.
+alone (``metrics.mmd.reference_bandwidths``), so that rows are on one scale. Only the median
+(the statistic Table 1, Table 3 and the claims rank rows by): the question these columns answer
+is whether that ranking depends on per-row bandwidths.
 
 ``results/<experiment>/repetitions.csv``: the numbers behind each metrics.csv row, one row per
 (experiment, method, mode, repetition): the repetition's base seeds (space-separated, empty when

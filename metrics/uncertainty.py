@@ -21,7 +21,9 @@ family; Holm's step-down procedure (Holm 1979) rejects in order of increasing p-
 ``p_(i) <= alpha / (m - i + 1)`` and controls the family-wise error rate at ``alpha`` under
 any dependence between the tests (rows of one claim share repetitions, so the tests are
 dependent: this is why Holm rather than a procedure that needs independence or positive
-dependence). A rejected comparison is decided by the sign of the mean difference.
+dependence). A rejected comparison is decided by the sign of its mean difference, the usual
+practice with two-sided tests (Shaffer 1980 shows that Holm's procedure then also controls the
+probability of a wrong direction, for independent tests).
 """
 from __future__ import annotations
 

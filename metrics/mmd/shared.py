@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from metrics.mmd.bandwidths import bandwidth_grid
 from metrics.mmd.distances import DEFAULT_MAX_CHUNK_ELEMENTS, pairwise_distances
-from metrics.mmd.layers import MMDInputError, check_comparable_shapes
+from metrics.mmd.layers import check_comparable_shapes
 from metrics.mmd.sources import Source, as_column_source, layer_columns
 from metrics.mmd.statistic import KERNEL_DISTANCE, KERNELS
 from metrics.mmd.table import MAX_BANDWIDTH_ROWS
@@ -36,8 +36,9 @@ def reference_bandwidths(
     (``h = min(max_bandwidth_rows, m // 2)``; see the module doc).
 
     ``reference``: an in-memory sample set ``{key: [m, ...]}`` or a ``ColumnSource`` (streamed
-    in column blocks of at most ``max_chunk_elements // m`` columns), m >= 4; layers as
-    ``group_layers`` (buffers dropped). Raises ``MMDInputError`` naming the layer otherwise.
+    in column blocks of at most ``max_chunk_elements // m`` columns), m >= 2 (with 2 or 3 the
+    grid comes from the one distance between the first two); layers as ``group_layers``
+    (buffers dropped). Raises ``MMDInputError`` naming the layer otherwise.
     """
     if max_bandwidth_rows < 2:
         raise ValueError(f"reference_bandwidths: max_bandwidth_rows must be >= 2, got {max_bandwidth_rows}")
@@ -47,11 +48,21 @@ def reference_bandwidths(
     grids = {}
     for layer, keys in tqdm(layers.items(), desc="shared bandwidths", unit="layer", disable=not progress):
         m = shapes[keys[0]][0]
-        if m < 4:
-            raise MMDInputError(f"layer {layer!r}: shared bandwidths need at least 4 reference samples, got {m}")
         h = min(max_bandwidth_rows, m // 2)
-        width = max(1, max_chunk_elements // m)
-        blocks = ((block[:h], block[h : 2 * h]) for block in layer_columns(source, keys, width))
-        distances = pairwise_distances(blocks, layer=layer, device=device)
-        grids[layer] = {kernel: bandwidth_grid(distances.cross(KERNEL_DISTANCE[kernel], h)) for kernel in KERNELS}
+        blocks = layer_columns(source, keys, max(1, max_chunk_elements // m))
+        if h >= 2:
+            distances = pairwise_distances(((b[:h], b[h : 2 * h]) for b in blocks), layer=layer, device=device)
+            cross = {kind: distances.cross(kind, h) for kind in ("l1", "l2")}
+        else:  # 2 or 3 reference samples: the one distance between the first two
+            cross = _one_distance(blocks)
+        grids[layer] = {kernel: bandwidth_grid(cross[KERNEL_DISTANCE[kernel]]) for kernel in KERNELS}
     return grids
+
+
+def _one_distance(blocks) -> dict[str, torch.Tensor]:
+    """``{"l1": [1], "l2": [1]}``: the distances between rows 0 and 1 of a layer's column blocks."""
+    l1 = squared = torch.zeros((), dtype=torch.float64)
+    for block in blocks:
+        difference = (block[0] - block[1]).to("cpu", torch.float64)
+        l1, squared = l1 + difference.abs().sum(), squared + difference.square().sum()
+    return {"l1": l1.reshape(1), "l2": squared.sqrt().reshape(1)}

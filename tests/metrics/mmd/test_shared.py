@@ -34,6 +34,16 @@ def test_grid_is_mmdaggs_rule_on_two_halves_of_the_reference(rows):
         np.testing.assert_allclose(grids["fc"][kernel].numpy(), bandwidths_by_hand(cross), rtol=1e-12)
 
 
+@pytest.mark.parametrize("m", [2, 3])
+def test_a_reference_of_two_or_three_gives_the_grid_of_its_one_distance(m):
+    x = _double(_sample_sets(m=m, n=2)[0])
+    grids = reference_bandwidths(x, max_chunk_elements=m * 2)
+    flat = _flat_fc(x)
+    for kernel, kind in (("laplace", "l1"), ("gaussian", "l2")):
+        expected = bandwidths_by_hand([distance(flat[0], flat[1], kind)])
+        np.testing.assert_allclose(grids["fc"][kernel].numpy(), expected, rtol=1e-12)
+
+
 def test_statistic_with_the_shared_grid_equals_brute_force_and_the_grid_does_not_depend_on_the_method():
     x, y1 = _sample_sets(m=12, n=7, seed=0)
     _, y2 = _sample_sets(m=12, n=9, seed=1)
@@ -97,7 +107,7 @@ def test_bad_inputs_name_the_layer():
     grids = reference_bandwidths(x)
     with pytest.raises(MMDInputError, match=r"no grid for layer\(s\) \['bn1'\]"):
         mmd(x, y, shared_bandwidths={k: v for k, v in grids.items() if k != "bn1"})
-    with pytest.raises(MMDInputError, match="layer 'conv1': shared bandwidths need at least 4 reference samples, got 3"):
-        reference_bandwidths({k: v[:3] for k, v in x.items()})
+    with pytest.raises(MMDInputError, match="layer 'conv1'.*1 sample\\(s\\) in X; need at least 2"):
+        reference_bandwidths({k: v[:1] for k, v in x.items()})
     with pytest.raises(ValueError, match="max_bandwidth_rows must be >= 2"):
         reference_bandwidths(x, max_bandwidth_rows=1)
