@@ -30,7 +30,7 @@ from metrics.mmd.mmdagg import (
     relabelling_indicators,
 )
 from metrics.mmd.sources import ColumnSource, InMemorySource, Source, as_column_source, zip_column_blocks
-from metrics.mmd.statistic import KERNELS, iter_kernel_matrices, kernel_matrix, u_statistics
+from metrics.mmd.statistic import KERNELS, half_sample_u_statistics, iter_kernel_matrices, kernel_matrix, u_statistics
 from metrics.mmd.table import (
     LayerMMD, MMDResult, ReferenceResampling, check_bandwidths, layer_mmd, layer_mmd_from_distances, mmd, summarize,
     tabulate,
@@ -43,5 +43,6 @@ __all__ = [
     "PairwiseDistances", "pairwise_distances", "split_columns", "MMDInputError", "check_comparable_shapes",
     "group_layers", "layer_name", "AggregatedTestResult", "PermutationTestConfig", "aggregate_decision",
     "aggregated_permutation_test", "relabelled_statistics", "relabelling_indicators", "KERNELS",
-    "iter_kernel_matrices", "kernel_matrix", "u_statistics", "reference_bandwidths", "check_bandwidths",
+    "iter_kernel_matrices", "kernel_matrix", "u_statistics", "half_sample_u_statistics", "reference_bandwidths",
+    "check_bandwidths",
 ]

@@ -21,7 +21,7 @@ from metrics.mmd.distances import DEFAULT_MAX_CHUNK_ELEMENTS, PairwiseDistances,
 from metrics.mmd.layers import MMDInputError, check_comparable_shapes
 from metrics.mmd.mmdagg import AggregatedTestResult, PermutationTestConfig, aggregated_permutation_test
 from metrics.mmd.sources import Source, as_column_source, layer_columns, zip_column_blocks
-from metrics.mmd.statistic import KERNEL_DISTANCE, KERNELS, u_statistics
+from metrics.mmd.statistic import KERNEL_DISTANCE, KERNELS, half_sample_u_statistics, u_statistics
 
 MAX_BANDWIDTH_ROWS = 500
 SUMMARIES = ("median", "mean", "max")
@@ -134,7 +134,11 @@ def layer_mmd_from_distances(
     if permutation_test is not None:
         test = aggregated_permutation_test(distances, grid, values, permutation_test)
     resampled = torch.empty(0, len(values), dtype=torch.float64, device=values.device)
-    if resampling is not None:
+    if resampling is not None and fixed is not None:  # one kernel matrix per bandwidth serves every half
+        halves = resampling.halves(distances.m)
+        resampled = torch.cat([half_sample_u_statistics(getattr(distances, KERNEL_DISTANCE[kernel]), distances.m,
+                                                        kernel, fixed[kernel], halves) for kernel in KERNELS], dim=1)
+    elif resampling is not None:
         resampled = torch.stack([
             _kernel_values(distances.subset_x(rows), max_bandwidth_rows, fixed)[1]
             for rows in resampling.halves(distances.m)

@@ -111,3 +111,27 @@ def test_bad_inputs_name_the_layer():
         reference_bandwidths({k: v[:1] for k, v in x.items()})
     with pytest.raises(ValueError, match="max_bandwidth_rows must be >= 2"):
         reference_bandwidths(x, max_bandwidth_rows=1)
+
+
+def test_half_sample_statistics_with_fixed_bandwidths_equal_loops_and_the_subset_path():
+    """The fixed-grid shortcut (one kernel matrix per bandwidth for every half) against plain loops
+    on each half and against recomputing each half from its own distance matrix."""
+    from metrics.mmd import half_sample_u_statistics, pairwise_distances, u_statistics
+
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(10, 5, generator=gen, dtype=torch.float64)
+    y = 0.5 + 1.3 * torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    distances = pairwise_distances([(x, y)])
+    halves = ReferenceResampling(count=4, seed=2).halves(10)
+    grid = {"laplace": torch.tensor([0.7, 3.0]), "gaussian": torch.tensor([0.9, 4.0])}
+    for kernel, kind in (("laplace", "l1"), ("gaussian", "l2")):
+        fast = half_sample_u_statistics(getattr(distances, kind), 10, kernel, grid[kernel], halves)
+        assert fast.shape == (4, 2) and fast.dtype == torch.float64
+        for b, rows in enumerate(halves):
+            loops = [u_statistic_by_loops(x[rows].numpy(), y.numpy(), kernel, bw) for bw in grid[kernel].tolist()]
+            np.testing.assert_allclose(fast[b].numpy(), loops, rtol=1e-7, atol=1e-9)  # L2 via the Gram matrix
+            subset = distances.subset_x(rows)
+            np.testing.assert_allclose(fast[b].numpy(), u_statistics(getattr(subset, kind), 5, kernel, grid[kernel]).numpy(),
+                                       rtol=1e-12)
+    with pytest.raises(ValueError, match="unknown kernel 'cosine'"):
+        half_sample_u_statistics(distances.l1, 10, "cosine", grid["laplace"], halves)
