@@ -33,7 +33,7 @@ from benchmark.core.store import (
 )
 from benchmark.experiment import Experiment
 from benchmark.inventory import corrupt_zoo_error, describe_store, reference_seeds
-from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd
+from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd, reference_bandwidths
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
 
@@ -74,6 +74,7 @@ class Reference:
             )
         self.folder = exp.store.reference_dir
         self._checked: list[Path] | None = None
+        self._bandwidths: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
         self.model = exp.model().to(exp.device)
         self.spec = spec_for_model(exp.model())
         n_params = sum(math.prod(shape) for shape in exp.shapes().values())
@@ -188,18 +189,35 @@ class Reference:
             return {"id": (total / len(self.seeds))[None]}
         return self._cached("predictive", build)["id"][0]
 
+    def shared_bandwidths(self, form: str) -> dict[str, dict[str, torch.Tensor]]:
+        """The bandwidth grid per layer shared by every row (``metrics.mmd.reference_bandwidths``)
+        of the raw zoo (``form="mmd"``) or the symmetry-free one (``"ns_mmd"``), computed once per
+        ``Reference``: ``{layer: {"laplace": [10], "gaussian": [10]}}``."""
+        if form not in self._bandwidths:
+            if form not in ("mmd", "ns_mmd"):
+                raise ValueError(f"shared_bandwidths: form must be 'mmd' or 'ns_mmd', got {form!r}")
+            if self.in_memory:
+                zoo = self.weights() if form == "mmd" else self.canonical()
+            else:
+                zoo = CheckpointFiles(self.checked_paths() if form == "mmd" else self.canonical_paths())
+            self._bandwidths[form] = reference_bandwidths(zoo, device=self.exp.device)
+        return self._bandwidths[form]
+
     def mmd(self, samples_path: Path, samples: dict[str, torch.Tensor], full: bool) -> dict[str, float]:
-        """Raw and NS MMD of a method's samples: ``{mmd_median, ..., ns_mmd_max}``; with ``full``
-        also the standard errors due to the reference (``<column>_ref_sd``, from its halves) and
-        the fraction of layers MMDAgg's test rejects (``mmd_reject``, ``ns_mmd_reject``)."""
+        """Raw and NS MMD of a method's samples: ``{mmd_median, ..., ns_mmd_max}``, and their
+        medians with the bandwidths shared by every row (``mmd_shared_median``,
+        ``ns_mmd_shared_median``; ``shared_bandwidths``); with ``full`` also the standard errors
+        due to the reference (``<column>_ref_sd``, from its halves) and the fraction of layers
+        MMDAgg's test rejects (``mmd_reject``, ``ns_mmd_reject``)."""
         options: dict[str, Any] = {"device": self.exp.device}
         if full:
             options |= {"resampling": self.resampling, "permutation_test": self.test}
         canonical = self.canonicalize(samples)
         wm_options = {k: v for k, v in options.items() if k != "permutation_test"}  # no test column for WM
+        shared = {form: {"shared_bandwidths": self.shared_bandwidths(form)} for form in ("mmd", "ns_mmd")}
         if self.in_memory:
-            results = {"mmd": mmd(self.weights(), samples, **options),
-                       "ns_mmd": mmd(self.canonical(), canonical, **options)}
+            results = {"mmd": mmd(self.weights(), samples, **options, **shared["mmd"]),
+                       "ns_mmd": mmd(self.canonical(), canonical, **options, **shared["ns_mmd"])}
             if self.anchor_seed is not None:
                 results["wm_mmd"] = mmd(self.aligned(), self.align(samples), **wm_options)
         else:
@@ -208,8 +226,10 @@ class Reference:
             aligned_path = samples_path.with_name(f".{samples_path.stem}.aligned-{private}.safetensors")
             save_sample_set(canonical_path, canonical, {"experiment": self.exp.name})
             try:
-                results = {"mmd": mmd(CheckpointFiles(self.checked_paths()), SampleSetFile(samples_path), **options),
-                           "ns_mmd": mmd(CheckpointFiles(self.canonical_paths()), SampleSetFile(canonical_path), **options)}
+                results = {"mmd": mmd(CheckpointFiles(self.checked_paths()), SampleSetFile(samples_path), **options,
+                                      **shared["mmd"]),
+                           "ns_mmd": mmd(CheckpointFiles(self.canonical_paths()), SampleSetFile(canonical_path), **options,
+                                         **shared["ns_mmd"])}
                 if self.anchor_seed is not None:
                     save_sample_set(aligned_path, self.align(samples), {"experiment": self.exp.name})
                     results["wm_mmd"] = mmd(CheckpointFiles(self._form_paths("aligned", self.align)),
@@ -225,6 +245,10 @@ class Reference:
                     out[f"{prefix}_{name}_ref_sd"] = float(result.resampled[name].std())
             if full and prefix != "wm_mmd":
                 out[f"{prefix}_reject"] = result.reject_fraction
+            if result.shared is not None:
+                out[f"{prefix}_shared_median"] = result.shared.aggregate["median"]
+                if result.shared.resampled:
+                    out[f"{prefix}_shared_median_ref_sd"] = float(result.shared.resampled["median"].std())
         return out
 
     def score(self, unit: Unit, full: bool) -> dict[str, Any]:

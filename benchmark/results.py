@@ -6,17 +6,29 @@ experiment's ``display_name``, the method's ``label``), so a report can be rende
 CSV files alone. Values are raw: fractions for accuracy, ECE, AUPR, FPR95; MMD^2 unitless; MI in
 nats; NaN where a metric does not apply. Each value is the mean over ``n_repetitions``
 independent repetitions of the sample stage, and ``<value>_hw`` the half-width of its 95%
-interval (``metrics.uncertainty``: the spread over repetitions, and for MMD also the standard
-error due to the finite reference zoo). ``mmd_reject``/``ns_mmd_reject``: the fraction of layers
+interval (``metrics.uncertainty.interval``: the spread over repetitions, and for MMD also the
+standard error due to the finite reference zoo; NaN for a single repetition). ``mmd_reject``/``ns_mmd_reject``: the fraction of layers
 whose MMDAgg test rejects "same distribution" at level 0.05 (first repetition). ``ns_steps``:
 the symmetries removed for the NS columns (``scale+sort`` ...). ``wm_mmd_*``: MMD with the
 permutations removed by weight matching every network to one anchor instead of sorting
 (``wm_anchor`` names it, e.g. ``seed 0``; empty and NaN with ``evaluate.weight_matching=false``).
+``mmd_shared_median``/``ns_mmd_shared_median``: MMD and NS MMD (median over the 20 kernels) with
+one bandwidth grid per layer shared by every row of the experiment, chosen from the reference
+alone (``metrics.mmd.reference_bandwidths``), so that rows are on one scale. Only the median
+(the statistic Table 1, Table 3 and the claims rank rows by): the question these columns answer
+is whether that ranking depends on per-row bandwidths.
+
+``results/<experiment>/repetitions.csv``: the numbers behind each metrics.csv row, one row per
+(experiment, method, mode, repetition): the repetition's base seeds (space-separated, empty when
+unknown, e.g. an external sample set), its status, every measured column, ``<column>_ref_sd``
+for the MMD columns (the reference zoo's standard error from its halves; first repetition only,
+NaN elsewhere) and the test columns. The paired comparisons of the findings read it.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -29,7 +41,7 @@ TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mod
                 "wm_anchor"]
 COUNT_COLUMNS = ["n_samples", "n_repetitions"]
 MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max",
-               "wm_mmd_median", "wm_mmd_mean", "wm_mmd_max"]
+               "wm_mmd_median", "wm_mmd_mean", "wm_mmd_max", "mmd_shared_median", "ns_mmd_shared_median"]
 METRIC_COLUMNS = ["acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv"]
 MEASURED = MMD_COLUMNS + METRIC_COLUMNS  # the columns that get an interval
 TEST_COLUMNS = ["mmd_reject", "ns_mmd_reject"]
@@ -40,50 +52,132 @@ def half_width(column: str) -> str:
     return f"{column}_hw"
 
 
+def reference_sd(column: str) -> str:
+    """The repetitions.csv column holding the reference zoo's standard error of MMD ``column``."""
+    return f"{column}_ref_sd"
+
+
 COLUMNS: list[str] = TEXT_COLUMNS + COUNT_COLUMNS + MEASURED + [half_width(c) for c in MEASURED] + TEST_COLUMNS
 VALUE_COLUMNS = [c for c in COLUMNS if c not in TEXT_COLUMNS]
+
+REPETITION_KEY_COLUMNS = KEY_COLUMNS + ["repetition"]
+REPETITION_TEXT_COLUMNS = ["experiment", "method", "mode", "status", "reason", "base_seeds"]
+REPETITION_COLUMNS: list[str] = (["experiment", "method", "mode", "repetition", "status", "reason", "base_seeds", "n_samples"]
+                                 + MEASURED + [reference_sd(c) for c in MMD_COLUMNS] + TEST_COLUMNS)
+REPETITION_VALUE_COLUMNS = [c for c in REPETITION_COLUMNS if c not in REPETITION_TEXT_COLUMNS + ["repetition"]]
 
 
 def write_metrics(rows: list[dict], path: Path) -> pd.DataFrame:
     """Write ``rows`` (dicts keyed by ``COLUMNS``; missing values become NaN or "") to ``path``
     atomically; return the validated frame."""
-    unknown = sorted({k for row in rows for k in row} - set(COLUMNS))
-    if unknown:
-        raise ValueError(f"metrics rows have columns {unknown} that metrics.csv does not (benchmark.results.COLUMNS)")
-    filled = [{c: row.get(c, "" if c in TEXT_COLUMNS else math.nan) for c in COLUMNS} for row in rows]
-    frame = check_metrics(pd.DataFrame(filled, columns=COLUMNS), source=str(path))
-    with atomic_path(path) as tmp:
-        frame.to_csv(tmp, index=False, float_format="%.8g")
-    return frame
+    return _write(rows, path, COLUMNS, TEXT_COLUMNS, "metrics.csv", "COLUMNS", check_metrics)
 
 
 def check_metrics(frame: pd.DataFrame, source: str = "metrics.csv") -> pd.DataFrame:
     """Validate a metrics frame (columns, statuses, modes, unique keys, numeric values); return
     it with typed columns. Errors name ``source`` and the column."""
-    if not isinstance(frame, pd.DataFrame):
-        raise ValueError(f"{source}: expected a pandas DataFrame, got {type(frame).__name__}")
-    missing = [c for c in COLUMNS if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{source}: missing columns {missing}; expected the columns of benchmark.results.COLUMNS")
-    frame = frame[COLUMNS].copy()
-    for column in TEXT_COLUMNS:
-        frame[column] = frame[column].fillna("").astype(str)
-    for column, allowed in (("mode", MODES), ("status", STATUSES)):
-        bad = sorted(set(frame[column]) - set(allowed))
-        if bad:
-            raise ValueError(f"{source}: column {column!r} expects values in {list(allowed)}, got {bad}")
-    duplicated = frame.duplicated(KEY_COLUMNS, keep=False)
-    if duplicated.any():
-        keys = frame.loc[duplicated, KEY_COLUMNS].drop_duplicates()
-        raise ValueError(f"{source}: duplicate (experiment, method, mode) rows: {keys.values.tolist()}")
-    for column in VALUE_COLUMNS:
-        try:
-            frame[column] = pd.to_numeric(frame[column]).astype(np.float64)
-        except (ValueError, TypeError) as error:
-            raise ValueError(f"{source}: column {column!r} expects numbers ({error})") from None
-    return frame
+    return _check(frame, source, COLUMNS, TEXT_COLUMNS, KEY_COLUMNS, VALUE_COLUMNS, "COLUMNS")
 
 
 def read_metrics(path: Path) -> pd.DataFrame:
     """metrics.csv at ``path``, validated (``check_metrics``)."""
     return check_metrics(pd.read_csv(path, keep_default_na=True), source=str(path))
+
+
+def repetition_rows(row: Mapping[str, Any], numbers: Sequence[Mapping[str, Any]], repetitions: Sequence[int],
+                    base_seeds: Sequence[Sequence[int] | None]) -> list[dict[str, Any]]:
+    """The repetitions.csv rows of one (method, mode) unit.
+
+    ``row``: holds the unit's ``experiment``, ``method`` and ``mode`` (the metrics.csv row's keys);
+    ``numbers[i]``: the numbers of repetition ``repetitions[i]`` as the evaluate stage computes
+    them (``{"failed": reason}`` for an unusable one; keys outside ``REPETITION_COLUMNS`` are
+    ignored, missing ones become NaN); ``base_seeds[i]``: its base seeds (``None``: unknown).
+    """
+    if not len(numbers) == len(repetitions) == len(base_seeds):
+        raise ValueError(f"repetition_rows: {len(numbers)} numbers, {len(repetitions)} repetitions and "
+                         f"{len(base_seeds)} base-seed lists given; expected one of each per repetition")
+    out = []
+    for values, repetition, seeds in zip(numbers, repetitions, base_seeds):
+        failed = "failed" in values
+        out.append({"experiment": row["experiment"], "method": row["method"], "mode": row["mode"],
+                    "repetition": int(repetition), "status": "failed" if failed else "ok",
+                    "reason": str(values["failed"]) if failed else "",
+                    "base_seeds": " ".join(str(int(s)) for s in seeds) if seeds is not None else "",
+                    **{c: values[c] for c in REPETITION_VALUE_COLUMNS if c in values}})
+    return out
+
+
+def parse_base_seeds(text: str) -> frozenset[int]:
+    """The seeds of a ``base_seeds`` cell (space-separated integers; empty: none known)."""
+    return frozenset(int(s) for s in str(text).split())
+
+
+def write_repetitions(rows: list[dict], path: Path) -> pd.DataFrame:
+    """Write ``rows`` (dicts keyed by ``REPETITION_COLUMNS``, e.g. from ``repetition_rows``;
+    missing values become NaN or "") to ``path`` (``results/<experiment>/repetitions.csv``)
+    atomically; return the validated frame."""
+    return _write(rows, path, REPETITION_COLUMNS, REPETITION_TEXT_COLUMNS, "repetitions.csv", "REPETITION_COLUMNS",
+                  check_repetitions)
+
+
+def check_repetitions(frame: pd.DataFrame, source: str = "repetitions.csv") -> pd.DataFrame:
+    """Validate a repetitions frame (columns, statuses, modes, repetition numbers >= 0, base seeds,
+    unique (experiment, method, mode, repetition) keys, numeric values); return it with typed
+    columns (``repetition`` int64). Errors name ``source`` and the column."""
+    if isinstance(frame, pd.DataFrame) and "repetition" in frame.columns:
+        numbers = pd.to_numeric(frame["repetition"], errors="coerce")
+        bad = frame.loc[~(numbers.notna() & (numbers >= 0) & (numbers == numbers.round())), "repetition"]
+        if len(bad):
+            raise ValueError(f"{source}: column 'repetition' expects integers >= 0, got {sorted(map(str, bad))}")
+        frame = frame.assign(repetition=numbers.astype(np.int64))
+    frame = _check(frame, source, REPETITION_COLUMNS, REPETITION_TEXT_COLUMNS, REPETITION_KEY_COLUMNS,
+                   REPETITION_VALUE_COLUMNS, "REPETITION_COLUMNS")
+    seeds = frame["base_seeds"].str.fullmatch(r"\s*(-?\d+(\s+-?\d+)*)?\s*")
+    if not seeds.all():
+        raise ValueError(f"{source}: column 'base_seeds' expects space-separated integers, got "
+                         f"{sorted(frame.loc[~seeds, 'base_seeds'])[:3]}")
+    return frame
+
+
+def read_repetitions(path: Path) -> pd.DataFrame:
+    """repetitions.csv at ``path``, validated (``check_repetitions``)."""
+    return check_repetitions(pd.read_csv(path, keep_default_na=True, dtype={"base_seeds": str}), source=str(path))
+
+
+def _write(rows: list[dict], path: Path, columns: list[str], text: list[str], name: str, constant: str,
+           check) -> pd.DataFrame:
+    unknown = sorted({k for row in rows for k in row} - set(columns))
+    if unknown:
+        raise ValueError(f"{name.split('.')[0]} rows have columns {unknown} that {name} does not "
+                         f"(benchmark.results.{constant})")
+    filled = [{c: row.get(c, "" if c in text else math.nan) for c in columns} for row in rows]
+    frame = check(pd.DataFrame(filled, columns=columns), source=str(path))
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False, float_format="%.8g")
+    return frame
+
+
+def _check(frame: pd.DataFrame, source: str, columns: list[str], text: list[str], keys: list[str],
+           values: list[str], constant: str) -> pd.DataFrame:
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(f"{source}: expected a pandas DataFrame, got {type(frame).__name__}")
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{source}: missing columns {missing}; expected the columns of benchmark.results.{constant}")
+    frame = frame[columns].copy()
+    for column in text:
+        frame[column] = frame[column].fillna("").astype(str)
+    for column, allowed in (("mode", MODES), ("status", STATUSES)):
+        bad = sorted(set(frame[column]) - set(allowed))
+        if bad:
+            raise ValueError(f"{source}: column {column!r} expects values in {list(allowed)}, got {bad}")
+    duplicated = frame.duplicated(keys, keep=False)
+    if duplicated.any():
+        found = frame.loc[duplicated, keys].drop_duplicates()
+        raise ValueError(f"{source}: duplicate ({', '.join(keys)}) rows: {found.values.tolist()}")
+    for column in values:
+        try:
+            frame[column] = pd.to_numeric(frame[column]).astype(np.float64)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{source}: column {column!r} expects numbers ({error})") from None
+    return frame

@@ -1,21 +1,28 @@
 """``results/<experiment>/findings.md``: each qualitative claim of the paper's section 4.3 and
 appendix B.4 (and of seeds 000 and 001 on the symmetry-breaking vBNNs), checked against this
-run's numbers with their 95% half-widths.
+run's repetitions.
 
-A claim is a list of comparisons "row A's column < row B's" (or >). A comparison holds when the
-difference's interval (half-width ``sqrt(hw_A^2 + hw_B^2)``) lies wholly on the claimed side, fails
-when it lies wholly on the other, and is not distinguishable otherwise. The claim's verdict:
-"holds" when every comparison holds, "fails" when any fails, else "not distinguishable".
+A claim is a list of comparisons "row A's column < row B's" (or >). Each comparison is Student's
+paired t-test on the per-repetition differences of the two rows (repetition k of A against
+repetition k of B, from ``repetitions.csv``; ``metrics.uncertainty.paired_test``); for MMD the
+reference zoo's standard error is left out, being common to both rows. The comparisons of one
+claim form a family: Holm's step-down procedure controls its family-wise error rate at
+``ALPHA`` (``metrics.uncertainty.holm_decisions``). A comparison holds when Holm rejects "no
+difference" and the mean difference is on the claimed side, fails when it is on the other,
+and is not distinguishable otherwise (also when a row has a single repetition). The claim's
+verdict: "holds" when every comparison holds, "fails" when any fails, else "not
+distinguishable".
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from benchmark.report.tables import variant_notes
-from benchmark.results import check_metrics, half_width
-from metrics.uncertainty import compare
+from benchmark.results import check_metrics, check_repetitions, half_width, parse_base_seeds
+from metrics.uncertainty import ALPHA, HIGHER, LOWER, PairedTest, holm, holm_decisions, paired_test
 
 PAIRED = ("dropout", "bnn", "swag", "laplace")  # methods with both modes (SGHMC is one-mode only)
 
@@ -88,6 +95,7 @@ def seed_claims(rows: set[tuple[str, str]]) -> list[Claim]:
 
 
 def verdict(outcomes: list[str]) -> str:
+    """A claim's verdict from its comparisons' outcomes (see the module doc)."""
     if outcomes and all(o == "holds" for o in outcomes):
         return "holds"
     if any(o == "fails" for o in outcomes):
@@ -95,35 +103,86 @@ def verdict(outcomes: list[str]) -> str:
     return "not distinguishable"
 
 
-def render(df: pd.DataFrame) -> str:
-    """findings.md for the rows of one experiment's metrics frame; with symmetry-breaking vBNN rows,
-    a closing note on how to read them (``tables.variant_notes``)."""
+SHARED, SEPARATE, SOME_SHARED, REUSED, UNKNOWN = (
+    "shared bases", "separate bases", "some bases shared", "bases reused across pairs", "bases unknown")
+
+
+def pairing(a: dict[int, frozenset[int]], b: dict[int, frozenset[int]]) -> str:
+    """How the repetitions common to two rows pair up, from their base seeds (``{repetition: seeds}``):
+    ``"bases reused across pairs"`` when a base network of one pair is also in another pair (the
+    pairs are then not independent, which the paired test assumes: its p-value is approximate),
+    else ``"shared bases"`` when every pair's two repetitions share a base (the design that makes
+    pairing pay), ``"separate bases"`` when none does (still a valid test, without the gain),
+    ``"some bases shared"`` in between, ``"bases unknown"`` when a repetition has no seeds recorded."""
+    common = sorted(set(a) & set(b))
+    if any(not a[k] or not b[k] for k in common):
+        return UNKNOWN
+    pairs = [a[k] | b[k] for k in common]
+    if any(pairs[i] & pairs[j] for i in range(len(pairs)) for j in range(i + 1, len(pairs))):
+        return REUSED
+    shared = [bool(a[k] & b[k]) for k in common]
+    return SHARED if all(shared) else SEPARATE if not any(shared) else SOME_SHARED
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One comparison checked: its paired test, Holm-adjusted p-value, pairing and outcome."""
+
+    comparison: Comparison
+    test: PairedTest
+    adjusted: float
+    pairs: str
+    outcome: str
+
+
+def check_claim(claim: Claim, repetitions: dict[tuple[str, str], pd.DataFrame], alpha: float = ALPHA) -> list[Outcome]:
+    """The outcomes of ``claim``'s comparisons: paired t-tests on the repetitions the two rows have
+    in common, Holm over the claim. ``repetitions``: ``(method, mode)`` -> that row's repetitions
+    (repetitions.csv rows indexed by ``repetition``)."""
+    tests, pairs = [], []
+    for c in claim.comparisons:
+        a, b = repetitions[c.a], repetitions[c.b]
+        common = sorted(set(a.index) & set(b.index))
+        tests.append(paired_test(a.loc[common, c.column].to_numpy(), b.loc[common, c.column].to_numpy()))
+        seeds = [{k: parse_base_seeds(r.loc[k, "base_seeds"]) for k in common} for r in (a, b)]
+        pairs.append(pairing(*seeds))
+    adjusted = holm([t.p_value for t in tests])
+    out = []
+    for c, test, q, pair, side in zip(claim.comparisons, tests, adjusted, pairs, holm_decisions(tests, alpha)):
+        wanted = LOWER if c.lower else HIGHER
+        outcome = "holds" if side == wanted else "fails" if side in (LOWER, HIGHER) else "not distinguishable"
+        out.append(Outcome(c, test, float(q), pair, outcome))
+    return out
+
+
+def render(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float = ALPHA) -> str:
+    """findings.md for the rows of one experiment's metrics frame (``df``, metrics.csv) and their
+    repetitions (``repetitions``, repetitions.csv: every repetition of every row that did not
+    fail); with symmetry-breaking vBNN rows, a closing note on how to read them
+    (``tables.variant_notes``). Raises ``ValueError`` when a row's repetitions are missing."""
     frame = check_metrics(df)
     failed = frame[frame["status"] != "ok"]
     frame = frame[frame["status"] == "ok"].set_index(["method", "mode"])
+    per_row = _repetitions_of(frame, check_repetitions(repetitions))
     labels = {key: f"{frame.loc[key, 'method_label']} ({key[1]})" for key in frame.index}
     experiment = frame["experiment_label"].iloc[0] if len(frame) else ""
-    lines = [f"# The paper's claims on {experiment}", "",
-             "Each claim of the paper (section 4.3, appendix B.4), and of seeds 000 and 001 on the symmetry-breaking vBNNs, "
-             "checked on this run: values x100 with their 95% "
-             "half-widths (see the table captions); a comparison holds when the difference's interval is wholly on "
-             "the claimed side, fails when wholly on the other, and is not distinguishable otherwise.", ""]
+    counts = sorted({int(n) for n in frame["n_repetitions"].dropna()})
+    lines = [f"# The paper's claims on {experiment}", "", _method_text(counts, alpha), ""]
     summary = []
     for claim in paper_claims(set(frame.index)):
-        rows, outcomes = [], []
-        for c in claim.comparisons:
-            a, b = frame.loc[c.a], frame.loc[c.b]
-            side = compare(a[c.column], a[half_width(c.column)], b[c.column], b[half_width(c.column)])
-            wanted = "lower" if c.lower else "higher"
-            outcome = "holds" if side == wanted else "not distinguishable" if side == "not distinguishable" else "fails"
-            outcomes.append(outcome)
+        outcomes, rows = check_claim(claim, per_row, alpha), []
+        for o in outcomes:
+            c, a, b = o.comparison, frame.loc[o.comparison.a], frame.loc[o.comparison.b]
             rows.append({"Comparison": f"{labels[c.a]} {'<' if c.lower else '>'} {labels[c.b]}", "Column": c.column,
-                         "A": _cell(a, c.column), "B": _cell(b, c.column), "Verdict": outcome})
-        result = verdict(outcomes)
-        summary.append((claim.text, result, sum(o == "holds" for o in outcomes), len(outcomes)))
-        lines += [f"## {claim.text} **{result}**", "", pd.DataFrame(rows).to_markdown(index=False), ""]
-    head = ["| Claim | Verdict | Comparisons that hold |", "|:--|:--|--:|"]
-    head += [f"| {text} | {result} | {k}/{n} |" for text, result, k, n in summary]
+                         "A": _cell(a[c.column], a[half_width(c.column)]), "B": _cell(b[c.column], b[half_width(c.column)]),
+                         "A - B (paired)": _cell(o.test.mean, o.test.half_width), "Pairs": f"{o.test.n}, {o.pairs}",
+                         "p": _p(o.test.p_value), "Holm p": _p(o.adjusted), "Verdict": o.outcome})
+        result = verdict([o.outcome for o in outcomes])
+        summary.append((claim.text, result, *(sum(o.outcome == v for o in outcomes)
+                                              for v in ("holds", "fails", "not distinguishable"))))
+        lines += [f"## {claim.text} **{result}**", "", pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), ""]
+    head = ["| Claim | Verdict | Hold | Fail | Not distinguishable |", "|:--|:--|--:|--:|--:|"]
+    head += [f"| {text} | {result} | {k} | {f} | {u} |" for text, result, k, f, u in summary]
     if not summary:
         head = ["No claim can be checked: they compare rows this run does not have."]
     if len(failed):
@@ -135,6 +194,51 @@ def render(df: pd.DataFrame) -> str:
     return "\n".join(lines[:4] + head + [""] + lines[4:])
 
 
-def _cell(row: pd.Series, column: str) -> str:
-    value, width = row[column] * 100, row[half_width(column)] * 100
-    return f"{value:.1f}" if pd.isna(width) else f"{value:.1f} ± {width:.1f}"
+def _method_text(counts: list[int], alpha: float) -> str:
+    repetitions = "/".join(map(str, counts)) or "no"
+    return (
+        f"Each claim of the paper (section 4.3, appendix B.4), and of seeds 000 and 001 on the symmetry-breaking vBNNs, "
+        f"checked on this run's {repetitions} repetitions of the sample stage. Test: for each comparison, Student's "
+        f"paired t-test (two-sided) on the per-repetition differences A - B, repetition k of one row against "
+        f"repetition k of the other; for MMD the reference zoo's standard error is left out, being common to both rows "
+        f"(the test is conditional on this zoo). Multiplicity: within each claim, Holm's step-down procedure over its "
+        f"comparisons, family-wise error rate alpha = {alpha:g}. A comparison holds when its Holm-adjusted p-value is "
+        f"<= {alpha:g} and the mean difference is on the claimed side, fails when it is on the other side, and is not "
+        f"distinguishable otherwise (also when a row has a single repetition: no test). A claim holds when all its "
+        f"comparisons hold and fails when any fails. Values x100. A and B: each row's mean ± the half-width of its "
+        f"95% interval, as in the tables (for reading; the verdicts do not use them). A - B (paired): the mean "
+        f"difference ± the half-width of its 95% paired t-interval (not adjusted for multiplicity). Pairs: the number "
+        f"of repetitions compared, and whether each pair's two repetitions started from the same base networks "
+        f"(shared bases: what makes pairing pay), from different ones (separate bases: still a valid test), or "
+        f"whether a base network of one pair is also used in another pair (bases reused across pairs: the pairs are "
+        f"not independent, as the test assumes, and its p-value is approximate)."
+    )
+
+
+def _repetitions_of(frame: pd.DataFrame, repetitions: pd.DataFrame) -> dict[tuple[str, str], pd.DataFrame]:
+    """Each row's repetitions that did not fail, indexed by repetition; ``ValueError`` naming the
+    rows whose repetitions.csv entries do not match metrics.csv's ``n_repetitions``."""
+    ok = repetitions[repetitions["status"] == "ok"]
+    out, problems = {}, []
+    for key in frame.index:
+        row = frame.loc[key]
+        mine = ok[(ok["experiment"] == row["experiment"]) & (ok["method"] == key[0]) & (ok["mode"] == key[1])]
+        if len(mine) != row["n_repetitions"]:
+            problems.append(f"{key[0]}/{key[1]}: {len(mine)} of {row['n_repetitions']:g}")
+        out[key] = mine.set_index("repetition").sort_index()
+    if problems:
+        raise ValueError(
+            f"repetitions.csv does not hold the repetitions metrics.csv averages ({'; '.join(problems)}); rerun "
+            f"python -m benchmark stage=evaluate for this experiment, which writes both"
+        )
+    return out
+
+
+def _cell(value: float, width: float) -> str:
+    if pd.isna(value):
+        return "n/a"
+    return f"{value * 100:.1f} ± {'n/a' if pd.isna(width) else f'{width * 100:.1f}'}"
+
+
+def _p(p: float) -> str:
+    return "n/a" if not np.isfinite(p) else "<0.0001" if p < 1e-4 else f"{p:.4f}"

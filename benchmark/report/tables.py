@@ -1,5 +1,5 @@
 """The paper's Table 1 (posterior MMD next to predictive metrics) and Table 2 (median /
-mean / max MMD), and Table 3 (seed 002's function-space agreement and total variation next to
+mean / max MMD, and the median with bandwidths shared by all rows), and Table 3 (seed 002's function-space agreement and total variation next to
 MMD with the permutations removed by sorting, NS, and by weight matching, WM), built from
 metrics.csv frames (``benchmark.results``) and written as
 Markdown, CSV and LaTeX. Every value carries its 95% half-width: ``value ± half-width`` in
@@ -10,7 +10,8 @@ method label) in the paper's order (experiments as they appear, methods in regis
 others after, sorted) and cells formatted as text with one decimal, scaled as the paper
 prints them (every metric x100, i.e. percentages for Acc, ECE, AUPR, FPR95). Failed rows
 read "failed" in every cell; their reasons go in a note below the table. Missing values of
-rows that did not fail read "n/a".
+rows that did not fail read "n/a"; so does the half-width of a row with a single repetition
+("15.0 ± n/a").
 """
 from __future__ import annotations
 
@@ -49,10 +50,22 @@ TEST_SOURCES = {"MMD rej.": "mmd_reject", "NS rej.": "ns_mmd_reject"}
 """Table 1's test columns (percent of layers rejected; no interval)."""
 
 TABLE2_SOURCES = {
-    (name, statistic): f"{prefix}_{statistic}"
-    for name, prefix in (("MMD", "mmd"), ("NS MMD", "ns_mmd"))
-    for statistic in ("median", "mean", "max")
+    **{(name, statistic): f"{prefix}_{statistic}"
+       for name, prefix in (("MMD", "mmd"), ("NS MMD", "ns_mmd"))
+       for statistic in ("median", "mean", "max")},
+    ("Shared bandwidths", "MMD median"): "mmd_shared_median",
+    ("Shared bandwidths", "NS MMD median"): "ns_mmd_shared_median",
 }
+"""Table 2 column -> metrics.csv column: the paper's median / mean / max of MMD and NS MMD, then
+the medians with one bandwidth grid per layer shared by every row (``SHARED_TEXT``)."""
+
+SHARED_TEXT = (
+    "Shared bandwidths: MMD and NS MMD (median over the 20 kernels) with one bandwidth grid per layer for every row "
+    "of the experiment instead of each row's own: MMDAgg's rule applied to the distances between two disjoint halves "
+    "of the (raw or symmetry-free) zoo (up to 500 x 500 checkpoints), i.e. the grid MMDAgg would choose for a method "
+    "that samples the reference exactly. It does not depend on the row, so every row is on one scale; where the two "
+    "orders of the rows differ, the ranking depends on the per-row bandwidths."
+)
 
 TABLE3_SOURCES = {
     "Agreement": "agreement",
@@ -123,11 +136,15 @@ def _mmd_text(df: pd.DataFrame, statistic: str) -> str:
 def _uncertainty_text(df: pd.DataFrame) -> str:
     counts = sorted({int(n) for n in df["n_repetitions"].dropna()})
     repetitions = "/".join(map(str, counts)) or "?"
+    single = " \"± n/a\": a single repetition, whose spread cannot be estimated." if 1 in counts else ""
     return (
         f"Values are means over {repetitions} independent repetitions of the sample stage (each on its own "
-        "base networks, hence its own method seeds) ± the half-width of a 95{pct} t-interval; for MMD and NS MMD "
-        "the half-width also includes, in quadrature, the reference zoo's standard error (the spread of the MMD "
-        "over random halves of the zoo, first repetition)."
+        "base networks, hence its own method seeds) ± the half-width of the 95{pct} t-interval of the row's mean "
+        "(t quantile with repetitions - 1 degrees of freedom, times the standard deviation over repetitions over "
+        "the square root of their number); for the MMD columns the half-width also includes, in quadrature, the "
+        "reference zoo's standard error (the spread of the MMD over random halves of the zoo, first repetition)."
+        f"{single} These intervals describe one row each; comparisons between rows are in findings.md (paired tests "
+        "over the repetitions, with Holm's control per claim)."
     )
 
 
@@ -144,8 +161,8 @@ def captions(df: pd.DataFrame) -> tuple[str, str]:
         "which the test's exchangeability assumption does not cover)."
         + _variant_text(df)
     )
-    table2_caption = ("Table 2: Full MMD table. " + _mmd_text(df, "the median, mean or max") + " " + _uncertainty_text(df)
-                      + _variant_text(df))
+    table2_caption = ("Table 2: Full MMD table. " + _mmd_text(df, "the median, mean or max") + " " + SHARED_TEXT + " "
+                      + _uncertainty_text(df) + _variant_text(df))
     return table1_caption, table2_caption
 
 
@@ -205,7 +222,8 @@ def table1(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
 
 
 def table2(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
-    """Table 2 of the paper: the rows of :func:`table1`, columns (MMD | NS MMD) x (median, mean, max)."""
+    """Table 2 of the paper: the rows of :func:`table1`, columns (MMD | NS MMD) x (median, mean, max),
+    then (Shared bandwidths) x (MMD median, NS MMD median) (``TABLE2_SOURCES``)."""
     table = _display(_ordered(df, TABLE2_SOURCES.values()), TABLE2_SOURCES, separate)
     table.columns = pd.MultiIndex.from_tuples(table.columns)
     return table
@@ -317,8 +335,9 @@ def _ordered(df: pd.DataFrame, value_columns) -> pd.DataFrame:
 
 
 def _display(rows: pd.DataFrame, sources: dict, separate: bool = False, with_half_widths: bool = True) -> pd.DataFrame:
-    """Text cells: value x SCALE to one decimal with `` ± half-width`` (when known; in a separate
-    ``(label, "±")`` column with ``separate``), "failed" for failed rows, "n/a" for missing values."""
+    """Text cells: value x SCALE to one decimal with `` ± half-width`` ("± n/a" when unknown: a single
+    repetition; in a separate ``(label, "±")`` column with ``separate``), "failed" for failed rows,
+    "n/a" for missing values."""
     failed = rows["status"].eq("failed")
     table = pd.DataFrame(index=rows.index)
 
@@ -335,8 +354,7 @@ def _display(rows: pd.DataFrame, sources: dict, separate: bool = False, with_hal
             table[(*label[:-1], f"{label[-1]} ±") if isinstance(label, tuple) else f"{label} ±"] = [
                 "" if f else text(w, False) for w, f in zip(widths, failed)]
         else:
-            table[label] = [v if f or np.isnan(w) or v == MISSING else f"{v} ± {w * SCALE:.1f}"
-                            for v, w, f in zip(values, widths, failed)]
+            table[label] = [v if f or v == MISSING else f"{v} ± {text(w, False)}" for v, w, f in zip(values, widths, failed)]
     return table
 
 

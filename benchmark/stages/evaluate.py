@@ -7,7 +7,10 @@ Each of the ``sample.repetitions`` repetitions of a row is scored on its own
 (``Reference.score``) and the row holds their mean and 95% half-width (``metrics.uncertainty``);
 the first repetition also gets MMDAgg's test per layer and the MMD of
 ``evaluate.reference_resamples`` halves of the reference, whose spread is the standard error due
-to the finite zoo. A repetition that is missing or stale (settings or code changed since it was
+to the finite zoo. Every repetition's own numbers, with the base seeds it was drawn around (its
+samples' metadata), go to ``results/<experiment>/repetitions.csv``: the paired comparisons of
+the findings read them. Raw and NS MMD are also measured with one bandwidth grid per layer
+shared by every row (``mmd_shared_median``, ``ns_mmd_shared_median``; ``Reference.shared_bandwidths``). A repetition that is missing or stale (settings or code changed since it was
 drawn) stops the stage with the files named and the command that redoes them: it is never mixed
 into the spread.
 
@@ -29,13 +32,13 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from benchmark.core.store import StoreError, Unit, atomic_write_text
+from benchmark.core.store import SampleSetMetadata, StoreError, Unit, atomic_write_text, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
     StaleSamplesError, available_rows, describe_store, require_inputs, row_label, row_units,
 )
 from benchmark.reference import Reference
-from benchmark.results import MEASURED, MMD_COLUMNS, half_width, write_metrics
+from benchmark.results import MEASURED, MMD_COLUMNS, half_width, repetition_rows, write_metrics, write_repetitions
 from metrics.uncertainty import interval
 
 log = logging.getLogger(__name__)
@@ -48,7 +51,7 @@ def needs(exp: Experiment) -> frozenset[str]:
 
 
 def produces(exp: Experiment) -> frozenset[str]:
-    """``results/<experiment>/metrics.csv``."""
+    """``results/<experiment>/metrics.csv`` (and ``repetitions.csv`` beside it)."""
     return frozenset({"metrics"})
 
 
@@ -74,7 +77,8 @@ def combine(row: dict[str, Any], repetitions: list[dict[str, Any]]) -> dict[str,
 
 
 def run(exp: Experiment) -> pd.DataFrame:
-    """Evaluate every (method, mode) present in the store; write ``results/<exp>/metrics.csv``."""
+    """Evaluate every (method, mode) present in the store; write ``results/<exp>/metrics.csv`` and
+    ``results/<exp>/repetitions.csv``."""
     rows = available_rows(exp)
     if not rows:
         raise StoreError(f"nothing to evaluate for {exp.name}: no sample set with predictions; the store holds: {describe_store(exp)}")
@@ -87,7 +91,7 @@ def run(exp: Experiment) -> pd.DataFrame:
     if stale:
         raise StaleSamplesError(" | ".join(stale))
     ref = Reference(exp)
-    out = []
+    out, per_repetition = [], []
     bar = tqdm(total=sum(len(u) for u in units.values()), desc=f"evaluate {exp.name}", unit="repetition",
                dynamic_ncols=True)
     for (method, mode), row_of in units.items():
@@ -99,7 +103,10 @@ def run(exp: Experiment) -> pd.DataFrame:
                "method_label": row_label(exp, method, mode), "mode": mode, "status": "ok", "reason": "",
                "ns_steps": "+".join(ref.steps), "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}"}
         out.append(combine(row, numbers))
+        per_repetition += repetition_rows(row, numbers, [int(u.repetition) for u in row_of],
+                                          [_base_seeds(exp, u) for u in row_of])
     bar.close()
+    write_repetitions(per_repetition, exp.results_dir / "repetitions.csv")
     path = exp.results_dir / "metrics.csv"
     frame = write_metrics(out, path)
     log.info("wrote %s (%d rows, reference of %d checkpoints)", path, len(frame), len(ref.seeds))
@@ -116,6 +123,13 @@ def _numbers(exp: Experiment, ref: Reference, unit: Unit, full: bool) -> dict[st
     numbers = ref.score(unit, full=full)
     atomic_write_text(cached, json.dumps({"key": key, "numbers": numbers}, default=_jsonable))
     return numbers
+
+
+def _base_seeds(exp: Experiment, unit: Unit) -> list[int] | None:
+    """The base seeds ``unit``'s samples were drawn around (their metadata); ``None`` when not
+    recorded (an external sample set)."""
+    seeds = SampleSetMetadata.decode(read_metadata(exp.store.samples_path(unit))).base_seeds
+    return [int(s) for s in seeds] if seeds else None
 
 
 def _cached_numbers(path: Path, key: str) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 """Report stage: Tables 1, 2 and 3 (Markdown, CSV, LaTeX) from every ``results/*/metrics.csv``,
 the zoo summary, the diagnostics of every method and mode (``diagnostics.{md,csv}``) and the
-paper's claims checked with error bars (``findings.md``).
+paper's claims checked by paired tests over the repetitions (``findings.md``, from the evaluate
+stage's ``repetitions.csv``).
 
 The current experiment's files go to ``results/<experiment>/``; when several experiments have
 results, the side-by-side tables go to ``results/all/``.
@@ -14,9 +15,9 @@ import pandas as pd
 
 from benchmark.core.store import atomic_write_text
 from benchmark.experiment import Experiment
-from benchmark.inventory import range_state, require_inputs
+from benchmark.inventory import MissingInputsError, range_state, require_inputs
 from benchmark.report import diagnostics, findings, write_tables
-from benchmark.results import read_metrics
+from benchmark.results import read_metrics, read_repetitions
 
 log = logging.getLogger(__name__)
 NAME = "report"
@@ -37,13 +38,19 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
 
 
 def run(exp: Experiment) -> list[Path]:
-    """Write the tables; raises ``MissingInputsError`` naming the missing metrics.csv."""
+    """Write the tables; raises ``MissingInputsError`` naming a missing metrics.csv or repetitions.csv."""
     check(exp)
     metrics = read_metrics(exp.results_dir / "metrics.csv")
+    path = exp.results_dir / "repetitions.csv"
+    if not path.is_file():  # results written before the evaluate stage wrote repetitions.csv
+        raise MissingInputsError(f"stage={NAME} needs {path} (the per-repetition numbers of the findings' paired "
+                                 f"tests), written by the evaluate stage; rerun python -m benchmark stage=evaluate "
+                                 f"experiment={exp.name}")
+    repetitions = read_repetitions(path)
     written = write_tables(metrics, exp.results_dir)
     written.append(write_zoo_summary(exp, exp.results_dir / "zoo.md"))
     written += diagnostics.write(exp, exp.results_dir)
-    atomic_write_text(exp.results_dir / "findings.md", findings.render(metrics))
+    atomic_write_text(exp.results_dir / "findings.md", findings.render(metrics, repetitions))
     written.append(exp.results_dir / "findings.md")
     results = exp.results_dir.parent
     others = [p for p in sorted(results.glob("*/metrics.csv")) if p.parent.name != "all"]

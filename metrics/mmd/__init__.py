@@ -14,7 +14,9 @@ layers weighted by parameter count (``table.py``).
 
 ``mmd(x, y)`` is the entry point: two sources, each an in-memory sample set
 ``{key: [S, ...]}`` or a ``ColumnSource`` (the store's files). ``layer_mmd`` is its
-one-layer step on aligned column blocks; the rest are its parts.
+one-layer step on aligned column blocks; the rest are its parts. ``reference_bandwidths(x)``
+gives one bandwidth grid per layer from the reference alone, for ``mmd(x, y,
+shared_bandwidths=...)``: every method on one scale.
 """
 from metrics.mmd.bandwidths import bandwidth_grid
 from metrics.mmd.distances import DistanceAccumulator, PairwiseDistances, pairwise_distances, split_columns
@@ -28,10 +30,12 @@ from metrics.mmd.mmdagg import (
     relabelling_indicators,
 )
 from metrics.mmd.sources import ColumnSource, InMemorySource, Source, as_column_source, zip_column_blocks
-from metrics.mmd.statistic import KERNELS, iter_kernel_matrices, kernel_matrix, u_statistics
+from metrics.mmd.statistic import KERNELS, half_sample_u_statistics, iter_kernel_matrices, kernel_matrix, u_statistics
 from metrics.mmd.table import (
-    LayerMMD, MMDResult, ReferenceResampling, layer_mmd, layer_mmd_from_distances, mmd, summarize, tabulate,
+    LayerMMD, MMDResult, ReferenceResampling, check_bandwidths, layer_mmd, layer_mmd_from_distances, mmd, summarize,
+    tabulate,
 )
+from metrics.mmd.shared import reference_bandwidths
 
 __all__ = [
     "mmd", "MMDResult", "LayerMMD", "ReferenceResampling", "summarize", "layer_mmd", "layer_mmd_from_distances", "tabulate", "Source", "ColumnSource",
@@ -39,5 +43,6 @@ __all__ = [
     "PairwiseDistances", "pairwise_distances", "split_columns", "MMDInputError", "check_comparable_shapes",
     "group_layers", "layer_name", "AggregatedTestResult", "PermutationTestConfig", "aggregate_decision",
     "aggregated_permutation_test", "relabelled_statistics", "relabelling_indicators", "KERNELS",
-    "iter_kernel_matrices", "kernel_matrix", "u_statistics",
+    "iter_kernel_matrices", "kernel_matrix", "u_statistics", "half_sample_u_statistics", "reference_bandwidths",
+    "check_bandwidths",
 ]

@@ -53,6 +53,38 @@ def u_statistics(distances: torch.Tensor, m: int, kernel: str, bandwidths: torch
     return torch.stack(values).cpu().to(torch.float64)
 
 
+def half_sample_u_statistics(
+    distances: torch.Tensor, m: int, kernel: str, bandwidths: torch.Tensor, halves: torch.Tensor
+) -> torch.Tensor:
+    """Unbiased MMD^2 estimates ``[B, K]`` (float64) of ``[X[halves[b]]; Y]`` for each of B
+    sub-samples of the reference, at K fixed bandwidths.
+
+    ``distances``: pooled ``[m + n, m + n]`` matrix as ``u_statistics``; ``halves``: ``[B, h]``
+    distinct row indices into X (h >= 2). With the bandwidths fixed, one kernel matrix per
+    bandwidth serves every sub-sample: with v_b the indicator of sub-sample b, its within-X sum
+    is ``v_b^T K_xx v_b`` less the diagonal, its cross sum ``v_b^T (K_xy 1)``, and the within-Y
+    sum is the same for all. Equal to ``u_statistics`` on each sub-sample's distances.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"half_sample_u_statistics: unknown kernel {kernel!r}; expected one of {KERNELS}")
+    n, h = distances.shape[0] - m, halves.shape[1]
+    indicator = torch.zeros(halves.shape[0], m, dtype=distances.dtype, device=distances.device)
+    indicator.scatter_(1, halves.to(distances.device), 1.0)
+    d_xx, d_xy = distances[:m, :m], distances[:m, m:]
+    d_yy = distances[m:, m:][torch.ones(n, n, dtype=torch.bool, device=distances.device).triu(1)]
+    if kernel == "gaussian":
+        d_xx, d_xy, d_yy = d_xx.square(), d_xy.square(), d_yy.square()
+    scales = bandwidths if kernel == "laplace" else bandwidths.square()
+    values = []
+    for scale in scales.tolist():
+        k_xx = torch.exp(d_xx * (-1.0 / scale))
+        sum_x = ((indicator @ k_xx) * indicator).sum(1) - indicator @ k_xx.diagonal()
+        sum_y = 2 * torch.exp(d_yy * (-1.0 / scale)).sum()
+        between = indicator @ torch.exp(d_xy * (-1.0 / scale)).sum(1)
+        values.append(sum_x / (h * (h - 1)) + sum_y / (n * (n - 1)) - 2 * between / (h * n))
+    return torch.stack(values, 1).cpu().to(torch.float64)
+
+
 def iter_kernel_matrices(
     distances: PairwiseDistances, bandwidths: dict[str, torch.Tensor]
 ) -> Iterator[tuple[str, int, float, torch.Tensor]]:

@@ -8,8 +8,9 @@ one-layer step on a stream of aligned column blocks.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -20,7 +21,7 @@ from metrics.mmd.distances import DEFAULT_MAX_CHUNK_ELEMENTS, PairwiseDistances,
 from metrics.mmd.layers import MMDInputError, check_comparable_shapes
 from metrics.mmd.mmdagg import AggregatedTestResult, PermutationTestConfig, aggregated_permutation_test
 from metrics.mmd.sources import Source, as_column_source, layer_columns, zip_column_blocks
-from metrics.mmd.statistic import KERNEL_DISTANCE, KERNELS, u_statistics
+from metrics.mmd.statistic import KERNEL_DISTANCE, KERNELS, half_sample_u_statistics, u_statistics
 
 MAX_BANDWIDTH_ROWS = 500
 SUMMARIES = ("median", "mean", "max")
@@ -59,7 +60,9 @@ class MMDResult:
     ``resampled``: the aggregate of each reference half-sample, ``{median, mean, max}: [B]``
     (their spread estimates the standard error due to the finite reference: a half-sample drawn
     without replacement has the variance of the full-sample mean); ``reject_fraction``: the
-    fraction of layers whose MMDAgg test rejects "same distribution" (NaN without a test)."""
+    fraction of layers whose MMDAgg test rejects "same distribution" (NaN without a test);
+    ``shared``: the same comparison with fixed bandwidths shared by every method (``mmd``'s
+    ``shared_bandwidths``; ``None`` without)."""
 
     per_kernel: pd.DataFrame
     per_layer: pd.DataFrame
@@ -67,13 +70,18 @@ class MMDResult:
     layers: list[LayerMMD] = field(repr=False)
     resampled: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     reject_fraction: float = float("nan")
+    shared: "MMDResult | None" = field(default=None, repr=False)
 
 
-def _kernel_values(distances: PairwiseDistances, max_bandwidth_rows: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """``(bandwidths {kernel: [10]}, the 20 U-statistics [20])`` of one layer's distances."""
-    bandwidths = {
-        kernel: bandwidth_grid(distances.cross(KERNEL_DISTANCE[kernel], max_bandwidth_rows)) for kernel in KERNELS
-    }
+def _kernel_values(
+    distances: PairwiseDistances, max_bandwidth_rows: int, bandwidths: Mapping[str, torch.Tensor] | None = None
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``(bandwidths {kernel: [10]}, the 20 U-statistics [20])`` of one layer's distances; the
+    bandwidths are MMDAgg's data-driven grid unless fixed ``bandwidths`` are given."""
+    if bandwidths is None:
+        bandwidths = {
+            kernel: bandwidth_grid(distances.cross(KERNEL_DISTANCE[kernel], max_bandwidth_rows)) for kernel in KERNELS
+        }
     values = torch.cat(
         [
             u_statistics(getattr(distances, KERNEL_DISTANCE[kernel]), distances.m, kernel, bandwidths[kernel])
@@ -110,21 +118,47 @@ def layer_mmd_from_distances(
     max_bandwidth_rows: int = MAX_BANDWIDTH_ROWS,
     permutation_test: PermutationTestConfig | None = None,
     resampling: ReferenceResampling | None = None,
+    bandwidths: Mapping[str, torch.Tensor] | None = None,
 ) -> LayerMMD:
     """The 20 MMD values of one layer from its distance matrices, optionally MMDAgg's test and
-    the values of reference half-samples (each with its own bandwidths, as a fresh comparison)."""
+    the values of reference half-samples (each with its own bandwidths, as a fresh comparison).
+
+    ``bandwidths``: a fixed grid ``{"laplace": [K], "gaussian": [K]}`` (distance units, > 0) used
+    instead of MMDAgg's data-driven one, for the values, the test and every half-sample (e.g. one
+    grid shared by all methods: ``reference_bandwidths``)."""
     if max_bandwidth_rows < 1:
         raise ValueError(f"max_bandwidth_rows must be >= 1, got {max_bandwidth_rows}")
-    bandwidths, values = _kernel_values(distances, max_bandwidth_rows)
+    fixed = check_bandwidths(bandwidths, layer) if bandwidths is not None else None
+    grid, values = _kernel_values(distances, max_bandwidth_rows, fixed)
     test = None
     if permutation_test is not None:
-        test = aggregated_permutation_test(distances, bandwidths, values, permutation_test)
+        test = aggregated_permutation_test(distances, grid, values, permutation_test)
     resampled = torch.empty(0, len(values), dtype=torch.float64, device=values.device)
-    if resampling is not None:
+    if resampling is not None and fixed is not None:  # one kernel matrix per bandwidth serves every half
+        halves = resampling.halves(distances.m)
+        resampled = torch.cat([half_sample_u_statistics(getattr(distances, KERNEL_DISTANCE[kernel]), distances.m,
+                                                        kernel, fixed[kernel], halves) for kernel in KERNELS], dim=1)
+    elif resampling is not None:
         resampled = torch.stack([
-            _kernel_values(distances.subset_x(rows), max_bandwidth_rows)[1] for rows in resampling.halves(distances.m)
+            _kernel_values(distances.subset_x(rows), max_bandwidth_rows, fixed)[1]
+            for rows in resampling.halves(distances.m)
         ])
-    return LayerMMD(layer, distances.n_params, distances.m, distances.n, bandwidths, values, test, resampled)
+    return LayerMMD(layer, distances.n_params, distances.m, distances.n, grid, values, test, resampled)
+
+
+def check_bandwidths(bandwidths: Mapping[str, torch.Tensor], layer: str = "layer") -> dict[str, torch.Tensor]:
+    """A fixed grid ``{kernel: [K]}`` for every kernel of ``KERNELS``, as float64 CPU tensors;
+    ``MMDInputError`` naming the layer when a kernel is missing or a bandwidth is not finite and > 0."""
+    missing = [kernel for kernel in KERNELS if kernel not in bandwidths]
+    if missing:
+        raise MMDInputError(f"layer {layer!r}: fixed bandwidths lack the kernel(s) {missing}; expected {list(KERNELS)}")
+    out = {}
+    for kernel in KERNELS:
+        grid = torch.as_tensor(bandwidths[kernel]).detach().to("cpu", torch.float64).reshape(-1)
+        if grid.numel() == 0 or not bool(torch.isfinite(grid).all()) or not bool((grid > 0).all()):
+            raise MMDInputError(f"layer {layer!r}: fixed {kernel} bandwidths must be finite and > 0, got {grid.tolist()}")
+        out[kernel] = grid
+    return out
 
 
 def layer_mmd(
@@ -135,15 +169,17 @@ def layer_mmd(
     device: torch.device | str | None = None,
     permutation_test: PermutationTestConfig | None = None,
     resampling: ReferenceResampling | None = None,
+    bandwidths: Mapping[str, torch.Tensor] | None = None,
 ) -> LayerMMD:
-    """MMD of one layer streamed as aligned column blocks ``(X [m, d_i], Y [n, d_i])``.
+    """MMD of one layer streamed as aligned column blocks ``(X [m, d_i], Y [n, d_i])``
+    (``bandwidths``: a fixed grid, see ``layer_mmd_from_distances``).
 
     Peak memory: the blocks in flight plus a few ``[m + n, m + n]`` float64 matrices.
     """
     distances = pairwise_distances(chunks, layer=layer, device=device)
     return layer_mmd_from_distances(
         distances, layer, max_bandwidth_rows=max_bandwidth_rows, permutation_test=permutation_test,
-        resampling=resampling,
+        resampling=resampling, bandwidths=bandwidths,
     )
 
 
@@ -156,6 +192,7 @@ def mmd(
     max_chunk_elements: int = DEFAULT_MAX_CHUNK_ELEMENTS,
     permutation_test: PermutationTestConfig | None = None,
     resampling: ReferenceResampling | None = None,
+    shared_bandwidths: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
     progress: bool = False,
 ) -> MMDResult:
     """Layer-wise MMD between reference ``x`` (m samples) and method ``y`` (n samples).
@@ -164,21 +201,37 @@ def mmd(
     store's sample-set file or zoo file list); keys and shapes are checked before any data is
     read, layers are as ``group_layers``, and each layer is streamed in column blocks of at
     most ``max_chunk_elements // (m + n)`` columns (float64 accumulation). See ``MMDResult``.
+
+    ``shared_bandwidths``: ``{layer: {"laplace": [K], "gaussian": [K]}}``, a fixed grid per layer
+    (e.g. ``reference_bandwidths(x)``, the same for every method compared with ``x``); the result's
+    ``shared`` then holds the same comparison with those grids, on the same distances (so at the
+    cost of the extra U-statistics only) and the same reference halves, without a test. The main
+    result keeps MMDAgg's data-driven bandwidths, unchanged.
     """
     xs, ys = as_column_source(x), as_column_source(y)
     x_shapes, y_shapes = xs.shapes(), ys.shapes()
     layers = check_comparable_shapes(x_shapes, y_shapes)
-    results = []
+    if shared_bandwidths is not None:
+        absent = [layer for layer in layers if layer not in shared_bandwidths]
+        if absent:
+            raise MMDInputError(f"shared bandwidths: no grid for layer(s) {absent}; reference_bandwidths(x) gives one "
+                                f"per layer of x")
+    results, shared = [], []
     for layer, keys in tqdm(layers.items(), desc="MMD", unit="layer", disable=not progress):
         width = max(1, max_chunk_elements // (x_shapes[keys[0]][0] + y_shapes[keys[0]][0]))
         chunks = zip_column_blocks(layer_columns(xs, keys, width), layer_columns(ys, keys, width), layer)
+        distances = pairwise_distances(chunks, layer=layer, device=device)
         results.append(
-            layer_mmd(
-                chunks, layer=layer, max_bandwidth_rows=max_bandwidth_rows, device=device,
-                permutation_test=permutation_test, resampling=resampling,
+            layer_mmd_from_distances(
+                distances, layer, max_bandwidth_rows=max_bandwidth_rows, permutation_test=permutation_test,
+                resampling=resampling,
             )
         )
-    return tabulate(results)
+        if shared_bandwidths is not None:
+            shared.append(layer_mmd_from_distances(distances, layer, resampling=resampling,
+                                                   bandwidths=shared_bandwidths[layer]))
+    result = tabulate(results)
+    return dataclasses.replace(result, shared=tabulate(shared)) if shared else result
 
 
 def tabulate(layers: Sequence[LayerMMD]) -> MMDResult:

@@ -17,6 +17,13 @@ DROPOUT_ONE = dict(
 )
 DROPOUT_ONE_TABLE1 = ["15.0", "14.3", "83.3", "33.4", "26.1", "96.4", "98.6", "26.1", "22.2"]
 DROPOUT_ONE_TABLE2 = ["15.0", "14.6", "22.9", "14.3", "14.3", "22.5"]
+SINGLE = " ± n/a"
+"""What a value of a one-repetition row carries: no half-width (``row``'s default)."""
+
+
+def values(cells):
+    """The values of text cells, their one-repetition suffix ``SINGLE`` removed."""
+    return [str(cell).removesuffix(SINGLE) for cell in cells]
 
 
 EXPERIMENT_LABELS = {"mnist_optunet": "MNIST - OptuNet", "cifar100_resnet18": "CIFAR100 - ResNet18",
@@ -60,11 +67,12 @@ PAPER_ORDER = [
 def test_table1_values_scaled_and_rounded_like_the_paper():
     t = table1(pd.DataFrame(paper_rows()))
     assert list(t.columns) == ["MMD", "NS MMD", "Acc", "ECE", "Brier", "AUPR", "FPR95", "ID MI", "OOD MI", "MMD rej.", "NS rej."]
-    assert list(t.loc[("MNIST - OptuNet", "One Mode", "Dropout")])[:9] == DROPOUT_ONE_TABLE1
+    assert list(t.loc[("MNIST - OptuNet", "One Mode", "Dropout")])[:9] == [v + SINGLE for v in DROPOUT_ONE_TABLE1]
     bnn = t.loc[("MNIST - OptuNet", "One Mode", "BNN")]
-    assert (bnn["Acc"], bnn["ECE"], bnn["ID MI"], bnn["MMD"]) == ("12.3", "12.4", "n/a", "1.0")
-    assert t.loc[("MNIST - OptuNet", "One Mode", "SGHMC"), "Brier"] == "123.5"  # Brier (sum) can exceed 1
-    assert t.loc[("MNIST - OptuNet", "Multi Mode", "Deep Ensembles"), "MMD"] == "0.0"
+    assert values([bnn["Acc"], bnn["ECE"], bnn["ID MI"], bnn["MMD"]]) == ["12.3", "12.4", "n/a", "1.0"]
+    assert bnn["ID MI"] == "n/a"  # a missing value has no half-width either
+    assert t.loc[("MNIST - OptuNet", "One Mode", "SGHMC"), "Brier"] == "123.5" + SINGLE  # Brier (sum) can exceed 1
+    assert t.loc[("MNIST - OptuNet", "Multi Mode", "Deep Ensembles"), "MMD"] == "0.0" + SINGLE
 
 
 def test_row_order_and_groups_follow_the_paper():
@@ -81,10 +89,14 @@ def test_failed_rows_show_failed_everywhere():
     assert set(table2(df).loc[failed]) == {"failed"}
 
 
-def test_table2_has_median_mean_max_of_both_mmds():
-    t = table2(pd.DataFrame(paper_rows()))
-    assert list(t.columns) == [(m, s) for m in ("MMD", "NS MMD") for s in ("median", "mean", "max")]
-    assert list(t.loc[("MNIST - OptuNet", "One Mode", "Dropout")]) == DROPOUT_ONE_TABLE2
+def test_table2_has_median_mean_max_of_both_mmds_and_the_shared_bandwidth_medians():
+    rows = paper_rows()
+    rows[5] |= {"mmd_shared_median": 0.0912, "ns_mmd_shared_median": 0.0801, "mmd_shared_median_hw": 0.0049}
+    t = table2(pd.DataFrame(rows))
+    assert list(t.columns) == [(m, s) for m in ("MMD", "NS MMD") for s in ("median", "mean", "max")] + [
+        ("Shared bandwidths", "MMD median"), ("Shared bandwidths", "NS MMD median")]
+    dropout = list(t.loc[("MNIST - OptuNet", "One Mode", "Dropout")])
+    assert values(dropout) == DROPOUT_ONE_TABLE2 + ["9.1 ± 0.5", "8.0"]
 
 
 def test_several_experiments_stack_as_blocks_in_order_of_appearance():
@@ -96,7 +108,7 @@ def test_several_experiments_stack_as_blocks_in_order_of_appearance():
     assert experiments == ["CIFAR100 - ResNet18", "my_new_exp", "MNIST - OptuNet", "Digits - OptuNet"]
     assert [i[1:] for i in t.index if i[0] == "CIFAR100 - ResNet18"] == PAPER_ORDER
     assert [i[1:] for i in t.index if i[0] == "Digits - OptuNet"] == [("One Mode", "Dropout"), ("One Mode", "zeta_method")]
-    assert t.loc[("Digits - OptuNet", "One Mode", "Dropout"), "Acc"] == "50.0"
+    assert t.loc[("Digits - OptuNet", "One Mode", "Dropout"), "Acc"] == "50.0" + SINGLE
 
 
 @pytest.mark.parametrize(
@@ -125,10 +137,12 @@ def test_write_tables_round_trips_through_files(tmp_path):
     expected = table1(df)
     csv = pd.read_csv(out / "table1.csv", dtype=str, keep_default_na=False)
     assert list(csv.columns) == ["Experiment", "Group", "Method", *table1(df, separate=True).columns, "Note"]
-    assert csv[list(expected.columns)].values.tolist() == expected.values.tolist()  # no half-widths in these rows
+    assert csv[list(expected.columns)].values.tolist() == [values(r) for r in expected.values.tolist()]
+    ok = csv["Note"] == ""
+    assert set(csv.loc[ok, "MMD ±"]) == {"n/a"} and set(csv.loc[~ok, "MMD ±"]) == {""}  # one repetition: no half-width
     assert csv["Note"].tolist().count("failed: ELBO diverged: loss NaN at epoch 3") == 2
     csv2 = pd.read_csv(out / "table2.csv", dtype=str, keep_default_na=False)
-    assert "MMD median" in csv2.columns and csv2["NS MMD max"].tolist() == table2(df)[("NS MMD", "max")].tolist()
+    assert "MMD median" in csv2.columns and csv2["NS MMD max"].tolist() == values(table2(df)[("NS MMD", "max")])
 
     md = (out / "table1.md").read_text()
     caption, rows = md.splitlines()[0], _markdown_rows(md)
@@ -143,7 +157,7 @@ def test_write_tables_round_trips_through_files(tmp_path):
     assert re.search(r"\\caption\{Table 1:.*\$\\times 100\$.*in \\%", tex)
     assert not re.search(r"(?<!\\)%", tex)  # an unescaped % would comment out the rest of a line
     assert r"\multirow" in tex and r"\label{tab:table1}" in tex
-    assert "15.0 & 14.3 & 83.3 & 33.4 & 26.1 & 96.4 & 98.6 & 26.1 & 22.2 & 1.0 & 1.0" in tex
+    assert " & ".join(v + r" $\pm$ n/a" for v in DROPOUT_ONE_TABLE1) + " & 1.0 & 1.0" in tex
     assert tex.count("failed") >= 2 * 9 and "Failed runs:" in tex
     assert r"\multicolumn{3}{c}{NS MMD}" in (out / "table2.tex").read_text()
 
@@ -167,7 +181,7 @@ def test_half_widths_are_printed_with_their_values_and_in_their_own_csv_columns(
     df = pd.DataFrame(rows)
     label = ("MNIST - OptuNet", "One Mode", "Dropout")
     t = table1(df)
-    assert (t.loc[label, "MMD"], t.loc[label, "Acc"], t.loc[label, "ECE"]) == ("15.0 ± 2.1", "83.3 ± 0.5", "33.4")
+    assert (t.loc[label, "MMD"], t.loc[label, "Acc"], t.loc[label, "ECE"]) == ("15.0 ± 2.1", "83.3 ± 0.5", "33.4 ± n/a")
     numbers = table1(df, separate=True)
     assert (numbers.loc[label, "MMD"], numbers.loc[label, "MMD ±"], numbers.loc[label, "ECE ±"]) == ("15.0", "2.1", "n/a")
     assert table2(df, separate=True).loc[label, ("MMD", "median ±")] == "2.1"
@@ -177,6 +191,12 @@ def test_half_widths_are_printed_with_their_values_and_in_their_own_csv_columns(
     assert "means over 1/3 independent repetitions" in caption and "95% t-interval" in caption
     assert "scaling (each hidden unit's incoming weights normalised" in caption and "then permutation" in caption
     assert "softmax" not in caption
+    assert '"± n/a": a single repetition' in caption and "paired tests over the repetitions" in caption
+    three = pd.DataFrame([r | {"n_repetitions": 3} for r in rows])
+    for text in captions(three):
+        assert "means over 3 independent repetitions" in text and "± n/a" not in text
+    table2_caption = (tmp_path / "table2.md").read_text().splitlines()[0]
+    assert "Shared bandwidths: MMD and NS MMD (median over the 20 kernels) with one bandwidth grid per layer" in table2_caption
 
 
 def _markdown_rows(md):
@@ -194,7 +214,7 @@ def test_table3_has_agreement_tv_and_the_three_mmds_with_their_ranks():
     assert list(t.columns) == ["Agreement", "TV", "MMD", "NS MMD", "WM MMD", "NS rank", "WM rank"]
     assert [tuple(i[1:]) for i in t.index] == PAPER_ORDER
     dropout = t.loc[("MNIST - OptuNet", "One Mode", "Dropout")]
-    assert dropout[["Agreement", "TV", "MMD", "NS MMD", "WM MMD"]].tolist() == ["87.5", "12.3", "15.0", "14.3", "5.0"]
+    assert values(dropout[["Agreement", "TV", "MMD", "NS MMD", "WM MMD"]]) == ["87.5", "12.3", "15.0", "14.3", "5.0"]
     # ranks among the rows that did not fail (BNN multi failed); a missing WM MMD has no rank
     ns = dict(zip((i[1:] for i in t.index), t["NS rank"]))
     wm = dict(zip((i[1:] for i in t.index), t["WM rank"]))

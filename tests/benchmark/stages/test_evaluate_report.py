@@ -5,30 +5,33 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
+from scipy import stats
 
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
-from benchmark.results import COLUMNS
+from benchmark.results import COLUMNS, REPETITION_COLUMNS, read_repetitions
 from benchmark.stages.evaluate import run as run_evaluate
 from benchmark.stages.report import run as run_report
 from benchmark.core.store import StoreError, load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
 from benchmark.core.training import seeded
 from benchmark.inventory import MissingInputsError, StaleSamplesError
 from benchmark.inventory import sample_settings_hash as settings_hash
-from metrics.mmd import ReferenceResampling, mmd
+from metrics.mmd import ReferenceResampling, mmd, reference_bandwidths
 from metrics.predictive import predictive_metrics
-from metrics.symmetries import normalize_scales, spec_for_model, weight_matching
+from metrics.symmetries import canonicalize, normalize_scales, spec_for_model, weight_matching
 from metrics.uncertainty import interval
 from tests.conftest import compose_config
 
 
-def _write_unit(exp, method, mode, repetition, samples, preds, damaged=False):
+def _write_unit(exp, method, mode, repetition, samples, preds, damaged=False, base_seeds=None):
     """A unit's files as the sample stage writes them (metadata included); ``damaged``: the
     predictions hold a NaN (written directly: the store refuses NaN)."""
     store = exp.store
     n = next(iter(samples.values())).shape[0]
     meta = {"experiment": exp.name, "method": method, "mode": mode, "repetition": repetition, "n_samples": n,
             "settings_hash": settings_hash(exp, method)}
+    if base_seeds is not None:
+        meta["base_seeds"] = list(base_seeds)
     save_sample_set(store.samples_path(store.sample_unit(method, mode, repetition)), samples, meta)
     if damaged:
         save_file({k: v.contiguous() for k, v in preds.items()}, str(store.preds_path(store.sample_unit(method, mode, repetition))),
@@ -60,7 +63,7 @@ def filled(tmp_path_factory):
         ensemble = load_checkpoints_as_sample_set(store.checkpoint_paths(members[3 * r : 3 * r + 3]))
         preds = {"id": predict_with_weights(model, ensemble, exp.test_tensors[0]),
                  "ood": predict_with_weights(model, ensemble, exp.ood_tensors[0])}
-        _write_unit(exp, "ensemble", "multi", r, ensemble, preds)
+        _write_unit(exp, "ensemble", "multi", r, ensemble, preds, base_seeds=members[3 * r : 3 * r + 3])
         reps.append((ensemble, preds))
     return exp, reps
 
@@ -98,6 +101,84 @@ def test_metrics_csv_matches_independent_computation(filled):
     assert row.wm_mmd_median == pytest.approx(mean, rel=1e-6) and row.wm_mmd_median_hw == pytest.approx(hw, rel=1e-6)
     on_disk = pd.read_csv(exp.results_dir / "metrics.csv")
     assert len(on_disk) == 1
+
+
+def test_repetitions_csv_and_shared_bandwidth_columns_match_independent_computation(filled):
+    """repetitions.csv holds each repetition's own numbers and base seeds (metrics.csv is their
+    mean); the shared-bandwidth MMD uses one grid from the zoo alone (raw, and NS on the NS zoo)."""
+    exp, reps = filled
+    df = run_evaluate(exp).set_index(["method", "mode"])
+    per_rep = read_repetitions(exp.results_dir / "repetitions.csv")
+    assert list(per_rep.columns) == REPETITION_COLUMNS
+    mine = per_rep[(per_rep.method == "ensemble") & (per_rep["mode"] == "multi")].set_index("repetition").sort_index()
+    members = [s for s in exp.store.completed_seeds() if s >= 100000]
+    assert list(mine.index) == [0, 1] and (mine.status == "ok").all()
+    assert list(mine.base_seeds) == [" ".join(map(str, members[3 * r : 3 * r + 3])) for r in range(2)]
+    ref = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(range(12)))
+    for r, (ensemble, _) in enumerate(reps):
+        assert mine.loc[r, "mmd_median"] == pytest.approx(mmd(ref, ensemble).aggregate["median"], rel=1e-6)
+    row = df.loc[("ensemble", "multi")]
+    for column in ("mmd_median", "acc", "nll", "mmd_shared_median", "ns_mmd_shared_median"):
+        assert row[column] == pytest.approx(mine[column].mean(), rel=1e-6), column
+    # the reference's standard error is recorded for the first repetition only
+    assert math.isfinite(mine.loc[0, "mmd_median_ref_sd"]) and math.isnan(mine.loc[1, "mmd_median_ref_sd"])
+    assert math.isfinite(mine.loc[0, "mmd_shared_median_ref_sd"])
+    # shared bandwidths: MMDAgg's grid from two halves of the zoo; the statistic with it, recomputed here
+    spec = spec_for_model(exp.model())
+    ns_ref = canonicalize(ref, spec, ["scale", "sort"])[0]
+    grids = {"mmd": reference_bandwidths(ref), "ns_mmd": reference_bandwidths(ns_ref)}
+    for r, (ensemble, _) in enumerate(reps):
+        raw = mmd(ref, ensemble, shared_bandwidths=grids["mmd"]).shared.aggregate["median"]
+        ns = mmd(ns_ref, canonicalize(ensemble, spec, ["scale", "sort"])[0],
+                 shared_bandwidths=grids["ns_mmd"]).shared.aggregate["median"]
+        assert mine.loc[r, "mmd_shared_median"] == pytest.approx(raw, rel=1e-6)
+        assert mine.loc[r, "ns_mmd_shared_median"] == pytest.approx(ns, rel=1e-6)
+        # the grid is not the row's own: with per-row bandwidths the value differs
+        assert raw != pytest.approx(mmd(ref, ensemble).aggregate["median"], rel=1e-3)
+    _, hw = interval(list(mine["mmd_shared_median"]), float(mine.loc[0, "mmd_shared_median_ref_sd"]))
+    assert row.mmd_shared_median_hw == pytest.approx(hw, rel=1e-6)
+
+
+def test_findings_test_the_repetitions_the_evaluate_stage_wrote(filled, tmp_path):
+    """Two rows end to end: findings.md's paired t-test of Deep Ensembles against a second row is
+    scipy's ttest_rel on the two rows' per-repetition MMD."""
+    exp, reps = filled
+    other = Experiment(dataclasses.replace(exp.config, results=str(tmp_path / "results")))
+    members = [s for s in exp.store.completed_seeds() if s >= 100000]
+    for r in range(2):  # a broader 'dropout' row: the reference's first checkpoints, scaled
+        wide = {k: v * (1.5 + r) for k, v in load_checkpoints_as_sample_set(exp.store.checkpoint_paths(range(r, r + 3))).items()}
+        preds = {"id": predict_with_weights(exp.model(), wide, exp.test_tensors[0]),
+                 "ood": predict_with_weights(exp.model(), wide, exp.ood_tensors[0])}
+        _write_unit(exp, "dropout", "one", r, wide, preds, base_seeds=members[3 * r : 3 * r + 1])
+    try:
+        run_evaluate(other)
+        run_report(other)
+    finally:
+        for r in range(2):
+            exp.store.samples_path(exp.store.sample_unit("dropout", "one", r)).unlink()
+            exp.store.preds_path(exp.store.sample_unit("dropout", "one", r)).unlink()
+    per_rep = read_repetitions(other.results_dir / "repetitions.csv").set_index(["method", "mode", "repetition"])
+    a, b = per_rep.loc[("ensemble", "multi")]["mmd_median"], per_rep.loc[("dropout", "one")]["mmd_median"]
+    expected = stats.ttest_rel(a.to_numpy(), b.to_numpy())
+    text = (other.results_dir / "findings.md").read_text()
+    assert "Student's paired t-test" in text and "Holm" in text
+    line = next(line for line in text.splitlines() if line.startswith("| Deep Ensembles (multi) <"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1] == "mmd_median" and cells[5] == "2, shared bases"
+    assert float(cells[6]) == pytest.approx(expected.pvalue, abs=5e-5)  # one comparison: Holm p = p
+    assert float(cells[7]) == pytest.approx(expected.pvalue, abs=5e-5)
+    diff = (a.to_numpy() - b.to_numpy()).mean() * 100
+    assert cells[4].startswith(f"{diff:.1f} ± ")
+
+
+def test_report_without_repetitions_csv_names_the_command(filled, tmp_path):
+    exp = filled[0]
+    other = Experiment(dataclasses.replace(exp.config, results=str(tmp_path / "results")))
+    run_evaluate(other)
+    (other.results_dir / "repetitions.csv").unlink()
+    with pytest.raises(MissingInputsError, match=r"stage=report needs .*repetitions.csv .*rerun python -m benchmark "
+                                                 r"stage=evaluate experiment=digits_optunet"):
+        run_report(other)
 
 
 def test_damaged_predictions_are_named_with_the_command_that_redraws_them(filled):
@@ -200,7 +281,7 @@ def test_streamed_reference_gives_the_in_memory_numbers(filled, tmp_path):
         cached.unlink()
     streamed = run_evaluate(Experiment(streamed_cfg))
     cols = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max", "wm_mmd_median",
-            "wm_mmd_mean", "wm_mmd_max", "acc", "agreement", "tv"]
+            "wm_mmd_mean", "wm_mmd_max", "mmd_shared_median", "ns_mmd_shared_median", "acc", "agreement", "tv"]
     pd.testing.assert_frame_equal(in_memory[cols], streamed[cols], rtol=1e-6, atol=1e-10)
 
 
