@@ -61,7 +61,7 @@ def reference_bandwidths(
 
 def _one_distance(blocks) -> dict[str, torch.Tensor]:
     """``{"l1": [1], "l2": [1]}``: the distances between rows 0 and 1 of a layer's column blocks."""
-    l1 = squared = torch.zeros((), dtype=torch.float64)
+    l1 = squared = torch.zeros((), dtype=torch.float64, device="cpu")  # the blocks are moved to the CPU
     for block in blocks:
         difference = (block[0] - block[1]).to("cpu", torch.float64)
         l1, squared = l1 + difference.abs().sum(), squared + difference.square().sum()
