@@ -5,8 +5,10 @@
 A unit is one repetition of a (method, mode) (``Unit``). It is skipped when its sample set and
 its predictions are in the store and valid for the current settings and code
 (``inventory.unit_state``); otherwise, under the unit's claim, the method is fitted around the
-mode's base networks (the converged checkpoints of ``seeds.heldout``; repetition k takes the k-th
-block of them, so repetitions never share a base), and the sample set ``{key: [S, ...]}`` and the
+mode's base networks (the converged checkpoints of ``seeds.heldout``; repetition k of every
+method takes its bases from the block that starts at ``k x repetition_stride``, so repetitions never
+share a base and repetition k of every row starts from the same network: the rows' differences
+are paired), and the sample set ``{key: [S, ...]}`` and the
 predictions ``{"id": [S, N, C], "ood": [S, M, C]}`` (float32 probabilities on the ID test set and
 the OOD set) are written atomically, predictions last: a unit counts as done only when both files
 validate, so a killed run redoes at most the unit in flight. Units are claimed across processes
@@ -41,8 +43,8 @@ from benchmark.core.store import (
 from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
 from benchmark.inventory import converged, corrupt_zoo_error, quarantine_and_redo, sample_settings_hash, unit_state
-from methods import MODES, MethodFitError, PosteriorMethod, method_class
-from methods.modes import ModePlan, run_mode
+from methods import MODES, MethodConfigError, MethodFitError, PosteriorMethod, method_class, selected
+from methods.modes import ModePlan, plan_counts, run_mode
 
 log = logging.getLogger(__name__)
 NAME = "sample"
@@ -131,10 +133,29 @@ def pool_size(method: PosteriorMethod, bases: int) -> int:
     return bases + (math.ceil(0.2 * bases) + 1 if method.fits_can_fail else 0)
 
 
-def repetition_candidates(seeds: list[int], pool: int, repetition: int) -> tuple[int, ...]:
-    """The candidate bases of ``repetition``: its own block of ``pool`` seeds, so repetitions never
-    share a base network, and a block does not depend on how many repetitions are asked."""
-    return tuple(seeds[repetition * pool : (repetition + 1) * pool])
+def repetition_stride(per_method: int, modes_multi: int) -> int:
+    """Converged held-out seeds between the starts of two repetitions: the largest pool any
+    registered method x mode reserves (``pool_size``) under ``sample.per_method`` and
+    ``sample.modes_multi``, whichever methods this run selects. Every row's repetition k then
+    starts at the same seed (its one-mode base is the first of the multi-mode and ensemble
+    bases), so differences between rows can be tested paired, with no base in two repetitions."""
+    pools = []
+    for name, mode in selected("all", "both"):
+        cls = method_class(name)
+        try:
+            pools.append(pool_size(cls, plan_counts(cls, mode, per_method, modes_multi)[0]))
+        except MethodConfigError:  # a method whose counts do not split is refused by its own check
+            continue
+    return max(pools, default=1)
+
+
+def repetition_candidates(seeds: list[int], pool: int, stride: int, repetition: int) -> tuple[int, ...]:
+    """The candidate bases of ``repetition``: the ``pool`` seeds from ``repetition x stride`` on
+    (``stride >= pool``), so repetitions never share a base network, and a block depends neither
+    on how many repetitions are asked nor on which methods run."""
+    if stride < pool:
+        raise ValueError(f"repetition_candidates: stride {stride} is smaller than the pool {pool}")
+    return tuple(seeds[repetition * stride : repetition * stride + pool])
 
 
 def select_bases(exp: Experiment, count: int) -> list[int]:
@@ -170,7 +191,7 @@ def select_bases(exp: Experiment, count: int) -> list[int]:
 def jobs(exp: Experiment, summary: SampleSummary | None = None, check_bases: bool = True) -> list[Job]:
     """Build and check every selected unit (each method x mode, ``sample.repetitions`` times)
     before any training (``Experiment.planned_methods``). Repetition k takes its bases from the
-    k-th block of converged held-out seeds (``repetition_candidates``).
+    converged held-out seeds from ``k x repetition_stride`` on (``repetition_candidates``).
 
     Raises ``MethodConfigError`` listing every refused unit (a bad method/model/mode
     combination), and ``MissingBasesError`` when ``check_bases`` and the store lacks bases.
@@ -186,10 +207,11 @@ def jobs(exp: Experiment, summary: SampleSummary | None = None, check_bases: boo
     out = [Job(exp.store.sample_unit(method.name, plan.mode, r), method, plan)
            for method, plan in planned for r in range(repetitions)]
     if check_bases:
+        stride = repetition_stride(exp.config.sample.per_method, exp.config.sample.modes_multi)
         for job in out:
             pool = pool_size(job.method, job.plan.bases)
-            seeds = select_bases(exp, (repetitions - 1) * pool + job.plan.bases)
-            candidates = repetition_candidates(seeds, pool, int(job.unit.repetition))
+            seeds = select_bases(exp, (repetitions - 1) * stride + job.plan.bases)
+            candidates = repetition_candidates(seeds, pool, stride, int(job.unit.repetition))
             job.plan = ModePlan(job.plan.mode, candidates, job.plan.bases, job.plan.samples_per_base)
     return out
 

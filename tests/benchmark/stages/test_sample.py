@@ -14,7 +14,7 @@ from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
 from methods import selected as selected_units
-from benchmark.stages.sample import MissingBasesError, SampleStageError, select_bases
+from benchmark.stages.sample import MissingBasesError, SampleStageError, repetition_stride, select_bases
 from benchmark.stages.sample import jobs as prepare_units
 from benchmark.stages.sample import run as run_sample
 from benchmark.stages.zoo import run_zoo
@@ -173,15 +173,35 @@ def test_refusals_and_missing_bases_come_before_any_training(make_exp) -> None:
 
 
 def test_repetitions_use_disjoint_blocks_of_bases_and_survive_a_change_of_their_number(make_exp) -> None:
-    exp = make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=3")
+    # per_method=2 (modes_multi=10 does not split it): the largest pool is a retrained method's
+    # one-mode base with its 2 spares, so repetitions start 3 converged seeds apart for every method
+    assert repetition_stride(2, 10) == 3
+    exp = make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=2")
     converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
-    assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1", "ensemble/multi/r2"]
-    bases = [json.loads(read_metadata(exp.store.samples_path(exp.store.sample_unit("ensemble", "multi", r)))["base_seeds"]) for r in range(3)]
-    assert bases == [converged[0:2], converged[2:4], converged[4:6]]
-    assert run_sample(make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=2")).skipped_done == [
-        "ensemble/multi/r0", "ensemble/multi/r1"]
-    with pytest.raises(MissingBasesError, match=r"8 converged held-out base checkpoints needed"):
+    assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
+    bases = [json.loads(read_metadata(exp.store.samples_path(exp.store.sample_unit("ensemble", "multi", r)))["base_seeds"]) for r in range(2)]
+    assert bases == [converged[0:2], converged[3:5]]
+    assert run_sample(make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=1")).skipped_done == [
+        "ensemble/multi/r0"]
+    with pytest.raises(MissingBasesError, match=r"11 converged held-out base checkpoints needed"):
         run_sample(make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=4"))
+
+
+def test_repetition_k_of_every_row_starts_at_the_same_base(make_exp) -> None:
+    # the pairing the findings' paired tests rely on: one-mode bases are the first of the multi-mode
+    # and ensemble bases of the same repetition, whichever methods a run selects
+    exp = make_exp("method=all", "mode=both", "sample.per_method=2", "sample.modes_multi=2", "sample.repetitions=2")
+    stride = repetition_stride(2, 2)
+    assert stride == 4  # a retrained method's multi-mode pool: 2 bases, 2 spares
+    converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
+    units = prepare_units(exp)
+    for unit in units:
+        r = int(unit.unit.repetition)
+        assert unit.plan.candidates[0] == converged[r * stride], unit.unit
+        assert set(unit.plan.candidates) <= set(converged[r * stride : (r + 1) * stride])
+    alone = prepare_units(make_exp("method=swag", "mode=one", "sample.per_method=2", "sample.modes_multi=2",
+                                   "sample.repetitions=2"))
+    assert [u.plan.candidates for u in alone] == [(converged[0],), (converged[stride],)]
 
 
 def test_a_retrained_method_reserves_spare_bases_per_repetition(make_exp) -> None:
