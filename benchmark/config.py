@@ -100,6 +100,14 @@ class SeedsConfig:
 
     reference: List[int] = MISSING
     heldout: List[int] = MISSING
+    # The share of seeds expected to pass the convergence rule: the sample stage's preflight counts
+    # the held-out seeds not trained yet at this rate to refuse, before any training, a range that
+    # cannot supply every repetition's bases and Deep-Ensemble members (inventory.heldout_shortfall).
+    expected_convergence: float = 0.9
+
+    def __post_init__(self) -> None:
+        require(0 < self.expected_convergence <= 1, "expected_convergence", self.expected_convergence,
+                "a fraction in (0, 1]")
 
 
 @dataclass

@@ -13,6 +13,7 @@ the report and the analyses share (none of them asks another stage).
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,8 @@ from benchmark.core.store import (
     quarantine, quarantined, read_metadata,
 )
 from benchmark.experiment import Experiment, SeedRange
-from methods import method_class, method_names, selected
+from methods import MethodConfigError, PosteriorMethod, method_class, method_names, selected
+from methods.modes import plan_counts
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +147,54 @@ def checkpoint_staleness(exp: Experiment, path: Path) -> str | None:
 
 
 # ---- the sample units --------------------------------------------------------------------------
+
+def pool_size(method: type[PosteriorMethod] | PosteriorMethod, bases: int) -> int:
+    """Candidate seeds reserved for one repetition: the bases, plus spares (a fifth, and one)
+    for methods whose fit around a base can fail (retrained networks that do not converge)."""
+    return bases + (math.ceil(0.2 * bases) + 1 if method.fits_can_fail else 0)
+
+
+def repetition_stride(per_method: int, modes_multi: int) -> int:
+    """Converged held-out seeds between the starts of two repetitions: the largest pool any
+    registered method x mode reserves (``pool_size``) under ``sample.per_method`` and
+    ``sample.modes_multi``, whichever methods this run selects. Every row's repetition k then
+    starts at the same seed (its one-mode base is the first of the multi-mode and ensemble
+    bases), so differences between rows can be tested paired, with no base in two repetitions."""
+    pools = []
+    for name, mode in selected("all", "both"):
+        cls = method_class(name)
+        try:
+            pools.append(pool_size(cls, plan_counts(cls, mode, per_method, modes_multi)[0]))
+        except MethodConfigError:  # a method whose counts do not split is refused by its own check
+            continue
+    return max(pools, default=1)
+
+
+def heldout_shortfall(exp: Experiment, bases: int) -> str | None:
+    """Why ``seeds.heldout`` cannot supply the sample stage, or ``None``: repetition k's bases
+    start at converged held-out seed ``k x repetition_stride``, so ``sample.repetitions`` need
+    ``(repetitions - 1) x stride + bases`` converged seeds (``bases``: the most any selected
+    method x mode takes, e.g. Deep Ensembles' members). Seeds already trained count as they are;
+    the rest at ``seeds.expected_convergence``. The message gives the numbers and the range to use."""
+    sample, heldout = exp.config.sample, exp.heldout
+    if bases < 1:
+        return None
+    stride = repetition_stride(sample.per_method, sample.modes_multi)
+    needed = (sample.repetitions - 1) * stride + bases
+    done = len(converged(exp, heldout))
+    failed = sum(s in heldout for s in exp.store.failed_seeds())
+    untried = max(0, len(heldout) - done - failed)
+    rate = exp.config.seeds.expected_convergence
+    expected = done + round(untried * rate)
+    if expected >= needed:
+        return None
+    stop = heldout.stop + math.ceil((needed - expected) / rate)
+    return (f"seeds.heldout=[{heldout.start}, {heldout.stop}] cannot supply the sample stage: "
+            f"{sample.repetitions} repetition(s) {stride} converged seeds apart need {needed} converged held-out "
+            f"seeds ((repetitions - 1) x {stride} + {bases} bases), and the range gives about {expected} "
+            f"({done} converged, {failed} failed, {untried} not trained yet at seeds.expected_convergence={rate:g}); "
+            f"use 'seeds.heldout=[{heldout.start},{stop}]' (or fewer sample.repetitions / sample.per_method)")
+
 
 SAMPLE_CODE = ("methods.modes", "benchmark.core.models.registry", "benchmark.core.models.predict")
 """Code every method's samples and predictions go through besides the method's own module."""

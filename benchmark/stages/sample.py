@@ -42,9 +42,12 @@ from benchmark.core.store import (
 )
 from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
-from benchmark.inventory import converged, corrupt_zoo_error, quarantine_and_redo, sample_settings_hash, unit_state
-from methods import MODES, MethodConfigError, MethodFitError, PosteriorMethod, method_class, selected
-from methods.modes import ModePlan, plan_counts, run_mode
+from benchmark.inventory import (
+    converged, corrupt_zoo_error, heldout_shortfall, pool_size, quarantine_and_redo, repetition_stride,
+    sample_settings_hash, unit_state,
+)
+from methods import MODES, MethodFitError, PosteriorMethod, method_class
+from methods.modes import ModePlan, run_mode
 
 log = logging.getLogger(__name__)
 NAME = "sample"
@@ -92,14 +95,18 @@ def produces(exp: Experiment) -> frozenset[str]:
 
 def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
     """Refuse before any work: the data on disk; every selected method x mode (settings, model,
-    mode); an external sample set's file; and, unless an earlier stage of this run trains the
-    held-out zoo, the bases in the store."""
+    mode); an external sample set's file; a ``seeds.heldout`` range that cannot supply the bases
+    of every repetition at ``seeds.expected_convergence`` (``heldout_shortfall``); and, unless an
+    earlier stage of this run trains the held-out zoo, the bases in the store."""
     exp.check_data()
     if exp.config.method.value == "external":
         external_mode(exp)
         load_external(exp)
     else:
-        jobs(exp, check_bases="heldout" not in made)
+        planned = jobs(exp, check_bases="heldout" not in made)
+        problem = heldout_shortfall(exp, max((job.plan.bases for job in planned), default=0))
+        if problem:
+            raise MissingBasesError(problem)
 
 
 def settings_metadata(exp: Experiment, job: Job, seeds: tuple[int, ...], diagnostics: dict[str, float]) -> SampleSetMetadata:
@@ -125,28 +132,6 @@ def predictions(exp: Experiment, samples: SampleSet, method: PosteriorMethod | N
         "id": predict_with_weights(model, samples, exp.test_tensors[0]),
         "ood": predict_with_weights(model, samples, exp.ood_tensors[0]),
     }
-
-
-def pool_size(method: PosteriorMethod, bases: int) -> int:
-    """Candidate seeds reserved for one repetition: the bases, plus spares (a fifth, and one)
-    for methods whose fit around a base can fail (retrained networks that do not converge)."""
-    return bases + (math.ceil(0.2 * bases) + 1 if method.fits_can_fail else 0)
-
-
-def repetition_stride(per_method: int, modes_multi: int) -> int:
-    """Converged held-out seeds between the starts of two repetitions: the largest pool any
-    registered method x mode reserves (``pool_size``) under ``sample.per_method`` and
-    ``sample.modes_multi``, whichever methods this run selects. Every row's repetition k then
-    starts at the same seed (its one-mode base is the first of the multi-mode and ensemble
-    bases), so differences between rows can be tested paired, with no base in two repetitions."""
-    pools = []
-    for name, mode in selected("all", "both"):
-        cls = method_class(name)
-        try:
-            pools.append(pool_size(cls, plan_counts(cls, mode, per_method, modes_multi)[0]))
-        except MethodConfigError:  # a method whose counts do not split is refused by its own check
-            continue
-    return max(pools, default=1)
 
 
 def repetition_candidates(seeds: list[int], pool: int, stride: int, repetition: int) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ from benchmark.core.store import CheckpointMetadata, Claim, read_metadata, remov
 from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
 from benchmark.core.training.vectorised import train_networks
 from benchmark.experiment import Experiment, SeedRange
-from benchmark.inventory import RangeState, quarantine_and_redo, range_state, seed_problem
+from benchmark.inventory import RangeState, heldout_shortfall, quarantine_and_redo, range_state, seed_problem
 
 log = logging.getLogger(__name__)
 NAME = "zoo"
@@ -77,12 +77,16 @@ def produces(exp: Experiment) -> frozenset[str]:
 def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
     """The data on disk, ``zoo.vectorize`` (a K that cannot be stacked or does not fit), the
     precision and memory format the device can run, and every selected method x mode, so that a
-    zoo is never paid for that the sample stage would then refuse."""
+    zoo is never paid for that the sample stage would then refuse; a held-out range too small
+    for the sample stage's repetitions is a warning here (the sample stage refuses it)."""
     exp.check_data()
     _ = exp.zoo_trainer
     _ = exp.acceleration
     if exp.config.method.value != "external":
-        exp.planned_methods()
+        planned, _ = exp.planned_methods()
+        problem = heldout_shortfall(exp, max((plan.bases for _, plan in planned), default=0))
+        if problem and exp.config.zoo.range.value != "reference":
+            log.warning("%s (the sample stage will refuse it)", problem)
 
 
 def train_seed(exp: Experiment, seed: int, role: str = "zoo") -> TrainResult:

@@ -134,3 +134,36 @@ def test_stage_all_checks_the_store_only_for_inputs_no_earlier_stage_writes(tmp_
     with pytest.raises(MissingInputsError, match="analysis=marginals needs the reference zoo"):
         preflight(Experiment(compose_config(empty)), ("analyze",))
     preflight(Experiment(compose_config([*empty, "analysis=toy"])), ("analyze",))  # the toy reads nothing
+
+
+@pytest.mark.parametrize("experiment", ["digits_optunet", "mnist_optunet", "cifar100_resnet18", "tinyimagenet_resnet18"])
+def test_each_experiments_heldout_range_supplies_its_repetitions(tmp_path, experiment):
+    from benchmark.inventory import heldout_shortfall, repetition_stride
+
+    exp = Experiment(compose_config([f"experiment={experiment}", f"store={tmp_path / 'store'}"]))
+    sample, seeds = exp.config.sample, exp.config.seeds
+    stride = repetition_stride(sample.per_method, sample.modes_multi)
+    assert stride == sample.per_method  # the Deep Ensemble's members: the largest pool
+    needed = (sample.repetitions - 1) * stride + sample.per_method
+    assert heldout_shortfall(exp, sample.per_method) is None
+    assert round(len(exp.heldout) * seeds.expected_convergence) >= needed
+    # the ranges of the last round (150 seeds) could not: refused with the numbers and the range to use
+    small = Experiment(compose_config([f"experiment={experiment}", f"store={tmp_path / 'store'}",
+                                       "seeds.heldout=[100000,100150]"]))
+    problem = heldout_shortfall(small, sample.per_method)
+    assert f"need {needed} converged held-out seeds" in problem and "150 not trained yet" in problem
+    stop = int(problem.split("'seeds.heldout=[100000,")[1].split("]")[0])
+    assert round((stop - 100000) * seeds.expected_convergence) >= needed
+
+
+def test_stage_all_refuses_a_heldout_range_too_small_for_the_repetitions_before_training(tmp_path):
+    from benchmark.stages.sample import MissingBasesError
+
+    cfg = compose_config([*TINY_TRAIN, f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}", "stage=all",
+                          "seeds.reference=[0,2]", "seeds.heldout=[100000,100008]", "method=ensemble",
+                          "sample.per_method=4", "sample.repetitions=3"])
+    # 8 held-out seeds at 0.72: about 6 converged; 3 repetitions 4 apart need (3 - 1) x 4 + 4 = 12
+    with pytest.raises(MissingBasesError, match=r"need 12 converged held-out seeds .* gives about 6 .*"
+                                                r"use 'seeds.heldout=\[100000,\d+\]'"):
+        run(cfg)
+    assert _nothing_written(tmp_path / "store")
