@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from benchmark.core.store import StoreError, Unit, atomic_write_text
+from benchmark.core.store import CheckpointError, StoreError, Unit, atomic_write_text, sealed_json, unsealed_json
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
     StaleSamplesError, available_rows, describe_store, require_inputs, row_label, row_units,
@@ -114,16 +114,25 @@ def _numbers(exp: Experiment, ref: Reference, unit: Unit, full: bool) -> dict[st
     if hit is not None:
         return hit
     numbers = ref.score(unit, full=full)
-    atomic_write_text(cached, json.dumps({"key": key, "numbers": numbers}, default=_jsonable))
+    payload = json.loads(json.dumps({"key": key, "numbers": numbers}, default=_jsonable))
+    atomic_write_text(cached, sealed_json(payload))
     return numbers
 
 
 def _cached_numbers(path: Path, key: str) -> dict[str, Any] | None:
-    """The cached numbers at ``path`` if they were computed for ``key``; a damaged cache file counts as absent."""
+    """The cached numbers at ``path`` if they were computed for ``key`` and match their checksum
+    (``store.sealed_json``); a damaged cache is recomputed, with one log line."""
     try:
-        cached = json.loads(path.read_text())
-        return _from_json(cached["numbers"]) if cached.get("key") == key else None
-    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        text = path.read_text()
+    except OSError:
+        return None
+    try:
+        cached = unsealed_json(text, str(path))
+        if cached.get("key") != key:
+            return None
+        return _from_json(dict(cached["numbers"]))
+    except (CheckpointError, KeyError, AttributeError, TypeError, ValueError) as err:
+        log.warning("%s; recomputing these numbers", err)
         return None
 
 

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from benchmark.core.store.atomic import atomic_path
-from benchmark.core.store.checksum import METADATA_KEY, checksums_entry, file_identity, verify_tensors
+from benchmark.core.store.checksum import checksummed_metadata, file_identity, stored_checksums, verify_tensors
 from benchmark.core.store.errors import CheckpointError
 from benchmark.core.store.metadata import encode_metadata
 
@@ -37,9 +37,9 @@ def save_checkpoint(path: str | os.PathLike, state_dict: Mapping[str, torch.Tens
 
 
 def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
-    """Write plain (contiguous CPU) ``tensors`` with ``metadata`` and their checksums, atomically."""
-    encoded = encode_metadata(metadata)
-    encoded[METADATA_KEY] = checksums_entry(tensors)
+    """Write plain (contiguous CPU) ``tensors`` with ``metadata``, the store format and the
+    checksums of both (``checksum.checksummed_metadata``), atomically."""
+    encoded = checksummed_metadata(tensors, encode_metadata(metadata))
     with atomic_path(path) as tmp:
         save_file(dict(tensors), str(tmp), metadata=encoded)
         _sort_header(tmp)
@@ -108,9 +108,12 @@ def validate_tensors(
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
-    """The string metadata of a safetensors file (checkpoint or sample set), without its data."""
+    """The string metadata of a safetensors file (checkpoint or sample set), without its data,
+    checked against their digest (``ChecksumError`` naming the file when an entry was damaged)."""
     with open_safetensors(path) as fh:
-        return dict(fh.metadata() or {})
+        metadata = dict(fh.metadata() or {})
+    stored_checksums(metadata, str(path))
+    return metadata
 
 
 def load_checkpoint(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, TypeVar
 
 T = TypeVar("T", bound="_Metadata")
-WRITER_KEYS = ("checksums",)  # written by the store's writer itself, not part of a file's metadata
+WRITER_KEYS = ("checksums", "format")  # written by the store's writer itself, not part of a file's metadata
 
 
 def encode_metadata(metadata: Mapping[str, Any]) -> dict[str, str]:

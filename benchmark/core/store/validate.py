@@ -12,7 +12,7 @@ import torch
 from benchmark.core.store.blocks import Header, read_header, read_range
 from benchmark.core.store.checkpoint import _all_finite, check_metadata
 from benchmark.core.store.checksum import (
-    CHUNK_BYTES, digest_chunks, file_identity, is_verified, mismatch, remember, stored_checksums,
+    CHUNK_BYTES, ChecksumError, digest_chunks, file_identity, is_verified, mismatch, remember, stored_checksums,
 )
 from benchmark.core.store.errors import CheckpointError
 
@@ -42,6 +42,13 @@ def check_file(
     if shapes is not None:
         _check_shapes(path, header, shapes, leading, samples)
     digests = stored_checksums(header.metadata, str(path))
+    if digests is not None and set(digests) != set(header.entries):
+        lost = sorted(set(digests) - set(header.entries))
+        if lost:
+            raise ChecksumError(f"{path}: its checksums name tensor {lost[0]!r}, which the file does not hold "
+                                "(a tensor entry was renamed or removed after writing)")
+        key = sorted(set(header.entries) - set(digests))[0]
+        raise mismatch(str(path), key, None, "")
     identity = file_identity(path)
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -212,3 +212,28 @@ def test_weight_matching_off_leaves_the_wm_columns_empty(filled, tmp_path):
     row = frame.loc[("ensemble", "multi")]
     assert row.wm_anchor == "" and math.isnan(row.wm_mmd_median) and math.isnan(row.wm_mmd_median_hw)
     assert not math.isnan(row.ns_mmd_median)
+
+
+def test_a_damaged_number_cache_is_recomputed_with_one_log_line(filled, caplog):
+    """A digit changed in an ``eval/*.json`` cache is caught by its checksum and recomputed,
+    never copied into metrics.csv."""
+    import json
+    import logging
+
+    exp = filled[0]
+    first = run_evaluate(exp)
+    cached = sorted((exp.store.base / "eval").glob("*.json"))[0]
+    data = json.loads(cached.read_text())
+    assert data["checksum"].startswith("xxh3_64:")
+    text = cached.read_text()
+    column = "mmd_median"
+    value = repr(data["numbers"][column])
+    damaged = value[:-1] + str((int(value[-1]) + 1) % 10)
+    assert text.count(value) >= 1
+    cached.write_text(text.replace(value, damaged, 1))
+    with caplog.at_level(logging.WARNING, logger="benchmark.stages.evaluate"):
+        second = run_evaluate(exp)
+    warnings = [r.getMessage() for r in caplog.records if "recomputing" in r.getMessage()]
+    assert len(warnings) == 1 and cached.name in warnings[0] and "checksum mismatch" in warnings[0]
+    pd.testing.assert_frame_equal(first, second)
+    assert json.loads(cached.read_text())["numbers"][column] == data["numbers"][column]  # rewritten sound
