@@ -138,7 +138,7 @@ class Reference:
     def weights(self) -> dict[str, torch.Tensor]:
         """Reference sample set ``{key: [R, ...]}`` (validated against the model)."""
         def build():
-            zoo = load_checkpoints_as_sample_set(self.checked_paths())
+            zoo = load_checkpoints_as_sample_set(self.checked_paths(), validated=True)
             validate_tensors(zoo, self.exp.model(), source=str(self.exp.store.zoo_dir), leading=1)
             return zoo
         return self._cached("zoo", build)
@@ -163,7 +163,7 @@ class Reference:
         todo = [s for s in self.seeds if not (folder / f"{stems[s]}.safetensors").is_file()]
         checked = dict(zip(self.seeds, self.checked_paths()))
         paths = [checked[s] for s in todo]
-        for batch_seeds, batch in zip(_chunks(todo, self.batch), iter_checkpoint_batches(paths, self.batch)):
+        for batch_seeds, batch in zip(_chunks(todo, self.batch), iter_checkpoint_batches(paths, self.batch, validated=True)):
             form = transform(batch)
             for i, seed in enumerate(batch_seeds):
                 save_checkpoint(folder / f"{stems[seed]}.safetensors", unstack(form, i), {"seed": seed})
@@ -183,7 +183,7 @@ class Reference:
         """Zoo-ensemble predictive on the ID test set ``[N, C]``."""
         def build():
             images = self.exp.test_tensors[0]
-            batches = [self.weights()] if self.in_memory else iter_checkpoint_batches(self.checked_paths(), self.batch)
+            batches = [self.weights()] if self.in_memory else iter_checkpoint_batches(self.checked_paths(), self.batch, validated=True)
             total = sum(predict_with_weights(self.model, b, images).double().sum(0) for b in batches)
             return {"id": (total / len(self.seeds))[None]}
         return self._cached("predictive", build)["id"][0]

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from benchmark.core.store.atomic import atomic_path
-from benchmark.core.store.checksum import checksummed_metadata, file_identity, stored_checksums, verify_tensors
+from benchmark.core.store.checksum import checksummed_metadata, file_identity, stable_identity, stored_checksums, verify_tensors
 from benchmark.core.store.errors import CheckpointError
 from benchmark.core.store.metadata import encode_metadata
 
@@ -120,25 +120,30 @@ def load_checkpoint(
     path: str | os.PathLike,
     model: nn.Module | ShapeSpec | None = None,
     expect: Mapping[str, str] | None = None,
+    validated: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read a checkpoint; return ``(state_dict, metadata)``.
 
-    The tensors are checked against the checksums in the metadata. With ``model`` (a module or
-    a key -> shape mapping), keys, shapes and finiteness are validated; with ``expect``, metadata
-    entries (e.g. ``{"experiment": "digits_optunet"}``; see ``check_metadata``). Any mismatch
-    raises ``CheckpointError`` naming the file and key.
+    The tensors and metadata are checked against the checksums in the metadata. With ``model`` (a
+    module or a key -> shape mapping), keys, shapes and finiteness are validated; without it the
+    values are still checked finite, unless ``validated`` (the caller already validated this
+    file whole, e.g. with ``check_file``). With ``expect``, metadata entries (e.g.
+    ``{"experiment": "digits_optunet"}``; see ``check_metadata``). Any mismatch raises
+    ``CheckpointError`` naming the file and key.
     """
+    before = file_identity(path) if Path(path).is_file() else None
     with open_safetensors(path) as fh:
-        identity = file_identity(path)
         try:
             tensors = {k: fh.get_tensor(k) for k in fh.keys()}
         except SafetensorError as err:
             raise CheckpointError(f"{path}: corrupt or truncated safetensors data ({err})") from err
         metadata = dict(fh.metadata() or {})
+    verify_tensors(path, tensors, metadata, before and stable_identity(path, before))
     check_metadata(metadata, expect or {}, str(path))
-    verify_tensors(path, tensors, metadata, identity)
     if model is not None:
         validate_tensors(tensors, model, source=str(path))
+    elif not validated:
+        check_finite(tensors, str(path))
     return tensors, metadata
 
 

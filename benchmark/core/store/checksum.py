@@ -39,7 +39,7 @@ from typing import Iterable, Mapping
 import torch
 import xxhash
 
-from benchmark.core.store.blocks import DTYPE_NAMES
+from benchmark.core.store.blocks import DTYPE_NAMES, stat_identity
 from benchmark.core.store.errors import CheckpointError
 
 ALGORITHM = "xxh3_64"
@@ -165,28 +165,38 @@ def verify_tensors(
 ) -> None:
     """Check loaded ``tensors`` of file ``path`` against the checksums in its ``metadata``.
 
-    ``identity``: ``file_identity(path)`` taken before the file was read. Keys already verified
-    for this version of the file are skipped. A file without checksums passes (see the module
-    doc). Raises ``ChecksumError`` naming the file and the tensor.
+    ``identity``: the identity of the version of the file that was read (``file_identity`` taken
+    before and found unchanged after the read); keys already verified for it are skipped and the
+    ones verified now are remembered. ``None``: the version is unsure, nothing is remembered. A
+    file without checksums passes (see the module doc). Raises ``ChecksumError`` naming the file
+    and the tensor.
     """
     digests = stored_checksums(metadata, str(path))
     if digests is None:
         return
-    identity = identity or file_identity(path)
-    done = _verified_keys(identity)
+    done = _verified_keys(identity) if identity is not None else set()
     for key, tensor in tensors.items():
         if key in done:
             continue
         computed = tensor_digest(tensor)
         if digests.get(key) != computed:
             raise mismatch(str(path), key, digests.get(key), computed)
-        remember(identity, key)
+        if identity is not None:
+            remember(identity, key)
+
+
+def stable_identity(path: str | os.PathLike, before: tuple) -> tuple | None:
+    """``before`` (the identity of ``path`` taken before a read) if the file is still that version
+    after the read, else ``None`` (it was replaced meanwhile: what was read cannot be named)."""
+    try:
+        return before if file_identity(path) == before else None
+    except OSError:
+        return None
 
 
 def file_identity(path: str | os.PathLike) -> tuple:
     """What identifies one version of a file: (real path, device, inode, size, mtime in ns)."""
-    st = os.stat(path)
-    return (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return stat_identity(path, os.stat(path))
 
 
 _VERIFIED: "OrderedDict[tuple, set[str]]" = OrderedDict()
