@@ -21,7 +21,7 @@ from typing import Iterable
 from benchmark.core.fingerprint import code_fingerprint, stable_hash
 from benchmark.core.store import (
     MODES, CheckpointError, CheckpointMetadata, ExperimentStore, SampleSetMetadata, StoreError, Unit, check_file,
-    quarantine, quarantined, read_metadata,
+    content_digest, quarantine, quarantined, read_metadata,
 )
 from benchmark.experiment import Experiment, SeedRange
 from methods import method_class, method_names, selected
@@ -224,6 +224,10 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
                 state.stale = f"{path}: metadata {', '.join(stale)} differ from the current settings"
     if state.missing or state.stale or state.corrupt:
         return state
+    mixed = pairing_problem(metas[paths[0]], metas[paths[1]], paths[1])
+    if mixed is not None:
+        state.corrupt[paths[1]] = mixed
+        return state
     n = SampleSetMetadata.decode(metas[paths[0]]).n_samples
     c, rows = exp.info.num_classes, prediction_rows(exp)
     shapes = (exp.shapes(), None if rows is None else {"id": (rows[0], c), "ood": (rows[1], c)})
@@ -233,6 +237,22 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
         except CheckpointError as err:
             state.corrupt[path] = str(err)
     return state
+
+
+def pairing_problem(samples_meta: dict[str, str], preds_meta: dict[str, str], preds_path: Path) -> str | None:
+    """Why a unit's predictions (metadata ``preds_meta``, at ``preds_path``) were not computed from
+    its sample set (metadata ``samples_meta``): their ``samples_digest`` names another sample set's
+    content (a pair mixed from two writers). ``None`` when they belong together, or when the
+    predictions carry no ``samples_digest`` (written before the binding existed, or by another
+    tool; the metadata checksum keeps damage from removing it from a file that has it)."""
+    bound = SampleSetMetadata.decode(preds_meta).samples_digest
+    if bound is None:
+        return None
+    actual = content_digest(samples_meta)
+    if bound != actual:
+        return (f"{preds_path}: computed from another sample set (samples_digest {bound}, the stored sample set's is "
+                f"{actual}): a pair mixed from two writers")
+    return None
 
 
 def prediction_rows(exp: Experiment) -> tuple[int, int] | None:

@@ -32,7 +32,7 @@ from benchmark.core.store import (
     validate_tensors,
 )
 from benchmark.experiment import Experiment
-from benchmark.inventory import corrupt_zoo_error, describe_store, reference_seeds
+from benchmark.inventory import corrupt_zoo_error, describe_store, pairing_problem, reference_seeds
 from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
@@ -234,13 +234,18 @@ class Reference:
         stops with ``CorruptZooError``, never a failed row."""
         store = self.exp.store
         samples_path, preds_path = store.samples_path(unit), store.preds_path(unit)
+        metas = {}
         for path in (samples_path, preds_path):
-            got = read_metadata(path).get("experiment")
+            metas[path] = read_metadata(path)
+            got = metas[path].get("experiment")
             if got != self.exp.name:
                 raise StoreError(f"{path}: holds samples of experiment {got!r}, expected {self.exp.name!r}; "
                                  f"the store holds: {describe_store(self.exp)}")
         reference_id = self.predictive()
         try:
+            mixed = pairing_problem(metas[samples_path], metas[preds_path], preds_path)
+            if mixed is not None:
+                raise CheckpointError(mixed)
             samples = load_sample_set(samples_path)
             validate_tensors(samples, self.exp.model(), source=str(samples_path), leading=1)
             preds = load_sample_set(preds_path, ["id", "ood"])

@@ -8,8 +8,10 @@ its predictions are in the store and valid for the current settings and code
 mode's base networks (the converged checkpoints of ``seeds.heldout``; repetition k takes the k-th
 block of them, so repetitions never share a base), and the sample set ``{key: [S, ...]}`` and the
 predictions ``{"id": [S, N, C], "ood": [S, M, C]}`` (float32 probabilities on the ID test set and
-the OOD set) are written atomically, predictions last: a unit counts as done only when both files
-validate, so a killed run redoes at most the unit in flight. Units are claimed across processes
+the OOD set) are written atomically, predictions last, carrying the digest of the sample set
+they were computed from (``samples_digest``): a unit counts as done only when both files validate
+and belong together, so a killed run redoes at most the unit in flight, and a pair mixed from two
+writers is refused and redrawn. Units are claimed across processes
 and cluster nodes (``store.claim``).
 
 Self-healing: a stored unit whose sample set or predictions fail validation (unreadable,
@@ -218,8 +220,8 @@ def write_job(exp: Experiment, job: Job, claim=None) -> tuple[int, ...] | None:
     if claim is not None and claim.lost:
         return None
     metadata = settings_metadata(exp, job, seeds, diagnostics).encode()
-    save_sample_set(exp.store.samples_path(job.unit), samples, metadata)
-    save_sample_set(exp.store.preds_path(job.unit), preds, metadata)
+    digest = save_sample_set(exp.store.samples_path(job.unit), samples, metadata)
+    save_sample_set(exp.store.preds_path(job.unit), preds, {**metadata, "samples_digest": digest})
     return seeds
 
 
@@ -336,8 +338,8 @@ def run_external(exp: Experiment) -> SampleSummary:
         if quarantine_and_redo(state.corrupt, f"{unit.label} will be scored again"):
             summary.quarantined[unit.label] = "; ".join(state.corrupt.values())
         preds = predictions(exp, samples)
-        save_sample_set(exp.store.samples_path(unit), samples, metadata)
-        save_sample_set(exp.store.preds_path(unit), preds, metadata)
+        digest = save_sample_set(exp.store.samples_path(unit), samples, metadata)
+        save_sample_set(exp.store.preds_path(unit), preds, {**metadata, "samples_digest": digest})
     log.info("%s: %d external samples from %s written", unit.label, len(preds["id"]), source)
     summary.written.append(unit.label)
     return summary

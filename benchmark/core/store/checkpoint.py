@@ -36,13 +36,14 @@ def save_checkpoint(path: str | os.PathLike, state_dict: Mapping[str, torch.Tens
     write_safetensors(path, plain_tensors(state_dict), metadata)
 
 
-def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
+def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> dict[str, str]:
     """Write plain (contiguous CPU) ``tensors`` with ``metadata``, the store format and the
-    checksums of both (``checksum.checksummed_metadata``), atomically."""
+    checksums of both (``checksum.checksummed_metadata``), atomically; return the metadata written."""
     encoded = checksummed_metadata(tensors, encode_metadata(metadata))
     with atomic_path(path) as tmp:
         save_file(dict(tensors), str(tmp), metadata=encoded)
         _sort_header(tmp)
+    return encoded
 
 
 def _sort_header(path: Path) -> None:

@@ -253,3 +253,11 @@ def unsealed_json(text: str, source: str) -> dict:
     if stored != computed:
         raise ChecksumError(f"{source}: checksum mismatch (stored {stored}, computed {computed}): changed after writing")
     return data
+
+
+def content_digest(metadata: Mapping[str, str]) -> str | None:
+    """One digest naming a file's whole content (its tensors and metadata): XXH3-64 of its
+    ``checksums`` entry, which holds their digests; ``None`` for a file without checksums. What a
+    unit's predictions carry to name the sample set they were computed from."""
+    raw = metadata.get(METADATA_KEY)
+    return None if raw is None else f"{ALGORITHM}:{xxhash.xxh3_64(raw.encode()).hexdigest()}"

@@ -19,7 +19,7 @@ from benchmark.core.store.blocks import FileReader
 from benchmark.core.store.checkpoint import (
     ShapeSpec, check_finite, open_safetensors, plain_tensors, validate_tensors, write_safetensors,
 )
-from benchmark.core.store.checksum import file_identity, stable_identity, verify_tensors
+from benchmark.core.store.checksum import content_digest, file_identity, stable_identity, verify_tensors
 from benchmark.core.store.errors import CheckpointError
 from benchmark.core.store.validate import verify_file_tensors
 
@@ -52,12 +52,13 @@ def unstack(sample_set: Mapping[str, torch.Tensor], index: int) -> dict[str, tor
     return {k: v[index] for k, v in sample_set.items()}
 
 
-def save_sample_set(path: str | os.PathLike, sample_set: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
+def save_sample_set(path: str | os.PathLike, sample_set: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> str:
     """Write a sample set (``{key: [S, ...]}``, finite) to one safetensors file atomically, with
-    the content checksums of its tensors in the metadata."""
+    the content checksums of its tensors and metadata in the metadata. Returns the digest of the
+    file's content (``checksum.content_digest``): what files computed from it record."""
     sample_count(sample_set, source=str(path))
     check_finite(sample_set, source=str(path))
-    write_safetensors(path, plain_tensors(sample_set), metadata)
+    return content_digest(write_safetensors(path, plain_tensors(sample_set), metadata))
 
 
 def load_sample_set(

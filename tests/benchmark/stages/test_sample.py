@@ -191,3 +191,26 @@ def test_a_retrained_method_reserves_spare_bases_per_repetition(make_exp) -> Non
     converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
     pool = pool_size(units[0].method, 2)
     assert pool == 4 and [u.plan.candidates for u in units] == [tuple(converged[:4]), tuple(converged[4:8])]
+
+
+def test_a_pair_mixed_from_two_writers_is_refused_and_redrawn(make_exp, caplog) -> None:
+    """Writer A's predictions beside writer B's sample set (same settings, other draws): the
+    predictions' ``samples_digest`` names A's sample set, so the unit is not done; the stage
+    quarantines the predictions and redraws the unit."""
+    from benchmark.core.store import content_digest, save_sample_set
+    from benchmark.inventory import unit_state
+
+    exp = make_exp("method=ensemble", "sample.per_method=2")
+    assert run_sample(exp).written == ["ensemble/multi/r0"]
+    unit = exp.store.sample_unit("ensemble", "multi", 0)
+    samples_path, preds_path = exp.store.samples_path(unit), exp.store.preds_path(unit)
+    assert read_metadata(preds_path)["samples_digest"] == content_digest(read_metadata(samples_path))
+    assert unit_state(exp, unit).problem is None
+    meta = {k: v for k, v in read_metadata(samples_path).items() if k not in ("checksums", "format")}
+    other = {k: v + 1e-3 for k, v in load_sample_set(samples_path).items()}
+    save_sample_set(samples_path, other, meta)  # writer B's sample set replaces A's
+    problem = unit_state(exp, unit).problem
+    assert problem is not None and "computed from another sample set" in problem and "mixed from two writers" in problem
+    assert run_sample(exp).written == ["ensemble/multi/r0"]
+    assert any("quarantine" in r.getMessage() and "mixed" in r.getMessage() for r in caplog.records)
+    assert unit_state(exp, unit).problem is None
