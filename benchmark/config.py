@@ -18,7 +18,7 @@ import typing
 from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -54,6 +54,15 @@ class VerifyScope(str, Enum):
 
     store = "store"
     experiment = "experiment"
+
+
+class Repair(str, Enum):
+    """What ``stage=verify`` moves to ``quarantine/``: nothing (``false``), what is corrupt
+    (``true``), or what is corrupt and what is stale in the current experiment (``stale``)."""
+
+    off = "false"
+    corrupt = "true"
+    stale = "stale"
 
 
 class ModeChoice(str, Enum):
@@ -233,12 +242,28 @@ class EvaluateConfig:
 class VerifyConfig:
     """``stage=verify``. ``scope``: ``store`` checks every experiment folder under ``store`` (the
     current experiment against this command line's config, the others against their
-    ``conf/experiment/<name>.yaml``), ``experiment`` only the current one. ``repair``: move what
-    is corrupt or stale to ``quarantine/`` (and remove temp files of killed writes) so that the
-    next ``stage=zoo`` / ``stage=sample`` redoes it."""
+    ``conf/experiment/<name>.yaml``), ``experiment`` only the current one. ``repair``: ``false``
+    reports only; ``true`` moves what is corrupt to ``quarantine/`` (and removes temp files of
+    killed writes) so that the next ``stage=zoo`` / ``stage=sample`` redoes it; ``stale`` also
+    moves what is stale (valid, but made with other settings or code), in the current experiment
+    only: another experiment's stale files are reported, never moved (they may have been made
+    with overrides this command line does not know). Read it as ``repair_mode`` (a ``Repair``;
+    a Hydra override ``verify.repair=true`` arrives as a bool, hence the union, normalised to
+    the value's string)."""
 
     scope: VerifyScope = VerifyScope.store
-    repair: bool = False
+    repair: Union[bool, str] = False
+
+    def __post_init__(self) -> None:
+        names = {False: Repair.off, True: Repair.corrupt, **{r.value: r for r in Repair}, **{r: r for r in Repair}}
+        value = self.repair.lower() if isinstance(self.repair, str) and not isinstance(self.repair, Repair) else self.repair
+        require(value in names, "repair", self.repair, "false, true or stale")
+        self.repair = names[value].value
+
+    @property
+    def repair_mode(self) -> Repair:
+        """``repair`` as a ``Repair``."""
+        return Repair(self.repair)
 
 
 @dataclass
