@@ -222,13 +222,18 @@ class EvaluateConfig:
     ``max_in_memory_gb``: larger zoos are streamed from the store; ``reference_resamples``:
     random halves of the reference whose MMD spread gives its standard error (0 = none);
     ``test_permutations``: relabellings B1 = B2 of MMDAgg's aggregated test per layer (MMDAgg's
-    own experiments use 500; 0 = no test)."""
+    own experiments use 500; 0 = no test); ``allow_partial``: evaluate against a reference range
+    with seeds not trained yet (by default the stage refuses, naming how many and the command
+    that trains them, so a table never silently rests on part of the zoo; metrics.csv's
+    ``n_reference`` says how many checkpoints were used either way)."""
 
     canonical_steps: List[CanonicalStep] = field(default_factory=lambda: [CanonicalStep.scale, CanonicalStep.sort])
     weight_matching: bool = True
     max_in_memory_gb: float = 4.0
     reference_resamples: int = 20
     test_permutations: int = 500
+    # Off by default: a partial zoo gives numbers that depend on which seeds happened to finish.
+    allow_partial: bool = False
 
     def __post_init__(self) -> None:
         require(self.max_in_memory_gb > 0, "max_in_memory_gb", self.max_in_memory_gb, "a positive number")

@@ -59,6 +59,26 @@ def converged(exp: Experiment, seeds: SeedRange) -> list[int]:
     return exp.store.converged_seeds(seeds.start, seeds.stop)
 
 
+def untrained_seeds(exp: Experiment, seeds: SeedRange) -> list[int]:
+    """Seeds of ``seeds`` with neither a checkpoint nor a failure record (not trained yet, or in
+    flight), sorted. Quarantined seeds count as untrained: the next zoo run retrains them."""
+    store = exp.store
+    done = set(store.completed_seeds()) | set(store.failed_seeds()) | set(store.unreadable_failure_records())
+    return [s for s in range(seeds.start, seeds.stop) if s not in done]
+
+
+def incomplete_range(exp: Experiment, seeds: SeedRange) -> str | None:
+    """Why range ``seeds`` is not complete (how many seeds are not trained yet, and the command
+    that trains them), or ``None`` when every seed has a checkpoint or a failure record."""
+    missing = untrained_seeds(exp, seeds)
+    if not missing:
+        return None
+    shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+    return (f"{len(missing)} of the {len(seeds)} seeds of seeds.{seeds.role}={[seeds.start, seeds.stop]} are not "
+            f"trained yet ({shown}); train them with python -m benchmark stage=zoo experiment={exp.name} "
+            f"zoo.range={seeds.role}")
+
+
 def reference_seeds(exp: Experiment) -> list[int]:
     """Converged zoo seeds of ``seeds.reference``: the reference posterior."""
     return converged(exp, exp.reference)
@@ -203,7 +223,8 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
     """The ``UnitState`` of ``unit``: done when both files are written, their metadata hold
     ``expected`` (default: ``unit_expectations``), and they validate whole (``store.check_file``:
     checksums, finite values, the model's keys and shapes with the sample count of the metadata,
-    predictions ``[S, N, classes]`` for the ID test set and the OOD set)."""
+    predictions ``[S, N, classes]`` for the ID test set and the OOD set), and the predictions were
+    computed from this sample set (``pairing_problem``)."""
     store = exp.store
     expected = unit_expectations(exp, unit) if expected is None else expected
     paths = (store.samples_path(unit), store.preds_path(unit))
@@ -224,10 +245,6 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
                 state.stale = f"{path}: metadata {', '.join(stale)} differ from the current settings"
     if state.missing or state.stale or state.corrupt:
         return state
-    mixed = pairing_problem(metas[paths[0]], metas[paths[1]], paths[1])
-    if mixed is not None:
-        state.corrupt[paths[1]] = mixed
-        return state
     n = SampleSetMetadata.decode(metas[paths[0]]).n_samples
     c, rows = exp.info.num_classes, prediction_rows(exp)
     shapes = (exp.shapes(), None if rows is None else {"id": (rows[0], c), "ood": (rows[1], c)})
@@ -236,6 +253,10 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
             check_file(path, shape, leading=1, samples=n, expect={"experiment": exp.name})
         except CheckpointError as err:
             state.corrupt[path] = str(err)
+    if not state.corrupt:  # both valid: do they belong together?
+        mixed = pairing_problem(metas[paths[0]], metas[paths[1]], paths[1])
+        if mixed is not None:
+            state.corrupt[paths[1]] = mixed
     return state
 
 

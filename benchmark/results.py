@@ -12,6 +12,9 @@ whose MMDAgg test rejects "same distribution" at level 0.05 (first repetition). 
 the symmetries removed for the NS columns (``scale+sort`` ...). ``wm_mmd_*``: MMD with the
 permutations removed by weight matching every network to one anchor instead of sorting
 (``wm_anchor`` names it, e.g. ``seed 0``; empty and NaN with ``evaluate.weight_matching=false``).
+``n_reference``: the number of converged reference checkpoints the row was scored against (the
+whole ``seeds.reference`` range less its failed seeds, unless ``evaluate.allow_partial``); NaN
+in a metrics.csv written before the column existed.
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ STATUSES = ("ok", "failed")
 KEY_COLUMNS = ["experiment", "method", "mode"]
 TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "status", "reason", "ns_steps",
                 "wm_anchor"]
-COUNT_COLUMNS = ["n_samples", "n_repetitions"]
+COUNT_COLUMNS = ["n_samples", "n_repetitions", "n_reference"]
+ADDED_COLUMNS = ("n_reference",)  # absent from older metrics.csv files: read as NaN
 MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max",
                "wm_mmd_median", "wm_mmd_mean", "wm_mmd_max"]
 METRIC_COLUMNS = ["acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv"]
@@ -62,9 +66,10 @@ def check_metrics(frame: pd.DataFrame, source: str = "metrics.csv") -> pd.DataFr
     it with typed columns. Errors name ``source`` and the column."""
     if not isinstance(frame, pd.DataFrame):
         raise ValueError(f"{source}: expected a pandas DataFrame, got {type(frame).__name__}")
-    missing = [c for c in COLUMNS if c not in frame.columns]
+    missing = [c for c in COLUMNS if c not in frame.columns and c not in ADDED_COLUMNS]
     if missing:
         raise ValueError(f"{source}: missing columns {missing}; expected the columns of benchmark.results.COLUMNS")
+    frame = frame.assign(**{c: math.nan for c in ADDED_COLUMNS if c not in frame.columns})
     frame = frame[COLUMNS].copy()
     for column in TEXT_COLUMNS:
         frame[column] = frame[column].fillna("").astype(str)

@@ -32,7 +32,8 @@ from tqdm.auto import tqdm
 from benchmark.core.store import CheckpointError, StoreError, Unit, atomic_write_text, sealed_json, unsealed_json
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
-    StaleSamplesError, available_rows, describe_store, require_inputs, row_label, row_units,
+    MissingInputsError, StaleSamplesError, available_rows, describe_store, incomplete_range, reference_seeds,
+    require_inputs, row_label, row_units,
 )
 from benchmark.reference import Reference
 from benchmark.results import MEASURED, MMD_COLUMNS, half_width, write_metrics
@@ -56,6 +57,23 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
     """The data on disk, and the store inputs no earlier stage of this run makes."""
     exp.check_data()
     require_inputs(exp, needs(exp) - made, f"stage={NAME}")
+    if "reference" not in made:
+        require_complete_reference(exp)
+
+
+def require_complete_reference(exp: Experiment) -> None:
+    """Refuse (``MissingInputsError``) a reference range with seeds not trained yet, naming how
+    many and the command that trains them, unless ``evaluate.allow_partial`` (then one warning)."""
+    problem = incomplete_range(exp, exp.reference)
+    if problem is None:
+        return
+    present = len(reference_seeds(exp))
+    if exp.config.evaluate.allow_partial:
+        log.warning("%s; evaluating with the %d converged checkpoints present (evaluate.allow_partial=true)",
+                    problem, present)
+        return
+    raise MissingInputsError(f"stage={NAME} needs the whole reference zoo: {problem}; or pass "
+                             f"evaluate.allow_partial=true to evaluate with the {present} converged checkpoints present")
 
 
 def combine(row: dict[str, Any], repetitions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -78,6 +96,7 @@ def run(exp: Experiment) -> pd.DataFrame:
     rows = available_rows(exp)
     if not rows:
         raise StoreError(f"nothing to evaluate for {exp.name}: no sample set with predictions; the store holds: {describe_store(exp)}")
+    require_complete_reference(exp)
     units, stale = {}, []
     for method, mode in rows:  # every missing or stale repetition is named before any work
         try:
@@ -97,7 +116,8 @@ def run(exp: Experiment) -> pd.DataFrame:
             bar.update()
         row = {"experiment": exp.name, "experiment_label": exp.display_name, "method": method,
                "method_label": row_label(exp, method, mode), "mode": mode, "status": "ok", "reason": "",
-               "ns_steps": "+".join(ref.steps), "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}"}
+               "ns_steps": "+".join(ref.steps), "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}",
+               "n_reference": len(ref.seeds)}
         out.append(combine(row, numbers))
     bar.close()
     path = exp.results_dir / "metrics.csv"

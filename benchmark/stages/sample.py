@@ -5,8 +5,10 @@
 A unit is one repetition of a (method, mode) (``Unit``). It is skipped when its sample set and
 its predictions are in the store and valid for the current settings and code
 (``inventory.unit_state``); otherwise, under the unit's claim, the method is fitted around the
-mode's base networks (the converged checkpoints of ``seeds.heldout``; repetition k takes the k-th
-block of them, so repetitions never share a base), and the sample set ``{key: [S, ...]}`` and the
+mode's base networks (the converged checkpoints of ``seeds.heldout``, in seed order, once every
+seed of the range is trained: the stage refuses while any is missing, so the bases never depend
+on which seeds happen to be finished; repetition k takes the k-th block of them, so repetitions
+never share a base), and the sample set ``{key: [S, ...]}`` and the
 predictions ``{"id": [S, N, C], "ood": [S, M, C]}`` (float32 probabilities on the ID test set and
 the OOD set) are written atomically, predictions last, carrying the digest of the sample set
 they were computed from (``samples_digest``): a unit counts as done only when both files validate
@@ -42,7 +44,9 @@ from benchmark.core.store import (
 )
 from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
-from benchmark.inventory import converged, corrupt_zoo_error, quarantine_and_redo, sample_settings_hash, unit_state
+from benchmark.inventory import (
+    converged, corrupt_zoo_error, incomplete_range, quarantine_and_redo, sample_settings_hash, unit_state,
+)
 from methods import MODES, MethodFitError, PosteriorMethod, method_class
 from methods.modes import ModePlan, run_mode
 
@@ -140,12 +144,18 @@ def repetition_candidates(seeds: list[int], pool: int, repetition: int) -> tuple
 
 
 def select_bases(exp: Experiment, count: int) -> list[int]:
-    """All converged held-out seeds, checking there are at least ``count``.
+    """All converged held-out seeds, in order, checking that every seed of ``seeds.heldout`` is
+    trained (a checkpoint or a failure record) and that at least ``count`` converged. Which bases
+    a unit uses is then fixed by the range alone, never by which seeds happen to be finished.
 
     Raises ``MissingBasesError`` naming the missing count, the seed range and the zoo command
     that trains them (a larger ``seeds.heldout`` when the range is exhausted).
     """
     heldout = exp.heldout
+    untrained = incomplete_range(exp, heldout)
+    if untrained is not None:
+        raise MissingBasesError(f"{exp.store.zoo_dir}: the sample stage takes its bases from the converged seeds of the "
+                                f"whole held-out range, so that they do not depend on which seeds are finished: {untrained}")
     seeds = converged(exp, heldout)
     if len(seeds) >= count:
         return seeds
