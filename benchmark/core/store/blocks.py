@@ -45,7 +45,12 @@ class Header:
         entry = self.entries[key]
         if entry["dtype"] not in _DTYPES:
             raise CheckpointError(f"{path}: key {key!r} has unsupported dtype {entry['dtype']}")
-        return TensorLocation(_DTYPES[entry["dtype"]], tuple(entry["shape"]), self.data_start + entry["data_offsets"][0])
+        location = TensorLocation(_DTYPES[entry["dtype"]], tuple(entry["shape"]), self.data_start + entry["data_offsets"][0])
+        begin, end = entry["data_offsets"]
+        if end - begin != math.prod(location.shape) * location.itemsize:
+            raise CheckpointError(f"{path}: key {key!r} spans {end - begin} bytes, its dtype and shape "
+                                  f"{list(location.shape)} need {math.prod(location.shape) * location.itemsize} (corrupt header)")
+        return location
 
 
 def read_header(path: str | os.PathLike, fd: int | None = None) -> Header:

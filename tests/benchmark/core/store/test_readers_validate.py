@@ -96,3 +96,22 @@ def test_a_zoo_file_reopened_past_the_handle_limit_must_be_the_same_version(tmp_
     save_checkpoint(paths[0], {"w": torch.randn(8, 2)}, {})  # rewritten between two blocks
     with pytest.raises(CheckpointError, match=r"seed_0.safetensors: the file changed while it was being read"):
         list(blocks)
+
+
+def test_a_header_entry_whose_byte_range_does_not_fit_its_shape_is_refused(tmp_path):
+    """A damaged shape in the header (bytes for 6x3 floats, shape claiming 6x2) is named as a corrupt
+    header by the streamed readers, never read as another tensor's bytes."""
+    import json
+    import struct
+
+    path = tmp_path / "s.safetensors"
+    save_sample_set(path, {"w": torch.zeros(4, 6, 3)}, {})
+    data = bytearray(path.read_bytes())
+    (length,) = struct.unpack("<Q", data[:8])
+    header = data[8 : 8 + length].decode()
+    damaged = header.replace('"shape":[4,6,3]', '"shape":[4,6,2]')
+    assert damaged != header and json.loads(damaged)
+    data[8 : 8 + length] = damaged.encode()
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"key 'w' spans 288 bytes, its dtype and shape \[4, 6, 2\] need 192"):
+        list(iter_column_chunks(path, "w", 4))
