@@ -119,6 +119,16 @@ def damage_metadata(path: str | os.PathLike, key: str, part: str = "value") -> s
     return "metadata"
 
 
+def corrupt_metadata_digit(path: Path) -> str:
+    """One character of a number in the metadata changed in place (``test_accuracy`` of a
+    checkpoint, ``n_samples`` of a sample set, else the first entry covered by the checksum)."""
+    metadata = read_header(path).metadata
+    key = next((k for k in ("test_accuracy", "n_samples", "seed") if k in metadata),
+               next(k for k in sorted(metadata) if k != METADATA_KEY))
+    damage_metadata(path, key, "value")
+    return "metadata checksum mismatch"
+
+
 CORRUPTIONS: dict[str, Callable[[Path], str]] = {
     "truncate": corrupt_truncate,
     "garbage": corrupt_garbage,
@@ -126,6 +136,7 @@ CORRUPTIONS: dict[str, Callable[[Path], str]] = {
     "nan": corrupt_nan,
     "wrong_shape": corrupt_wrong_shape,
     "other_experiment": corrupt_other_experiment,
+    "metadata_digit": corrupt_metadata_digit,
 }
 
 

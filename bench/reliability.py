@@ -5,8 +5,8 @@
    byte-identical to an uninterrupted run, with no temp file and no claim left behind.
 2. Concurrency: 4 processes, pretending to be 4 hosts, train overlapping seed ranges of one store;
    every seed must be trained exactly once.
-3. Damage: checkpoints and sample sets are damaged in 6 ways (truncate, garbage, bit flip, NaN with
-   valid checksums, wrong shape, another experiment's); evaluate must refuse the damaged reference
+3. Damage: checkpoints and sample sets are damaged in 7 ways (truncate, garbage, bit flip, NaN with
+   valid checksums, wrong shape, another experiment's, a digit of the metadata); evaluate must refuse the damaged reference
    naming the file and the healing command, and the zoo / sample stage must detect, quarantine and
    redo each one, byte-identical to the original.
 4. Store content (in process, seconds each): one byte of every metadata entry's value and name,
@@ -159,7 +159,7 @@ def concurrency() -> None:
 
 
 def damage(source: Path, reference: dict[str, str]) -> None:
-    """Six kinds of damage to reference checkpoints and to a sample set: refused, quarantined, redone."""
+    """Every kind of damage of ``CORRUPTIONS`` to reference checkpoints and to a sample set: refused, quarantined, redone."""
     store = WORK / "damage" / "store"
     shutil.copytree(source, store)
     base = store / EXP
