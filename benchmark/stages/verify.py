@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from benchmark.config import CONF_DIR, ConfigError, Repair, VerifyScope, compose_config
 from benchmark.core.store import (
-    CheckpointError, ExperimentStore, StoreError, Unit, check_file, claims_in, quarantined, read_metadata,
+    CheckpointError, ExperimentStore, StoreError, Unit, check_file, claims_in, file_format, quarantined, read_metadata,
     remove_temp_files_of, stale_reason, stored_checksums,
 )
 from benchmark.core.store.atomic import is_temp_file
@@ -81,6 +81,7 @@ class ExperimentHealth:
     problems: list[Problem] = field(default_factory=list)
     temp_files: list[Path] = field(default_factory=list)
     claims: Counter = field(default_factory=Counter)
+    metadata_unverified: int = 0  # valid files of store format 1: tensors checksummed, metadata not
 
     @property
     def bad(self) -> bool:
@@ -97,6 +98,9 @@ class ExperimentHealth:
                                                               "stale", "quarantined")))
         out.append("  samples: " + counts(self.samples, ("complete", "missing", "corrupt", "stale", "quarantined"))
                    + " (method/mode units)")
+        if self.metadata_unverified:
+            out.append(f"  {self.metadata_unverified} file(s) of store format 1 (their tensors are checksummed, their "
+                       "metadata not; usable, rewritten in the current format when their unit is redone)")
         out.append(f"  temp files of killed writes: {len(self.temp_files)}; claims: "
                    + counts(self.claims, ("live", "stale")))
         for problem in self.problems:
@@ -228,7 +232,7 @@ def check_zoo(exp: Experiment | None, store: ExperimentStore, health: Experiment
             counter_of(seed)["corrupt"] += 1
             health.problems.append(Problem("corrupt", path, problem, unit, redo, identity))
             continue
-        unverified = _unverified(path)
+        unverified = _unverified(path, health)
         stale = unverified or (checkpoint_staleness(exp, path) if exp is not None else None)
         if stale:
             counter_of(seed)["stale"] += 1
@@ -251,13 +255,17 @@ def check_zoo(exp: Experiment | None, store: ExperimentStore, health: Experiment
     health.zoo = {label: c for label, c in counters.items() if label != "other seeds" or sum(c.values())}
 
 
-def _unverified(path: Path) -> str | None:
-    """Why a valid file counts as stale for lack of content checksums (written before they existed)."""
+def _unverified(path: Path, health: ExperimentHealth | None = None) -> str | None:
+    """Why a valid file counts as stale for lack of content checksums (written before they existed);
+    a file of store format 1 (metadata not covered) is counted in ``health``, not stale."""
     try:
-        if stored_checksums(read_metadata(path), str(path)) is None:
+        metadata = read_metadata(path)
+        if stored_checksums(metadata, str(path)) is None:
             return f"{path}: written before content checksums (unverified: a silent bit flip could not be detected)"
     except CheckpointError as err:
         return str(err)
+    if health is not None and file_format(metadata) == 1:
+        health.metadata_unverified += 1
     return None
 
 
@@ -286,7 +294,7 @@ def check_samples(exp: Experiment | None, store: ExperimentStore, health: Experi
         if state.missing:
             counter["missing"] += 1
             continue
-        stale = state.stale or next((r for p in store.unit_paths(unit) if (r := _unverified(p))), None)
+        stale = state.stale or next((r for p in store.unit_paths(unit) if (r := _unverified(p, health))), None)
         if stale:
             counter["stale"] += 1
             health.problems.append(Problem("stale", store.samples_path(unit), stale, unit, redo,

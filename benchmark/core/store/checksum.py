@@ -27,7 +27,8 @@ One digest per tensor lets a streamed read verify exactly the tensor it streams.
 is remembered per file identity (device, inode, size, mtime) for the life of the process, so a zoo
 read one layer at a time is hashed once, not once per layer; a rewritten file is verified afresh.
 
-``stage=verify`` reports files of formats 0 and 1 as unverified (partly, for format 1).
+``stage=verify`` reports files of format 0 as stale (unverified) and counts files of format 1
+(usable; rewritten in the current format when their unit is redone).
 """
 from __future__ import annotations
 

@@ -168,3 +168,21 @@ def compose_config_for(exp, *overrides):
     from benchmark.config import compose_config
 
     return compose_config([f"store={exp.config.store}", f"results={exp.config.results}", *TINY, *overrides])
+
+
+def test_files_of_store_format_1_are_counted_not_stale(exp, caplog):
+    """A checkpoint written by the previous version (tensor checksums, no metadata digest) is
+    usable: counted in the report, never stale, never moved."""
+    import json as _json
+
+    from benchmark.core.store.checksum import tensor_digest
+
+    path = exp.store.checkpoint_path(0)
+    state, meta = load_checkpoint(path)
+    old = {k: v for k, v in meta.items() if k not in ("checksums", "format")}
+    old["checksums"] = _json.dumps({"algorithm": "xxh3_64", "tensors": {k: tensor_digest(v) for k, v in state.items()}})
+    save_file(state, str(path), metadata=old)
+    with caplog.at_level(logging.INFO, logger="benchmark.stages.verify"):
+        (health,) = verify.run(_with(exp, repair="stale"))
+    assert not health.bad and health.metadata_unverified == 1 and path.exists()
+    assert any("1 file(s) of store format 1" in r.getMessage() for r in caplog.records)
