@@ -41,7 +41,7 @@ bench: $(STAMP)
 
 # Check the whole store (every experiment under store/): complete, missing, quarantined, corrupt, stale.
 verify: $(STAMP)
-	$(PY) -m benchmark stage=verify experiment=$(EXPERIMENT) $(if $(REPAIR),verify.repair=true)
+	$(PY) -m benchmark stage=verify experiment=$(EXPERIMENT) $(if $(REPAIR),verify.repair=$(if $(filter stale,$(REPAIR)),stale,true))
 
 # SIGKILLs at random moments, 4 processes on overlapping seeds, 6 kinds of damage (a few minutes).
 reliability: $(STAMP)

@@ -6,6 +6,7 @@ fragment the store's validation gives for it.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -82,6 +83,52 @@ def corrupt_other_experiment(path: Path) -> str:
     return "mnist_optunet"
 
 
+def _other_char(c: str) -> str:
+    if c.isdigit():
+        return str((int(c) + 1) % 10)
+    return "b" if c.lower() == "a" else "a"
+
+
+def damage_metadata(path: str | os.PathLike, key: str, part: str = "value") -> str:
+    """Change one byte of metadata entry ``key`` of safetensors file ``path`` in place, as a failing
+    disk would: ``part="value"`` changes one letter or digit in the middle of its value,
+    ``part="key"`` the last letter of its name. The header keeps its length (the data stay where
+    they are). Returns the expected message fragment."""
+    path = Path(path)
+    data = bytearray(path.read_bytes())
+    length = int.from_bytes(data[:8], "little")
+    header = bytes(data[8 : 8 + length])
+    name = json.dumps(key).encode()
+    at = header.find(name + b":")
+    if at < 0:
+        raise KeyError(f"{path}: no metadata key {key!r} in the header")
+    if part == "key":
+        pos = at + len(name) - 2  # last character of the name
+    elif part == "value":
+        start = at + len(name) + 2  # after the colon and the value's opening quote
+        end = start
+        while header[end : end + 1] != b'"' or header[end - 1 : end] == b"\\":
+            end += 1
+        pos = (start + end) // 2
+        while not chr(header[pos]).isalnum():
+            pos += 1
+    else:
+        raise ValueError(f"damage_metadata: part must be 'key' or 'value', got {part!r}")
+    data[8 + pos] = ord(_other_char(chr(header[pos])))
+    path.write_bytes(bytes(data))
+    return "metadata"
+
+
+def corrupt_metadata_digit(path: Path) -> str:
+    """One character of a number in the metadata changed in place (``test_accuracy`` of a
+    checkpoint, ``n_samples`` of a sample set, else the first entry covered by the checksum)."""
+    metadata = read_header(path).metadata
+    key = next((k for k in ("test_accuracy", "n_samples", "seed") if k in metadata),
+               next(k for k in sorted(metadata) if k != METADATA_KEY))
+    damage_metadata(path, key, "value")
+    return "metadata checksum mismatch"
+
+
 CORRUPTIONS: dict[str, Callable[[Path], str]] = {
     "truncate": corrupt_truncate,
     "garbage": corrupt_garbage,
@@ -89,6 +136,7 @@ CORRUPTIONS: dict[str, Callable[[Path], str]] = {
     "nan": corrupt_nan,
     "wrong_shape": corrupt_wrong_shape,
     "other_experiment": corrupt_other_experiment,
+    "metadata_digit": corrupt_metadata_digit,
 }
 
 

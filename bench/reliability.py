@@ -5,10 +5,14 @@
    byte-identical to an uninterrupted run, with no temp file and no claim left behind.
 2. Concurrency: 4 processes, pretending to be 4 hosts, train overlapping seed ranges of one store;
    every seed must be trained exactly once.
-3. Damage: checkpoints and sample sets are damaged in 6 ways (truncate, garbage, bit flip, NaN with
-   valid checksums, wrong shape, another experiment's); evaluate must refuse the damaged reference
+3. Damage: checkpoints and sample sets are damaged in 7 ways (truncate, garbage, bit flip, NaN with
+   valid checksums, wrong shape, another experiment's, a digit of the metadata); evaluate must refuse the damaged reference
    naming the file and the healing command, and the zoo / sample stage must detect, quarantine and
    redo each one, byte-identical to the original.
+4. Store content (in process, seconds each): one byte of every metadata entry's value and name,
+   a NaN with valid checksums, verify.repair=true during a concurrent heal, a code change between
+   two evaluate runs, an imported store verified, a predictions/sample-set pair mixed from two
+   writers.
 
 Tiny digits/OptuNet configs (3 epochs), one torch thread per process; a few minutes on 2 cores.
 Usage: ``python bench/reliability.py [--kills 20] [--seed 0]``. Exit status 1 if any check fails.
@@ -155,7 +159,7 @@ def concurrency() -> None:
 
 
 def damage(source: Path, reference: dict[str, str]) -> None:
-    """Six kinds of damage to reference checkpoints and to a sample set: refused, quarantined, redone."""
+    """Every kind of damage of ``CORRUPTIONS`` to reference checkpoints and to a sample set: refused, quarantined, redone."""
     store = WORK / "damage" / "store"
     shutil.copytree(source, store)
     base = store / EXP
@@ -194,6 +198,300 @@ def damage(source: Path, reference: dict[str, str]) -> None:
           f"and redrawn byte-identical: {healed} of {len(kinds)}")
 
 
+# ---- covered metadata, validated reads, verify that judges without destroying, complete inputs ----
+# Scripted in process on a tiny store of untrained (seeded) networks, a few seconds each; each
+# returns (held, one line saying what it tried and what survived). tests/bench runs them as they are.
+
+
+def _tiny_experiment(work: Path, *overrides: str):
+    """A digits/OptuNet experiment in ``work`` whose zoo (reference 0-5, held-out 100000-100003)
+    holds seeded initialisations, and one ensemble unit written as the sample stage writes it."""
+    import torch
+
+    from benchmark.config import compose_config
+    from benchmark.core.models import predict_with_weights
+    from benchmark.core.store import (
+        CheckpointMetadata, load_checkpoints_as_sample_set, save_checkpoint, save_sample_set,
+    )
+    from benchmark.core.training import seeded
+    from benchmark.experiment import Experiment
+    from benchmark.inventory import sample_settings_hash
+
+    torch.set_num_threads(1)
+    exp = Experiment(compose_config([f"store={work / 'store'}", f"results={work / 'results'}", "device=cpu",
+                                     "seeds.reference=[0,6]", "seeds.heldout=[100000,100004]", "sample.repetitions=1",
+                                     "evaluate.reference_resamples=0", "evaluate.test_permutations=0", *overrides]))
+    exp.store.ensure_writable()
+    for role, seeds in (("reference", exp.reference), ("heldout", exp.heldout)):
+        for seed in seeds:
+            with seeded(seed):
+                state = exp.model().state_dict()
+            meta = CheckpointMetadata(experiment=exp.name, seed=seed, role=role, config_hash=exp.config_hash,
+                                      test_accuracy=0.1, train_accuracy=0.1, validation_accuracy=0.1, epochs=0)
+            save_checkpoint(exp.store.checkpoint_path(seed), state, meta.encode())
+    unit = exp.store.sample_unit("ensemble", "multi", 0)
+    members = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(list(exp.heldout)))
+    model = exp.model()
+    preds = {"id": predict_with_weights(model, members, exp.test_tensors[0]),
+             "ood": predict_with_weights(model, members, exp.ood_tensors[0])}
+    meta = {"experiment": exp.name, "method": "ensemble", "mode": "multi", "repetition": 0, "n_samples": len(exp.heldout),
+            "settings_hash": sample_settings_hash(exp, "ensemble")}
+    digest = save_sample_set(exp.store.samples_path(unit), members, meta)
+    save_sample_set(exp.store.preds_path(unit), preds, {**meta, "samples_digest": digest})
+    return exp
+
+
+def _with_verify(exp, **changes):
+    import dataclasses
+
+    from benchmark.experiment import Experiment
+
+    return Experiment(dataclasses.replace(exp.config, verify=dataclasses.replace(exp.config.verify, **changes)))
+
+
+def scenario_metadata_damage(work: Path) -> tuple[bool, str]:
+    """One byte of each metadata entry's value, and of its name (the checksums and format keys
+    included), changed in a checkpoint: every reader must refuse every damaged copy."""
+    import torch
+
+    from bench.corruptions import damage_metadata
+    from benchmark.core.models import optunet
+    from benchmark.core.store import CheckpointError, CheckpointMetadata, check_file, load_checkpoint, read_metadata, save_checkpoint
+    from benchmark.core.store.checksum import forget_all
+
+    work.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    state = optunet().state_dict()
+    source = work / "seed_000003.safetensors"
+    meta = CheckpointMetadata(experiment=EXP, seed=3, role="reference", config_hash="0123abcd4567", train_accuracy=0.97,
+                              validation_accuracy=0.95, test_accuracy=0.9437, epochs=12, trainer="vectorised",
+                              versions={"torch": torch.__version__})
+    save_checkpoint(source, state, meta.encode())
+    keys = sorted(read_metadata(source))
+    tried = refused = 0
+    for key in keys:
+        for part in ("value", "key"):
+            path = work / f"{key}-{part}.safetensors"
+            shutil.copyfile(source, path)
+            damage_metadata(path, key, part)
+            tried += 1
+            readers = [lambda: check_file(path), lambda: load_checkpoint(path)]
+            if key != "checksums" or part == "key":  # a tensor digest changed shows when the tensor is read
+                readers.append(lambda: read_metadata(path))
+            caught = 0
+            for read in readers:
+                forget_all()
+                try:
+                    read()
+                except CheckpointError:
+                    caught += 1
+            refused += caught == len(readers)
+    forget_all()
+    intact = torch.equal(load_checkpoint(source, optunet())[0]["fc1.weight"], state["fc1.weight"])
+    held = refused == tried and intact
+    return held, (f"metadata damage: {len(keys)} metadata entries ({', '.join(keys)}) x value and name, {tried} "
+                  f"damaged copies: {refused} refused by every reader (check_file, load_checkpoint, read_metadata); "
+                  f"the undamaged original read back: {'yes' if intact else 'NO'}")
+
+
+def scenario_nan_with_valid_checksums(work: Path) -> tuple[bool, str]:
+    """A NaN written with valid checksums (a buggy writer), in a sample set and a checkpoint: every
+    reader, whole or streamed, must refuse it."""
+    import torch
+
+    from benchmark.core.store import (
+        CheckpointError, check_file, iter_checkpoint_batches, iter_column_chunks, iter_layer_column_chunks,
+        load_checkpoint, load_layer, load_sample_set, save_checkpoint, save_sample_set,
+    )
+    from benchmark.core.store.checksum import forget_all
+
+    work.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    samples, single = work / "s.safetensors", work / "c.safetensors"
+    save_sample_set(samples, {"w": torch.randn(4, 6, 3), "b": torch.randn(4, 6)}, {})
+    save_checkpoint(single, {"w": torch.randn(6, 3), "b": torch.randn(6)}, {})
+    for path in (samples, single):
+        corrupt(path, "nan")
+    readers = {
+        "check_file": lambda: check_file(samples), "load_sample_set": lambda: load_sample_set(samples),
+        "load_checkpoint": lambda: load_checkpoint(single), "iter_column_chunks": lambda: list(iter_column_chunks(samples, "w", 4)),
+        "iter_layer_column_chunks": lambda: list(iter_layer_column_chunks([single], "w", 4)),
+        "load_layer": lambda: load_layer([single], "w"), "iter_checkpoint_batches": lambda: list(iter_checkpoint_batches([single], 1)),
+    }
+    passed = []
+    for name, read in readers.items():
+        forget_all()
+        try:
+            read()
+            passed.append(name)
+        except CheckpointError:
+            pass
+    return not passed, (f"NaN with valid checksums: {len(readers)} readers (whole and streamed) tried, "
+                        f"{len(readers) - len(passed)} refused it{'' if not passed else '; PASSED: ' + ', '.join(passed)}")
+
+
+def scenario_heal_during_repair(work: Path) -> tuple[bool, str]:
+    """verify.repair=true while another run heals a damaged checkpoint: the file is replaced by a good
+    one after verify read it (a hook at that point plays the other run); the healed file must stay,
+    and an undisturbed damaged file must be quarantined."""
+    from benchmark.core.store import CheckpointError, load_checkpoint
+    from benchmark.stages import verify
+
+    exp = _tiny_experiment(work)
+    healed, damaged = exp.store.checkpoint_path(1), exp.store.checkpoint_path(2)
+    good = work / "good-copy"
+    shutil.copyfile(healed, good)
+    corrupt(healed, "bitflip")
+    corrupt(damaged, "truncate")
+    real = verify.seed_problem
+
+    def check_then_heal(target, seed, shapes=None):
+        problem = real(target, seed, shapes)
+        if seed == 1:
+            os.replace(good, healed)  # the other run's retrained file takes the name
+        return problem
+
+    verify.seed_problem = check_then_heal
+    try:
+        try:
+            verify.run(_with_verify(exp, repair=True))
+        except verify.StoreIntegrityError:
+            pass
+    finally:
+        verify.seed_problem = real
+    moved = sorted(p.name for p in exp.store.zoo_dir.glob("quarantine/*.safetensors"))
+    try:
+        load_checkpoint(healed, exp.model())
+        kept = healed.exists()
+    except CheckpointError:
+        kept = False
+    held = kept and moved == [damaged.name]
+    return held, (f"verify.repair=true during a concurrent heal: the file healed after verify read it kept: "
+                  f"{'yes' if kept else 'NO'}; quarantined {moved or 'nothing'} (only the undisturbed damaged one "
+                  f"expected: {'yes' if moved == [damaged.name] else 'NO'})")
+
+
+def flip_middle_digit(number: str) -> str:
+    """``number`` (a float's repr) with its middle significant digit changed: another value."""
+    digits = [i for i, c in enumerate(number) if c.isdigit()]
+    at = digits[len(digits) // 2]
+    return number[:at] + str((int(number[at]) + 1) % 10) + number[at + 1:]
+
+
+def scenario_code_change_between_evaluates(work: Path) -> tuple[bool, str]:
+    """Evaluate runs with a change to the scoring code between them (played by changing the code
+    fingerprint the caches are keyed by), then with the change reverted, then with a digit flipped
+    in a number cache: every cache recomputed at each change, the damaged one caught by its
+    checksum; metrics.csv the same each time."""
+    import json
+
+    import benchmark.reference as reference
+    from benchmark.stages import evaluate
+
+    exp = _tiny_experiment(work)
+    first = evaluate.run(exp)
+    caches = sorted((exp.store.base / "eval").glob("*.json"))
+    before = {p: p.read_text() for p in caches}
+    real = reference.code_fingerprint
+    reference.code_fingerprint = lambda modules: real(modules) + "-edited"
+    try:
+        second = evaluate.run(exp)
+    finally:
+        reference.code_fingerprint = real
+    recomputed = sum(p.read_text() != before[p] for p in caches)
+    reverted = evaluate.run(exp)  # the code back as it was: recomputed again, under the first keys
+    recomputed = min(recomputed, sum(p.read_text() == before[p] for p in caches))
+    text = caches[0].read_text()
+    numbers = json.loads(text)["numbers"]
+    value = repr(numbers["mmd_median"])
+    damaged = flip_middle_digit(value)
+    caches[0].write_text(text.replace(value, damaged, 1))
+    third = evaluate.run(exp)
+    restored = float(damaged) != numbers["mmd_median"] and \
+        json.loads(caches[0].read_text())["numbers"]["mmd_median"] == numbers["mmd_median"]
+    same = all(first.equals(df) for df in (second, reverted, third))
+    held = caches and recomputed == len(caches) and restored and same
+    return bool(held), (f"code change between two evaluate runs: {recomputed} of {len(caches)} number cache(s) "
+                        f"recomputed; a digit flipped in a cache caught by its checksum and recomputed: "
+                        f"{'yes' if restored else 'NO'}; metrics.csv identical each time: {'yes' if same else 'NO'}")
+
+
+def scenario_imported_store_verifies_clean(work: Path) -> tuple[bool, str]:
+    """A zoo imported from plain state-dict files (no config_hash) must verify clean, and
+    verify.repair=stale must move nothing."""
+    import torch
+
+    from benchmark.config import compose_config
+    from benchmark.core.training import seeded
+    from benchmark.experiment import Experiment
+    from benchmark.stages import import_zoo, verify
+
+    torch.set_num_threads(1)
+    folder = work / "released"
+    folder.mkdir(parents=True)
+    exp = Experiment(compose_config([f"store={work / 'store'}", f"results={work / 'results'}", "device=cpu",
+                                     f"zoo_import.source={folder}", "zoo_import.evaluate=false",
+                                     "seeds.reference=[0,4]", "seeds.heldout=[100000,100000]"]))
+    for i in range(4):
+        with seeded(1000 + i):
+            torch.save(exp.model().state_dict(), folder / f"net_{i}.pt")
+    imported = import_zoo.run(exp).imported
+    try:
+        reports = verify.run(_with_verify(exp, repair="stale"))
+        clean = not any(h.bad for h in reports)
+    except verify.StoreIntegrityError:
+        clean = False
+    moved = len(list(exp.store.zoo_dir.glob("quarantine/*")))
+    held = len(imported) == 4 and clean and moved == 0
+    return held, (f"imported store: {len(imported)} checkpoints imported without config_hash; verify "
+                  f"(repair=stale) clean: {'yes' if clean else 'NO'}, {moved} quarantined")
+
+
+def scenario_mixed_pair_refused(work: Path) -> tuple[bool, str]:
+    """Writer B's sample set beside writer A's predictions (same settings, other draws): the unit
+    must count as corrupt (predictions from another sample set) and evaluate must refuse it."""
+    from benchmark.core.store import load_sample_set, read_metadata, save_sample_set
+    from benchmark.inventory import StaleSamplesError, unit_state
+    from benchmark.stages import evaluate
+
+    exp = _tiny_experiment(work)
+    unit = exp.store.sample_unit("ensemble", "multi", 0)
+    path = exp.store.samples_path(unit)
+    sound = unit_state(exp, unit).problem is None
+    meta = {k: v for k, v in read_metadata(path).items() if k not in ("checksums", "format")}
+    save_sample_set(path, {k: v + 1e-3 for k, v in load_sample_set(path).items()}, meta)
+    problem = unit_state(exp, unit).problem or ""
+    try:
+        evaluate.run(exp)
+        refused = False
+    except StaleSamplesError as err:
+        refused = "mixed from two writers" in str(err)
+    held = sound and "mixed from two writers" in problem and refused
+    return held, (f"mixed pair (writer B's sample set, writer A's predictions): the pair as written accepted: "
+                  f"{'yes' if sound else 'NO'}; the mixed pair refused as corrupt by the store: "
+                  f"{'yes' if 'mixed' in problem else 'NO'}, by evaluate: {'yes' if refused else 'NO'}")
+
+
+SCENARIOS_STORE_CONTENT = [
+    ("metadata_damage", scenario_metadata_damage),
+    ("nan_with_valid_checksums", scenario_nan_with_valid_checksums),
+    ("heal_during_repair", scenario_heal_during_repair),
+    ("code_change_between_evaluates", scenario_code_change_between_evaluates),
+    ("imported_store_verifies_clean", scenario_imported_store_verifies_clean),
+    ("mixed_pair_refused", scenario_mixed_pair_refused),
+]
+
+
+def store_content_scenarios() -> None:
+    """Run ``SCENARIOS_STORE_CONTENT``, one line each."""
+    for name, scenario in SCENARIOS_STORE_CONTENT:
+        held, line = scenario(WORK / name)
+        check(held, line)
+        print(f"(4) {line}", flush=True)
+
+# ---- end of the covered-metadata block --------------------------------------------------------------
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kills", type=int, default=20)
@@ -211,6 +509,7 @@ def main() -> None:
     kills(reference, times, args.kills, random.Random(args.seed))
     concurrency()
     damage(store, reference)
+    store_content_scenarios()
     print(f"reliability: {len(FAILURES)} failed check(s) in {time.time() - start:.0f} s")
     if not FAILURES:
         shutil.rmtree(WORK, ignore_errors=True)

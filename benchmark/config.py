@@ -18,7 +18,7 @@ import typing
 from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -54,6 +54,15 @@ class VerifyScope(str, Enum):
 
     store = "store"
     experiment = "experiment"
+
+
+class Repair(str, Enum):
+    """What ``stage=verify`` moves to ``quarantine/``: nothing (``false``), what is corrupt
+    (``true``), or what is corrupt and what is stale in the current experiment (``stale``)."""
+
+    off = "false"
+    corrupt = "true"
+    stale = "stale"
 
 
 class ModeChoice(str, Enum):
@@ -221,13 +230,18 @@ class EvaluateConfig:
     ``max_in_memory_gb``: larger zoos are streamed from the store; ``reference_resamples``:
     random halves of the reference whose MMD spread gives its standard error (0 = none);
     ``test_permutations``: relabellings B1 = B2 of MMDAgg's aggregated test per layer (MMDAgg's
-    own experiments use 500; 0 = no test)."""
+    own experiments use 500; 0 = no test); ``allow_partial``: evaluate against a reference range
+    with seeds not trained yet (by default the stage refuses, naming how many and the command
+    that trains them, so a table never silently rests on part of the zoo; metrics.csv's
+    ``n_reference`` says how many checkpoints were used either way)."""
 
     canonical_steps: List[CanonicalStep] = field(default_factory=lambda: [CanonicalStep.scale, CanonicalStep.sort])
     weight_matching: bool = True
     max_in_memory_gb: float = 4.0
     reference_resamples: int = 20
     test_permutations: int = 500
+    # Off by default: a partial zoo gives numbers that depend on which seeds happened to finish.
+    allow_partial: bool = False
 
     def __post_init__(self) -> None:
         require(self.max_in_memory_gb > 0, "max_in_memory_gb", self.max_in_memory_gb, "a positive number")
@@ -241,12 +255,28 @@ class EvaluateConfig:
 class VerifyConfig:
     """``stage=verify``. ``scope``: ``store`` checks every experiment folder under ``store`` (the
     current experiment against this command line's config, the others against their
-    ``conf/experiment/<name>.yaml``), ``experiment`` only the current one. ``repair``: move what
-    is corrupt or stale to ``quarantine/`` (and remove temp files of killed writes) so that the
-    next ``stage=zoo`` / ``stage=sample`` redoes it."""
+    ``conf/experiment/<name>.yaml``), ``experiment`` only the current one. ``repair``: ``false``
+    reports only; ``true`` moves what is corrupt to ``quarantine/`` (and removes temp files of
+    killed writes) so that the next ``stage=zoo`` / ``stage=sample`` redoes it; ``stale`` also
+    moves what is stale (valid, but made with other settings or code), in the current experiment
+    only: another experiment's stale files are reported, never moved (they may have been made
+    with overrides this command line does not know). Read it as ``repair_mode`` (a ``Repair``;
+    a Hydra override ``verify.repair=true`` arrives as a bool, hence the union, normalised to
+    the value's string)."""
 
     scope: VerifyScope = VerifyScope.store
-    repair: bool = False
+    repair: Union[bool, str] = False
+
+    def __post_init__(self) -> None:
+        names = {False: Repair.off, True: Repair.corrupt, **{r.value: r for r in Repair}, **{r: r for r in Repair}}
+        value = self.repair.lower() if isinstance(self.repair, str) and not isinstance(self.repair, Repair) else self.repair
+        require(value in names, "repair", self.repair, "false, true or stale")
+        self.repair = names[value].value
+
+    @property
+    def repair_mode(self) -> Repair:
+        """``repair`` as a ``Repair``."""
+        return Repair(self.repair)
 
 
 @dataclass

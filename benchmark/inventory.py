@@ -22,7 +22,7 @@ from typing import Iterable
 from benchmark.core.fingerprint import code_fingerprint, stable_hash
 from benchmark.core.store import (
     MODES, CheckpointError, CheckpointMetadata, ExperimentStore, SampleSetMetadata, StoreError, Unit, check_file,
-    quarantine, quarantined, read_metadata,
+    content_digest, quarantine, quarantined, read_metadata,
 )
 from benchmark.experiment import Experiment, SeedRange
 from methods import MethodConfigError, PosteriorMethod, method_class, method_names, selected
@@ -59,6 +59,26 @@ def corrupt_zoo_error(exp: Experiment, problems: dict[Path, str], what: str = "z
 def converged(exp: Experiment, seeds: SeedRange) -> list[int]:
     """Seeds of ``seeds`` with a checkpoint and no failure record (sorted)."""
     return exp.store.converged_seeds(seeds.start, seeds.stop)
+
+
+def untrained_seeds(exp: Experiment, seeds: SeedRange) -> list[int]:
+    """Seeds of ``seeds`` with neither a checkpoint nor a failure record (not trained yet, or in
+    flight), sorted. Quarantined seeds count as untrained: the next zoo run retrains them."""
+    store = exp.store
+    done = set(store.completed_seeds()) | set(store.failed_seeds()) | set(store.unreadable_failure_records())
+    return [s for s in range(seeds.start, seeds.stop) if s not in done]
+
+
+def incomplete_range(exp: Experiment, seeds: SeedRange) -> str | None:
+    """Why range ``seeds`` is not complete (how many seeds are not trained yet, and the command
+    that trains them), or ``None`` when every seed has a checkpoint or a failure record."""
+    missing = untrained_seeds(exp, seeds)
+    if not missing:
+        return None
+    shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+    return (f"{len(missing)} of the {len(seeds)} seeds of seeds.{seeds.role}={[seeds.start, seeds.stop]} are not "
+            f"trained yet ({shown}); train them with python -m benchmark stage=zoo experiment={exp.name} "
+            f"zoo.range={seeds.role}")
 
 
 def reference_seeds(exp: Experiment) -> list[int]:
@@ -253,7 +273,8 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
     """The ``UnitState`` of ``unit``: done when both files are written, their metadata hold
     ``expected`` (default: ``unit_expectations``), and they validate whole (``store.check_file``:
     checksums, finite values, the model's keys and shapes with the sample count of the metadata,
-    predictions ``[S, N, classes]`` for the ID test set and the OOD set)."""
+    predictions ``[S, N, classes]`` for the ID test set and the OOD set), and the predictions were
+    computed from this sample set (``pairing_problem``)."""
     store = exp.store
     expected = unit_expectations(exp, unit) if expected is None else expected
     paths = (store.samples_path(unit), store.preds_path(unit))
@@ -282,7 +303,27 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
             check_file(path, shape, leading=1, samples=n, expect={"experiment": exp.name})
         except CheckpointError as err:
             state.corrupt[path] = str(err)
+    if not state.corrupt:  # both valid: do they belong together?
+        mixed = pairing_problem(metas[paths[0]], metas[paths[1]], paths[1])
+        if mixed is not None:
+            state.corrupt[paths[1]] = mixed
     return state
+
+
+def pairing_problem(samples_meta: dict[str, str], preds_meta: dict[str, str], preds_path: Path) -> str | None:
+    """Why a unit's predictions (metadata ``preds_meta``, at ``preds_path``) were not computed from
+    its sample set (metadata ``samples_meta``): their ``samples_digest`` names another sample set's
+    content (a pair mixed from two writers). ``None`` when they belong together, or when the
+    predictions carry no ``samples_digest`` (written before the binding existed, or by another
+    tool; the metadata checksum keeps damage from removing it from a file that has it)."""
+    bound = SampleSetMetadata.decode(preds_meta).samples_digest
+    if bound is None:
+        return None
+    actual = content_digest(samples_meta)
+    if bound != actual:
+        return (f"{preds_path}: computed from another sample set (samples_digest {bound}, the stored sample set's is "
+                f"{actual}): a pair mixed from two writers")
+    return None
 
 
 def prediction_rows(exp: Experiment) -> tuple[int, int] | None:

@@ -32,7 +32,7 @@ from benchmark.core.store import (
     validate_tensors,
 )
 from benchmark.experiment import Experiment
-from benchmark.inventory import corrupt_zoo_error, describe_store, reference_seeds
+from benchmark.inventory import corrupt_zoo_error, describe_store, pairing_problem, reference_seeds
 from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd, reference_bandwidths
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
@@ -139,7 +139,7 @@ class Reference:
     def weights(self) -> dict[str, torch.Tensor]:
         """Reference sample set ``{key: [R, ...]}`` (validated against the model)."""
         def build():
-            zoo = load_checkpoints_as_sample_set(self.checked_paths())
+            zoo = load_checkpoints_as_sample_set(self.checked_paths(), validated=True)
             validate_tensors(zoo, self.exp.model(), source=str(self.exp.store.zoo_dir), leading=1)
             return zoo
         return self._cached("zoo", build)
@@ -164,7 +164,7 @@ class Reference:
         todo = [s for s in self.seeds if not (folder / f"{stems[s]}.safetensors").is_file()]
         checked = dict(zip(self.seeds, self.checked_paths()))
         paths = [checked[s] for s in todo]
-        for batch_seeds, batch in zip(_chunks(todo, self.batch), iter_checkpoint_batches(paths, self.batch)):
+        for batch_seeds, batch in zip(_chunks(todo, self.batch), iter_checkpoint_batches(paths, self.batch, validated=True)):
             form = transform(batch)
             for i, seed in enumerate(batch_seeds):
                 save_checkpoint(folder / f"{stems[seed]}.safetensors", unstack(form, i), {"seed": seed})
@@ -184,7 +184,7 @@ class Reference:
         """Zoo-ensemble predictive on the ID test set ``[N, C]``."""
         def build():
             images = self.exp.test_tensors[0]
-            batches = [self.weights()] if self.in_memory else iter_checkpoint_batches(self.checked_paths(), self.batch)
+            batches = [self.weights()] if self.in_memory else iter_checkpoint_batches(self.checked_paths(), self.batch, validated=True)
             total = sum(predict_with_weights(self.model, b, images).double().sum(0) for b in batches)
             return {"id": (total / len(self.seeds))[None]}
         return self._cached("predictive", build)["id"][0]
@@ -258,13 +258,18 @@ class Reference:
         stops with ``CorruptZooError``, never a failed row."""
         store = self.exp.store
         samples_path, preds_path = store.samples_path(unit), store.preds_path(unit)
+        metas = {}
         for path in (samples_path, preds_path):
-            got = read_metadata(path).get("experiment")
+            metas[path] = read_metadata(path)
+            got = metas[path].get("experiment")
             if got != self.exp.name:
                 raise StoreError(f"{path}: holds samples of experiment {got!r}, expected {self.exp.name!r}; "
                                  f"the store holds: {describe_store(self.exp)}")
         reference_id = self.predictive()
         try:
+            mixed = pairing_problem(metas[samples_path], metas[preds_path], preds_path)
+            if mixed is not None:
+                raise CheckpointError(mixed)
             samples = load_sample_set(samples_path)
             validate_tensors(samples, self.exp.model(), source=str(samples_path), leading=1)
             preds = load_sample_set(preds_path, ["id", "ood"])

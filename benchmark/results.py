@@ -12,6 +12,10 @@ whose MMDAgg test rejects "same distribution" at level 0.05 (first repetition). 
 the symmetries removed for the NS columns (``scale+sort`` ...). ``wm_mmd_*``: MMD with the
 permutations removed by weight matching every network to one anchor instead of sorting
 (``wm_anchor`` names it, e.g. ``seed 0``; empty and NaN with ``evaluate.weight_matching=false``).
+``n_reference``: the number of converged reference checkpoints the row was scored against (the
+whole ``seeds.reference`` range less its failed seeds, unless ``evaluate.allow_partial``); NaN
+in a metrics.csv written before the column existed.
+
 ``mmd_shared_median``/``ns_mmd_shared_median``: MMD and NS MMD (median over the 20 kernels) with
 one bandwidth grid per layer shared by every row of the experiment, chosen from the reference
 alone (``metrics.mmd.reference_bandwidths``), so that rows are on one scale. Only the median
@@ -39,7 +43,8 @@ STATUSES = ("ok", "failed")
 KEY_COLUMNS = ["experiment", "method", "mode"]
 TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "status", "reason", "ns_steps",
                 "wm_anchor"]
-COUNT_COLUMNS = ["n_samples", "n_repetitions"]
+COUNT_COLUMNS = ["n_samples", "n_repetitions", "n_reference"]
+ADDED_COLUMNS = ("n_reference",)  # absent from older metrics.csv files: read as NaN
 MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max",
                "wm_mmd_median", "wm_mmd_mean", "wm_mmd_max", "mmd_shared_median", "ns_mmd_shared_median"]
 METRIC_COLUMNS = ["acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv"]
@@ -76,6 +81,8 @@ def write_metrics(rows: list[dict], path: Path) -> pd.DataFrame:
 def check_metrics(frame: pd.DataFrame, source: str = "metrics.csv") -> pd.DataFrame:
     """Validate a metrics frame (columns, statuses, modes, unique keys, numeric values); return
     it with typed columns. Errors name ``source`` and the column."""
+    if isinstance(frame, pd.DataFrame):  # columns added later: NaN in older files
+        frame = frame.assign(**{c: math.nan for c in ADDED_COLUMNS if c not in frame.columns})
     return _check(frame, source, COLUMNS, TEXT_COLUMNS, KEY_COLUMNS, VALUE_COLUMNS, "COLUMNS")
 
 

@@ -58,8 +58,9 @@ def member_probabilities(exp: Experiment, seeds: list[int]) -> tuple[torch.Tenso
         zoo = ref.weights()
         index = torch.tensor([ref.seeds.index(s) for s in seeds])
         batches = [{k: v[index] for k, v in zoo.items()}]
-    else:
-        batches = iter_checkpoint_batches(exp.store.checkpoint_paths(seeds), ref.batch)
+    else:  # the zoo's files validated whole first (checksums, shapes, finite values, experiment and seed)
+        checked = dict(zip(ref.seeds, ref.checked_paths()))
+        batches = iter_checkpoint_batches([checked[s] for s in seeds], ref.batch, validated=True)
     parts = [(predict_with_weights(model, b, images[0]), predict_with_weights(model, b, images[1])) for b in batches]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 

@@ -123,11 +123,23 @@ _MARKDOWN_UNITS = {"times": "x100", "pct": "%"}
 _LATEX_UNITS = {"times": r"$\times 100$", "pct": r"\%"}
 
 
+def reference_text(df: pd.DataFrame) -> str:
+    """How many reference checkpoints each experiment's rows were scored against (``n_reference``),
+    for the captions: "the reference zoo of 1000 checkpoints" (per experiment when they differ)."""
+    parts = {}
+    for (experiment, label), rows in df.groupby(["experiment", "experiment_label"], sort=False):
+        counts = sorted({int(n) for n in rows["n_reference"].dropna()})
+        parts[label or experiment] = "/".join(map(str, counts)) or "an unrecorded number of"
+    if len(set(parts.values())) == 1:
+        return f"the reference zoo of {next(iter(parts.values()))} converged checkpoints"
+    return "the reference zoo (" + "; ".join(f"{name}: {n} converged checkpoints" for name, n in parts.items()) + ")"
+
+
 def _mmd_text(df: pd.DataFrame, statistic: str) -> str:
     steps = [step for value in sorted(set(df["ns_steps"].dropna().astype(str)) - {""}) for step in value.split("+")]
     removed = "; then ".join(STEP_TEXT.get(step, step) for step in dict.fromkeys(steps)) or "nothing"
     return (
-        "MMD between the method's weight samples and the checkpoint zoo, and NS MMD after removing, from both, "
+        f"MMD between the method's weight samples and {reference_text(df)}, and NS MMD after removing, from both, "
         f"{removed}: per layer, {statistic} over 20 Gaussian and Laplace kernels, then the mean over layers "
         "weighted by parameter count; {times}."
     )
@@ -182,7 +194,7 @@ def table3_caption(df: pd.DataFrame) -> str:
     return (
         "Table 3: Function space and the removal of permutations (seed 002). Agreement: fraction of ID test inputs "
         "where the argmax of the method's predictive equals that of the reference ensemble (the mean predictive of "
-        "the zoo's checkpoints); TV: mean over the ID test inputs of the total variation distance to it (half the L1 "
+        f"{reference_text(df)}); TV: mean over the ID test inputs of the total variation distance to it (half the L1 "
         "distance between the two predictives); both in {pct}. MMD and NS MMD as in Table 1. WM MMD: as NS MMD, but "
         "with the permutations "
         "removed by weight matching (git re-basin: maximise the sum of inner products of all parameters with an "

@@ -32,10 +32,13 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from benchmark.core.store import SampleSetMetadata, StoreError, Unit, atomic_write_text, read_metadata
+from benchmark.core.store import (
+    CheckpointError, SampleSetMetadata, StoreError, Unit, atomic_write_text, read_metadata, sealed_json, unsealed_json,
+)
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
-    StaleSamplesError, available_rows, describe_store, require_inputs, row_label, row_units,
+    MissingInputsError, StaleSamplesError, available_rows, describe_store, incomplete_range, reference_seeds,
+    require_inputs, row_label, row_units,
 )
 from benchmark.reference import Reference
 from benchmark.results import MEASURED, MMD_COLUMNS, half_width, repetition_rows, write_metrics, write_repetitions
@@ -59,6 +62,23 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
     """The data on disk, and the store inputs no earlier stage of this run makes."""
     exp.check_data()
     require_inputs(exp, needs(exp) - made, f"stage={NAME}")
+    if "reference" not in made:
+        require_complete_reference(exp)
+
+
+def require_complete_reference(exp: Experiment) -> None:
+    """Refuse (``MissingInputsError``) a reference range with seeds not trained yet, naming how
+    many and the command that trains them, unless ``evaluate.allow_partial`` (then one warning)."""
+    problem = incomplete_range(exp, exp.reference)
+    if problem is None:
+        return
+    present = len(reference_seeds(exp))
+    if exp.config.evaluate.allow_partial:
+        log.warning("%s; evaluating with the %d converged checkpoints present (evaluate.allow_partial=true)",
+                    problem, present)
+        return
+    raise MissingInputsError(f"stage={NAME} needs the whole reference zoo: {problem}; or pass "
+                             f"evaluate.allow_partial=true to evaluate with the {present} converged checkpoints present")
 
 
 def combine(row: dict[str, Any], repetitions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -82,6 +102,7 @@ def run(exp: Experiment) -> pd.DataFrame:
     rows = available_rows(exp)
     if not rows:
         raise StoreError(f"nothing to evaluate for {exp.name}: no sample set with predictions; the store holds: {describe_store(exp)}")
+    require_complete_reference(exp)
     units, stale = {}, []
     for method, mode in rows:  # every missing or stale repetition is named before any work
         try:
@@ -101,7 +122,8 @@ def run(exp: Experiment) -> pd.DataFrame:
             bar.update()
         row = {"experiment": exp.name, "experiment_label": exp.display_name, "method": method,
                "method_label": row_label(exp, method, mode), "mode": mode, "status": "ok", "reason": "",
-               "ns_steps": "+".join(ref.steps), "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}"}
+               "ns_steps": "+".join(ref.steps), "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}",
+               "n_reference": len(ref.seeds)}
         out.append(combine(row, numbers))
         per_repetition += repetition_rows(row, numbers, [int(u.repetition) for u in row_of],
                                           [_base_seeds(exp, u) for u in row_of])
@@ -121,7 +143,8 @@ def _numbers(exp: Experiment, ref: Reference, unit: Unit, full: bool) -> dict[st
     if hit is not None:
         return hit
     numbers = ref.score(unit, full=full)
-    atomic_write_text(cached, json.dumps({"key": key, "numbers": numbers}, default=_jsonable))
+    payload = json.loads(json.dumps({"key": key, "numbers": numbers}, default=_jsonable))
+    atomic_write_text(cached, sealed_json(payload))
     return numbers
 
 
@@ -133,11 +156,19 @@ def _base_seeds(exp: Experiment, unit: Unit) -> list[int] | None:
 
 
 def _cached_numbers(path: Path, key: str) -> dict[str, Any] | None:
-    """The cached numbers at ``path`` if they were computed for ``key``; a damaged cache file counts as absent."""
+    """The cached numbers at ``path`` if they were computed for ``key`` and match their checksum
+    (``store.sealed_json``); a damaged cache is recomputed, with one log line."""
     try:
-        cached = json.loads(path.read_text())
-        return _from_json(cached["numbers"]) if cached.get("key") == key else None
-    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        text = path.read_text()
+    except OSError:
+        return None
+    try:
+        cached = unsealed_json(text, str(path))
+        if cached.get("key") != key:
+            return None
+        return _from_json(dict(cached["numbers"]))
+    except (CheckpointError, KeyError, AttributeError, TypeError, ValueError) as err:
+        log.warning("%s; recomputing these numbers", err)
         return None
 
 

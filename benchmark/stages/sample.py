@@ -5,13 +5,16 @@
 A unit is one repetition of a (method, mode) (``Unit``). It is skipped when its sample set and
 its predictions are in the store and valid for the current settings and code
 (``inventory.unit_state``); otherwise, under the unit's claim, the method is fitted around the
-mode's base networks (the converged checkpoints of ``seeds.heldout``; repetition k of every
-method takes its bases from the block that starts at ``k x repetition_stride``, so repetitions never
-share a base and repetition k of every row starts from the same network: the rows' differences
-are paired), and the sample set ``{key: [S, ...]}`` and the
+mode's base networks (the converged checkpoints of ``seeds.heldout``, in seed order, once every
+seed of the range is trained: the stage refuses while any is missing, so the bases never depend
+on which seeds happen to be finished; repetition k of every method takes its bases from the
+block that starts at ``k x repetition_stride``, so repetitions never share a base and repetition
+k of every row starts from the same network: the rows' differences are paired), and the sample set ``{key: [S, ...]}`` and the
 predictions ``{"id": [S, N, C], "ood": [S, M, C]}`` (float32 probabilities on the ID test set and
-the OOD set) are written atomically, predictions last: a unit counts as done only when both files
-validate, so a killed run redoes at most the unit in flight. Units are claimed across processes
+the OOD set) are written atomically, predictions last, carrying the digest of the sample set
+they were computed from (``samples_digest``): a unit counts as done only when both files validate
+and belong together, so a killed run redoes at most the unit in flight, and a pair mixed from two
+writers is refused and redrawn. Units are claimed across processes
 and cluster nodes (``store.claim``).
 
 Self-healing: a stored unit whose sample set or predictions fail validation (unreadable,
@@ -43,8 +46,8 @@ from benchmark.core.store import (
 from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
-    converged, corrupt_zoo_error, heldout_shortfall, pool_size, quarantine_and_redo, repetition_stride,
-    sample_settings_hash, unit_state,
+    converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, pool_size, quarantine_and_redo,
+    repetition_stride, sample_settings_hash, unit_state,
 )
 from methods import MODES, MethodFitError, PosteriorMethod, method_class
 from methods.modes import ModePlan, run_mode
@@ -103,10 +106,7 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
         external_mode(exp)
         load_external(exp)
     else:
-        planned = jobs(exp, check_bases="heldout" not in made)
-        problem = heldout_shortfall(exp, max((job.plan.bases for job in planned), default=0))
-        if problem:
-            raise MissingBasesError(problem)
+        jobs(exp, check_bases="heldout" not in made)
 
 
 def settings_metadata(exp: Experiment, job: Job, seeds: tuple[int, ...], diagnostics: dict[str, float]) -> SampleSetMetadata:
@@ -144,12 +144,18 @@ def repetition_candidates(seeds: list[int], pool: int, stride: int, repetition: 
 
 
 def select_bases(exp: Experiment, count: int) -> list[int]:
-    """All converged held-out seeds, checking there are at least ``count``.
+    """All converged held-out seeds, in order, checking that every seed of ``seeds.heldout`` is
+    trained (a checkpoint or a failure record) and that at least ``count`` converged. Which bases
+    a unit uses is then fixed by the range alone, never by which seeds happen to be finished.
 
     Raises ``MissingBasesError`` naming the missing count, the seed range and the zoo command
     that trains them (a larger ``seeds.heldout`` when the range is exhausted).
     """
     heldout = exp.heldout
+    untrained = incomplete_range(exp, heldout)
+    if untrained is not None:
+        raise MissingBasesError(f"{exp.store.zoo_dir}: the sample stage takes its bases from the converged seeds of the "
+                                f"whole held-out range, so that they do not depend on which seeds are finished: {untrained}")
     seeds = converged(exp, heldout)
     if len(seeds) >= count:
         return seeds
@@ -179,7 +185,8 @@ def jobs(exp: Experiment, summary: SampleSummary | None = None, check_bases: boo
     converged held-out seeds from ``k x repetition_stride`` on (``repetition_candidates``).
 
     Raises ``MethodConfigError`` listing every refused unit (a bad method/model/mode
-    combination), and ``MissingBasesError`` when ``check_bases`` and the store lacks bases.
+    combination), and ``MissingBasesError`` when ``seeds.heldout`` cannot supply the repetitions
+    (``heldout_shortfall``) or, with ``check_bases``, the store lacks bases.
     Under ``method=all``, methods the experiment marks ``unavailable`` are skipped (logged, and
     listed in ``summary.unavailable``).
     """
@@ -191,6 +198,9 @@ def jobs(exp: Experiment, summary: SampleSummary | None = None, check_bases: boo
     repetitions = exp.config.sample.repetitions
     out = [Job(exp.store.sample_unit(method.name, plan.mode, r), method, plan)
            for method, plan in planned for r in range(repetitions)]
+    problem = heldout_shortfall(exp, max((plan.bases for _, plan in planned), default=0))
+    if problem:
+        raise MissingBasesError(problem)
     if check_bases:
         stride = repetition_stride(exp.config.sample.per_method, exp.config.sample.modes_multi)
         for job in out:
@@ -225,8 +235,8 @@ def write_job(exp: Experiment, job: Job, claim=None) -> tuple[int, ...] | None:
     if claim is not None and claim.lost:
         return None
     metadata = settings_metadata(exp, job, seeds, diagnostics).encode()
-    save_sample_set(exp.store.samples_path(job.unit), samples, metadata)
-    save_sample_set(exp.store.preds_path(job.unit), preds, metadata)
+    digest = save_sample_set(exp.store.samples_path(job.unit), samples, metadata)
+    save_sample_set(exp.store.preds_path(job.unit), preds, {**metadata, "samples_digest": digest})
     return seeds
 
 
@@ -343,8 +353,8 @@ def run_external(exp: Experiment) -> SampleSummary:
         if quarantine_and_redo(state.corrupt, f"{unit.label} will be scored again"):
             summary.quarantined[unit.label] = "; ".join(state.corrupt.values())
         preds = predictions(exp, samples)
-        save_sample_set(exp.store.samples_path(unit), samples, metadata)
-        save_sample_set(exp.store.preds_path(unit), preds, metadata)
+        digest = save_sample_set(exp.store.samples_path(unit), samples, metadata)
+        save_sample_set(exp.store.preds_path(unit), preds, {**metadata, "samples_digest": digest})
     log.info("%s: %d external samples from %s written", unit.label, len(preds["id"]), source)
     summary.written.append(unit.label)
     return summary

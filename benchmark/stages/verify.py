@@ -1,8 +1,10 @@
 """Verify stage: check a whole store and report, per experiment, what is complete, missing,
-quarantined, corrupt or stale; with ``verify.repair=true``, quarantine what is corrupt or stale
-so that the next ``stage=zoo`` / ``stage=sample`` redoes it.
+quarantined, corrupt or stale; with ``verify.repair=true``, quarantine what is corrupt, with
+``verify.repair=stale`` also what is stale in the current experiment, so that the next
+``stage=zoo`` / ``stage=sample`` redoes it. Verify judges without destroying: good data are never
+moved by ``repair=true``, and another experiment's files are never moved as stale.
 
-``python -m benchmark stage=verify [experiment=<name>] [verify.scope=store|experiment] [verify.repair=true]``
+``python -m benchmark stage=verify [experiment=<name>] [verify.scope=store|experiment] [verify.repair=false|true|stale]``
 
 - scope ``store`` (default): every experiment folder under ``store``. The current experiment is
   checked against this command line's config; another one against its ``conf/experiment/<name>.yaml``;
@@ -11,12 +13,18 @@ so that the next ``stage=zoo`` / ``stage=sample`` redoes it.
 - corrupt: fails validation (unreadable, truncated, checksum mismatch, NaN/Inf, wrong keys or
   shapes, another experiment's or another seed's file, damaged failure record).
 - stale: valid, but written with other settings (checkpoints: ``config_hash``; sample sets:
-  ``settings_hash``) or before content checksums existed (unverified).
+  ``settings_hash``) or before content checksums existed (unverified). A checkpoint without
+  ``config_hash`` (imported, or written by another tool) is not stale. Another experiment's
+  stale files are judged against its yaml defaults, not the overrides it was made with: they
+  are reported as possibly stale and do not fail the stage.
 - missing (not trained or drawn yet), failed to converge, quarantined: reported, not bad.
 - temp files of writes killed mid-way: reported; ``repair`` removes them (under the unit's claim).
 
-Every file is read whole once (bounded memory). Exit status: non-zero (``StoreIntegrityError``)
-when anything corrupt or stale was found, also when ``repair`` moved it.
+Every file is read whole once (bounded memory); its identity (device, inode, size, mtime) is
+recorded before it is read, and a repair moves it only while it is still that version (a file
+healed by a concurrent run meanwhile is left alone). Exit status: non-zero
+(``StoreIntegrityError``) when anything corrupt, or stale in the current experiment, was found,
+also when ``repair`` moved it.
 """
 from __future__ import annotations
 
@@ -27,9 +35,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from benchmark.config import CONF_DIR, ConfigError, VerifyScope, compose_config
+from benchmark.config import CONF_DIR, ConfigError, Repair, VerifyScope, compose_config
 from benchmark.core.store import (
-    CheckpointError, ExperimentStore, StoreError, Unit, check_file, claims_in, quarantined, read_metadata,
+    CheckpointError, ExperimentStore, StoreError, Unit, check_file, claims_in, file_format, quarantined, read_metadata,
     remove_temp_files_of, stale_reason, stored_checksums,
 )
 from benchmark.core.store.atomic import is_temp_file
@@ -56,11 +64,10 @@ class Problem:
     reason: str
     unit: Unit  # the unit the file belongs to (its claim guards the repair)
     redo: str  # the command that redoes the unit once the file is quarantined
+    identity: tuple | None  # (device, inode, size, mtime) recorded before the file was read
     action: str = ""  # what this run did about it
-    identity: tuple | None = None  # (inode, size, mtime) when it was checked
-
-    def __post_init__(self) -> None:
-        self.identity = self.identity or _identity(self.path)
+    counts: bool = True  # whether it fails the stage (see ``judged``)
+    judged: bool = False  # stale by comparison with the config (another experiment's then does not fail the stage)
 
 
 @dataclass
@@ -74,10 +81,11 @@ class ExperimentHealth:
     problems: list[Problem] = field(default_factory=list)
     temp_files: list[Path] = field(default_factory=list)
     claims: Counter = field(default_factory=Counter)
+    metadata_unverified: int = 0  # valid files of store format 1: tensors checksummed, metadata not
 
     @property
     def bad(self) -> bool:
-        return bool(self.problems)
+        return any(p.counts for p in self.problems)
 
     def lines(self) -> list[str]:
         """The report: one summary line per part, then one line per problem."""
@@ -90,10 +98,14 @@ class ExperimentHealth:
                                                               "stale", "quarantined")))
         out.append("  samples: " + counts(self.samples, ("complete", "missing", "corrupt", "stale", "quarantined"))
                    + " (method/mode units)")
+        if self.metadata_unverified:
+            out.append(f"  {self.metadata_unverified} file(s) of store format 1 (their tensors are checksummed, their "
+                       "metadata not; usable, rewritten in the current format when their unit is redone)")
         out.append(f"  temp files of killed writes: {len(self.temp_files)}; claims: "
                    + counts(self.claims, ("live", "stale")))
         for problem in self.problems:
-            out.append(f"  {problem.kind.upper()}: {problem.reason} -> {problem.action}")
+            kind = problem.kind.upper() if problem.counts else f"POSSIBLY {problem.kind.upper()}"
+            out.append(f"  {kind}: {problem.reason} -> {problem.action}")
         return out
 
 
@@ -135,8 +147,8 @@ def experiment_for(exp: Experiment, name: str) -> tuple[Experiment | None, str]:
 
 def run(exp: Experiment) -> list[ExperimentHealth]:
     """Check every experiment folder of the scope; log the report; raise ``StoreIntegrityError``
-    if anything is corrupt or stale."""
-    repair = bool(exp.config.verify.repair)
+    if anything is corrupt, or stale in the current experiment."""
+    mode = exp.config.verify.repair_mode
     reports = []
     for name in experiment_folders(exp):
         target, against = experiment_for(exp, name)
@@ -146,24 +158,45 @@ def run(exp: Experiment) -> list[ExperimentHealth]:
         check_zoo(target, store, health)
         check_samples(target, store, health)
         check_leftovers(store, health)
+        current = name == exp.name
         for problem in health.problems:
-            problem.action = fix(store, problem) if repair else \
-                f"python -m benchmark stage=verify verify.repair=true quarantines it, then {problem.redo}"
-        if repair:
+            problem.counts = problem.kind == "corrupt" or current or not problem.judged
+            problem.action = _repair(store, problem, mode, current)
+        if mode is not Repair.off:
             remove_temp_files(store, health)
             reaped = store.reap_stale_claims() if store.claims_dir.is_dir() else 0
             health.claims["stale"] -= min(reaped, health.claims["stale"])
         for line in health.lines():
-            (log.error if health.bad and line.lstrip().startswith(("CORRUPT", "STALE")) else log.info)("%s", line)
+            (log.error if health.bad and line.lstrip().startswith(("CORRUPT", "STALE")) else
+             log.warning if line.lstrip().startswith("POSSIBLY") else log.info)("%s", line)
         reports.append(health)
     bad = [h for h in reports if h.bad]
-    n = sum(len(h.problems) for h in bad)
+    n = sum(p.counts for h in bad for p in h.problems)
     if bad:
-        done = "quarantined (the next run redoes them)" if repair else "run with verify.repair=true to quarantine them"
+        done = {Repair.off: "run with verify.repair=true to quarantine what is corrupt (verify.repair=stale: "
+                            "also what is stale in this experiment)",
+                Repair.corrupt: "the corrupt ones were quarantined (the next run redoes them); verify.repair=stale "
+                                "also quarantines what is stale in this experiment",
+                Repair.stale: "quarantined (the next run redoes them)"}[mode]
         raise StoreIntegrityError(f"store {exp.store.root}: {n} corrupt or stale file(s) in "
                                   f"{', '.join(h.name for h in bad)} (listed above); {done}")
     log.info("store %s: %d experiment(s) checked, nothing corrupt or stale", exp.store.root, len(reports))
     return reports
+
+
+def _repair(store: ExperimentStore, problem: Problem, mode: Repair, current: bool) -> str:
+    """Quarantine ``problem``'s file if ``mode`` asks for it; say what was done or what would do it."""
+    if problem.kind == "corrupt":
+        return fix(store, problem) if mode is not Repair.off else \
+            f"python -m benchmark stage=verify verify.repair=true quarantines it, then {problem.redo}"
+    if not current:
+        why = (f"judged against {store.experiment}'s yaml defaults, not the overrides it was made with; "
+               if problem.judged else "")
+        return (f"reported only: {why}stale files are repaired only for the current experiment: python -m benchmark "
+                f"stage=verify experiment={store.experiment} <its overrides> verify.repair=stale")
+    if mode is Repair.stale:
+        return fix(store, problem)
+    return f"python -m benchmark stage=verify verify.repair=stale quarantines it, then {problem.redo}"
 
 
 def _progress(items: list, what: str):
@@ -184,6 +217,7 @@ def check_zoo(exp: Experiment | None, store: ExperimentStore, health: Experiment
     zoo_command = f"python -m benchmark stage=zoo experiment={store.experiment}"
     for seed in _progress(seeds_on_disk, f"{store.experiment} zoo"):
         path = store.checkpoint_path(seed)
+        identity = _identity(path)  # before anything is read: a repair moves only this version
         if exp is not None:
             problem = seed_problem(exp, seed, shapes)
         else:
@@ -196,18 +230,21 @@ def check_zoo(exp: Experiment | None, store: ExperimentStore, health: Experiment
         redo = f"{zoo_command} retrains seed {seed}"
         if problem:
             counter_of(seed)["corrupt"] += 1
-            health.problems.append(Problem("corrupt", path, problem, unit, redo))
+            health.problems.append(Problem("corrupt", path, problem, unit, redo, identity))
             continue
-        stale = _unverified(path) or (checkpoint_staleness(exp, path) if exp is not None else None)
+        unverified = _unverified(path, health)
+        stale = unverified or (checkpoint_staleness(exp, path) if exp is not None else None)
         if stale:
             counter_of(seed)["stale"] += 1
-            health.problems.append(Problem("stale", path, stale, unit, redo))
+            health.problems.append(Problem("stale", path, stale, unit, redo, identity, judged=not unverified))
         else:
             counter_of(seed)["complete"] += 1
+    records = {p: _identity(p) for p in store.failed_dir.glob("*.json")} if store.failed_dir.is_dir() else {}
     for seed, problem in store.unreadable_failure_records().items():
         counter_of(seed)["corrupt"] += 1
-        health.problems.append(Problem("corrupt", store.failed_path(seed), problem, store.seed_unit(seed),
-                                       f"{zoo_command} retrains seed {seed}"))
+        path = store.failed_path(seed)
+        health.problems.append(Problem("corrupt", path, problem, store.seed_unit(seed),
+                                       f"{zoo_command} retrains seed {seed}", records.get(path)))
     for seed in store.failed_seeds():
         counter_of(seed)["failed to converge"] += 1
     for seed in quarantined_seeds(store):
@@ -218,13 +255,17 @@ def check_zoo(exp: Experiment | None, store: ExperimentStore, health: Experiment
     health.zoo = {label: c for label, c in counters.items() if label != "other seeds" or sum(c.values())}
 
 
-def _unverified(path: Path) -> str | None:
-    """Why a valid file counts as stale for lack of content checksums (written before they existed)."""
+def _unverified(path: Path, health: ExperimentHealth | None = None) -> str | None:
+    """Why a valid file counts as stale for lack of content checksums (written before they existed);
+    a file of store format 1 (metadata not covered) is counted in ``health``, not stale."""
     try:
-        if stored_checksums(read_metadata(path), str(path)) is None:
+        metadata = read_metadata(path)
+        if stored_checksums(metadata, str(path)) is None:
             return f"{path}: written before content checksums (unverified: a silent bit flip could not be detected)"
     except CheckpointError as err:
         return str(err)
+    if health is not None and file_format(metadata) == 1:
+        health.metadata_unverified += 1
     return None
 
 
@@ -236,6 +277,7 @@ def check_samples(exp: Experiment | None, store: ExperimentStore, health: Experi
     if exp is not None:
         counter["missing"] = sum(u not in on_disk for u in expected_units(exp))
     for unit in _progress(on_disk, f"{store.experiment} samples"):
+        identities = {p: _identity(p) for p in store.unit_paths(unit)}  # before anything is read
         method, mode = unit.row()
         redo = (f"python -m benchmark stage=sample experiment={store.experiment} method={method} mode={mode} redraws it"
                 if method in method_names() else f"stage=sample method=external mode={mode} scores it again")
@@ -245,17 +287,18 @@ def check_samples(exp: Experiment | None, store: ExperimentStore, health: Experi
             wanted = None if method in method_names() else {"experiment": exp.name, "method": method, "mode": mode}
             state = unit_state(exp, unit, wanted)
         for path, problem in state.corrupt.items():
-            health.problems.append(Problem("corrupt", path, problem, unit, redo))
+            health.problems.append(Problem("corrupt", path, problem, unit, redo, identities.get(path)))
         if state.corrupt:
             counter["corrupt"] += 1
             continue
         if state.missing:
             counter["missing"] += 1
             continue
-        stale = state.stale or next((r for p in store.unit_paths(unit) if (r := _unverified(p))), None)
+        stale = state.stale or next((r for p in store.unit_paths(unit) if (r := _unverified(p, health))), None)
         if stale:
             counter["stale"] += 1
-            health.problems.append(Problem("stale", store.samples_path(unit), stale, unit, redo))
+            health.problems.append(Problem("stale", store.samples_path(unit), stale, unit, redo,
+                                           identities.get(store.samples_path(unit)), judged=bool(state.stale)))
         else:
             counter["complete"] += 1
     counter["quarantined"] = len(quarantined(store.samples_dir)) + len(quarantined(store.preds_dir))
@@ -297,11 +340,12 @@ def fix(store: ExperimentStore, problem: Problem) -> str:
 
 
 def _identity(path: Path) -> tuple | None:
+    """(device, inode, size, mtime in ns) of ``path``; ``None`` when it is absent."""
     try:
         st = path.stat()
     except FileNotFoundError:
         return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def remove_temp_files(store: ExperimentStore, health: ExperimentHealth) -> None:

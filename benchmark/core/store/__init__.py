@@ -9,7 +9,7 @@ from benchmark.core.store.checkpoint import (
     save_checkpoint,
     validate_tensors,
 )
-from benchmark.core.store.checksum import ChecksumError, stored_checksums
+from benchmark.core.store.checksum import ChecksumError, content_digest, file_format, sealed_json, stored_checksums, unsealed_json
 from benchmark.core.store.claims import Claim, ClaimInfo, claims_in, host_name, read_claim as read_claim_info, stale_reason, try_claim
 from benchmark.core.store.errors import CheckpointError, StoreError
 from benchmark.core.store.metadata import CheckpointMetadata, SampleSetMetadata, encode_metadata
@@ -35,7 +35,7 @@ from benchmark.core.store.sources import CheckpointFiles, SampleSetFile
 
 __all__ = [
     "atomic_path", "atomic_write_text", "remove_temp_files_of", "temp_files_of", "check_finite", "load_checkpoint",
-    "read_metadata", "save_checkpoint", "validate_tensors", "ChecksumError", "stored_checksums",
+    "read_metadata", "save_checkpoint", "validate_tensors", "ChecksumError", "content_digest", "file_format", "sealed_json", "stored_checksums", "unsealed_json",
     "Claim", "ClaimInfo", "claims_in", "host_name", "read_claim_info", "stale_reason", "try_claim", "CheckpointError", "StoreError", "CheckpointMetadata", "SampleSetMetadata", "encode_metadata",
     "ExperimentStore", "MAX_SEED", "MODES", "Unit", "Quarantined", "quarantine", "quarantined", "check_file", "verify_file_tensors",
     "SampleSet", "iter_checkpoint_batches", "iter_column_chunks", "iter_layer_column_chunks",

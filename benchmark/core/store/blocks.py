@@ -45,31 +45,96 @@ class Header:
         entry = self.entries[key]
         if entry["dtype"] not in _DTYPES:
             raise CheckpointError(f"{path}: key {key!r} has unsupported dtype {entry['dtype']}")
-        return TensorLocation(_DTYPES[entry["dtype"]], tuple(entry["shape"]), self.data_start + entry["data_offsets"][0])
+        location = TensorLocation(_DTYPES[entry["dtype"]], tuple(entry["shape"]), self.data_start + entry["data_offsets"][0])
+        begin, end = entry["data_offsets"]
+        if end - begin != math.prod(location.shape) * location.itemsize:
+            raise CheckpointError(f"{path}: key {key!r} spans {end - begin} bytes, its dtype and shape "
+                                  f"{list(location.shape)} need {math.prod(location.shape) * location.itemsize} (corrupt header)")
+        return location
 
 
-def read_header(path: str | os.PathLike) -> Header:
-    """Parse the header of safetensors file ``path`` (no data read); ``CheckpointError`` naming
-    the file when it is missing, unreadable, or its header is corrupt or truncated."""
+def read_header(path: str | os.PathLike, fd: int | None = None) -> Header:
+    """Parse the header of safetensors file ``path`` (no data read; from the open descriptor
+    ``fd`` when given); ``CheckpointError`` naming the file when it is missing, unreadable, or its
+    header is corrupt or truncated."""
     try:
-        with open(path, "rb") as fh:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            if length > MAX_HEADER:
-                raise ValueError(f"header length {length} is implausible")
-            raw = fh.read(length)
-            if len(raw) != length:
-                raise ValueError(f"header of {length} bytes cut at {len(raw)}")
-            header = json.loads(raw)
-            metadata = header.pop("__metadata__", None) or {}
-            for key, entry in header.items():
-                begin, end = entry["data_offsets"]
-                if not (isinstance(entry["shape"], list) and 0 <= begin <= end):
-                    raise ValueError(f"entry {key!r} is malformed")
+        if fd is None:
+            with open(path, "rb") as fh:
+                return _parse_header(path, fh.read(8), fh.read)
+        return _parse_header(path, os.pread(fd, 8, 0), lambda n: os.pread(fd, n, 8))
     except FileNotFoundError as err:
         raise CheckpointError(f"{path}: no such file") from err
     except (OSError, struct.error, ValueError, KeyError, TypeError, AttributeError) as err:
         raise CheckpointError(f"{path}: corrupt or truncated safetensors header ({err})") from err
+
+
+def _parse_header(path, prefix: bytes, read) -> Header:
+    (length,) = struct.unpack("<Q", prefix)
+    if length > MAX_HEADER:
+        raise ValueError(f"header length {length} is implausible")
+    raw = read(length)
+    if len(raw) != length:
+        raise ValueError(f"header of {length} bytes cut at {len(raw)}")
+    header = json.loads(raw)
+    metadata = header.pop("__metadata__", None) or {}
+    for key, entry in header.items():
+        begin, end = entry["data_offsets"]
+        if not (isinstance(entry["shape"], list) and 0 <= begin <= end):
+            raise ValueError(f"entry {key!r} is malformed")
     return Header(header, dict(metadata), 8 + length)
+
+
+def stat_identity(path: str | os.PathLike, st: os.stat_result) -> tuple:
+    """What identifies one version of a file: (real path, device, inode, size, mtime in ns)."""
+    return (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class FileReader:
+    """One open handle on a safetensors file: its header and identity are taken from the handle,
+    so every block read through it comes from the version that was validated, even when the path
+    is replaced meanwhile (a healed or republished file). Use as a context manager."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError as err:
+            raise CheckpointError(f"{path}: no such file") from err
+        try:
+            self.identity = stat_identity(path, os.fstat(self.fd))
+            self.header = read_header(path, self.fd)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "FileReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def check_identity(self, expected: tuple) -> None:
+        """Raise ``CheckpointError`` when this handle's file is not the version ``expected``."""
+        if self.identity[1:] != tuple(expected)[1:]:
+            raise CheckpointError(f"{self.path}: the file changed while it was being read (identity {self.identity[1:]}, "
+                                  f"validated {tuple(expected)[1:]})")
+
+    def rows(self, key: str, axis: int, start: int, stop: int) -> torch.Tensor:
+        """``read_rows`` through this handle."""
+        return _rows(self.fd, self.path, self.header.location(self.path, key), key, axis, start, stop)
+
+    def tensor(self, key: str) -> torch.Tensor:
+        """Tensor ``key`` whole (any shape, scalars included) through this handle."""
+        loc = self.header.location(self.path, key)
+        size = math.prod(loc.shape) * loc.itemsize
+        if size == 0:
+            return torch.empty(loc.shape, dtype=loc.dtype)
+        return torch.frombuffer(_read_ranges(self.fd, self.path, [(loc.begin, size)], size), dtype=loc.dtype).reshape(loc.shape)
 
 
 @dataclass(frozen=True)
@@ -97,17 +162,13 @@ def read_range(fd: int, path: str | os.PathLike, view: memoryview, offset: int) 
         raise CheckpointError(f"{path}: truncated data (wanted {len(view)} bytes at {offset}, got {got})")
 
 
-def _read_ranges(path: str | os.PathLike, ranges: list[tuple[int, int]], total: int) -> bytearray:
+def _read_ranges(fd: int, path: str | os.PathLike, ranges: list[tuple[int, int]], total: int) -> bytearray:
     buffer = bytearray(total)
     view = memoryview(buffer)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        at = 0
-        for offset, size in ranges:
-            read_range(fd, path, view[at : at + size], offset)
-            at += size
-    finally:
-        os.close(fd)
+    at = 0
+    for offset, size in ranges:
+        read_range(fd, path, view[at : at + size], offset)
+        at += size
     return buffer
 
 
@@ -115,9 +176,14 @@ def read_rows(path: str | os.PathLike, key: str, axis: int, start: int, stop: in
     """Rows ``start:stop`` of ``axis`` (0 or 1) of tensor ``key``, all leading indices kept.
 
     ``axis=0``: ``tensor[start:stop]`` (one contiguous range). ``axis=1``: ``tensor[:, start:stop]``
-    of a sample set ``[S, a, ...]`` (S contiguous ranges). Returns a new tensor.
+    of a sample set ``[S, a, ...]`` (S contiguous ranges). Returns a new tensor. (Opens the file
+    for this one read: streamed readers use a ``FileReader`` for all the blocks of a file.)
     """
-    loc = locate(path, key)
+    with FileReader(path) as reader:
+        return reader.rows(key, axis, start, stop)
+
+
+def _rows(fd: int, path, loc: "TensorLocation", key: str, axis: int, start: int, stop: int) -> torch.Tensor:
     shape = loc.shape
     if axis not in (0, 1) or len(shape) <= axis:
         raise ValueError(f"read_rows: axis {axis} out of range for {key!r} of shape {shape}")
@@ -134,4 +200,4 @@ def read_rows(path: str | os.PathLike, key: str, axis: int, start: int, stop: in
     total = sum(size for _, size in ranges)
     if total == 0:
         return torch.empty(out_shape, dtype=loc.dtype)
-    return torch.frombuffer(_read_ranges(path, ranges, total), dtype=loc.dtype).reshape(out_shape)
+    return torch.frombuffer(_read_ranges(fd, path, ranges, total), dtype=loc.dtype).reshape(out_shape)

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from benchmark.core.store.atomic import atomic_path
-from benchmark.core.store.checksum import METADATA_KEY, checksums_entry, file_identity, verify_tensors
+from benchmark.core.store.checksum import checksummed_metadata, file_identity, stable_identity, stored_checksums, verify_tensors
 from benchmark.core.store.errors import CheckpointError
 from benchmark.core.store.metadata import encode_metadata
 
@@ -36,13 +36,14 @@ def save_checkpoint(path: str | os.PathLike, state_dict: Mapping[str, torch.Tens
     write_safetensors(path, plain_tensors(state_dict), metadata)
 
 
-def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
-    """Write plain (contiguous CPU) ``tensors`` with ``metadata`` and their checksums, atomically."""
-    encoded = encode_metadata(metadata)
-    encoded[METADATA_KEY] = checksums_entry(tensors)
+def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> dict[str, str]:
+    """Write plain (contiguous CPU) ``tensors`` with ``metadata``, the store format and the
+    checksums of both (``checksum.checksummed_metadata``), atomically; return the metadata written."""
+    encoded = checksummed_metadata(tensors, encode_metadata(metadata))
     with atomic_path(path) as tmp:
         save_file(dict(tensors), str(tmp), metadata=encoded)
         _sort_header(tmp)
+    return encoded
 
 
 def _sort_header(path: Path) -> None:
@@ -108,34 +109,42 @@ def validate_tensors(
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
-    """The string metadata of a safetensors file (checkpoint or sample set), without its data."""
+    """The string metadata of a safetensors file (checkpoint or sample set), without its data,
+    checked against their digest (``ChecksumError`` naming the file when an entry was damaged)."""
     with open_safetensors(path) as fh:
-        return dict(fh.metadata() or {})
+        metadata = dict(fh.metadata() or {})
+    stored_checksums(metadata, str(path))
+    return metadata
 
 
 def load_checkpoint(
     path: str | os.PathLike,
     model: nn.Module | ShapeSpec | None = None,
     expect: Mapping[str, str] | None = None,
+    validated: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read a checkpoint; return ``(state_dict, metadata)``.
 
-    The tensors are checked against the checksums in the metadata. With ``model`` (a module or
-    a key -> shape mapping), keys, shapes and finiteness are validated; with ``expect``, metadata
-    entries (e.g. ``{"experiment": "digits_optunet"}``; see ``check_metadata``). Any mismatch
-    raises ``CheckpointError`` naming the file and key.
+    The tensors and metadata are checked against the checksums in the metadata. With ``model`` (a
+    module or a key -> shape mapping), keys, shapes and finiteness are validated; without it the
+    values are still checked finite, unless ``validated`` (the caller already validated this
+    file whole, e.g. with ``check_file``). With ``expect``, metadata entries (e.g.
+    ``{"experiment": "digits_optunet"}``; see ``check_metadata``). Any mismatch raises
+    ``CheckpointError`` naming the file and key.
     """
+    before = file_identity(path) if Path(path).is_file() else None
     with open_safetensors(path) as fh:
-        identity = file_identity(path)
         try:
             tensors = {k: fh.get_tensor(k) for k in fh.keys()}
         except SafetensorError as err:
             raise CheckpointError(f"{path}: corrupt or truncated safetensors data ({err})") from err
         metadata = dict(fh.metadata() or {})
+    verify_tensors(path, tensors, metadata, before and stable_identity(path, before))
     check_metadata(metadata, expect or {}, str(path))
-    verify_tensors(path, tensors, metadata, identity)
     if model is not None:
         validate_tensors(tensors, model, source=str(path))
+    elif not validated:
+        check_finite(tensors, str(path))
     return tensors, metadata
 
 

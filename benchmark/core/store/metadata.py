@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, TypeVar
 
 T = TypeVar("T", bound="_Metadata")
-WRITER_KEYS = ("checksums",)  # written by the store's writer itself, not part of a file's metadata
+WRITER_KEYS = ("checksums", "format")  # written by the store's writer itself, not part of a file's metadata
 
 
 def encode_metadata(metadata: Mapping[str, Any]) -> dict[str, str]:
@@ -84,7 +84,9 @@ class CheckpointMetadata(_Metadata):
 
 @dataclass(frozen=True)
 class SampleSetMetadata(_Metadata):
-    """The metadata of a unit's sample set and predictions (both files carry the same).
+    """The metadata of a unit's sample set and predictions (both files carry the same, and the
+    predictions ``samples_digest``: the ``content_digest`` of the sample set they were computed
+    from, checked on read so a pair from two writers is never taken for one).
     ``settings_hash``: what a registered method's samples were drawn with (``None`` for an
     external sample set); ``diagnostics``: the method's own numbers, averaged over its bases;
     ``source`` / ``source_size``: the file an external sample set came from."""
@@ -103,3 +105,4 @@ class SampleSetMetadata(_Metadata):
     versions: Optional[dict] = None
     source: Optional[str] = None
     source_size: Optional[int] = None
+    samples_digest: Optional[str] = None

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import math
 import os
+from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from safetensors import SafetensorError
 
-from benchmark.core.store.blocks import locate, read_rows
-from benchmark.core.store.checkpoint import check_finite, open_safetensors, plain_tensors, write_safetensors
-from benchmark.core.store.checksum import file_identity, verify_tensors
+from benchmark.core.store.blocks import FileReader
+from benchmark.core.store.checkpoint import (
+    ShapeSpec, check_finite, open_safetensors, plain_tensors, validate_tensors, write_safetensors,
+)
+from benchmark.core.store.checksum import content_digest, file_identity, stable_identity, verify_tensors
 from benchmark.core.store.errors import CheckpointError
 from benchmark.core.store.validate import verify_file_tensors
 
@@ -48,19 +52,28 @@ def unstack(sample_set: Mapping[str, torch.Tensor], index: int) -> dict[str, tor
     return {k: v[index] for k, v in sample_set.items()}
 
 
-def save_sample_set(path: str | os.PathLike, sample_set: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
+def save_sample_set(path: str | os.PathLike, sample_set: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> str:
     """Write a sample set (``{key: [S, ...]}``, finite) to one safetensors file atomically, with
-    the content checksums of its tensors in the metadata."""
+    the content checksums of its tensors and metadata in the metadata. Returns the digest of the
+    file's content (``checksum.content_digest``): what files computed from it record."""
     sample_count(sample_set, source=str(path))
     check_finite(sample_set, source=str(path))
-    write_safetensors(path, plain_tensors(sample_set), metadata)
+    return content_digest(write_safetensors(path, plain_tensors(sample_set), metadata))
 
 
-def load_sample_set(path: str | os.PathLike, keys: Sequence[str] | None = None) -> SampleSet:
-    """Read a sample set (all keys, or only ``keys``) from one safetensors file; the tensors read
-    are checked against their checksums (``ChecksumError`` naming the file and key)."""
+def load_sample_set(
+    path: str | os.PathLike,
+    keys: Sequence[str] | None = None,
+    shapes: ShapeSpec | None = None,
+    leading: int = 1,
+    validated: bool = False,
+) -> SampleSet:
+    """Read a sample set (all keys, or only ``keys``) from one safetensors file. The tensors read
+    and the metadata are checked against their checksums (``ChecksumError`` naming the file and
+    key) and the values finite, unless ``validated`` (the caller validated the file whole); with
+    ``shapes`` (key -> shape after ``leading`` sample axes), keys and shapes too."""
+    before = file_identity(path) if Path(path).is_file() else None
     with open_safetensors(path) as fh:
-        identity = file_identity(path)
         available = list(fh.keys())
         wanted = available if keys is None else list(keys)
         unknown = [k for k in wanted if k not in available]
@@ -71,7 +84,12 @@ def load_sample_set(path: str | os.PathLike, keys: Sequence[str] | None = None) 
         except SafetensorError as err:
             raise CheckpointError(f"{path}: corrupt or truncated safetensors data ({err})") from err
         metadata = dict(fh.metadata() or {})
-    verify_tensors(path, tensors, metadata, identity)
+    verify_tensors(path, tensors, metadata, before and stable_identity(path, before))
+    if shapes is not None:
+        validate_tensors(tensors, {k: shapes[k] for k in wanted if k in shapes} if keys is not None else shapes,
+                         source=str(path), leading=leading)
+    elif not validated:
+        check_finite(tensors, str(path))
     return tensors
 
 
@@ -86,75 +104,135 @@ def _rows_per_block(row_shape: Sequence[int], max_columns: int) -> int:
     return max(1, max_columns // max(1, math.prod(row_shape)))
 
 
-def iter_column_chunks(path: str | os.PathLike, key: str, max_columns: int = 2**20) -> Iterator[torch.Tensor]:
+def iter_column_chunks(
+    path: str | os.PathLike, key: str, max_columns: int = 2**20, validated: bool = False
+) -> Iterator[torch.Tensor]:
     """Yield tensor ``key`` of a sample-set file as consecutive column blocks ``[S, d_i]``.
 
     The tensor ``[S, a, b, ...]`` is viewed as ``[S, D]`` (row-major flattening per sample);
     blocks follow its second axis, whole rows ``b * ...`` at a time, at most ``max_columns``
     columns unless a single row is wider. Only the block's bytes are read from disk
-    (positional reads, no memory map), so resident memory stays at the block size. The whole
-    tensor is checked against its checksum (in chunks) before the first block, once per process
-    and version of the file.
+    (positional reads, no memory map), so resident memory stays at the block size. All blocks
+    are read through one open handle (``blocks.FileReader``), so they come from the version of
+    the file that was verified even when the path is replaced meanwhile. The whole tensor is
+    checked against its checksum (in chunks) before the first block, once per process and
+    version of the file; each block is checked finite unless ``validated``.
     """
-    shape = locate(path, key).shape
-    verify_file_tensors(path, [key])
-    samples = shape[0]
-    if len(shape) == 1:
-        yield read_rows(path, key, 0, 0, samples).reshape(samples, 1)
-        return
-    step = _rows_per_block(shape[2:], max_columns)
-    for start in range(0, shape[1], step):
-        yield read_rows(path, key, 1, start, start + step).reshape(samples, -1)
+    with FileReader(path) as reader:
+        shape = reader.header.location(path, key).shape
+        verify_file_tensors(path, [key], reader)
+        samples = shape[0]
+        if len(shape) == 1:
+            yield _finite(reader.rows(key, 0, 0, samples).reshape(samples, 1), path, key, validated)
+            return
+        step = _rows_per_block(shape[2:], max_columns)
+        for start in range(0, shape[1], step):
+            yield _finite(reader.rows(key, 1, start, start + step).reshape(samples, -1), path, key, validated)
 
 
-def load_layer(paths: Sequence[str | os.PathLike], key: str) -> torch.Tensor:
-    """Tensor ``key`` from each single-checkpoint file in ``paths``, stacked: ``[S, ...]``."""
+def _finite(block: torch.Tensor, path, key: str, validated: bool) -> torch.Tensor:
+    if not validated:
+        check_finite({key: block}, str(path))
+    return block
+
+
+MAX_OPEN = 256
+"""Files a streamed zoo reader keeps open at once; past it, a file is reopened for its next
+block and its identity checked against the version that was verified."""
+
+
+class _Handles:
+    """Open ``FileReader``s of a zoo's files, at most ``limit`` at a time. A file reopened after
+    its handle was closed must still be the version first opened (``CheckpointError`` if not)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit, self.identities, self.open = limit or MAX_OPEN, {}, OrderedDict()
+
+    def get(self, path) -> FileReader:
+        reader = self.open.get(path)
+        if reader is not None:
+            self.open.move_to_end(path)
+            return reader
+        reader = FileReader(path)
+        try:
+            if path in self.identities:
+                reader.check_identity(self.identities[path])
+            else:
+                self.identities[path] = reader.identity
+        except BaseException:
+            reader.close()
+            raise
+        self.open[path] = reader
+        while len(self.open) > self.limit:
+            self.open.popitem(last=False)[1].close()
+        return reader
+
+    def close(self) -> None:
+        while self.open:
+            self.open.popitem()[1].close()
+
+
+def load_layer(paths: Sequence[str | os.PathLike], key: str, validated: bool = False) -> torch.Tensor:
+    """Tensor ``key`` from each single-checkpoint file in ``paths``, stacked: ``[S, ...]``; each
+    checked against its checksum and, unless ``validated``, finite."""
     out = []
     for p in paths:
+        before = file_identity(p) if Path(p).is_file() else None
         with open_safetensors(p) as fh:
-            identity = file_identity(p)
             if key not in fh.keys():
                 raise CheckpointError(f"{p}: no key {key!r}")
             tensor, metadata = fh.get_tensor(key), dict(fh.metadata() or {})
-        verify_tensors(p, {key: tensor}, metadata, identity)
-        out.append(tensor)
+        verify_tensors(p, {key: tensor}, metadata, before and stable_identity(p, before))
+        out.append(_finite(tensor, p, key, validated))
     return torch.stack(out)
 
 
 def iter_layer_column_chunks(
-    paths: Sequence[str | os.PathLike], key: str, max_columns: int = 2**20
+    paths: Sequence[str | os.PathLike], key: str, max_columns: int = 2**20, validated: bool = False
 ) -> Iterator[torch.Tensor]:
     """Like ``iter_column_chunks`` but over a zoo of single-checkpoint files: blocks ``[S, d_i]``
     (S = number of files), each the same rows of the per-checkpoint tensor's first axis read
     from every file. Each file's tensor is checked against its checksum first (once per process
-    and version of the file)."""
+    and version of the file) and every block is read through the handle that was verified (up
+    to ``MAX_OPEN`` files held open; past it, reopened with their identity checked); each block
+    is checked finite unless ``validated``."""
     if not paths:
         raise ValueError("iter_layer_column_chunks: no checkpoint paths given")
-    shape = locate(paths[0], key).shape
-    for p in paths[1:]:
-        other = locate(p, key).shape
-        if other != shape:
-            raise CheckpointError(f"{p}: key {key!r} has shape {other}, expected {shape} as in {paths[0]}")
-    for p in paths:
-        verify_file_tensors(p, [key])
-    if len(shape) == 0:
-        yield load_layer(paths, key).reshape(len(paths), 1)
-        return
-    step = _rows_per_block(shape[1:], max_columns)
-    for start in range(0, shape[0], step):
-        yield torch.stack([read_rows(p, key, 0, start, start + step).reshape(-1) for p in paths])
+    handles = _Handles()
+    try:
+        shape = handles.get(paths[0]).header.location(paths[0], key).shape
+        for p in paths:
+            reader = handles.get(p)
+            other = reader.header.location(p, key).shape
+            if other != shape:
+                raise CheckpointError(f"{p}: key {key!r} has shape {other}, expected {shape} as in {paths[0]}")
+            verify_file_tensors(p, [key], reader)
+        rows = 1 if len(shape) == 0 else shape[0]
+        step = 1 if len(shape) == 0 else _rows_per_block(shape[1:], max_columns)
+        for start in range(0, rows, step):
+            if len(shape) == 0:
+                block = torch.stack([handles.get(p).tensor(key) for p in paths]).reshape(len(paths), 1)
+            else:
+                block = torch.stack([handles.get(p).rows(key, 0, start, start + step).reshape(-1) for p in paths])
+            yield _finite(block, paths[0], key, validated)
+    finally:
+        handles.close()
 
 
 def iter_checkpoint_batches(
-    paths: Sequence[str | os.PathLike], batch_size: int, keys: Sequence[str] | None = None
+    paths: Sequence[str | os.PathLike], batch_size: int, keys: Sequence[str] | None = None, validated: bool = False
 ) -> Iterator[SampleSet]:
-    """Yield stacked sample sets of up to ``batch_size`` checkpoints each, in ``paths`` order."""
+    """Yield stacked sample sets of up to ``batch_size`` checkpoints each, in ``paths`` order
+    (each checkpoint checked as by ``load_sample_set``)."""
     if batch_size < 1:
         raise ValueError(f"iter_checkpoint_batches: batch_size must be >= 1, got {batch_size}")
     for start in range(0, len(paths), batch_size):
-        yield stack_state_dicts([load_sample_set(p, keys) for p in paths[start : start + batch_size]])
+        yield stack_state_dicts([load_sample_set(p, keys, validated=validated) for p in paths[start : start + batch_size]])
 
 
-def load_checkpoints_as_sample_set(paths: Sequence[str | os.PathLike], keys: Sequence[str] | None = None) -> SampleSet:
-    """All checkpoints in ``paths`` as one sample set ``{key: [len(paths), ...]}``."""
-    return stack_state_dicts([load_sample_set(p, keys) for p in paths])
+def load_checkpoints_as_sample_set(
+    paths: Sequence[str | os.PathLike], keys: Sequence[str] | None = None, validated: bool = False
+) -> SampleSet:
+    """All checkpoints in ``paths`` as one sample set ``{key: [len(paths), ...]}`` (each checked
+    as by ``load_sample_set``)."""
+    return stack_state_dicts([load_sample_set(p, keys, validated=validated) for p in paths])

@@ -9,10 +9,10 @@ from typing import Iterable, Mapping
 
 import torch
 
-from benchmark.core.store.blocks import Header, read_header, read_range
+from benchmark.core.store.blocks import FileReader, Header, read_range
 from benchmark.core.store.checkpoint import _all_finite, check_metadata
 from benchmark.core.store.checksum import (
-    CHUNK_BYTES, digest_chunks, file_identity, is_verified, mismatch, remember, stored_checksums,
+    CHUNK_BYTES, ChecksumError, digest_chunks, is_verified, mismatch, remember, stored_checksums,
 )
 from benchmark.core.store.errors import CheckpointError
 
@@ -25,8 +25,11 @@ def check_file(
     leading: int = 0,
     expect: Mapping[str, str] | None = None,
     samples: int | None = None,
+    reader: FileReader | None = None,
 ) -> dict[str, str]:
-    """Validate safetensors file ``path`` whole; return its metadata.
+    """Validate safetensors file ``path`` whole; return its metadata. ``reader``: an open handle on
+    it (``blocks.FileReader``) whose version is the one to check (its ``identity`` was taken
+    before anything was read); by default the file is opened here.
 
     Checks, in order: the header parses and the file size matches it (truncation, appended
     garbage); every ``expect`` metadata entry the file holds (e.g. ``{"experiment": "digits_optunet"}``:
@@ -36,54 +39,56 @@ def check_file(
     checksum and, for floating tensors, that they are finite. Raises ``CheckpointError`` (or its
     ``ChecksumError``) whose message names the file, the key and what is wrong.
     """
-    header = read_header(path)
-    _check_size(path, header)
+    if reader is None:
+        with FileReader(path) as own:  # header, identity and data all from one version of the file
+            return check_file(path, shapes, leading, expect, samples, own)
+    header, identity, fd = reader.header, reader.identity, reader.fd
+    _check_size(path, header, identity[3])
+    digests = stored_checksums(header.metadata, str(path))  # damaged metadata are named as damage
     check_metadata(header.metadata, expect or {}, str(path))
     if shapes is not None:
         _check_shapes(path, header, shapes, leading, samples)
-    digests = stored_checksums(header.metadata, str(path))
-    identity = file_identity(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for key in sorted(header.entries):
-            digest = _scan_tensor(fd, path, header, key, finite=True)
-            if digests is not None:
-                if digests.get(key) != digest:
-                    raise mismatch(str(path), key, digests.get(key), digest)
-                remember(identity, key)
-    finally:
-        os.close(fd)
-    return dict(header.metadata)
-
-
-def verify_file_tensors(path: str | os.PathLike, keys: Iterable[str] | None = None) -> None:
-    """Check the bytes of tensors ``keys`` (all by default) of ``path`` against their checksums,
-    reading them in chunks; tensors this process already verified in this version of the file are
-    skipped. What the streamed (positional block) readers call before reading a tensor."""
-    identity = file_identity(path)
-    wanted = None if keys is None else list(keys)
-    if wanted is not None and all(is_verified(identity, k) for k in wanted):
-        return
-    header = read_header(path)
-    digests = stored_checksums(header.metadata, str(path))
-    if digests is None:
-        return
-    _check_size(path, header)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for key in sorted(header.entries) if wanted is None else wanted:
-            if key not in header.entries or is_verified(identity, key):
-                continue
-            digest = _scan_tensor(fd, path, header, key, finite=False)
+    if digests is not None and set(digests) != set(header.entries):
+        lost = sorted(set(digests) - set(header.entries))
+        if lost:
+            raise ChecksumError(f"{path}: its checksums name tensor {lost[0]!r}, which the file does not hold "
+                                "(a tensor entry was renamed or removed after writing)")
+        raise mismatch(str(path), sorted(set(header.entries) - set(digests))[0], None, "")
+    for key in sorted(header.entries):
+        digest = _scan_tensor(fd, path, header, key, finite=True)
+        if digests is not None:
             if digests.get(key) != digest:
                 raise mismatch(str(path), key, digests.get(key), digest)
             remember(identity, key)
-    finally:
-        os.close(fd)
+    return dict(header.metadata)
 
 
-def _check_size(path: str | os.PathLike, header: Header) -> None:
-    size = Path(path).stat().st_size
+def verify_file_tensors(path: str | os.PathLike, keys: Iterable[str] | None = None, reader: FileReader | None = None) -> None:
+    """Check the bytes of tensors ``keys`` (all by default) of ``path`` against their checksums,
+    reading them in chunks; tensors this process already verified in this version of the file are
+    skipped. What the streamed (positional block) readers call before reading a tensor, with the
+    ``reader`` (open handle) they then read the blocks through."""
+    if reader is None:
+        with FileReader(path) as own:
+            return verify_file_tensors(path, keys, own)
+    identity, header = reader.identity, reader.header
+    wanted = None if keys is None else list(keys)
+    if wanted is not None and all(is_verified(identity, k) for k in wanted):
+        return
+    digests = stored_checksums(header.metadata, str(path))
+    if digests is None:
+        return
+    _check_size(path, header, identity[3])
+    for key in sorted(header.entries) if wanted is None else wanted:
+        if key not in header.entries or is_verified(identity, key):
+            continue
+        digest = _scan_tensor(reader.fd, path, header, key, finite=False)
+        if digests.get(key) != digest:
+            raise mismatch(str(path), key, digests.get(key), digest)
+        remember(identity, key)
+
+
+def _check_size(path: str | os.PathLike, header: Header, size: int) -> None:
     expected = header.data_start + header.data_size
     if size < expected:
         raise CheckpointError(f"{path}: truncated file ({size} bytes, its header describes {expected})")

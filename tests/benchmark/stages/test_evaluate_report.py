@@ -293,3 +293,66 @@ def test_weight_matching_off_leaves_the_wm_columns_empty(filled, tmp_path):
     row = frame.loc[("ensemble", "multi")]
     assert row.wm_anchor == "" and math.isnan(row.wm_mmd_median) and math.isnan(row.wm_mmd_median_hw)
     assert not math.isnan(row.ns_mmd_median)
+
+
+def test_a_damaged_number_cache_is_recomputed_with_one_log_line(filled, caplog):
+    """A digit changed in an ``eval/*.json`` cache is caught by its checksum and recomputed,
+    never copied into metrics.csv."""
+    import json
+    import logging
+
+    exp = filled[0]
+    first = run_evaluate(exp)
+    cached = sorted((exp.store.base / "eval").glob("*.json"))[0]
+    data = json.loads(cached.read_text())
+    assert data["checksum"].startswith("xxh3_64:")
+    text = cached.read_text()
+    column = "mmd_median"
+    value = repr(data["numbers"][column])
+    from bench.reliability import flip_middle_digit
+
+    damaged = flip_middle_digit(value)
+    assert text.count(value) >= 1 and float(damaged) != data["numbers"][column]
+    cached.write_text(text.replace(value, damaged, 1))
+    with caplog.at_level(logging.WARNING, logger="benchmark.stages.evaluate"):
+        second = run_evaluate(exp)
+    warnings = [r.getMessage() for r in caplog.records if "recomputing" in r.getMessage()]
+    assert len(warnings) == 1 and cached.name in warnings[0] and "checksum mismatch" in warnings[0]
+    pd.testing.assert_frame_equal(first, second)
+    assert json.loads(cached.read_text())["numbers"][column] == data["numbers"][column]  # rewritten sound
+
+
+def test_a_reference_range_with_untrained_seeds_is_refused_unless_partial_is_allowed(filled, tmp_path):
+    """seeds.reference=[0,14] with seeds 12 and 13 not trained: refused, naming how many and the
+    command; with evaluate.allow_partial=true, scored against the 12 present, and metrics.csv and
+    the captions say 12."""
+    from benchmark.inventory import MissingInputsError
+    from benchmark.stages.evaluate import check as check_evaluate
+
+    exp = filled[0]
+    wider = dataclasses.replace(exp.config, seeds=dataclasses.replace(exp.config.seeds, reference=[0, 14]),
+                                results=str(tmp_path / "results"))
+    message = (r"stage=evaluate needs the whole reference zoo: 2 of the 14 seeds of seeds.reference=\[0, 14\] are not "
+               r"trained yet \(12, 13\); train them with python -m benchmark stage=zoo experiment=digits_optunet "
+               r"zoo.range=reference; or pass evaluate.allow_partial=true to evaluate with the 12 converged")
+    with pytest.raises(MissingInputsError, match=message):
+        check_evaluate(Experiment(wider))
+    with pytest.raises(MissingInputsError, match=message):
+        run_evaluate(Experiment(wider))
+    partial = dataclasses.replace(wider, evaluate=dataclasses.replace(wider.evaluate, allow_partial=True))
+    df = run_evaluate(Experiment(partial))
+    assert set(df["n_reference"]) == {12}
+    tables = run_report(Experiment(partial))
+    table1 = (tables[0].parent / "table1.md").read_text()
+    assert "the reference zoo of 12 converged checkpoints" in table1
+    assert "the reference zoo of 12 converged checkpoints" in (tables[0].parent / "table3.md").read_text()
+
+
+def test_an_older_metrics_csv_without_n_reference_still_reads(filled, tmp_path):
+    from benchmark.results import read_metrics
+
+    exp = filled[0]
+    frame = run_evaluate(exp).drop(columns=["n_reference"])
+    path = tmp_path / "metrics.csv"
+    frame.to_csv(path, index=False)
+    assert read_metrics(path)["n_reference"].isna().all()

@@ -88,7 +88,8 @@ def test_too_few_bases_in_a_trained_range_suggest_a_larger_range(make_exp) -> No
 
 def test_untrained_range_suggests_training_it(tmp_path) -> None:
     exp = Experiment(compose_config(tmp_path / "store", "method=dropout", "mode=one"))
-    with pytest.raises(MissingBasesError, match=r"8 not trained yet.*stage=zoo experiment=digits_optunet zoo.range=heldout"):
+    with pytest.raises(MissingBasesError, match=r"8 of the 8 seeds of seeds.heldout=\[100000, 100008\] are not trained "
+                                                r"yet.*stage=zoo experiment=digits_optunet zoo.range=heldout"):
         prepare_units(exp)
 
 
@@ -212,3 +213,40 @@ def test_a_retrained_method_reserves_spare_bases_per_repetition(make_exp) -> Non
     converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
     pool = pool_size(units[0].method, 2)
     assert pool == 4 and [u.plan.candidates for u in units] == [tuple(converged[:4]), tuple(converged[4:8])]
+
+
+def test_a_pair_mixed_from_two_writers_is_refused_and_redrawn(make_exp, caplog) -> None:
+    """Writer A's predictions beside writer B's sample set (same settings, other draws): the
+    predictions' ``samples_digest`` names A's sample set, so the unit is not done; the stage
+    quarantines the predictions and redraws the unit."""
+    from benchmark.core.store import content_digest, save_sample_set
+    from benchmark.inventory import unit_state
+
+    exp = make_exp("method=ensemble", "sample.per_method=2")
+    assert run_sample(exp).written == ["ensemble/multi/r0"]
+    unit = exp.store.sample_unit("ensemble", "multi", 0)
+    samples_path, preds_path = exp.store.samples_path(unit), exp.store.preds_path(unit)
+    assert read_metadata(preds_path)["samples_digest"] == content_digest(read_metadata(samples_path))
+    assert unit_state(exp, unit).problem is None
+    meta = {k: v for k, v in read_metadata(samples_path).items() if k not in ("checksums", "format")}
+    other = {k: v + 1e-3 for k, v in load_sample_set(samples_path).items()}
+    save_sample_set(samples_path, other, meta)  # writer B's sample set replaces A's
+    problem = unit_state(exp, unit).problem
+    assert problem is not None and "computed from another sample set" in problem and "mixed from two writers" in problem
+    assert run_sample(exp).written == ["ensemble/multi/r0"]
+    assert any("quarantine" in r.getMessage() and "mixed" in r.getMessage() for r in caplog.records)
+    assert unit_state(exp, unit).problem is None
+
+
+def test_bases_are_refused_while_any_heldout_seed_is_untrained(make_exp) -> None:
+    """Enough bases converged, but one seed of the range is not trained yet (its file moved away):
+    the stage refuses rather than pick bases that depend on which seeds are finished."""
+    exp = make_exp("method=ensemble", "sample.per_method=2")
+    seeds = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
+    assert select_bases(exp, 2) == seeds  # the whole range trained: all converged seeds, in order
+    last = exp.store.checkpoint_path(seeds[-1])
+    last.rename(last.with_name("elsewhere"))
+    with pytest.raises(MissingBasesError, match=rf"1 of the 8 seeds of seeds.heldout=\[100000, 100008\] are not trained "
+                                                rf"yet \({seeds[-1]}\); train them with python -m benchmark stage=zoo "
+                                                r"experiment=digits_optunet zoo.range=heldout"):
+        prepare_units(exp)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 
 import pytest
 from safetensors.torch import save_file
@@ -40,7 +41,7 @@ def test_corrupt_and_stale_files_are_reported_then_repaired_and_redone(exp, capl
     corrupt(exp.store.preds_path(exp.store.sample_unit("ensemble", "multi")), "truncate")
     old = exp.store.checkpoint_path(100000)
     state, meta = load_checkpoint(old)
-    save_file(state, str(old), metadata={k: v for k, v in meta.items() if k != "checksums"})  # an older version's file
+    save_file(state, str(old), metadata={k: v for k, v in meta.items() if k not in ("checksums", "format")})  # an older version's file
     with caplog.at_level(logging.INFO, logger="benchmark.stages.verify"):
         with pytest.raises(verify.StoreIntegrityError, match=r"4 corrupt or stale file\(s\) in digits_optunet.*verify.repair=true"):
             verify.run(exp)
@@ -54,12 +55,17 @@ def test_corrupt_and_stale_files_are_reported_then_repaired_and_redone(exp, capl
     assert list(exp.store.zoo_dir.glob("quarantine/*")) == []  # without repair nothing moves
 
     caplog.clear()
+    with pytest.raises(verify.StoreIntegrityError, match="the corrupt ones were quarantined"):
+        verify.run(_with(exp, repair=True))  # corrupt files only
+    moved = sorted(p.name for p in exp.store.zoo_dir.glob("quarantine/*.safetensors"))
+    assert moved == ["seed_000001.safetensors"]
+    assert [p.name for p in exp.store.preds_dir.glob("quarantine/*.safetensors")] == ["ensemble_multi_r0.safetensors"]
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "moved to" in text and "verify.repair=stale quarantines it" in text
     with pytest.raises(verify.StoreIntegrityError, match="quarantined"):
-        verify.run(_with(exp, repair=True))
+        verify.run(_with(exp, repair="stale"))  # now the stale ones too
     moved = sorted(p.name for p in exp.store.zoo_dir.glob("quarantine/*.safetensors"))
     assert moved == ["seed_000001.safetensors", "seed_100000.safetensors", "seed_100002.safetensors"]
-    assert [p.name for p in exp.store.preds_dir.glob("quarantine/*.safetensors")] == ["ensemble_multi_r0.safetensors"]
-    assert "moved to" in "\n".join(r.getMessage() for r in caplog.records)
 
     run_zoo(exp, exp.reference), run_zoo(exp, exp.heldout), run_sample(exp)  # the next run redoes them
     (health,) = verify.run(exp)
@@ -91,3 +97,92 @@ def test_the_cli_exits_non_zero_on_a_damaged_store(exp, tmp_path, cli):
     code, out = cli(*args, "verify.repair=true")
     assert code == 1 and (exp.store.zoo_dir / "quarantine" / "seed_000000.safetensors").exists()
     assert read_metadata(exp.store.checkpoint_path(1))["experiment"] == "digits_optunet"
+
+
+def test_repair_is_an_enum_and_make_verify_repair_still_means_corrupt_only(exp):
+    from benchmark.config import ConfigError, Repair, compose_config, resolve_config
+
+    for override, mode in (("verify.repair=true", Repair.corrupt), ("verify.repair=stale", Repair.stale),
+                           ("verify.repair=false", Repair.off)):
+        assert resolve_config(compose_config([override])).verify.repair_mode is mode
+    with pytest.raises(ConfigError, match=r"verify.repair='all': expected false, true or stale"):
+        resolve_config(compose_config(["verify.repair=all"]))
+    makefile = (Path(__file__).parents[3] / "Makefile").read_text()
+    assert "$(if $(REPAIR),verify.repair=$(if $(filter stale,$(REPAIR)),stale,true))" in makefile
+
+
+def test_checkpoints_without_config_hash_are_not_stale(exp):
+    """Imported checkpoints (and other tools') carry no config_hash: verify passes, repair moves nothing."""
+    for seed in (0, 100001):
+        path = exp.store.checkpoint_path(seed)
+        tensors, metadata = _tensors_and_metadata(path)
+        _rewrite(path, tensors, {k: v for k, v in metadata.items() if k != "config_hash"})
+    (health,) = verify.run(_with(exp, repair="stale"))
+    assert not health.bad and health.zoo["reference [0, 2)"]["complete"] == 2
+    assert list(exp.store.zoo_dir.glob("quarantine/*")) == []
+
+
+def test_another_experiments_stale_files_are_reported_never_repaired(exp, caplog):
+    """scope=store: another experiment is judged against its yaml defaults, not the overrides it
+    was made with; its 'stale' files are reported as possibly stale, never moved, and do not fail."""
+    other = Experiment(compose_config_for(exp, "experiment=mnist_optunet"))
+    other.store.zoo_dir.mkdir(parents=True)
+    tensors, _ = _tensors_and_metadata(exp.store.checkpoint_path(0))
+    path = other.store.checkpoint_path(3)
+    _rewrite(path, {k: v for k, v in tensors.items()}, {"experiment": "mnist_optunet", "seed": "3",
+                                                       "config_hash": "made-with-overrides"})
+    with caplog.at_level(logging.INFO, logger="benchmark.stages.verify"):
+        reports = verify.run(_with(exp, repair="stale"))
+    assert [h.name for h in reports] == ["digits_optunet", "mnist_optunet"] and not any(h.bad for h in reports)
+    assert path.exists() and not list(other.store.zoo_dir.glob("quarantine/*"))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "POSSIBLY STALE: " in text and "reported only" in text
+
+
+def test_a_file_healed_between_its_check_and_the_repair_is_not_quarantined(exp, monkeypatch):
+    """The identity is recorded before the file is read: a concurrent run that replaces the damaged
+    file by a good one after verify read it keeps its file."""
+    import os
+    import shutil
+
+    path = exp.store.checkpoint_path(1)
+    good = path.with_name("good-copy")
+    shutil.copy(path, good)
+    corrupt(path, "bitflip")
+    real = verify.seed_problem
+
+    def check_then_heal(target, seed, shapes=None):
+        problem = real(target, seed, shapes)
+        if seed == 1:
+            os.replace(good, path)  # another run's quarantine-and-retrain finishes meanwhile
+        return problem
+
+    monkeypatch.setattr(verify, "seed_problem", check_then_heal)
+    with pytest.raises(verify.StoreIntegrityError):
+        (health,) = verify.run(_with(exp, repair=True))
+    assert path.exists() and not list(exp.store.zoo_dir.glob("quarantine/*"))
+    load_checkpoint(path)  # the healed file, untouched
+
+
+def compose_config_for(exp, *overrides):
+    from benchmark.config import compose_config
+
+    return compose_config([f"store={exp.config.store}", f"results={exp.config.results}", *TINY, *overrides])
+
+
+def test_files_of_store_format_1_are_counted_not_stale(exp, caplog):
+    """A checkpoint written by the previous version (tensor checksums, no metadata digest) is
+    usable: counted in the report, never stale, never moved."""
+    import json as _json
+
+    from benchmark.core.store.checksum import tensor_digest
+
+    path = exp.store.checkpoint_path(0)
+    state, meta = load_checkpoint(path)
+    old = {k: v for k, v in meta.items() if k not in ("checksums", "format")}
+    old["checksums"] = _json.dumps({"algorithm": "xxh3_64", "tensors": {k: tensor_digest(v) for k, v in state.items()}})
+    save_file(state, str(path), metadata=old)
+    with caplog.at_level(logging.INFO, logger="benchmark.stages.verify"):
+        (health,) = verify.run(_with(exp, repair="stale"))
+    assert not health.bad and health.metadata_unverified == 1 and path.exists()
+    assert any("1 file(s) of store format 1" in r.getMessage() for r in caplog.records)

@@ -102,7 +102,7 @@ def test_files_written_before_checksums_are_still_read(tmp_path, state):
     assert check_file(path) == {"seed": "3"}
 
 
-@pytest.mark.parametrize("kind", ["truncate", "garbage", "bitflip", "nan", "wrong_shape", "other_experiment"])
+@pytest.mark.parametrize("kind", ["truncate", "garbage", "bitflip", "nan", "wrong_shape", "other_experiment", "metadata_digit"])
 def test_check_file_names_the_file_and_what_is_wrong(tmp_path, state, kind):
     path = tmp_path / "seed_000001.safetensors"
     save_checkpoint(path, state, {"seed": 1, "experiment": "digits_optunet"})

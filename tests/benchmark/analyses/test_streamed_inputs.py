@@ -1,0 +1,28 @@
+"""The analyses' streamed paths read zoo files validated (the collapse analysis of a zoo larger
+than ``evaluate.max_in_memory_gb``)."""
+import pytest
+
+from bench.corruptions import corrupt
+from benchmark.analyses.collapse import member_probabilities
+from benchmark.core.store import save_checkpoint
+from benchmark.core.training import seeded
+from benchmark.experiment import Experiment
+from benchmark.inventory import CorruptZooError
+from tests.conftest import compose_config
+
+
+@pytest.mark.parametrize("kind", ["other_experiment", "nan"])
+def test_collapse_streamed_refuses_an_invalid_zoo_file(tmp_path, kind):
+    cfg = compose_config([f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}", "seeds.reference=[0,4]",
+                          "evaluate.max_in_memory_gb=1e-6"])
+    exp = Experiment(cfg)
+    exp.store.ensure_writable()
+    for seed in range(4):
+        with seeded(seed):
+            state = exp.model().state_dict()
+        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
+    probs_id, _ = member_probabilities(exp, [0, 1, 2, 3])
+    assert probs_id.shape[0] == 4
+    corrupt(exp.store.checkpoint_path(2), kind)  # valid checksums: only validation can tell
+    with pytest.raises(CorruptZooError, match="seed_000002"):
+        member_probabilities(exp, [0, 1, 2, 3])
