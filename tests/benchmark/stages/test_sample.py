@@ -163,7 +163,7 @@ def test_all_methods_go_on_past_failures_and_list_them(make_exp, monkeypatch) ->
 def test_refusals_and_missing_bases_come_before_any_training(make_exp) -> None:
     with pytest.raises(MethodConfigError, match="method=ensemble mode=one"):
         run_sample(make_exp("method=ensemble", "mode=one"))
-    with pytest.raises(MissingBasesError, match=r"50 converged held-out base checkpoints needed.*stage=zoo"):
+    with pytest.raises(MissingBasesError, match=r"need 50 converged held-out seeds.*gives about 6 .*seeds.heldout=\[100000,\d+\]"):
         run_sample(make_exp("method=ensemble", "sample.per_method=50"))
     with pytest.raises(ConfigError, match="methods.dropout.p=0.0"):
         make_exp("method=dropout", "methods.dropout.p=0")
@@ -184,7 +184,7 @@ def test_repetitions_use_disjoint_blocks_of_bases_and_survive_a_change_of_their_
     assert bases == [converged[0:2], converged[3:5]]
     assert run_sample(make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=1")).skipped_done == [
         "ensemble/multi/r0"]
-    with pytest.raises(MissingBasesError, match=r"11 converged held-out base checkpoints needed"):
+    with pytest.raises(MissingBasesError, match=r"need 11 converged held-out seeds"):
         run_sample(make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=4"))
 
 
