@@ -18,7 +18,7 @@ from tests.conftest import REPO, compose_config
 COMMON = ("train.epochs=1", "train.fail_rule.epoch=null", "seeds.reference=[0,2]", "seeds.heldout=[100000,100004]",
           "sample.per_method=2", "sample.modes_multi=2", "sample.repetitions=1", "threads=1",
           "zoo.vectorize=1")  # one network at a time: no numba compilation in every job
-METHODS = ("laplace", "ensemble")
+METHODS = ("ensemble",)  # its samples are the zoo's own checkpoints: any difference shows
 
 
 def benchmark(*args: str, cwd: Path = REPO, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -37,7 +37,7 @@ def assert_same_store(a: ExperimentStore, b: ExperimentStore) -> None:
         x, y = load_checkpoint(a.checkpoint_path(seed))[0], load_checkpoint(b.checkpoint_path(seed))[0]
         assert all(torch.equal(x[k], y[k]) for k in x), f"seed {seed}"
     names = sorted(p.name for p in a.samples_dir.glob("*.safetensors"))
-    assert names == sorted(p.name for p in b.samples_dir.glob("*.safetensors")) and len(names) == 3
+    assert names == sorted(p.name for p in b.samples_dir.glob("*.safetensors")) and len(names) == 1
     for folder in ("samples_dir", "preds_dir"):
         for name in names:
             x, y = load_sample_set(getattr(a, folder) / name), load_sample_set(getattr(b, folder) / name)

@@ -87,7 +87,8 @@ def cifar(tmp_path_factory, data_dir):
     mp = pytest.MonkeyPatch()
     mp.setattr(torchvision.datasets.cifar, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
     mp.setattr(torchvision.datasets.svhn, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
-    cfg = configure(tmp, data_dir, "cifar100_resnet18")
+    # analysis=collapse: the analyses' own tests draw every figure; the TinyImageNet run draws marginals
+    cfg = configure(tmp, data_dir, "cifar100_resnet18", "analysis=collapse")
     try:
         run(cfg)  # stage=all
     finally:
@@ -173,7 +174,8 @@ def test_metrics_and_tables(cifar):
 
 
 def test_tinyimagenet_through_the_stages_it_supports(tmp_path, data_dir):
-    cfg = configure(tmp_path, data_dir, "tinyimagenet_resnet18", "train.batch_size=2")
+    # marginals: 41 layers and the longest display name, drawn at the column width (figure text checked)
+    cfg = configure(tmp_path, data_dir, "tinyimagenet_resnet18", "train.batch_size=2", "analysis=marginals")
     run(cfg)
     exp = Experiment(cfg)
     metrics = pd.read_csv(exp.results_dir / "metrics.csv")
@@ -183,4 +185,5 @@ def test_tinyimagenet_through_the_stages_it_supports(tmp_path, data_dir):
     preds = load_sample_set(exp.store.preds_path(exp.store.sample_unit("laplace", "one")))
     assert preds["id"].shape == (2, 2, 200) and preds["ood"].shape == (2, 3, 200)  # DTD: its three splits
     assert "TinyImageNet - ResNet18" in (exp.results_dir / "table1.md").read_text()
+    assert (exp.results_dir / "figures" / "marginals.png").is_file()
     shutil.rmtree(exp.store.base)
