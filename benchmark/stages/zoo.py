@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from benchmark.config import ZooRange
 from benchmark.core.fingerprint import library_versions
-from benchmark.core.store import CheckpointMetadata, Claim, read_metadata, remove_temp_files_of, save_checkpoint, CheckpointError
+from benchmark.core.store import AlreadyPublishedError, CheckpointMetadata, Claim, read_metadata, remove_temp_files_of, save_checkpoint, CheckpointError
 from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
 from benchmark.core.training.vectorised import train_networks
 from benchmark.experiment import Experiment, SeedRange
@@ -161,14 +161,19 @@ def _store_outcome(exp: Experiment, seed: int, outcome: TrainResult | NonFiniteE
     elif claim.lost:
         log.warning("seed %d: the claim was taken over while training; result not stored", seed)
         summary.skipped_busy.append(seed)
-    elif outcome.failure:
-        store.record_failure(seed, {"reason": outcome.failure, "validation_accuracy": outcome.check_accuracy,
-                                    "epoch": outcome.epochs_run, "config_hash": exp.config_hash})
-        summary.failed.append(seed)
     else:
-        save_checkpoint(store.checkpoint_path(seed), outcome.state_dict,
-                        checkpoint_metadata(exp, seed, outcome, role, trainer).encode())
-        summary.trained.append(seed)
+        try:  # fenced: a late writer never replaces what another worker published (atomic.py)
+            if outcome.failure:
+                store.record_failure(seed, {"reason": outcome.failure, "validation_accuracy": outcome.check_accuracy,
+                                            "epoch": outcome.epochs_run, "config_hash": exp.config_hash}, exclusive=True)
+                summary.failed.append(seed)
+            else:
+                save_checkpoint(store.checkpoint_path(seed), outcome.state_dict,
+                                checkpoint_metadata(exp, seed, outcome, role, trainer).encode(), exclusive=True)
+                summary.trained.append(seed)
+        except AlreadyPublishedError:
+            log.warning("seed %d: another worker published it first; this run's copy dropped", seed)
+            summary.skipped_busy.append(seed)
 
 
 def _train_claimed(exp: Experiment, claimed: dict[int, Claim], role: str, summary: ZooSummary, bar) -> None:

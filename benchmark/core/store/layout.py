@@ -185,11 +185,12 @@ class ExperimentStore:
                 out[seed] = f"{path}: damaged failure record (not a JSON object with a 'reason')"
         return out
 
-    def record_failure(self, seed: int, record: dict[str, Any]) -> None:
-        """Mark ``seed`` as failed (atomically), with ``record`` holding at least ``reason``."""
+    def record_failure(self, seed: int, record: dict[str, Any], exclusive: bool = False) -> None:
+        """Mark ``seed`` as failed (atomically), with ``record`` holding at least ``reason``
+        (``exclusive``: fenced publication, ``AlreadyPublishedError`` if a record exists)."""
         if "reason" not in record:
             raise ValueError("record_failure: the record needs a 'reason'")
-        atomic_write_text(self.failed_path(seed), json.dumps({"seed": seed, **record}, indent=2, sort_keys=True))
+        atomic_write_text(self.failed_path(seed), json.dumps({"seed": seed, **record}, indent=2, sort_keys=True), exclusive)
 
     def checkpoint_paths(self, seeds: Iterable[int]) -> list[Path]:
         """Checkpoint paths of ``seeds``; raises ``StoreError`` listing the missing ones."""

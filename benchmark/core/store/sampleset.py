@@ -48,12 +48,14 @@ def unstack(sample_set: Mapping[str, torch.Tensor], index: int) -> dict[str, tor
     return {k: v[index] for k, v in sample_set.items()}
 
 
-def save_sample_set(path: str | os.PathLike, sample_set: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
+def save_sample_set(path: str | os.PathLike, sample_set: Mapping[str, torch.Tensor], metadata: Mapping[str, Any],
+                    exclusive: bool = False) -> None:
     """Write a sample set (``{key: [S, ...]}``, finite) to one safetensors file atomically, with
-    the content checksums of its tensors in the metadata."""
+    the content checksums of its tensors in the metadata (``exclusive``: fenced publication,
+    ``AlreadyPublishedError`` if ``path`` exists; ``atomic.py``)."""
     sample_count(sample_set, source=str(path))
     check_finite(sample_set, source=str(path))
-    write_safetensors(path, plain_tensors(sample_set), metadata)
+    write_safetensors(path, plain_tensors(sample_set), metadata, exclusive)
 
 
 def load_sample_set(path: str | os.PathLike, keys: Sequence[str] | None = None) -> SampleSet:

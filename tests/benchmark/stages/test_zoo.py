@@ -188,3 +188,25 @@ def test_the_zoo_trainer_follows_the_setting_the_architecture_and_the_memory(tmp
     assert Experiment(compose_config([f"store={tmp_path}", "zoo.vectorize=1"])).zoo_trainer.stacked is False
     with pytest.raises(ConfigError, match="zoo.vectorize='many': expected auto or a positive integer"):
         Experiment(compose_config(["zoo.vectorize=many"]))
+
+
+def test_a_paused_worker_never_replaces_what_the_new_holder_published(tiny_cfg, caplog):
+    """Worker A passed its ``claim.lost`` check and was paused (SIGSTOP); B took the unit over and
+    published; A resumes: its copy is dropped with one log line, B's file stands."""
+    import dataclasses
+
+    exp = Experiment(tiny_cfg)
+    result = zoo.train_seed(exp, 0)
+    late = dataclasses.replace(result, state_dict={k: v + 1 for k, v in result.state_dict.items()},
+                               check_accuracy=0.123)
+
+    class Held:  # A's view: its claim looked fine at its last check
+        lost = False
+
+    first, second = zoo.ZooSummary(), zoo.ZooSummary()
+    zoo._store_outcome(exp, 0, result, "reference", "one at a time", Held(), first)  # B publishes
+    path = exp.store.failed_path(0) if result.failure else exp.store.checkpoint_path(0)
+    published = path.read_bytes()
+    zoo._store_outcome(exp, 0, late, "reference", "one at a time", Held(), second)  # A, resumed
+    assert path.read_bytes() == published and second.skipped_busy == [0] and not (second.trained or second.failed)
+    assert "another worker published it first" in caplog.text
