@@ -358,6 +358,11 @@ def _take_over(path: Path, info: ClaimInfo, inode: int, nlink: int, own: Path, t
             ticket.unlink()
 
 
+def fs_now(folder: str | os.PathLike) -> float:
+    """The current time by the clock that stamps mtimes in ``folder`` (the file server's)."""
+    return _fs_now(Path(folder))
+
+
 def _fs_now(folder: Path) -> float:
     """The current time by the clock that stamps mtimes in ``folder`` (the file server's)."""
     probe = folder / f".clock-{host_name()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -430,7 +435,8 @@ def litter(folder: str | os.PathLike, timeout_s: float) -> list[Path]:
             st = entry.stat()
         except FileNotFoundError:
             continue
-        if now - max(st.st_mtime, st.st_ctime) <= timeout_s:
+        changed = max(st.st_mtime, st.st_ctime) if TICKET in name else st.st_mtime  # a ticket keeps the stale claim's mtime
+        if now - changed <= timeout_s:
             continue
         if not probe and TICKET not in name and SWAP not in name and ".stale-" not in name:
             shared = folder / name[: name.index(".claim.") + len(".claim")]

@@ -18,15 +18,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from benchmark.core.store.atomic import atomic_write_text
-from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S, Claim, reap_stale, try_claim
+from benchmark.core.store.atomic import atomic_write_text, is_temp_file
+from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S, Claim, fs_now, host_name, reap_stale, try_claim
+from benchmark.core.store.claims import litter as claim_litter
 from benchmark.core.store.errors import StoreError
 from benchmark.core.store.units import Unit
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -137,16 +142,53 @@ class ExperimentStore:
         return try_claim(self.claim_path(unit), self.claim_timeout_s, self.claim_heartbeat_s)
 
     def reap_stale_claims(self) -> int:
-        """Remove claims left by dead or timed-out processes (``claims.reap_stale``); how many."""
-        return len(reap_stale(self.claims_dir, self.claim_timeout_s))
+        """Remove claims left by dead or timed-out processes (``claims.reap_stale``), then the
+        litter of killed processes (``reap_litter``, one log line with the count); how many claims."""
+        reaped = len(reap_stale(self.claims_dir, self.claim_timeout_s))
+        litter = self.reap_litter()
+        if litter:
+            log.info("%s: removed %d file(s) of litter left by killed processes (claim tickets, probes, temp files "
+                     "older than claims.timeout_s)", self.base, litter)
+        return reaped
+
+    def litter(self) -> list[Path]:
+        """Files killed processes left behind, older than the claim timeout and owned by no
+        claim: the claim protocol's (``claims.litter``: tickets, orphaned names, probes) and
+        temp files of the store's own naming in the unit folders (whose unit is not claimed),
+        ``reference/`` and ``eval/``. Listed by ``stage=verify``; removed by ``reap_litter``."""
+        out = claim_litter(self.claims_dir, self.claim_timeout_s)
+        unit_folders = (self.zoo_dir, self.failed_dir, self.samples_dir, self.preds_dir)
+        for folder in (*unit_folders, self.reference_dir, self.eval_dir):
+            temps = sorted(p for p in folder.iterdir() if is_temp_file(p)) if folder.is_dir() else []
+            if not temps:
+                continue
+            now = fs_now(folder)
+            for tmp in temps:
+                try:
+                    age = now - tmp.stat().st_mtime
+                except FileNotFoundError:
+                    continue
+                unit = self.unit_of(tmp) if folder in unit_folders else None
+                if age > self.claim_timeout_s and (unit is None or not self.claim_path(unit).exists()):
+                    out.append(tmp)
+        return out
+
+    def reap_litter(self) -> int:
+        """Remove ``litter()``; how many files were removed."""
+        removed = 0
+        for path in self.litter():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+        return removed
 
     def ensure_writable(self) -> None:
         """Create the experiment folders; raise ``StoreError`` naming the ``store`` option if not writable."""
         try:
             for d in (self.zoo_dir, self.failed_dir, self.samples_dir, self.preds_dir, self.claims_dir):
                 d.mkdir(parents=True, exist_ok=True)
-            probe = self.claims_dir / f".write-probe-{os.getpid()}"
-            probe.write_bytes(b"")
+            probe = self.claims_dir / f".write-probe-{host_name()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            probe.write_bytes(b"")  # a name of its own: pids repeat across nodes (pid 1 in containers)
             probe.unlink()
         except OSError as err:
             raise StoreError(
