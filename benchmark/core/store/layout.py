@@ -234,6 +234,26 @@ class ExperimentStore:
             raise ValueError("record_failure: the record needs a 'reason'")
         atomic_write_text(self.failed_path(seed), json.dumps({"seed": seed, **record}, indent=2, sort_keys=True), exclusive)
 
+    def attempts_path(self, seed: int) -> Path:
+        """Where the runs in which ``seed`` diverged are counted (``zoo.max_attempts``)."""
+        return self.failed_dir / f"{self.seed_unit(seed).stem}.attempts"
+
+    def divergences(self, seed: int, config_hash: str) -> int:
+        """How many runs saw ``seed`` diverge under ``config_hash`` (0 if none, or another config)."""
+        record = _read_json(self.attempts_path(seed))
+        return int(record.get("attempts", 0)) if record and record.get("config_hash") == config_hash else 0
+
+    def record_divergence(self, seed: int, config_hash: str) -> int:
+        """Count one more run in which ``seed`` diverged (call it under the seed's claim); the new count."""
+        attempts = self.divergences(seed, config_hash) + 1
+        atomic_write_text(self.attempts_path(seed), json.dumps({"seed": seed, "config_hash": config_hash,
+                                                                "attempts": attempts}, sort_keys=True))
+        return attempts
+
+    def clear_divergences(self, seed: int) -> None:
+        """Forget the divergences of ``seed`` (it converged or was recorded as failed)."""
+        self.attempts_path(seed).unlink(missing_ok=True)
+
     def checkpoint_paths(self, seeds: Iterable[int]) -> list[Path]:
         """Checkpoint paths of ``seeds``; raises ``StoreError`` listing the missing ones."""
         seeds = list(seeds)
@@ -241,6 +261,14 @@ class ExperimentStore:
         if missing:
             raise StoreError(f"{self.zoo_dir}: no checkpoint for seeds {_compact(missing)}")
         return [self.checkpoint_path(s) for s in seeds]
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:
