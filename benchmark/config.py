@@ -255,6 +255,10 @@ class ClaimConfig:
 
     timeout_s: float = DEFAULT_TIMEOUT_S
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    # A store shared by the users of one group: new folders setgid and group-writable, files
+    # group-readable and -writable (umask 002 semantics for this process). Here and not under
+    # ``store`` because ``store`` is the store's path. Off by default: a personal store stays private.
+    group_shared: bool = False
 
     def __post_init__(self) -> None:
         require(self.heartbeat_s > 0, "heartbeat_s", self.heartbeat_s, "a positive number of seconds")

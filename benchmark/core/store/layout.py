@@ -40,12 +40,15 @@ class ExperimentStore:
 
     ``claim_timeout_s``, ``claim_heartbeat_s``: a claim whose heartbeat is older than the timeout
     is taken over; a held claim is refreshed every ``claim_heartbeat_s`` seconds (``claims.py``).
+    ``group_shared`` (``claims.group_shared``): folders setgid and group-writable, files group
+    read/write (``ensure_writable``).
     """
 
     root: Path
     experiment: str
     claim_timeout_s: float = DEFAULT_TIMEOUT_S
     claim_heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    group_shared: bool = False
 
     @property
     def base(self) -> Path:
@@ -184,9 +187,13 @@ class ExperimentStore:
 
     def ensure_writable(self) -> None:
         """Create the experiment folders; raise ``StoreError`` naming the ``store`` option if not writable."""
+        if self.group_shared:
+            os.umask(os.umask(0) & ~0o070)  # umask 002 semantics: group bits never masked
         try:
             for d in (self.zoo_dir, self.failed_dir, self.samples_dir, self.preds_dir, self.claims_dir):
                 d.mkdir(parents=True, exist_ok=True)
+            if self.group_shared:
+                _share_with_group(self.base)
             probe = self.claims_dir / f".write-probe-{host_name()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             probe.write_bytes(b"")  # a name of its own: pids repeat across nodes (pid 1 in containers)
             probe.unlink()
@@ -195,6 +202,7 @@ class ExperimentStore:
                 f"store={self.root}: cannot write to {self.base} ({err.strerror or err}); "
                 "pass a writable folder with store=/path/to/store"
             ) from err
+        _warn_if_not_shared(self.root)
 
     def completed_seeds(self) -> list[int]:
         """Seeds with a checkpoint file in the zoo (sorted)."""
@@ -261,6 +269,28 @@ class ExperimentStore:
         if missing:
             raise StoreError(f"{self.zoo_dir}: no checkpoint for seeds {_compact(missing)}")
         return [self.checkpoint_path(s) for s in seeds]
+
+
+def _share_with_group(base: Path) -> None:
+    """Make ``base`` and the folders under it that this user owns setgid and group-writable
+    (new subfolders inherit the group and the setgid bit; the umask makes them group-writable)."""
+    for folder in (base, *(p for p in base.rglob("*") if p.is_dir())):
+        with contextlib.suppress(OSError):
+            st = folder.stat()
+            if st.st_uid == os.getuid():
+                folder.chmod(st.st_mode & 0o7777 | 0o2070)
+
+
+def _warn_if_not_shared(root: Path) -> None:
+    """One line when the store folder is not group-writable but holds other users' files."""
+    with contextlib.suppress(OSError):
+        if root.stat().st_mode & 0o020:
+            return
+        others = {p.stat().st_uid for p in root.iterdir()} - {os.getuid()}
+        if others:
+            log.warning("store=%s is not group-writable but holds files of %d other user(s): pass "
+                        "claims.group_shared=true (setgid, group-writable) so that they can work on it too", root,
+                        len(others))
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
