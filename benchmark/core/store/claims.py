@@ -436,14 +436,24 @@ def litter(folder: str | os.PathLike, timeout_s: float) -> list[Path]:
         except FileNotFoundError:
             continue
         changed = max(st.st_mtime, st.st_ctime) if TICKET in name else st.st_mtime  # a ticket keeps the stale claim's mtime
-        if now - changed <= timeout_s:
-            continue
-        if not probe and TICKET not in name and SWAP not in name and ".stale-" not in name:
+        unique = not probe and TICKET not in name and SWAP not in name and ".stale-" not in name
+        if unique:
             shared = folder / name[: name.index(".claim.") + len(".claim")]
             if _same_file(shared, entry):
                 continue  # the unique name of a (stale but not yet reaped) claim: reap_stale's job
+            if now - changed <= timeout_s and not _dead_here(entry):
+                continue  # a claim being created (its link to the shared name comes next)
+        elif now - changed <= timeout_s:
+            continue
         out.append(entry)
     return out
+
+
+def _dead_here(path: Path) -> bool:
+    """Whether the claim body at ``path`` was written by a process of this host, boot and PID
+    namespace that is gone (its creator was killed before linking it)."""
+    info = read_claim(path)
+    return info is not None and bool(info.pid) and same_process_space(info) and not _process_alive(info.pid, info.started)
 
 
 def claims_in(folder: str | os.PathLike) -> list[ClaimInfo]:

@@ -9,7 +9,7 @@
 <root>/<experiment>/{samples,preds}/quarantine/   sample sets and predictions that failed validation
 <root>/<experiment>/reference/                     the reference zoo's caches (benchmark/reference.py)
 <root>/<experiment>/eval/<method>_<mode>_r<k>.json the evaluate stage's numbers of one repetition
-<root>/<experiment>/.claims/                       one claim file per unit of work in progress (claims.py)
+<root>/<experiment>/.claims/                       one claim (two names) per unit of work in progress (claims.py)
 ```
 
 File names come from ``Unit`` (``units.py``): every path of a unit is asked of the store.

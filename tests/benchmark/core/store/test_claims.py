@@ -308,3 +308,15 @@ def test_a_taker_held_between_its_ticket_and_its_swap_is_the_only_winner(tmp_pat
     end.set()
     assert taker.result(30)[1] is True
     assert not list(tmp_path.iterdir())
+
+
+def test_the_body_of_a_claim_whose_creator_was_killed_before_linking_it_is_litter_at_once(tmp_path):
+    from benchmark.core.store.claims import boot_id, litter, pid_namespace
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    body = {"host": host_name(), "started": time.time(), "token": "k", "boot": boot_id(), "pidns": pid_namespace()}
+    orphan = tmp_path / "u.claim.k"
+    orphan.write_text(json.dumps({**body, "pid": int(dead.stdout)}))
+    creating = tmp_path / "v.claim.k"  # this process, about to link it: not litter
+    creating.write_text(json.dumps({**body, "pid": os.getpid()}))
+    assert litter(tmp_path, timeout_s=60) == [orphan]
