@@ -14,12 +14,20 @@
    two evaluate runs, an imported store verified, a predictions/sample-set pair mixed from two
    writers.
 
+5. Fenced publication and claims: a SIGSTOP'ed worker resumed after its claim was taken
+   over (its late copy dropped, the new holder's file published once); takeover races of three
+   processes on one stale claim (old and new claim format); a seed that diverges in every run
+   (recorded as failed, reason ``diverged``, in run ``zoo.max_attempts``); litter of killed
+   processes counted and reaped while a live claim survives.
+
+Each scenario prints one line; the last line is ``N scenarios, N held``.
 Tiny digits/OptuNet configs (3 epochs), one torch thread per process; a few minutes on 2 cores.
 Usage: ``python bench/reliability.py [--kills 20] [--seed 0]``. Exit status 1 if any check fails.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import os
 import random
@@ -482,14 +490,167 @@ SCENARIOS_STORE_CONTENT = [
 ]
 
 
-def store_content_scenarios() -> None:
-    """Run ``SCENARIOS_STORE_CONTENT``, one line each."""
-    for name, scenario in SCENARIOS_STORE_CONTENT:
-        held, line = scenario(WORK / name)
-        check(held, line)
-        print(f"(4) {line}", flush=True)
+def store_content_scenario(name: str, scenario) -> None:
+    """Run one of ``SCENARIOS_STORE_CONTENT`` in its own folder, printing its line."""
+    held, line = scenario(WORK / name)
+    check(held, line)
+    print(f"(4) {line}", flush=True)
 
 # ---- end of the covered-metadata block --------------------------------------------------------------
+
+
+# ---- fenced publication, claims, divergence, litter ----
+# Each returns True when it held; each prints one line with what it tried and what survived.
+# ``rounds``/``short`` give the short forms the test suite runs (tests/bench/test_reliability.py).
+
+def _fork(target, *args):
+    import multiprocessing
+    process = multiprocessing.get_context("fork").Process(target=target, args=args)
+    process.start()
+    return process
+
+
+def _paused_writer(path, claim_path, ready, result):
+    """Worker A: claim, pass the ``claim.lost`` check, stop itself (SIGSTOP) before publishing."""
+    import torch
+    from benchmark.core.store import AlreadyPublishedError, save_checkpoint, try_claim
+    with try_claim(claim_path, timeout_s=1.0, heartbeat_s=0.25) as claim:
+        assert claim is not None and not claim.lost
+        ready.set()
+        os.kill(os.getpid(), signal.SIGSTOP)  # paused here until the parent resumes it
+        try:
+            save_checkpoint(path, {"w": torch.zeros(4)}, {"writer": "A"}, exclusive=True)
+            result.put("published")
+        except AlreadyPublishedError:
+            result.put("dropped")
+
+
+def scenario_paused_worker(rounds: int = 3) -> bool:
+    """A worker SIGSTOP'ed after its claim check, resumed after B took its timed-out claim over
+    and published: A's copy is dropped, B's file stands, published once."""
+    import multiprocessing
+    import torch
+    from benchmark.core.store import load_checkpoint, read_claim_info, save_checkpoint, try_claim
+    held = 0
+    for r in range(rounds):
+        folder = WORK / "paused" / f"r{r}"
+        folder.mkdir(parents=True, exist_ok=True)
+        path, claim_path = folder / "seed_000001.safetensors", folder / ".claims" / "zoo-seed_000001.claim"
+        context = multiprocessing.get_context("fork")
+        ready, result = context.Event(), context.Queue()
+        a = _fork(_paused_writer, path, claim_path, ready, result)
+        ready.wait(30)
+        while (info := read_claim_info(claim_path)) is not None and info.heartbeat_age_s <= 1.0:
+            time.sleep(0.05)  # A is stopped: its heartbeat ages past the timeout
+        with try_claim(claim_path, timeout_s=1.0, heartbeat_s=0.25) as b:
+            took_over = b is not None
+            save_checkpoint(path, {"w": torch.ones(4)}, {"writer": "B"}, exclusive=True)
+        os.kill(a.pid, signal.SIGCONT)
+        outcome = result.get(timeout=30)
+        a.join(30)
+        tensors, meta = load_checkpoint(path)
+        held += took_over and outcome == "dropped" and meta["writer"] == "B" and torch.equal(tensors["w"], torch.ones(4)) \
+            and os.stat(path).st_nlink == 1 and not [p for p in folder.iterdir() if p.name.startswith(".seed")]
+    ok = check(held == rounds, f"paused worker: {held} of {rounds} rounds held")
+    print(f"(5.1) paused worker: {rounds} SIGSTOP'ed writers resumed after their claim timed out and was taken over; "
+          f"the new holder's file stood, published once, the late copy dropped: {held} of {rounds}", flush=True)
+    return ok
+
+
+def scenario_takeover_races(rounds: int = 10, takers: int = 3) -> bool:
+    """``takers`` processes race for one stale claim, ``rounds`` times: one winner each round,
+    never lost while it holds, and nothing left after its release."""
+    import multiprocessing
+    from benchmark.core.store.claims import acquire
+    context = multiprocessing.get_context("fork")
+    held = 0
+    for r in range(rounds):
+        path = WORK / "races" / f"r{r}" / "u.claim"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        unique = path.with_name(path.name + ".x") if r % 2 else path  # old- and new-format stale claims
+        unique.write_text('{"host": "node-dead", "pid": 9, "started": 0, "token": "x"}')
+        os.utime(unique, (time.time() - 100, time.time() - 100))
+        if r % 2:
+            os.link(unique, path)
+        start, stop, results = context.Event(), context.Event(), context.Queue()
+
+        def race(i, start=start, stop=stop, results=results, path=path):
+            os.environ[HOST_ENV] = f"node-{i}"
+            start.wait(30)
+            claim = acquire(path, timeout_s=30, heartbeat_s=0.1)
+            results.put(claim is not None)
+            if claim is not None:
+                stop.wait(30)
+                results.put(not claim.lost)
+                claim.release()
+
+        procs = [_fork(race, i) for i in range(takers)]
+        start.set()
+        wins = [results.get(timeout=30) for _ in procs]
+        stop.set()
+        kept = [results.get(timeout=30) for _ in range(sum(wins))]
+        for p in procs:
+            p.join(30)
+        held += sum(wins) == 1 and all(kept) and not list(path.parent.iterdir())
+    ok = check(held == rounds, f"takeover races: {held} of {rounds} rounds with exactly one holder")
+    print(f"(5.2) takeover races: {rounds} rounds of {takers} processes on one stale claim (old and new format): "
+          f"exactly one holder, never lost, nothing left after release: {held} of {rounds}", flush=True)
+    return ok
+
+
+def scenario_diverging_seed(max_attempts: int = 3) -> bool:
+    """A seed that diverges (NaN) in every run: recorded as failed (``diverged``) in run ``max_attempts``."""
+    from benchmark.config import compose_config
+    from benchmark.experiment import Experiment, SeedRange
+    from benchmark.stages.zoo import TrainingDivergedError, run_zoo
+    store = WORK / "diverging" / "store"
+    cfg = compose_config([f"store={store}", f"results={store.parent / 'results'}", "train.epochs=2",
+                          "train.milestones=[1]", "train.fail_rule.epoch=1", "train.lr=1e9", "zoo.vectorize=1",
+                          f"zoo.max_attempts={max_attempts}"])
+    exp, one = Experiment(cfg), SeedRange("reference", 0, 1)
+    raised = 0
+    for _ in range(max_attempts - 1):
+        try:
+            run_zoo(exp, one)
+        except TrainingDivergedError:
+            raised += 1
+    summary = run_zoo(exp, one)
+    record = exp.store.failed_seeds().get(0, {})
+    ok = check(raised == max_attempts - 1 and summary.failed == [0] and record.get("reason") == "diverged"
+               and run_zoo(exp, one).skipped_done == [0], f"diverging seed: record {record}")
+    print(f"(5.3) diverging seed: NaN in each of {max_attempts} runs; the first {raised} exited with the error, run "
+          f"{max_attempts} recorded it as failed (reason {record.get('reason')!r}) and the next run skipped it", flush=True)
+    return ok
+
+
+def scenario_litter_reaped() -> bool:
+    """Litter of killed processes (claim tickets, orphaned claim names, probes, old temp files) is
+    counted by the store (verify's count) and removed by the next stage run; live claims survive."""
+    from benchmark.core.store import ExperimentStore, try_claim
+    store = ExperimentStore(WORK / "litter" / "store", EXP, claim_timeout_s=60, claim_heartbeat_s=30)
+    store.ensure_writable()
+    store.eval_dir.mkdir(parents=True, exist_ok=True)
+    store.reference_dir.mkdir(parents=True, exist_ok=True)
+    old = [store.claims_dir / "zoo-seed_000001.claim.stale-0123456789ab", store.claims_dir / "zoo-seed_000003.claim.0f0f",
+           store.claims_dir / ".clock-node-1-7-deadbeef", store.claims_dir / ".write-probe-node-1-7-deadbeef",
+           store.reference_dir / ".canonical.safetensors.tmp-12-abcdef01", store.eval_dir / ".swag_one_r0.json.tmp-1-ab",
+           store.samples_dir / ".swag_one_r0.safetensors.tmp-12-abcdef01"]
+    for path in old:
+        path.write_bytes(b"")
+        os.utime(path, (time.time() - 600, time.time() - 600))
+    with try_claim(store.claim_path(store.seed_unit(9)), timeout_s=60, heartbeat_s=30) as live:
+        counted = len(store.litter())
+        store.reap_stale_claims()  # what the next zoo or sample run does first
+        survived = store.claim_path(store.seed_unit(9)).exists() and not live.lost
+    left = [p for p in old if p.exists()]
+    ok = check(counted == len(old) and not left and survived, f"litter: counted {counted}, left {left}")
+    print(f"(5.4) litter: {len(old)} files of killed processes planted; counted {counted}, reaped "
+          f"{len(old) - len(left)}, a live claim kept: {'yes' if survived else 'NO'}", flush=True)
+    return ok
+
+
+SCENARIOS_17A = [scenario_paused_worker, scenario_takeover_races, scenario_diverging_seed, scenario_litter_reaped]
+# ---- end of the fenced-publication block ----
 
 
 def main() -> None:
@@ -506,11 +667,19 @@ def main() -> None:
           f"{sum(k.startswith('zoo/seed') for k in reference)} checkpoints, "
           f"{sum(k.startswith('zoo/failed') for k in reference)} failure records, "
           f"{sum(k.startswith(('samples', 'preds')) for k in reference)} sample/prediction files", flush=True)
-    kills(reference, times, args.kills, random.Random(args.seed))
-    concurrency()
-    damage(store, reference)
-    store_content_scenarios()
+
+    def held(scenario) -> bool:
+        before = len(FAILURES)
+        scenario()
+        return len(FAILURES) == before
+
+    scenarios = [lambda: kills(reference, times, args.kills, random.Random(args.seed)), concurrency,
+                 lambda: damage(store, reference),
+                 *[functools.partial(store_content_scenario, name, scenario) for name, scenario in SCENARIOS_STORE_CONTENT],
+                 *SCENARIOS_17A]
+    results = [held(scenario) for scenario in scenarios]
     print(f"reliability: {len(FAILURES)} failed check(s) in {time.time() - start:.0f} s")
+    print(f"{len(results)} scenarios, {sum(results)} held")
     if not FAILURES:
         shutil.rmtree(WORK, ignore_errors=True)
     sys.exit(1 if FAILURES else 0)

@@ -132,10 +132,16 @@ class ZooConfig:
     shard: int = 0
     num_shards: int = 1
     vectorize: str = "auto"  # "auto" or an integer: OmegaConf has no union type; ``networks_at_once`` is the typed value
+    # Runs in which a seed may diverge (NaN/Inf) before it is recorded as failed with reason
+    # ``diverged`` (not in the paper; 3 chosen: a seed that diverges in three runs, maybe on other
+    # nodes or GPUs, is not a transient fault; training on CPU is deterministic, so retrying
+    # within one run would only repeat it). Counted per seed and config_hash in zoo/failed/.
+    max_attempts: int = 3
 
     def __post_init__(self) -> None:
         require(self.num_shards >= 1, "num_shards", self.num_shards, "a positive integer")
         require(0 <= self.shard < self.num_shards, "shard", self.shard, f"an integer in [0, num_shards={self.num_shards})")
+        require(self.max_attempts >= 1, "max_attempts", self.max_attempts, "a positive integer (runs before a diverging seed is recorded as failed)")
         value = str(self.vectorize)
         require(value == "auto" or (value.isdigit() and int(value) >= 1), "vectorize", self.vectorize,
                 "auto or a positive integer (1 = one network at a time)")
@@ -287,6 +293,10 @@ class ClaimConfig:
 
     timeout_s: float = DEFAULT_TIMEOUT_S
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    # A store shared by the users of one group: new folders setgid and group-writable, files
+    # group-readable and -writable (umask 002 semantics for this process). Here and not under
+    # ``store`` because ``store`` is the store's path. Off by default: a personal store stays private.
+    group_shared: bool = False
 
     def __post_init__(self) -> None:
         require(self.heartbeat_s > 0, "heartbeat_s", self.heartbeat_s, "a positive number of seconds")

@@ -177,7 +177,8 @@ class Experiment:
     @cached_property
     def store(self) -> ExperimentStore:
         claims = self.config.claims
-        return ExperimentStore(Path(self.config.store), self.name, claims.timeout_s, claims.heartbeat_s)
+        return ExperimentStore(Path(self.config.store), self.name, claims.timeout_s, claims.heartbeat_s,
+                               claims.group_shared)
 
     @property
     def results_dir(self) -> Path:

@@ -8,19 +8,29 @@ import signal
 import traceback
 from typing import Any, Callable
 
+from benchmark.core.store.atomic import TEMP_MARK
+
 
 def _child(conn, target: Callable[[], Any], env: dict[str, str], kill_at_publish: int | None) -> None:
     os.environ.update(env)
     if kill_at_publish is not None:
-        replace, published = os.replace, [0]
+        replace, link, published = os.replace, os.link, [0]
+
+        def count() -> None:
+            published[0] += 1
+            if published[0] == kill_at_publish:  # the temp file is written, the rename/link not done
+                os.kill(os.getpid(), signal.SIGKILL)
 
         def publish(src, dst, *args, **kwargs):
-            published[0] += 1
-            if published[0] == kill_at_publish:  # the temp file is written, the rename not done
-                os.kill(os.getpid(), signal.SIGKILL)
+            count()
             return replace(src, dst, *args, **kwargs)
 
-        os.replace = publish
+        def publish_fenced(src, dst, *args, **kwargs):
+            if TEMP_MARK in os.path.basename(src):  # a fenced publication (atomic.py), not a claim or quarantine
+                count()
+            return link(src, dst, *args, **kwargs)
+
+        os.replace, os.link = publish, publish_fenced
     try:
         conn.send(("ok", target()))
     except BaseException:  # noqa: BLE001  (reported to the parent, which raises)
@@ -55,5 +65,5 @@ class Forked:
 def forked(target: Callable[[], Any], **options: Any) -> tuple[int, Any]:
     """Run ``target`` in a forked child and wait for it (``Forked`` options: ``env``: environment
     variables of the child; ``kill_at_publish=k``: the child SIGKILLs itself at its k-th atomic
-    publication, after writing the temp file and before renaming it onto the final name)."""
+    publication, after writing the temp file and before renaming or linking it onto the final name)."""
     return Forked(target, **options).result()

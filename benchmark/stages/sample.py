@@ -40,7 +40,7 @@ from benchmark.config import ConfigError
 from benchmark.core.fingerprint import library_versions
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
-    CheckpointError, SampleSet, SampleSetMetadata, StoreError, Unit, load_checkpoint, load_sample_set,
+    AlreadyPublishedError, CheckpointError, SampleSet, SampleSetMetadata, StoreError, Unit, load_checkpoint, load_sample_set,
     remove_temp_files_of, save_sample_set, validate_tensors,
 )
 from benchmark.core.training import NonFiniteError
@@ -60,6 +60,10 @@ ASSUMED_CONVERGENCE = 0.5  # for the suggested held-out range when no held-out s
 
 class SampleStageError(RuntimeError):
     """Some (method, mode) units failed under ``method=all``; the others were written."""
+
+
+class ClaimLostError(RuntimeError):
+    """This worker's claim on a unit was taken over: it stops the unit and writes nothing more."""
 
 
 class MissingBasesError(StoreError):
@@ -235,9 +239,29 @@ def write_job(exp: Experiment, job: Job, claim=None) -> tuple[int, ...] | None:
     if claim is not None and claim.lost:
         return None
     metadata = settings_metadata(exp, job, seeds, diagnostics).encode()
-    digest = save_sample_set(exp.store.samples_path(job.unit), samples, metadata)
-    save_sample_set(exp.store.preds_path(job.unit), preds, {**metadata, "samples_digest": digest})
+    publish_unit(exp, job.unit, samples, preds, metadata, claim)
     return seeds
+
+
+def clear_unit(exp: Experiment, unit: Unit) -> None:
+    """Remove a unit's stale or half-written files before it is redone (under its claim):
+    fenced publication never replaces a file (``AlreadyPublishedError``)."""
+    for path in exp.store.unit_paths(unit):
+        remove_temp_files_of(path)  # left by a writer killed mid-write
+        path.unlink(missing_ok=True)
+
+
+def publish_unit(exp: Experiment, unit: Unit, samples: SampleSet, preds: dict[str, torch.Tensor],
+                 metadata: dict[str, str], claim=None) -> None:
+    """Publish the sample set, then the predictions bound to it (``samples_digest``), each fenced
+    (``exclusive``): a late writer
+    (its claim taken over) never replaces what another worker published. Raises
+    ``AlreadyPublishedError`` when the sample set was published first by another worker (this
+    copy dropped) and ``ClaimLostError`` when the claim is lost between the two files."""
+    digest = save_sample_set(exp.store.samples_path(unit), samples, metadata, exclusive=True)
+    if claim is not None and claim.lost:
+        raise ClaimLostError(f"{unit.label}: the claim was lost after the sample set was written")
+    save_sample_set(exp.store.preds_path(unit), preds, {**metadata, "samples_digest": digest}, exclusive=True)
 
 
 def run(exp: Experiment) -> SampleSummary:
@@ -273,6 +297,7 @@ def run(exp: Experiment) -> SampleSummary:
                 continue
             if quarantine_and_redo(state.corrupt, f"{unit.label} will be drawn again"):
                 summary.quarantined[unit.label] = "; ".join(state.corrupt.values())
+            clear_unit(exp, unit)
             try:
                 seeds = write_job(exp, job, claim)
             except FIT_ERRORS as err:
@@ -280,6 +305,10 @@ def run(exp: Experiment) -> SampleSummary:
                     raise
                 log.error("%s stopped: %s (nothing written)", unit.label, err)
                 summary.failed[unit.label] = f"{type(err).__name__}: {err}"
+                continue
+            except (AlreadyPublishedError, ClaimLostError) as err:
+                log.warning("%s: stopped, nothing more written (%s)", unit.label, err)
+                summary.skipped_busy.append(unit.label)
                 continue
             if seeds is None:
                 log.warning("%s: the claim was taken over while drawing; nothing written", unit.label)
@@ -352,9 +381,16 @@ def run_external(exp: Experiment) -> SampleSummary:
             return summary
         if quarantine_and_redo(state.corrupt, f"{unit.label} will be scored again"):
             summary.quarantined[unit.label] = "; ".join(state.corrupt.values())
+        clear_unit(exp, unit)
         preds = predictions(exp, samples)
-        digest = save_sample_set(exp.store.samples_path(unit), samples, metadata)
-        save_sample_set(exp.store.preds_path(unit), preds, {**metadata, "samples_digest": digest})
+        try:
+            if claim.lost:
+                raise ClaimLostError(f"{unit.label}: the claim was taken over while scoring")
+            publish_unit(exp, unit, samples, preds, metadata, claim)
+        except (AlreadyPublishedError, ClaimLostError) as err:
+            log.warning("%s: stopped, nothing more written (%s)", unit.label, err)
+            summary.skipped_busy.append(unit.label)
+            return summary
     log.info("%s: %d external samples from %s written", unit.label, len(preds["id"]), source)
     summary.written.append(unit.label)
     return summary

@@ -322,6 +322,8 @@ def check_leftovers(store: ExperimentStore, health: ExperimentHealth) -> None:
             health.temp_files += sorted(p for p in folder.iterdir() if is_temp_file(p))
     for info in claims_in(store.claims_dir):
         health.claims["stale" if stale_reason(info, store.claim_timeout_s) else "live"] += 1
+    if litter := store.litter():  # a count, not an error: the next zoo or sample run reaps it
+        log.info("%s: %d file(s) of litter left by killed processes (reaped by the next run)", store.experiment, len(litter))
 
 
 def fix(store: ExperimentStore, problem: Problem) -> str:

@@ -7,7 +7,9 @@ Resumable and shareable: a batch of seeds is claimed seed by seed (``store.claim
 across cluster nodes), each re-checked after its claim is taken, and every seed's checkpoint or
 failure record is written atomically as soon as that seed finishes, so killed runs and
 overlapping ranges on one store neither corrupt nor duplicate work. Seeds that do not converge
-are recorded as failed.
+are recorded as failed; a seed that diverges (NaN/Inf) is counted, and recorded as failed with
+reason ``diverged`` in the ``zoo.max_attempts``-th run that sees it diverge. Publication is fenced
+(``store/atomic.py``): a worker paused past its claim never replaces what another published.
 
 Self-healing: every checkpoint of the range already in the store is validated first (checksum,
 keys and shapes, finite values, experiment and seed in its metadata; failure records must parse).
@@ -25,7 +27,7 @@ from tqdm.auto import tqdm
 
 from benchmark.config import ZooRange
 from benchmark.core.fingerprint import library_versions
-from benchmark.core.store import CheckpointMetadata, Claim, read_metadata, remove_temp_files_of, save_checkpoint, CheckpointError
+from benchmark.core.store import AlreadyPublishedError, CheckpointMetadata, Claim, read_metadata, remove_temp_files_of, save_checkpoint, CheckpointError
 from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
 from benchmark.core.training.vectorised import train_networks
 from benchmark.experiment import Experiment, SeedRange
@@ -159,20 +161,40 @@ def _store_outcome(exp: Experiment, seed: int, outcome: TrainResult | NonFiniteE
     """Write a finished seed's checkpoint or failure record (NaN/Inf: logged, nothing written;
     a claim taken over meanwhile: nothing written)."""
     store = exp.store
-    if isinstance(outcome, NonFiniteError):
-        log.error("seed %d stopped: %s (nothing stored)", seed, outcome)
-        summary.diverged[seed] = str(outcome)
-    elif claim.lost:
-        log.warning("seed %d: the claim was taken over while training; result not stored", seed)
+    if claim.lost:
+        log.warning("seed %d: the claim was taken over while training; this worker stops it, nothing stored", seed)
         summary.skipped_busy.append(seed)
-    elif outcome.failure:
-        store.record_failure(seed, {"reason": outcome.failure, "validation_accuracy": outcome.check_accuracy,
-                                    "epoch": outcome.epochs_run, "config_hash": exp.config_hash})
-        summary.failed.append(seed)
+    elif isinstance(outcome, NonFiniteError):
+        attempts, limit = store.record_divergence(seed, exp.config_hash), exp.config.zoo.max_attempts
+        if attempts < limit:
+            log.error("seed %d stopped: %s (nothing stored; diverged in %d of zoo.max_attempts=%d runs)",
+                      seed, outcome, attempts, limit)
+            summary.diverged[seed] = str(outcome)
+            return
+        try:
+            store.record_failure(seed, {"reason": "diverged", "detail": str(outcome), "attempts": attempts,
+                                        "config_hash": exp.config_hash}, exclusive=True)
+            log.error("seed %d recorded as failed (diverged in %d runs, zoo.max_attempts=%d): %s", seed, attempts,
+                      limit, outcome)
+            summary.failed.append(seed)
+        except AlreadyPublishedError:
+            log.warning("seed %d: another worker published it first; this run's record dropped", seed)
+            summary.skipped_busy.append(seed)
+        store.clear_divergences(seed)
     else:
-        save_checkpoint(store.checkpoint_path(seed), outcome.state_dict,
-                        checkpoint_metadata(exp, seed, outcome, role, trainer).encode())
-        summary.trained.append(seed)
+        try:  # fenced: a late writer never replaces what another worker published (atomic.py)
+            if outcome.failure:
+                store.record_failure(seed, {"reason": outcome.failure, "validation_accuracy": outcome.check_accuracy,
+                                            "epoch": outcome.epochs_run, "config_hash": exp.config_hash}, exclusive=True)
+                summary.failed.append(seed)
+            else:
+                save_checkpoint(store.checkpoint_path(seed), outcome.state_dict,
+                                checkpoint_metadata(exp, seed, outcome, role, trainer).encode(), exclusive=True)
+                summary.trained.append(seed)
+            store.clear_divergences(seed)
+        except AlreadyPublishedError:
+            log.warning("seed %d: another worker published it first; this run's copy dropped", seed)
+            summary.skipped_busy.append(seed)
 
 
 def _train_claimed(exp: Experiment, claimed: dict[int, Claim], role: str, summary: ZooSummary, bar) -> None:

@@ -1,5 +1,16 @@
 """Atomic file writes: write to a temp file in the target folder, fsync, then rename.
 
+Fenced publication (``atomic_path(path, exclusive=True)``) for the results of units of work
+(checkpoints, failure records, sample sets, predictions): the temp file is published with
+``os.link(tmp, final)``, which fails when ``final`` exists, so a late writer (a worker paused
+past its claim's timeout, whose unit another worker redid and published) can never replace a
+published file. "Already exists" means someone published the unit first; results are
+deterministic, so the first stands: the late writer's temp file is dropped and
+``AlreadyPublishedError`` is raised for its caller to log in one line. A unit's stale files
+must be removed (under its claim) before it is redone. On a file system without hard links
+(``os.link`` fails with EPERM/EOPNOTSUPP: some FUSE and SMB mounts) the fallback checks that
+``final`` is absent, then renames: a window of microseconds instead of none, logged once.
+
 Files get the permissions any other tool writing the folder would give them: the temp file is
 created with mode 0666 filtered by the process umask (or the folder's default ACL), and that
 mode is restored if the writer (safetensors creates its files 0600) changed it.
@@ -7,21 +18,32 @@ mode is restored if the writer (safetensors creates its files 0600) changed it.
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import uuid
 from pathlib import Path
 from typing import Iterator
 
 TEMP_MARK = ".tmp-"
+NO_HARD_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK})
+log = logging.getLogger(__name__)
+_warned_no_links: set[str] = set()
+
+
+class AlreadyPublishedError(FileExistsError):
+    """A fenced publication found its final file already published (by another worker)."""
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, exclusive: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it onto ``path``.
 
     The temp file lives in the same folder (same file system, so ``os.replace`` is atomic)
     and is removed if the body raises, so a killed or failed write never leaves a partial
     file under the final name. Readers either see the old file, the new one, or none.
+    ``exclusive``: fenced publication (module doc): never replace an existing ``path``; raises
+    ``AlreadyPublishedError`` (the temp file removed) when it exists.
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -35,16 +57,37 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             if os.fstat(fh.fileno()).st_mode & 0o7777 != mode:
                 os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        if exclusive:
+            _publish_exclusive(tmp, final)
+        else:
+            os.replace(tmp, final)
         _fsync_dir(final.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
-    with atomic_path(path) as tmp:
+def _publish_exclusive(tmp: Path, final: Path) -> None:
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        raise AlreadyPublishedError(f"{final}: already published by another worker; this copy was dropped") from None
+    except OSError as err:
+        if err.errno not in NO_HARD_LINKS:
+            raise
+        if str(final.parent) not in _warned_no_links:
+            _warned_no_links.add(str(final.parent))
+            log.warning("%s: no hard links on this file system; publishing by check-then-rename", final.parent)
+        if final.exists():
+            raise AlreadyPublishedError(f"{final}: already published by another worker; this copy was dropped") from None
+        os.rename(tmp, final)
+        return
+    tmp.unlink()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, exclusive: bool = False) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (``exclusive``: fenced, see ``atomic_path``)."""
+    with atomic_path(path, exclusive) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
 

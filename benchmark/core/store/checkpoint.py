@@ -25,22 +25,26 @@ def plain_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
 
 
-def save_checkpoint(path: str | os.PathLike, state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
-    """Write one network's ``state_dict`` to ``path`` (safetensors) atomically.
+def save_checkpoint(path: str | os.PathLike, state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, Any],
+                    exclusive: bool = False) -> None:
+    """Write one network's ``state_dict`` to ``path`` (safetensors) atomically (``exclusive``:
+    fenced publication, ``AlreadyPublishedError`` if ``path`` exists; ``atomic.py``).
 
     Floating tensors must be finite: a NaN/Inf weight raises ``CheckpointError`` naming the
     key and nothing is written. ``metadata`` values that are not strings are JSON-encoded; the
     content checksums of the tensors (``checksum.py``) are added under ``checksums``.
     """
     check_finite(state_dict, source=str(path))
-    write_safetensors(path, plain_tensors(state_dict), metadata)
+    write_safetensors(path, plain_tensors(state_dict), metadata, exclusive)
 
 
-def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> dict[str, str]:
+def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any],
+                      exclusive: bool = False) -> dict[str, str]:
     """Write plain (contiguous CPU) ``tensors`` with ``metadata``, the store format and the
-    checksums of both (``checksum.checksummed_metadata``), atomically; return the metadata written."""
+    checksums of both (``checksum.checksummed_metadata``), atomically (``exclusive``: never
+    replacing an existing ``path``, see ``atomic.atomic_path``); return the metadata written."""
     encoded = checksummed_metadata(tensors, encode_metadata(metadata))
-    with atomic_path(path) as tmp:
+    with atomic_path(path, exclusive) as tmp:
         save_file(dict(tensors), str(tmp), metadata=encoded)
         _sort_header(tmp)
     return encoded

@@ -1,20 +1,45 @@
 """Claims on units of work that hold across the nodes of a cluster (NFS, Lustre, GPFS).
 
-``fcntl.flock`` is not honoured across nodes by many cluster file systems. A claim is instead a
-file created with ``O_CREAT | O_EXCL`` (atomic on NFSv3+, Lustre, GPFS and local disks: exactly
-one creator wins) holding the claimant's host, pid, start time and a random token. While the
-claim is held, a background thread refreshes the file's mtime every ``heartbeat_s`` seconds.
+``fcntl.flock`` is not honoured across nodes by many cluster file systems. A claim on unit U is
+one file with two names in the claims folder: its own unique name ``U.claim.<token>`` and the
+shared name ``U.claim``. It holds the claimant's host, pid, start time, boot id, PID namespace
+and a random token. While the claim is held, a background thread refreshes its mtime every
+``heartbeat_s`` seconds (through the unique name, so it can never touch another claim).
+
+Protocol (every step is one atomic operation on NFSv3+, Lustre, GPFS and local disks):
+- **Create**: write the body to ``U.claim.<token>`` (``O_EXCL``), then ``os.link`` it to
+  ``U.claim``, which fails when the shared name exists: exactly one creator wins.
+- **Ticket**: whoever removes or replaces generation X of ``U.claim`` (a taker of a stale
+  claim, or X's holder releasing it) first renames X's unique name ``U.claim.<X>`` to a ticket
+  ``U.claim.<X>.taken-<own token>``. Only one rename of one name can succeed, so generation X
+  has at most one ticket holder; a holder whose unique name is gone has lost. Nobody modifies
+  ``U.claim`` without the ticket of the generation it holds, and creators only make it when it
+  is absent, so while a ticket is held ``U.claim`` is still X (checked by inode anyway).
+- **Take over** (X stale, see below): take X's ticket; write one's own claim under its unique
+  name; link it to a swap name and ``os.rename`` that onto ``U.claim``, which replaces X in one
+  step: ``U.claim`` is never absent, so no third process can slip a claim into a gap, and a
+  holder never reads a gap. Then drop the ticket (X's inode).
+- **Release**: take one's own ticket (fails: taken over, touch nothing), unlink ``U.claim``
+  (still this claim's inode), drop the ticket.
+- **Lost**: ``Claim.lost`` only after ``LOST_READS`` consecutive reads of ``U.claim`` that
+  found it absent or holding another token; a read that fails otherwise (a transient NFS error)
+  proves nothing and is not counted.
+- A ticket whose taker died between its two steps is stolen (renamed to the stealer's ticket)
+  once it is older than the timeout; the paused taker checks its ticket before the swap. A
+  process paused for longer than the timeout exactly between that check and its swap is the one
+  case a claim cannot fence; publication itself is fenced (``atomic.py``).
+- An old-format claim (one name only) has a ticket of a fixed name, made by ``os.link`` from the
+  shared name (exclusive) and kept only if it is the inode judged stale.
 
 A claim is stale, and may be taken over, when
 - its heartbeat is older than ``timeout_s`` (the claimant died, hung, or lost its node), judged
   against the file server's clock (the mtime of a probe file just written), not the local one;
-- or it was made on this host by a process that no longer exists (taken over at once).
+- or it was made on this host, in this boot (``/proc/sys/kernel/random/boot_id``) and this PID
+  namespace, by a process that no longer exists (taken over at once). A claim of another boot or
+  namespace on the same host name (containers) is judged by its heartbeat only.
 
-Taking over is atomic: the stale claim is renamed to a unique name (only one of several takers'
-renames can succeed), checked to be the very claim judged stale, deleted, and then the taker
-competes with ``O_EXCL`` like everyone else, so two takers cannot both win. A claimant whose
-claim was taken over notices at its next heartbeat (``Claim.lost``) and must not publish its
-result. Results themselves are published by atomic rename (``atomic.py``).
+Litter (``litter``): tickets, orphaned unique names and probes older than the timeout; reaped
+by the next run of a stage, counted by verify.
 
 The host name is ``socket.gethostname()``, or ``$POSTERIOR_BENCH_HOST`` when set (tests pretend
 to be several hosts with it).
@@ -38,12 +63,36 @@ import psutil
 HOST_ENV = "POSTERIOR_BENCH_HOST"
 DEFAULT_TIMEOUT_S = 300.0  # a claim not refreshed for this long is taken over (config: claims.timeout_s)
 DEFAULT_HEARTBEAT_S = 30.0  # a held claim is refreshed this often (config: claims.heartbeat_s)
+LOST_READS = 3  # consecutive reads that must find another token before a claim counts as lost
+LOST_READ_GAP_S = 0.05  # pause between those reads
+TICKET = ".taken-"
+SWAP = ".swap-"
 log = logging.getLogger(__name__)
+
+
+def _pause(point: str) -> None:
+    """Test hook: called at the protocol's dangerous points (tests interleave processes there)."""
 
 
 def host_name() -> str:
     """This process's host name for claims: ``$POSTERIOR_BENCH_HOST`` or the machine's name."""
     return os.environ.get(HOST_ENV) or socket.gethostname()
+
+
+def boot_id() -> str:
+    """This machine's boot id (Linux), ``""`` where there is none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def pid_namespace() -> str:
+    """This process's PID namespace (``pid:[4026531836]`` on Linux), ``""`` where unknown."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +105,16 @@ class ClaimInfo:
     started: float
     token: str
     heartbeat_age_s: float
+    boot: str = ""
+    pidns: str = ""
+
+
+def _parse(raw: bytes) -> dict | None:
+    try:
+        data = json.loads(raw)
+        return data if isinstance(data, dict) else None
+    except ValueError:
+        return None
 
 
 def read_claim(path: str | os.PathLike) -> ClaimInfo | None:
@@ -68,20 +127,36 @@ def read_claim(path: str | os.PathLike) -> ClaimInfo | None:
     except FileNotFoundError:
         return None
     try:
-        data = json.loads(raw)
+        data = _parse(raw) or {}
         host, pid, started, token = str(data["host"]), int(data["pid"]), float(data["started"]), str(data["token"])
-    except (ValueError, KeyError, TypeError):
-        host, pid, started, token = "?", 0, mtime, ""
-    return ClaimInfo(path, host, pid, started, token, max(0.0, _fs_now(path.parent) - mtime))
+        boot, pidns = str(data.get("boot", "")), str(data.get("pidns", ""))
+    except (KeyError, TypeError, ValueError):
+        host, pid, started, token, boot, pidns = "?", 0, mtime, "", "", ""
+    return ClaimInfo(path, host, pid, started, token, max(0.0, _fs_now(path.parent) - mtime), boot, pidns)
+
+
+def same_process_space(info: ClaimInfo) -> bool:
+    """Whether ``info``'s pid can be judged here: same host name, and the same boot and PID
+    namespace where the claim records them (a claim without them, of an older version, is
+    judged by host name alone, as that version did)."""
+    if info.host != host_name():
+        return False
+    if info.boot and info.boot != boot_id():
+        return False
+    return not (info.pidns and info.pidns != pid_namespace())
 
 
 def stale_reason(info: ClaimInfo, timeout_s: float) -> str | None:
     """Why claim ``info`` may be taken over, or ``None`` while it is live."""
     if info.heartbeat_age_s > timeout_s:
         return f"heartbeat {info.heartbeat_age_s:.0f} s old (timeout {timeout_s:g} s)"
-    if info.host == host_name() and info.pid and not _process_alive(info.pid, info.started):
+    if info.pid and same_process_space(info) and not _process_alive(info.pid, info.started):
         return f"process {info.pid} on this host ({info.host}) is gone"
     return None
+
+
+def _unique(path: Path, token: str) -> Path:
+    return path.with_name(f"{path.name}.{token}")
 
 
 class Claim:
@@ -97,33 +172,53 @@ class Claim:
 
     @property
     def lost(self) -> bool:
-        """True once the claim was found taken over (or removed): do not publish the result."""
-        if not self._lost and not self._mine():
+        """True once the claim was found taken over (or removed) on ``LOST_READS`` consecutive
+        reads: do not publish the result."""
+        if not self._lost and self._confirmed_lost():
             self._lost = True
         return self._lost
 
-    def _mine(self) -> bool:
+    def _read_token(self) -> str | None:
+        """The token at the shared name; ``""`` when absent; ``None`` when the read failed."""
         try:
-            return json.loads(self.path.read_bytes()).get("token") == self.token
-        except (OSError, ValueError, AttributeError):
-            return False
+            data = _parse(self.path.read_bytes())
+        except FileNotFoundError:
+            return ""
+        except OSError:
+            return None
+        return str(data.get("token", "")) if data else None  # half-written: proves nothing
+
+    def _confirmed_lost(self) -> bool:
+        for attempt in range(LOST_READS):
+            token = self._read_token()
+            if token is None or token == self.token:
+                return False
+            if attempt + 1 < LOST_READS:
+                time.sleep(LOST_READ_GAP_S)
+        return True
 
     def _beat(self, interval: float) -> None:
         while not self._stop.wait(interval):
-            if not self._mine():
-                self._lost = True
-                log.warning("%s: this claim was taken over by another process", self.path)
+            if self.lost:
+                log.warning("%s: this claim was taken over by another process; its unit is stopped", self.path)
                 return
             with contextlib.suppress(OSError):
-                os.utime(self.path)
+                os.utime(_unique(self.path, self.token))
 
     def release(self) -> None:
-        """Stop the heartbeat and remove the claim file if it is still this claim's."""
+        """Stop the heartbeat and remove the claim if it is still this claim (module doc: release)."""
         self._stop.set()
         self._thread.join()
-        if self._mine():
-            with contextlib.suppress(FileNotFoundError):
+        ticket = _take_ticket(self.path, self.token, self.token)
+        if ticket is None:
+            return  # taken over: the shared name is another claim's now
+        _pause("release-ticket")
+        try:
+            if _same_file(self.path, ticket):
                 self.path.unlink()
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                ticket.unlink()
 
 
 @contextlib.contextmanager
@@ -140,55 +235,132 @@ def try_claim(path: str | os.PathLike, timeout_s: float = DEFAULT_TIMEOUT_S, hea
 
 
 def acquire(path: Path, timeout_s: float, heartbeat_s: float) -> Claim | None:
-    """Claim ``path`` (``O_EXCL`` create, or take over a stale claim); ``None`` if it is held."""
+    """Claim ``path`` (create, or take over a stale claim); ``None`` if it is held."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(3):
         token = uuid.uuid4().hex
-        if _create(path, token):
-            return Claim(path, token, heartbeat_s)
+        own = _write_body(path, token)
         try:
-            raw, inode = path.read_bytes(), path.stat().st_ino
-        except FileNotFoundError:
-            continue  # released meanwhile: compete again
+            os.link(own, path)
+        except FileExistsError:
+            pass
+        else:
+            return Claim(path, token, heartbeat_s)
         info = read_claim(path)
-        reason = stale_reason(info, timeout_s) if info else None
+        if info is None:
+            own.unlink()
+            continue  # released meanwhile: compete again
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            own.unlink()
+            continue
+        reason = stale_reason(info, timeout_s)
         if reason is None:
+            own.unlink()
             return None
-        if _take_over(path, raw, inode):
+        _pause("examined")
+        if _take_over(path, info, st.st_ino, st.st_nlink, own, timeout_s):
             log.warning("%s: took over the claim of %s pid %d (%s)", path, info.host, info.pid, reason)
+            return Claim(path, token, heartbeat_s)
+        own.unlink()
+        return None
     return None
 
 
-def _create(path: Path, token: str) -> bool:
+def _write_body(path: Path, token: str) -> Path:
+    own = _unique(path, token)
+    fd = os.open(own, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except FileExistsError:
-        return False
-    try:
-        body = {"host": host_name(), "pid": os.getpid(), "started": time.time(), "token": token}
+        body = {"host": host_name(), "pid": os.getpid(), "started": time.time(), "token": token,
+                "boot": boot_id(), "pidns": pid_namespace()}
         os.write(fd, json.dumps(body).encode())
         os.fsync(fd)
     finally:
         os.close(fd)
-    return True
+    return own
 
 
-def _take_over(path: Path, examined: bytes, inode: int) -> bool:
-    """Remove the stale claim at ``path`` if it is still the one examined (content and inode)."""
-    aside = path.with_name(f"{path.name}.stale-{uuid.uuid4().hex[:12]}")
+def _same_file(a: Path, b: Path) -> bool:
     try:
-        os.rename(path, aside)
+        sa, sb = a.stat(), b.stat()
     except FileNotFoundError:
-        return False  # another taker moved it first
+        return False
+    return (sa.st_ino, sa.st_dev) == (sb.st_ino, sb.st_dev)
+
+
+def _take_ticket(path: Path, token: str, taker: str) -> Path | None:
+    """Rename generation ``token``'s unique name to ``taker``'s ticket; ``None`` if another
+    process took it first (or the generation is gone)."""
+    ticket = path.with_name(f"{path.name}.{token}{TICKET}{taker}")
     try:
-        same = aside.read_bytes() == examined and aside.stat().st_ino == inode
-        if not same:  # a fresh claim replaced the stale one meanwhile: put it back, never over a newer one
-            with contextlib.suppress(FileExistsError):
-                os.link(aside, path)
-        return same
+        os.rename(_unique(path, token), ticket)
+    except FileNotFoundError:
+        return None
+    return ticket
+
+
+def _ticket_for(path: Path, info: ClaimInfo, inode: int, nlink: int, taker: str, timeout_s: float) -> Path | None:
+    """The ticket of the generation ``info`` (``inode``) of ``path`` for ``taker``, or ``None``.
+
+    A claim of this protocol has two names (``nlink >= 2``): its ticket is a rename of its unique
+    name (or the theft of a dead taker's ticket). An old-format claim (one name) gets a ticket of
+    a fixed name by ``os.link`` from the shared name (exclusive), kept only if it is ``inode``."""
+    token = info.token or "unnamed"
+    if nlink >= 2:
+        return _take_ticket(path, token, taker) or _steal_ticket(path, token, taker, timeout_s)
+    ticket = path.with_name(f"{path.name}.{token}{TICKET}old-format")
+    try:
+        os.link(path, ticket)
+    except (FileExistsError, FileNotFoundError):
+        return None
+    if ticket.stat().st_ino != inode:  # the shared name was replaced meanwhile: not ours
+        ticket.unlink()
+        return None
+    return ticket
+
+
+def _steal_ticket(path: Path, token: str, taker: str, timeout_s: float) -> Path | None:
+    """Take over a ticket of generation ``token`` whose taker died (older than ``timeout_s``)."""
+    now = _fs_now(path.parent)
+    for old in sorted(path.parent.glob(f"{path.name}.{token}{TICKET}*")):
+        try:
+            if now - old.stat().st_ctime <= timeout_s:
+                continue
+            ticket = path.with_name(f"{path.name}.{token}{TICKET}{taker}")
+            os.rename(old, ticket)
+            return ticket
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def _take_over(path: Path, info: ClaimInfo, inode: int, nlink: int, own: Path, timeout_s: float) -> bool:
+    """Replace stale generation ``info.token`` (``inode``) of ``path`` by the claim at ``own``
+    (module doc: ticket, then one rename onto the shared name). False: someone else did."""
+    taker = own.name.rsplit(".", 1)[1]
+    ticket = _ticket_for(path, info, inode, nlink, taker, timeout_s)
+    if ticket is None:
+        return False
+    try:
+        if ticket.stat().st_ino != inode or not _same_file(path, ticket):
+            return False  # not the generation judged stale
+        _pause("ticket")
+        swap = path.with_name(f"{own.name}{SWAP}{uuid.uuid4().hex[:8]}")
+        os.link(own, swap)
+        if not ticket.exists():  # stolen while this process was paused: not ours to replace
+            swap.unlink()
+            return False
+        os.rename(swap, path)
+        return True
     finally:
         with contextlib.suppress(FileNotFoundError):
-            aside.unlink()
+            ticket.unlink()
+
+
+def fs_now(folder: str | os.PathLike) -> float:
+    """The current time by the clock that stamps mtimes in ``folder`` (the file server's)."""
+    return _fs_now(Path(folder))
 
 
 def _fs_now(folder: Path) -> float:
@@ -221,18 +393,67 @@ def _process_alive(pid: int, started: float) -> bool:
 
 def reap_stale(folder: str | os.PathLike, timeout_s: float) -> list[ClaimInfo]:
     """Remove the stale claims in ``folder`` (left by processes killed after their result was
-    published, which no later run would otherwise touch); return what was removed. Uses the same
-    atomic takeover as ``acquire``, so a claim refreshed meanwhile is left alone."""
+    published, which no later run would otherwise touch); return what was removed. Uses the
+    ticket of each stale generation (module doc), so a claim refreshed or replaced meanwhile is
+    left alone."""
     removed = []
     for path in sorted(Path(folder).glob("*.claim")) if Path(folder).is_dir() else ():
+        info = read_claim(path)
+        if info is None or not stale_reason(info, timeout_s):
+            continue
         try:
-            raw, inode = path.read_bytes(), path.stat().st_ino
+            st = path.stat()
         except FileNotFoundError:
             continue
-        info = read_claim(path)
-        if info is not None and stale_reason(info, timeout_s) and _take_over(path, raw, inode):
-            removed.append(info)
+        ticket = _ticket_for(path, info, st.st_ino, st.st_nlink, uuid.uuid4().hex, timeout_s)
+        if ticket is None:
+            continue
+        try:
+            if ticket.stat().st_ino == st.st_ino and _same_file(path, ticket):
+                path.unlink()
+                removed.append(info)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                ticket.unlink()
     return removed
+
+
+def litter(folder: str | os.PathLike, timeout_s: float) -> list[Path]:
+    """Files of the claim protocol left behind in ``folder`` by killed processes, older than
+    ``timeout_s``: tickets, swap names, unique names whose claim is gone, old-format
+    ``*.claim.stale-*``, clock and write probes. Never a live claim's names."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    now, out = _fs_now(folder), []
+    for entry in sorted(folder.iterdir()):
+        name = entry.name
+        probe = name.startswith((".clock-", ".write-probe-"))
+        if not (probe or ".claim." in name):
+            continue
+        try:
+            st = entry.stat()
+        except FileNotFoundError:
+            continue
+        changed = max(st.st_mtime, st.st_ctime) if TICKET in name else st.st_mtime  # a ticket keeps the stale claim's mtime
+        unique = not probe and TICKET not in name and SWAP not in name and ".stale-" not in name
+        if unique:
+            shared = folder / name[: name.index(".claim.") + len(".claim")]
+            if _same_file(shared, entry):
+                continue  # the unique name of a (stale but not yet reaped) claim: reap_stale's job
+            if now - changed <= timeout_s and not _dead_here(entry):
+                continue  # a claim being created (its link to the shared name comes next)
+        elif now - changed <= timeout_s:
+            continue
+        out.append(entry)
+    return out
+
+
+def _dead_here(path: Path) -> bool:
+    """Whether the claim body at ``path`` was written by a process of this host, boot and PID
+    namespace that is gone (its creator was killed before linking it)."""
+    info = read_claim(path)
+    return info is not None and bool(info.pid) and same_process_space(info) and not _process_alive(info.pid, info.started)
 
 
 def claims_in(folder: str | os.PathLike) -> list[ClaimInfo]:

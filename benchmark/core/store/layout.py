@@ -9,7 +9,7 @@
 <root>/<experiment>/{samples,preds}/quarantine/   sample sets and predictions that failed validation
 <root>/<experiment>/reference/                     the reference zoo's caches (benchmark/reference.py)
 <root>/<experiment>/eval/<method>_<mode>_r<k>.json the evaluate stage's numbers of one repetition
-<root>/<experiment>/.claims/                       one claim file per unit of work in progress (claims.py)
+<root>/<experiment>/.claims/                       one claim (two names) per unit of work in progress (claims.py)
 ```
 
 File names come from ``Unit`` (``units.py``): every path of a unit is asked of the store.
@@ -18,15 +18,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from benchmark.core.store.atomic import atomic_write_text
-from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S, Claim, reap_stale, try_claim
+from benchmark.core.store.atomic import atomic_write_text, is_temp_file
+from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S, Claim, fs_now, host_name, reap_stale, try_claim
+from benchmark.core.store.claims import litter as claim_litter
 from benchmark.core.store.errors import StoreError
 from benchmark.core.store.units import Unit
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,12 +40,15 @@ class ExperimentStore:
 
     ``claim_timeout_s``, ``claim_heartbeat_s``: a claim whose heartbeat is older than the timeout
     is taken over; a held claim is refreshed every ``claim_heartbeat_s`` seconds (``claims.py``).
+    ``group_shared`` (``claims.group_shared``): folders setgid and group-writable, files group
+    read/write (``ensure_writable``).
     """
 
     root: Path
     experiment: str
     claim_timeout_s: float = DEFAULT_TIMEOUT_S
     claim_heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    group_shared: bool = False
 
     @property
     def base(self) -> Path:
@@ -137,22 +145,64 @@ class ExperimentStore:
         return try_claim(self.claim_path(unit), self.claim_timeout_s, self.claim_heartbeat_s)
 
     def reap_stale_claims(self) -> int:
-        """Remove claims left by dead or timed-out processes (``claims.reap_stale``); how many."""
-        return len(reap_stale(self.claims_dir, self.claim_timeout_s))
+        """Remove claims left by dead or timed-out processes (``claims.reap_stale``), then the
+        litter of killed processes (``reap_litter``, one log line with the count); how many claims."""
+        reaped = len(reap_stale(self.claims_dir, self.claim_timeout_s))
+        litter = self.reap_litter()
+        if litter:
+            log.info("%s: removed %d file(s) of litter left by killed processes (claim tickets, probes, temp files "
+                     "older than claims.timeout_s)", self.base, litter)
+        return reaped
+
+    def litter(self) -> list[Path]:
+        """Files killed processes left behind, older than the claim timeout and owned by no
+        claim: the claim protocol's (``claims.litter``: tickets, orphaned names, probes) and
+        temp files of the store's own naming in the unit folders (whose unit is not claimed),
+        ``reference/`` and ``eval/``. Listed by ``stage=verify``; removed by ``reap_litter``."""
+        out = claim_litter(self.claims_dir, self.claim_timeout_s)
+        unit_folders = (self.zoo_dir, self.failed_dir, self.samples_dir, self.preds_dir)
+        for folder in (*unit_folders, self.reference_dir, self.eval_dir):
+            temps = sorted(p for p in folder.iterdir() if is_temp_file(p)) if folder.is_dir() else []
+            if not temps:
+                continue
+            now = fs_now(folder)
+            for tmp in temps:
+                try:
+                    age = now - tmp.stat().st_mtime
+                except FileNotFoundError:
+                    continue
+                unit = self.unit_of(tmp) if folder in unit_folders else None
+                if age > self.claim_timeout_s and (unit is None or not self.claim_path(unit).exists()):
+                    out.append(tmp)
+        return out
+
+    def reap_litter(self) -> int:
+        """Remove ``litter()``; how many files were removed."""
+        removed = 0
+        for path in self.litter():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+        return removed
 
     def ensure_writable(self) -> None:
         """Create the experiment folders; raise ``StoreError`` naming the ``store`` option if not writable."""
+        if self.group_shared:
+            os.umask(os.umask(0) & ~0o070)  # umask 002 semantics: group bits never masked
         try:
             for d in (self.zoo_dir, self.failed_dir, self.samples_dir, self.preds_dir, self.claims_dir):
                 d.mkdir(parents=True, exist_ok=True)
-            probe = self.claims_dir / f".write-probe-{os.getpid()}"
-            probe.write_bytes(b"")
+            if self.group_shared:
+                _share_with_group(self.base)
+            probe = self.claims_dir / f".write-probe-{host_name()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            probe.write_bytes(b"")  # a name of its own: pids repeat across nodes (pid 1 in containers)
             probe.unlink()
         except OSError as err:
             raise StoreError(
                 f"store={self.root}: cannot write to {self.base} ({err.strerror or err}); "
                 "pass a writable folder with store=/path/to/store"
             ) from err
+        _warn_if_not_shared(self.root)
 
     def completed_seeds(self) -> list[int]:
         """Seeds with a checkpoint file in the zoo (sorted)."""
@@ -185,11 +235,32 @@ class ExperimentStore:
                 out[seed] = f"{path}: damaged failure record (not a JSON object with a 'reason')"
         return out
 
-    def record_failure(self, seed: int, record: dict[str, Any]) -> None:
-        """Mark ``seed`` as failed (atomically), with ``record`` holding at least ``reason``."""
+    def record_failure(self, seed: int, record: dict[str, Any], exclusive: bool = False) -> None:
+        """Mark ``seed`` as failed (atomically), with ``record`` holding at least ``reason``
+        (``exclusive``: fenced publication, ``AlreadyPublishedError`` if a record exists)."""
         if "reason" not in record:
             raise ValueError("record_failure: the record needs a 'reason'")
-        atomic_write_text(self.failed_path(seed), json.dumps({"seed": seed, **record}, indent=2, sort_keys=True))
+        atomic_write_text(self.failed_path(seed), json.dumps({"seed": seed, **record}, indent=2, sort_keys=True), exclusive)
+
+    def attempts_path(self, seed: int) -> Path:
+        """Where the runs in which ``seed`` diverged are counted (``zoo.max_attempts``)."""
+        return self.failed_dir / f"{self.seed_unit(seed).stem}.attempts"
+
+    def divergences(self, seed: int, config_hash: str) -> int:
+        """How many runs saw ``seed`` diverge under ``config_hash`` (0 if none, or another config)."""
+        record = _read_json(self.attempts_path(seed))
+        return int(record.get("attempts", 0)) if record and record.get("config_hash") == config_hash else 0
+
+    def record_divergence(self, seed: int, config_hash: str) -> int:
+        """Count one more run in which ``seed`` diverged (call it under the seed's claim); the new count."""
+        attempts = self.divergences(seed, config_hash) + 1
+        atomic_write_text(self.attempts_path(seed), json.dumps({"seed": seed, "config_hash": config_hash,
+                                                                "attempts": attempts}, sort_keys=True))
+        return attempts
+
+    def clear_divergences(self, seed: int) -> None:
+        """Forget the divergences of ``seed`` (it converged or was recorded as failed)."""
+        self.attempts_path(seed).unlink(missing_ok=True)
 
     def checkpoint_paths(self, seeds: Iterable[int]) -> list[Path]:
         """Checkpoint paths of ``seeds``; raises ``StoreError`` listing the missing ones."""
@@ -198,6 +269,36 @@ class ExperimentStore:
         if missing:
             raise StoreError(f"{self.zoo_dir}: no checkpoint for seeds {_compact(missing)}")
         return [self.checkpoint_path(s) for s in seeds]
+
+
+def _share_with_group(base: Path) -> None:
+    """Make ``base`` and the folders under it that this user owns setgid and group-writable
+    (new subfolders inherit the group and the setgid bit; the umask makes them group-writable)."""
+    for folder in (base, *(p for p in base.rglob("*") if p.is_dir())):
+        with contextlib.suppress(OSError):
+            st = folder.stat()
+            if st.st_uid == os.getuid():
+                folder.chmod(st.st_mode & 0o7777 | 0o2070)
+
+
+def _warn_if_not_shared(root: Path) -> None:
+    """One line when the store folder is not group-writable but holds other users' files."""
+    with contextlib.suppress(OSError):
+        if root.stat().st_mode & 0o020:
+            return
+        others = {p.stat().st_uid for p in root.iterdir()} - {os.getuid()}
+        if others:
+            log.warning("store=%s is not group-writable but holds files of %d other user(s): pass "
+                        "claims.group_shared=true (setgid, group-writable) so that they can work on it too", root,
+                        len(others))
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:

@@ -52,13 +52,15 @@ def unstack(sample_set: Mapping[str, torch.Tensor], index: int) -> dict[str, tor
     return {k: v[index] for k, v in sample_set.items()}
 
 
-def save_sample_set(path: str | os.PathLike, sample_set: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> str:
+def save_sample_set(path: str | os.PathLike, sample_set: Mapping[str, torch.Tensor], metadata: Mapping[str, Any],
+                    exclusive: bool = False) -> str:
     """Write a sample set (``{key: [S, ...]}``, finite) to one safetensors file atomically, with
-    the content checksums of its tensors and metadata in the metadata. Returns the digest of the
-    file's content (``checksum.content_digest``): what files computed from it record."""
+    the content checksums of its tensors and metadata in the metadata (``exclusive``: fenced
+    publication, ``AlreadyPublishedError`` if ``path`` exists; ``atomic.py``). Returns the digest
+    of the file's content (``checksum.content_digest``): what files computed from it record."""
     sample_count(sample_set, source=str(path))
     check_finite(sample_set, source=str(path))
-    return content_digest(write_safetensors(path, plain_tensors(sample_set), metadata))
+    return content_digest(write_safetensors(path, plain_tensors(sample_set), metadata, exclusive))
 
 
 def load_sample_set(

@@ -115,3 +115,31 @@ def test_bad_external_options_are_refused(zoo, tmp_path):
         run(_cfg(zoo, tmp_path / "nowhere.safetensors", "mode=one"))
     with pytest.raises(ConfigError, match="external.name='swag': expected a name"):
         Experiment(_cfg(zoo, path, "external.name=swag", "mode=one"))
+
+
+def test_external_samples_are_written_under_a_claim_and_not_after_losing_it(zoo, tmp_path, monkeypatch, caplog):
+    """A live claim elsewhere: skipped. A claim taken over while scoring: nothing written, one line."""
+    import json
+
+    from benchmark.stages import sample
+
+    path = tmp_path / "late.safetensors"
+    save_file(_samples(3, seed=70), str(path))
+    exp = Experiment(_cfg(zoo, path, "external.name=late", "mode=one"))
+    unit = exp.store.sample_unit("late", "one")
+    with exp.store.claim(unit) as held:
+        assert held is not None and sample.run_external(exp).skipped_busy == ["late/one/r0"]
+    real = sample.predictions
+
+    def taken_over_meanwhile(*args, **kwargs):
+        out = real(*args, **kwargs)
+        claim_path = exp.store.claim_path(unit)
+        claim_path.unlink()
+        claim_path.write_text(json.dumps({"host": "node-z", "pid": 1, "started": 0, "token": "theirs"}))
+        return out
+
+    monkeypatch.setattr(sample, "predictions", taken_over_meanwhile)
+    summary = sample.run_external(exp)
+    assert summary.skipped_busy == ["late/one/r0"] and summary.written == []
+    assert not exp.store.samples_path(unit).exists() and not exp.store.preds_path(unit).exists()
+    assert "taken over while scoring" in caplog.text

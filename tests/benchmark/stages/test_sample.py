@@ -250,3 +250,32 @@ def test_bases_are_refused_while_any_heldout_seed_is_untrained(make_exp) -> None
                                                 rf"yet \({seeds[-1]}\); train them with python -m benchmark stage=zoo "
                                                 r"experiment=digits_optunet zoo.range=heldout"):
         prepare_units(exp)
+
+
+def test_a_late_sample_writer_never_replaces_a_published_unit(tiny_cfg):
+    """A worker whose claim was taken over publishes after the new holder: its sample set is
+    dropped (``AlreadyPublishedError``), the published pair stands; one that loses its claim
+    between the two files stops before the predictions."""
+    import torch
+
+    from benchmark.core.store import AlreadyPublishedError, load_sample_set
+    from benchmark.stages.sample import ClaimLostError, publish_unit
+
+    exp = Experiment(tiny_cfg)
+    exp.store.ensure_writable()
+    unit = exp.store.sample_unit("swag", "one", 0)
+    first = ({"w": torch.ones(2, 3)}, {"id": torch.ones(2, 4, 10)})
+    publish_unit(exp, unit, *first, {"experiment": exp.name})
+    published = [p.read_bytes() for p in exp.store.unit_paths(unit)]
+    with pytest.raises(AlreadyPublishedError):
+        publish_unit(exp, unit, {"w": torch.zeros(2, 3)}, {"id": torch.zeros(2, 4, 10)}, {"experiment": exp.name})
+    assert [p.read_bytes() for p in exp.store.unit_paths(unit)] == published
+
+    class Lost:
+        lost = True
+
+    other = exp.store.sample_unit("swag", "one", 1)
+    with pytest.raises(ClaimLostError):
+        publish_unit(exp, other, *first, {"experiment": exp.name}, Lost())
+    assert exp.store.samples_path(other).exists() and not exp.store.preds_path(other).exists()
+    assert torch.equal(load_sample_set(exp.store.samples_path(unit))["w"], torch.ones(2, 3))

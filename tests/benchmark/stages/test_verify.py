@@ -186,3 +186,21 @@ def test_files_of_store_format_1_are_counted_not_stale(exp, caplog):
         (health,) = verify.run(_with(exp, repair="stale"))
     assert not health.bad and health.metadata_unverified == 1 and path.exists()
     assert any("1 file(s) of store format 1" in r.getMessage() for r in caplog.records)
+
+
+def test_verify_counts_litter_of_killed_processes_without_calling_it_an_error(tmp_path, caplog):
+    import os
+    import time
+
+    from benchmark.core.store import ExperimentStore
+
+    store = ExperimentStore(tmp_path, "exp", claim_timeout_s=60, claim_heartbeat_s=30)
+    store.ensure_writable()
+    for name in ("zoo-seed_000001.claim.stale-0123456789ab", ".clock-node-1-7-deadbeef"):
+        (store.claims_dir / name).write_bytes(b"")
+        os.utime(store.claims_dir / name, (time.time() - 600, time.time() - 600))
+    health = verify.ExperimentHealth("exp", "test")
+    with caplog.at_level(logging.INFO):
+        verify.check_leftovers(store, health)
+    assert "exp: 2 file(s) of litter left by killed processes (reaped by the next run)" in caplog.text
+    assert not health.bad and all(r.levelno == logging.INFO for r in caplog.records)

@@ -77,6 +77,7 @@ def test_bad_seed_ranges_are_refused(value, message):
         (["stage=zoo", "seeds.reference=[4,2]"], "seeds.reference=[4, 2]: expected [start, stop)"),
         (["stage=zoo", "zoo.shard=3", "zoo.num_shards=2"], "zoo.shard=3: expected an integer in [0, num_shards=2)"),
         (["stage=zoo", "store=/proc/version/x"], "store=/proc/version/x: cannot write"),
+        (["stage=zoo", "zoo.max_attempts=0"], "zoo.max_attempts=0: expected a positive integer"),
     ],
 )
 def test_cli_bad_input_exits_non_zero_with_a_clear_message(cli, args, message):
@@ -188,3 +189,40 @@ def test_the_zoo_trainer_follows_the_setting_the_architecture_and_the_memory(tmp
     assert Experiment(compose_config([f"store={tmp_path}", "zoo.vectorize=1"])).zoo_trainer.stacked is False
     with pytest.raises(ConfigError, match="zoo.vectorize='many': expected auto or a positive integer"):
         Experiment(compose_config(["zoo.vectorize=many"]))
+
+
+def test_a_paused_worker_never_replaces_what_the_new_holder_published(tiny_cfg, caplog):
+    """Worker A passed its ``claim.lost`` check and was paused (SIGSTOP); B took the unit over and
+    published; A resumes: its copy is dropped with one log line, B's file stands."""
+    import dataclasses
+
+    exp = Experiment(tiny_cfg)
+    result = zoo.train_seed(exp, 0)
+    late = dataclasses.replace(result, state_dict={k: v + 1 for k, v in result.state_dict.items()},
+                               check_accuracy=0.123)
+
+    class Held:  # A's view: its claim looked fine at its last check
+        lost = False
+
+    first, second = zoo.ZooSummary(), zoo.ZooSummary()
+    zoo._store_outcome(exp, 0, result, "reference", "one at a time", Held(), first)  # B publishes
+    path = exp.store.failed_path(0) if result.failure else exp.store.checkpoint_path(0)
+    published = path.read_bytes()
+    zoo._store_outcome(exp, 0, late, "reference", "one at a time", Held(), second)  # A, resumed
+    assert path.read_bytes() == published and second.skipped_busy == [0] and not (second.trained or second.failed)
+    assert "another worker published it first" in caplog.text
+
+
+def test_a_seed_that_diverges_every_run_is_recorded_as_failed_after_max_attempts(tiny_cfg):
+    tiny_cfg.train.lr = 1e9
+    tiny_cfg.zoo.max_attempts = 2
+    exp = Experiment(tiny_cfg)
+    one = SeedRange("reference", 0, 1)
+    with pytest.raises(TrainingDivergedError, match="seed 0"):
+        run_zoo(exp, one)
+    assert exp.store.failed_seeds() == {} and exp.store.divergences(0, exp.config_hash) == 1
+    second = run_zoo(exp, one)  # the second run that sees it diverge: recorded, the run succeeds
+    record = exp.store.failed_seeds()[0]
+    assert second.failed == [0] and record["reason"] == "diverged" and record["attempts"] == 2
+    assert "nan" in record["detail"].lower() and not exp.store.attempts_path(0).exists()
+    assert run_zoo(exp, one).skipped_done == [0]

@@ -30,3 +30,28 @@ def test_json_files_get_a_separate_record(tmp_path):
     assert json.loads((tmp_path / "quarantine" / "seed_000001.json.reason.json").read_text())["reason"] == \
         "damaged failure record"
     assert [q.path.name for q in quarantined(tmp_path, suffix=".json")] == ["seed_000001.json"]
+
+
+def test_two_quarantines_of_one_name_keep_both_pieces_of_evidence(tmp_path, monkeypatch):
+    """Another process quarantines a file of the same name between this one's choice of a free
+    name and its move: neither the evidence nor the record of the other may be overwritten."""
+    import importlib
+    import os
+
+    module = importlib.import_module("benchmark.core.store.quarantine")
+
+    (tmp_path / "seed_000003.safetensors").write_bytes(b"mine")
+    qdir = tmp_path / "quarantine"
+    for name in ("rename", "link"):
+        real = getattr(os, name)
+
+        def move(src, dst, *args, _real=real, **kwargs):
+            if str(dst).startswith(str(qdir)) and not (qdir / "seed_000003.safetensors").exists():
+                (qdir / "seed_000003.safetensors").write_bytes(b"theirs")  # the other process, in the gap
+            return _real(src, dst, *args, **kwargs)
+
+        monkeypatch.setattr(module.os, name, move)
+    dest = module.quarantine(tmp_path / "seed_000003.safetensors", "bit flip")
+    assert (qdir / "seed_000003.safetensors").read_bytes() == b"theirs"
+    assert dest != qdir / "seed_000003.safetensors" and dest.read_bytes() == b"mine"
+    assert json.loads(module._record_path(dest).read_text())["reason"] == "bit flip"
