@@ -12,6 +12,7 @@ the report and the analyses share (none of them asks another stage).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import statistics
@@ -419,6 +420,19 @@ def require_inputs(exp: Experiment, needed: Iterable[str], who: str) -> None:
 
 
 # ---- quarantine --------------------------------------------------------------------------------
+
+
+def reap_results_litter(exp: Experiment) -> int:
+    """Remove the temp files killed writers left in ``results/<experiment>/`` (``store.results_litter``),
+    with one log line; how many. Called first by the stages that write results."""
+    removed = 0
+    for path in exp.store.results_litter(exp.results_dir):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed += 1
+    if removed:
+        log.info("%s: removed %d temp file(s) left by killed writers", exp.results_dir, removed)
+    return removed
 
 
 def quarantine_and_redo(problems: dict[Path, str], redo: str) -> dict[Path, Path]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from benchmark import analyses
 from benchmark.core.store import atomic_write_text
 from benchmark.experiment import Experiment
-from benchmark.inventory import MissingInputsError
+from benchmark.inventory import MissingInputsError, reap_results_litter
 
 log = logging.getLogger(__name__)
 NAME = "analyze"
@@ -73,6 +73,7 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
 def run(exp: Experiment) -> list[Path]:
     """Draw the selected analyses; returns the files written."""
     names, skipped = runnable(exp)
+    reap_results_litter(exp)
     for name, reason in skipped.items():
         log.info("analysis %s skipped: %s", name, reason)
     written = []

@@ -38,7 +38,7 @@ from benchmark.core.store import (
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
     MissingInputsError, StaleSamplesError, available_rows, describe_store, incomplete_range, reference_seeds,
-    require_inputs, row_label, row_units,
+    reap_results_litter, require_inputs, row_label, row_units,
 )
 from benchmark.reference import Reference
 from benchmark.results import MEASURED, MMD_COLUMNS, half_width, repetition_rows, write_metrics, write_repetitions
@@ -99,6 +99,7 @@ def combine(row: dict[str, Any], repetitions: list[dict[str, Any]]) -> dict[str,
 def run(exp: Experiment) -> pd.DataFrame:
     """Evaluate every (method, mode) present in the store; write ``results/<exp>/metrics.csv`` and
     ``results/<exp>/repetitions.csv``."""
+    reap_results_litter(exp)
     rows = available_rows(exp)
     if not rows:
         raise StoreError(f"nothing to evaluate for {exp.name}: no sample set with predictions; the store holds: {describe_store(exp)}")

@@ -15,7 +15,7 @@ import pandas as pd
 
 from benchmark.core.store import atomic_write_text
 from benchmark.experiment import Experiment
-from benchmark.inventory import MissingInputsError, range_state, require_inputs
+from benchmark.inventory import MissingInputsError, range_state, reap_results_litter, require_inputs
 from benchmark.report import diagnostics, findings, write_tables
 from benchmark.results import read_metrics, read_repetitions
 
@@ -40,6 +40,7 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
 def run(exp: Experiment) -> list[Path]:
     """Write the tables; raises ``MissingInputsError`` naming a missing metrics.csv or repetitions.csv."""
     check(exp)
+    reap_results_litter(exp)
     metrics = read_metrics(exp.results_dir / "metrics.csv")
     path = exp.results_dir / "repetitions.csv"
     if not path.is_file():  # results written before the evaluate stage wrote repetitions.csv

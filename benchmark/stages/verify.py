@@ -157,7 +157,7 @@ def run(exp: Experiment) -> list[ExperimentHealth]:
         health = ExperimentHealth(name, against)
         check_zoo(target, store, health)
         check_samples(target, store, health)
-        check_leftovers(store, health)
+        check_leftovers(store, health, Path(exp.config.results) / name)
         current = name == exp.name
         for problem in health.problems:
             problem.counts = problem.kind == "corrupt" or current or not problem.judged
@@ -315,8 +315,9 @@ def _integrity_only(store: ExperimentStore, unit: Unit) -> UnitState:
     return state
 
 
-def check_leftovers(store: ExperimentStore, health: ExperimentHealth) -> None:
-    """Temp files of writes killed mid-way, and claims (live or stale)."""
+def check_leftovers(store: ExperimentStore, health: ExperimentHealth, results_dir: Path) -> None:
+    """Temp files of writes killed mid-way, claims (live or stale), and the litter of killed
+    processes in the store and in the experiment's ``results_dir`` (counted, not an error)."""
     for folder in (store.zoo_dir, store.failed_dir, store.samples_dir, store.preds_dir):
         if folder.is_dir():
             health.temp_files += sorted(p for p in folder.iterdir() if is_temp_file(p))
@@ -324,6 +325,9 @@ def check_leftovers(store: ExperimentStore, health: ExperimentHealth) -> None:
         health.claims["stale" if stale_reason(info, store.claim_timeout_s) else "live"] += 1
     if litter := store.litter():  # a count, not an error: the next zoo or sample run reaps it
         log.info("%s: %d file(s) of litter left by killed processes (reaped by the next run)", store.experiment, len(litter))
+    if litter := store.results_litter(results_dir):  # reaped by the next evaluate, report or analyze run
+        log.info("%s: %d temp file(s) of killed writers in %s (reaped by the next run that writes results)",
+                 store.experiment, len(litter), results_dir)
 
 
 def fix(store: ExperimentStore, problem: Problem) -> str:

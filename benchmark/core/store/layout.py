@@ -160,21 +160,20 @@ class ExperimentStore:
         temp files of the store's own naming in the unit folders (whose unit is not claimed),
         ``reference/`` and ``eval/``. Listed by ``stage=verify``; removed by ``reap_litter``."""
         out = claim_litter(self.claims_dir, self.claim_timeout_s)
-        unit_folders = (self.zoo_dir, self.failed_dir, self.samples_dir, self.preds_dir)
-        for folder in (*unit_folders, self.reference_dir, self.eval_dir):
-            temps = sorted(p for p in folder.iterdir() if is_temp_file(p)) if folder.is_dir() else []
-            if not temps:
-                continue
-            now = fs_now(folder)
-            for tmp in temps:
-                try:
-                    age = now - tmp.stat().st_mtime
-                except FileNotFoundError:
-                    continue
-                unit = self.unit_of(tmp) if folder in unit_folders else None
-                if age > self.claim_timeout_s and (unit is None or not self.claim_path(unit).exists()):
+        for folder in (self.zoo_dir, self.failed_dir, self.samples_dir, self.preds_dir):
+            for tmp in old_temp_files(folder, self.claim_timeout_s):
+                if not self.claim_path(self.unit_of(tmp)).exists():
                     out.append(tmp)
+        for folder in (self.reference_dir, self.eval_dir):
+            out += old_temp_files(folder, self.claim_timeout_s)
         return out
+
+    def results_litter(self, results_dir: Path) -> list[Path]:
+        """Temp files of killed writers in ``results_dir`` (metrics, tables, figures), older than
+        the claim timeout: results are written by atomic rename, so a live writer's temp file is
+        younger than that. Listed by ``stage=verify``; removed by the stages that write results."""
+        return [tmp for folder in (results_dir, results_dir / "figures")
+                for tmp in old_temp_files(folder, self.claim_timeout_s)]
 
     def reap_litter(self) -> int:
         """Remove ``litter()``; how many files were removed."""
@@ -279,6 +278,22 @@ def _share_with_group(base: Path) -> None:
             st = folder.stat()
             if st.st_uid == os.getuid():
                 folder.chmod(st.st_mode & 0o7777 | 0o2070)
+
+
+def old_temp_files(folder: Path, older_than_s: float) -> list[Path]:
+    """``atomic_path``'s temp files directly in ``folder`` whose mtime is more than ``older_than_s``
+    seconds old by the file server's clock (``fs_now``), sorted."""
+    temps = sorted(p for p in folder.iterdir() if is_temp_file(p)) if folder.is_dir() else []
+    if not temps:
+        return []
+    now, out = fs_now(folder), []
+    for tmp in temps:
+        try:
+            if now - tmp.stat().st_mtime > older_than_s:
+                out.append(tmp)
+        except FileNotFoundError:
+            continue
+    return out
 
 
 def _warn_if_not_shared(root: Path) -> None:

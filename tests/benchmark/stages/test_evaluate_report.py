@@ -1,4 +1,5 @@
 import dataclasses
+import logging
 import math
 
 import pandas as pd
@@ -179,6 +180,23 @@ def test_report_without_repetitions_csv_names_the_command(filled, tmp_path):
     with pytest.raises(MissingInputsError, match=r"stage=report needs .*repetitions.csv .*rerun python -m benchmark "
                                                  r"stage=evaluate experiment=digits_optunet"):
         run_report(other)
+
+
+def test_the_stages_that_write_results_reap_temp_files_of_killed_writers(filled, tmp_path, caplog):
+    import os
+    import time
+
+    exp = filled[0]
+    other = Experiment(dataclasses.replace(exp.config, results=str(tmp_path / "results")))
+    other.results_dir.mkdir(parents=True)
+    killed, live = other.results_dir / ".metrics.csv.tmp-12-abcdef01", other.results_dir / ".table1.md.tmp-9-01234567"
+    for path in (killed, live):
+        path.write_bytes(b"")
+    os.utime(killed, (time.time() - 600, time.time() - 600))
+    with caplog.at_level(logging.INFO, logger="benchmark.inventory"):
+        run_evaluate(other)
+    assert not killed.exists() and live.exists()  # a young one may be a live writer's
+    assert f"{other.results_dir}: removed 1 temp file(s) left by killed writers" in caplog.text
 
 
 def test_damaged_predictions_are_named_with_the_command_that_redraws_them(filled):

@@ -199,8 +199,18 @@ def test_verify_counts_litter_of_killed_processes_without_calling_it_an_error(tm
     for name in ("zoo-seed_000001.claim.stale-0123456789ab", ".clock-node-1-7-deadbeef"):
         (store.claims_dir / name).write_bytes(b"")
         os.utime(store.claims_dir / name, (time.time() - 600, time.time() - 600))
+    results = tmp_path / "results" / "exp"
+    (results / "figures").mkdir(parents=True)
+    killed = [results / ".metrics.csv.tmp-12-abcdef01", results / "figures" / ".toy.png.tmp-3-0badcafe"]
+    young = results / ".table1.md.tmp-13-abcdef01"  # a live writer's
+    for path in (*killed, young):
+        path.write_bytes(b"")
+    for path in killed:
+        os.utime(path, (time.time() - 600, time.time() - 600))
     health = verify.ExperimentHealth("exp", "test")
     with caplog.at_level(logging.INFO):
-        verify.check_leftovers(store, health)
+        verify.check_leftovers(store, health, results)
     assert "exp: 2 file(s) of litter left by killed processes (reaped by the next run)" in caplog.text
+    assert f"exp: 2 temp file(s) of killed writers in {results}" in caplog.text
+    assert sorted(store.results_litter(results)) == sorted(killed)
     assert not health.bad and all(r.levelno == logging.INFO for r in caplog.records)
