@@ -88,7 +88,8 @@ def test_a_claimant_whose_claim_was_taken_over_knows_it(tmp_path):
 
 def _race(path, host, results):
     os.environ[HOST_ENV] = host
-    claim = acquire(path, timeout_s=1.0, heartbeat_s=0.2)
+    # the fake claim is 100 s old: stale at 30 s, while the winner's stays live however slow the machine
+    claim = acquire(path, timeout_s=30.0, heartbeat_s=0.2)
     results.put(claim is not None)
     time.sleep(1.0)  # hold it while the others try
     if claim:
