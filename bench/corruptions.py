@@ -143,3 +143,17 @@ CORRUPTIONS: dict[str, Callable[[Path], str]] = {
 def corrupt(path: str | os.PathLike, kind: str) -> str:
     """Damage ``path`` in way ``kind`` (a key of ``CORRUPTIONS``); return the expected message fragment."""
     return CORRUPTIONS[kind](Path(path))
+
+
+def nan_files(folder: Path) -> tuple[Path, Path]:
+    """``(sample set, checkpoint)`` written in ``folder`` by the store's own writers, each then
+    given one NaN with valid checksums (a buggy writer): what every reader must refuse."""
+    from benchmark.core.store import save_checkpoint, save_sample_set
+
+    torch.manual_seed(0)
+    samples, single = Path(folder) / "s.safetensors", Path(folder) / "c.safetensors"
+    save_sample_set(samples, {"w": torch.randn(4, 6, 3), "b": torch.randn(4, 6)}, {})
+    save_checkpoint(single, {"w": torch.randn(6, 3), "b": torch.randn(6)}, {})
+    for path in (samples, single):
+        corrupt(path, "nan")
+    return samples, single

@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmark.core.store.claims import HOST_ENV  # noqa: E402
-from bench.corruptions import CORRUPTIONS, corrupt  # noqa: E402
+from bench.corruptions import CORRUPTIONS, corrupt, nan_files  # noqa: E402
 
 WORK = REPO / "bench" / "_work" / "reliability"  # bench/_work is shared with other benches: only this folder is ours
 EXP = "digits_optunet"
@@ -306,21 +306,14 @@ def scenario_metadata_damage(work: Path) -> tuple[bool, str]:
 def scenario_nan_with_valid_checksums(work: Path) -> tuple[bool, str]:
     """A NaN written with valid checksums (a buggy writer), in a sample set and a checkpoint: every
     reader, whole or streamed, must refuse it."""
-    import torch
-
     from benchmark.core.store import (
         CheckpointError, check_file, iter_checkpoint_batches, iter_column_chunks, iter_layer_column_chunks,
-        load_checkpoint, load_layer, load_sample_set, save_checkpoint, save_sample_set,
+        load_checkpoint, load_layer, load_sample_set,
     )
     from benchmark.core.store.checksum import forget_all
 
     work.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    samples, single = work / "s.safetensors", work / "c.safetensors"
-    save_sample_set(samples, {"w": torch.randn(4, 6, 3), "b": torch.randn(4, 6)}, {})
-    save_checkpoint(single, {"w": torch.randn(6, 3), "b": torch.randn(6)}, {})
-    for path in (samples, single):
-        corrupt(path, "nan")
+    samples, single = nan_files(work)
     readers = {
         "check_file": lambda: check_file(samples), "load_sample_set": lambda: load_sample_set(samples),
         "load_checkpoint": lambda: load_checkpoint(single), "iter_column_chunks": lambda: list(iter_column_chunks(samples, "w", 4)),

@@ -55,7 +55,6 @@ from methods.modes import ModePlan, run_mode
 log = logging.getLogger(__name__)
 NAME = "sample"
 FIT_ERRORS = (NonFiniteError, MethodFitError)
-ASSUMED_CONVERGENCE = 0.5  # for the suggested held-out range when no held-out seed was trained yet
 
 
 class SampleStageError(RuntimeError):
@@ -175,7 +174,7 @@ def select_bases(exp: Experiment, count: int) -> list[int]:
         command = f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=heldout"
         extra = " (if that is still too few, widen seeds.heldout)"
     else:
-        rate = len(seeds) / tried if seeds else ASSUMED_CONVERGENCE
+        rate = len(seeds) / tried if seeds else exp.config.seeds.expected_convergence
         new_stop = heldout.stop + math.ceil(1.25 * missing / rate)
         override = f"'seeds.heldout=[{heldout.start},{new_stop}]'"
         command = f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=heldout {override}"

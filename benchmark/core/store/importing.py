@@ -217,6 +217,7 @@ def iter_checkpoints(source: str | Path, names: Iterable[str]) -> Iterator[Forei
                     todo.discard(info.filename)
                     try:
                         data, problem = archive.read(info), None
+                    # NotImplementedError: zipfile's answer to a compression method it cannot read
                     except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as err:
                         data, problem = b"", f"{archive_name}:{info.filename}: cannot be read ({type(err).__name__}: {err})"
                     last = info.filename

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from bench.corruptions import corrupt
+from bench.corruptions import corrupt, nan_files
 from benchmark.core.store import (
     CheckpointError, iter_checkpoint_batches, iter_column_chunks, iter_layer_column_chunks, load_checkpoint,
     load_layer, load_sample_set, save_checkpoint, save_sample_set,
@@ -21,19 +21,10 @@ def fresh_memo():
     forget_all()
 
 
-def _nan_files(tmp_path):
-    """A sample set and a checkpoint each holding one NaN, written with valid checksums."""
-    torch.manual_seed(0)
-    samples, single = tmp_path / "s.safetensors", tmp_path / "c.safetensors"
-    save_sample_set(samples, {"w": torch.randn(4, 6, 3), "b": torch.randn(4, 6)}, {})
-    save_checkpoint(single, {"w": torch.randn(6, 3), "b": torch.randn(6)}, {})
-    for path in (samples, single):
-        corrupt(path, "nan")
-    return samples, single
 
 
 def test_a_nan_with_valid_checksums_is_refused_by_every_reader(tmp_path):
-    samples, single = _nan_files(tmp_path)
+    samples, single = nan_files(tmp_path)
     readers = {
         "load_sample_set": lambda: load_sample_set(samples),
         "load_sample_set keys": lambda: load_sample_set(samples, ["w"]),
@@ -51,7 +42,7 @@ def test_a_nan_with_valid_checksums_is_refused_by_every_reader(tmp_path):
 
 
 def test_a_caller_that_validated_the_file_skips_the_check(tmp_path):
-    samples, single = _nan_files(tmp_path)
+    samples, single = nan_files(tmp_path)
     assert torch.isnan(load_sample_set(samples, validated=True)["w"]).any()
     assert torch.isnan(load_checkpoint(single, validated=True)[0]["w"]).any()
     assert torch.isnan(torch.cat(list(iter_column_chunks(samples, "w", 4, validated=True)), 1)).any()
