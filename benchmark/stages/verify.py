@@ -323,7 +323,8 @@ def check_leftovers(store: ExperimentStore, health: ExperimentHealth, results_di
             health.temp_files += sorted(p for p in folder.iterdir() if is_temp_file(p))
     for info in claims_in(store.claims_dir):
         health.claims["stale" if stale_reason(info, store.claim_timeout_s) else "live"] += 1
-    if litter := store.litter():  # a count, not an error: the next zoo or sample run reaps it
+    # a count, not an error: the next zoo or sample run reaps it (unit temp files are counted above)
+    if litter := [p for p in store.litter() if p not in health.temp_files]:
         log.info("%s: %d file(s) of litter left by killed processes (reaped by the next run)", store.experiment, len(litter))
     if litter := store.results_litter(results_dir):  # reaped by the next evaluate, report or analyze run
         log.info("%s: %d temp file(s) of killed writers in %s (reaped by the next run that writes results)",
