@@ -24,7 +24,7 @@ tries such files again (the mapping or the file may have been fixed).
 
 The metadata records the provenance: source file, archive, its SHA-256, and the mapping. The
 rest of the pipeline reads imported checkpoints like trained ones. Resumable like the zoo stage:
-per-seed claims, atomic writes; a seed already imported from the same file is skipped, and a
+per-seed claims, fenced writes (a late writer never replaces a published checkpoint); a seed already imported from the same file is skipped, and a
 seed the store holds from anything else (or a damaged failure record) stops the import.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from benchmark.config import ConfigError, ImportRange, SeedsFrom
 from benchmark.core.fingerprint import library_versions
-from benchmark.core.store import CheckpointError, StoreError, read_metadata, save_checkpoint
+from benchmark.core.store import AlreadyPublishedError, CheckpointError, Claim, StoreError, read_metadata, save_checkpoint
 from benchmark.experiment import Experiment, SeedRange
 from benchmark.core.store.importing import (
     ForeignCheckpoint,
@@ -242,20 +242,34 @@ class _Ready:
     state: dict[str, torch.Tensor]
     metadata: dict[str, Any]
     claim: contextlib.ExitStack
+    held: Claim
 
 
 def _write(exp: Experiment, ready: _Ready, summary: ImportSummary) -> None:
-    """Store ``ready``: its checkpoint, or a failure record when it fails the convergence rule."""
+    """Store ``ready``: its checkpoint, or a failure record when it fails the convergence rule.
+    Fenced like the zoo stage's writes: nothing is written when the claim was taken over, and a
+    checkpoint published by another worker meanwhile is never replaced (this copy is dropped)."""
     store, metadata, seed = exp.store, ready.metadata, ready.seed
+    if ready.held.lost:
+        log.warning("seed %d: the claim was taken over while importing; this worker stops it, nothing stored", seed)
+        summary.skipped_busy.append(seed)
+        return
     rule = exp.recipe.fail_rule
     summary.test_accuracies[seed] = metadata.get("test_accuracy", math.nan)
     validation = metadata.get("validation_accuracy")
-    if rule.active and validation is not None and validation < rule.min_accuracy:
-        reason = f"validation accuracy {validation:.3f} < {rule.min_accuracy} (imported checkpoint)"
-        store.record_failure(seed, {"reason": reason, "validation_accuracy": validation, **_source_fields(metadata)})
-        summary.failed.append(seed)
+    try:
+        if rule.active and validation is not None and validation < rule.min_accuracy:
+            reason = f"validation accuracy {validation:.3f} < {rule.min_accuracy} (imported checkpoint)"
+            # replaces only this seed's record of an unusable file (``_already``), under the claim
+            store.record_failure(seed, {"reason": reason, "validation_accuracy": validation, **_source_fields(metadata)},
+                                 exclusive=not store.failed_path(seed).exists())
+            summary.failed.append(seed)
+            return
+        save_checkpoint(store.checkpoint_path(seed), ready.state, metadata, exclusive=True)
+    except AlreadyPublishedError:
+        log.warning("seed %d: another worker published it first; this run's copy dropped", seed)
+        summary.skipped_busy.append(seed)
         return
-    save_checkpoint(store.checkpoint_path(seed), ready.state, metadata)
     store.failed_path(seed).unlink(missing_ok=True)  # the record of an earlier try with an unusable file
     summary.imported.append(seed)
 
@@ -339,7 +353,8 @@ def run(exp: Experiment) -> ImportSummary:
                          unit="file", dynamic_ncols=True):
             seed = seed_of[file.name]
             with contextlib.ExitStack() as unit:
-                if unit.enter_context(store.claim(store.seed_unit(seed))) is None:
+                held = unit.enter_context(store.claim(store.seed_unit(seed)))
+                if held is None:
                     summary.skipped_busy.append(seed)
                     continue
                 if _already(exp, seed, file):
@@ -348,7 +363,7 @@ def run(exp: Experiment) -> ImportSummary:
                 prepared = importer.prepare(file, seed, summary)
                 if prepared is None:
                     continue
-                ready = _Ready(seed, *prepared, claim=unit.pop_all())
+                ready = _Ready(seed, *prepared, claim=unit.pop_all(), held=held)
             if not probing:
                 with ready.claim:
                     _write(exp, ready, summary)

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
 from benchmark.core.store.atomic import atomic_path
-from benchmark.core.store.checksum import checksummed_metadata, file_identity, stable_identity, stored_checksums, verify_tensors
+from benchmark.core.store.blocks import FileReader, read_header
+from benchmark.core.store.checksum import checksummed_metadata, stored_checksums, verify_tensors
 from benchmark.core.store.errors import CheckpointError
 from benchmark.core.store.metadata import encode_metadata
 
@@ -115,8 +115,7 @@ def validate_tensors(
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The string metadata of a safetensors file (checkpoint or sample set), without its data,
     checked against their digest (``ChecksumError`` naming the file when an entry was damaged)."""
-    with open_safetensors(path) as fh:
-        metadata = dict(fh.metadata() or {})
+    metadata = read_header(path).metadata
     stored_checksums(metadata, str(path))
     return metadata
 
@@ -136,14 +135,10 @@ def load_checkpoint(
     ``{"experiment": "digits_optunet"}``; see ``check_metadata``). Any mismatch raises
     ``CheckpointError`` naming the file and key.
     """
-    before = file_identity(path) if Path(path).is_file() else None
-    with open_safetensors(path) as fh:
-        try:
-            tensors = {k: fh.get_tensor(k) for k in fh.keys()}
-        except SafetensorError as err:
-            raise CheckpointError(f"{path}: corrupt or truncated safetensors data ({err})") from err
-        metadata = dict(fh.metadata() or {})
-    verify_tensors(path, tensors, metadata, before and stable_identity(path, before))
+    with FileReader(path) as reader:
+        tensors = reader.tensors()
+        metadata, identity = reader.header.metadata, reader.identity
+    verify_tensors(path, tensors, metadata, identity)
     check_metadata(metadata, expect or {}, str(path))
     if model is not None:
         validate_tensors(tensors, model, source=str(path))
@@ -160,24 +155,3 @@ def check_metadata(metadata: Mapping[str, str], expect: Mapping[str, str], sourc
         got = metadata.get(key)
         if got is not None and got != wanted:
             raise CheckpointError(f"{source}: metadata {key} is {got!r}, expected {wanted!r}")
-
-
-class open_safetensors:
-    """``safe_open`` with errors that name the file (context manager yielding the handle)."""
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-
-    def __enter__(self):
-        if not self.path.is_file():
-            raise CheckpointError(f"{self.path}: no such checkpoint file")
-        size = self.path.stat().st_size
-        try:
-            self._cm = safe_open(str(self.path), framework="pt")
-            handle = self._cm.__enter__()
-        except (SafetensorError, OSError, ValueError) as err:
-            raise CheckpointError(f"{self.path}: corrupt or truncated safetensors file ({size} bytes): {err}") from err
-        return handle
-
-    def __exit__(self, *exc) -> None:
-        self._cm.__exit__(*exc)

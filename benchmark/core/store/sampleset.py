@@ -9,17 +9,15 @@ from __future__ import annotations
 import math
 import os
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
-from safetensors import SafetensorError
 
-from benchmark.core.store.blocks import FileReader
+from benchmark.core.store.blocks import FileReader, read_header
 from benchmark.core.store.checkpoint import (
-    ShapeSpec, check_finite, open_safetensors, plain_tensors, validate_tensors, write_safetensors,
+    ShapeSpec, check_finite, plain_tensors, validate_tensors, write_safetensors,
 )
-from benchmark.core.store.checksum import content_digest, file_identity, stable_identity, verify_tensors
+from benchmark.core.store.checksum import content_digest, verify_tensors
 from benchmark.core.store.errors import CheckpointError
 from benchmark.core.store.validate import verify_file_tensors
 
@@ -74,19 +72,15 @@ def load_sample_set(
     and the metadata are checked against their checksums (``ChecksumError`` naming the file and
     key) and the values finite, unless ``validated`` (the caller validated the file whole); with
     ``shapes`` (key -> shape after ``leading`` sample axes), keys and shapes too."""
-    before = file_identity(path) if Path(path).is_file() else None
-    with open_safetensors(path) as fh:
-        available = list(fh.keys())
+    with FileReader(path) as reader:
+        available = list(reader.header.entries)
         wanted = available if keys is None else list(keys)
         unknown = [k for k in wanted if k not in available]
         if unknown:
             raise CheckpointError(f"{path}: no key {unknown[0]!r}; the file holds {available}")
-        try:
-            tensors = {k: fh.get_tensor(k) for k in wanted}
-        except SafetensorError as err:
-            raise CheckpointError(f"{path}: corrupt or truncated safetensors data ({err})") from err
-        metadata = dict(fh.metadata() or {})
-    verify_tensors(path, tensors, metadata, before and stable_identity(path, before))
+        tensors = reader.tensors(wanted)
+        metadata, identity = reader.header.metadata, reader.identity
+    verify_tensors(path, tensors, metadata, identity)
     if shapes is not None:
         validate_tensors(tensors, {k: shapes[k] for k in wanted if k in shapes} if keys is not None else shapes,
                          source=str(path), leading=leading)
@@ -97,8 +91,7 @@ def load_sample_set(
 
 def sample_set_keys(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     """Key -> full shape (sample axis included) of a safetensors file, without reading data."""
-    with open_safetensors(path) as fh:
-        return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+    return {k: tuple(entry["shape"]) for k, entry in read_header(path).entries.items()}
 
 
 def _rows_per_block(row_shape: Sequence[int], max_columns: int) -> int:
@@ -179,12 +172,10 @@ def load_layer(paths: Sequence[str | os.PathLike], key: str, validated: bool = F
     checked against its checksum and, unless ``validated``, finite."""
     out = []
     for p in paths:
-        before = file_identity(p) if Path(p).is_file() else None
-        with open_safetensors(p) as fh:
-            if key not in fh.keys():
-                raise CheckpointError(f"{p}: no key {key!r}")
-            tensor, metadata = fh.get_tensor(key), dict(fh.metadata() or {})
-        verify_tensors(p, {key: tensor}, metadata, before and stable_identity(p, before))
+        with FileReader(p) as reader:
+            tensor = reader.tensors([key])[key]
+            metadata, identity = reader.header.metadata, reader.identity
+        verify_tensors(p, {key: tensor}, metadata, identity)
         out.append(_finite(tensor, p, key, validated))
     return torch.stack(out)
 

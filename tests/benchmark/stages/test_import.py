@@ -193,6 +193,43 @@ def test_a_trained_checkpoint_is_never_replaced(tmp_path):
         import_zoo.run(exp)
 
 
+def test_a_late_importer_never_replaces_what_another_worker_published(tmp_path, monkeypatch, caplog):
+    # Another worker publishes seed 0 while this one is reading its file: fenced publication
+    # keeps the other worker's checkpoint and drops this copy with one log line.
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    torch.save(nets(optunet, [0])[0], folder / "a.pt")
+    exp = experiment(tmp_path, folder, "seeds.reference=[0,1]")
+    theirs = nets(optunet, [1])[0]
+    prepare = import_zoo._Importer.prepare
+
+    def prepare_then_lose_the_race(self, file, seed, summary):
+        out = prepare(self, file, seed, summary)
+        save_checkpoint(exp.store.checkpoint_path(seed), theirs, {"seed": seed})
+        return out
+
+    monkeypatch.setattr(import_zoo._Importer, "prepare", prepare_then_lose_the_race)
+    summary = import_zoo.run(exp)
+    assert summary.imported == [] and summary.skipped_busy == [0]
+    stored, _ = load_checkpoint(exp.store.checkpoint_path(0))
+    assert all(torch.equal(stored[k], theirs[k]) for k in theirs)
+    assert "another worker published it first" in caplog.text
+
+
+def test_an_importer_whose_claim_was_taken_over_writes_nothing(tmp_path, monkeypatch, caplog):
+    from benchmark.core.store import Claim
+
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    torch.save(nets(optunet, [0])[0], folder / "a.pt")
+    exp = experiment(tmp_path, folder, "seeds.reference=[0,1]")
+    monkeypatch.setattr(Claim, "lost", property(lambda self: True))
+    summary = import_zoo.run(exp)
+    assert summary.imported == [] and summary.skipped_busy == [0]
+    assert not exp.store.checkpoint_path(0).exists() and not exp.store.failed_path(0).exists()
+    assert "claim was taken over while importing" in caplog.text
+
+
 def test_natural_order_and_fill_missing():
     assert sorted(["m10.pt", "m2.pt", "a/m1.pt"], key=natural_key) == ["a/m1.pt", "m2.pt", "m10.pt"]
     from benchmark.core.store.importing import KeyMapping

@@ -90,7 +90,7 @@ def test_truncated_or_garbage_files_name_the_file(tmp_path, model, keep):
 
 
 def test_missing_file_is_named(tmp_path):
-    with pytest.raises(CheckpointError, match="nope.safetensors: no such checkpoint file"):
+    with pytest.raises(CheckpointError, match="nope.safetensors: no such file"):
         load_checkpoint(tmp_path / "nope.safetensors")
 
 

@@ -1,5 +1,6 @@
 """Every reader validates content unless its caller says it already did, and the streamed readers
 read all blocks of a file through the one handle that was verified."""
+import json
 import os
 
 import pytest
@@ -106,3 +107,52 @@ def test_a_header_entry_whose_byte_range_does_not_fit_its_shape_is_refused(tmp_p
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"key 'w' spans 288 bytes, its dtype and shape \[4, 6, 2\] need 192"):
         list(iter_column_chunks(path, "w", 4))
+
+
+def _overwrite_tail(path, nbytes: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(-nbytes, 2)
+        fh.write(b"\0" * nbytes)
+
+
+def test_whole_file_readers_own_their_memory(tmp_path):
+    # What was read must not change when the file changes afterwards (another node replacing or
+    # damaging it): a memory-mapped read would see the new bytes, or die of SIGBUS on NFS.
+    from benchmark.core.store import load_checkpoint, load_sample_set, save_checkpoint, save_sample_set
+    from benchmark.core.store.sampleset import load_layer
+
+    weights = torch.arange(1, 1001, dtype=torch.float32)
+    save_checkpoint(tmp_path / "c.safetensors", {"w": weights}, {})
+    save_sample_set(tmp_path / "s.safetensors", {"w": weights.reshape(10, 100)}, {})
+    state, _ = load_checkpoint(tmp_path / "c.safetensors")
+    samples = load_sample_set(tmp_path / "s.safetensors")
+    layer = load_layer([tmp_path / "c.safetensors"], "w")
+    for name in ("c.safetensors", "s.safetensors"):
+        _overwrite_tail(tmp_path / name, 400)
+    assert torch.equal(state["w"], weights)
+    assert torch.equal(samples["w"].reshape(-1), weights)
+    assert torch.equal(layer[0], weights)
+
+
+@pytest.mark.parametrize("damage", ["hole", "short"])
+def test_whole_file_readers_refuse_a_header_that_does_not_index_the_data(tmp_path, damage):
+    import struct
+
+    from benchmark.core.store import CheckpointError, load_checkpoint, save_checkpoint
+
+    path = tmp_path / "c.safetensors"
+    save_checkpoint(path, {"a": torch.ones(4), "b": torch.ones(4)}, {})
+    raw = bytearray(path.read_bytes())
+    if damage == "short":
+        raw = raw[:-4]
+    else:  # move b's span 4 bytes on and grow the file: a hole before b
+        (length,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8 : 8 + length])
+        header["b"]["data_offsets"] = [v + 4 for v in header["b"]["data_offsets"]]
+        text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode().ljust(length)
+        assert len(text) == length
+        raw[8 : 8 + length] = text
+        raw += b"\0" * 4
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="c.safetensors: corrupt"):
+        load_checkpoint(path)
