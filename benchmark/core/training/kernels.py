@@ -16,8 +16,9 @@ the pooled values and the winning window position, and send each pooled gradient
 position alone, as ``max_pool2d``'s backward does (ties: the first maximum in row-major
 order; NaN wins). ReLU keeps NaN and passes gradient where its output is > 0, as PyTorch's.
 
-The convolution kernels are compiled once per process for each (channels per group, kernel
-size, pool) (about a second each): with those as compile-time constants the tap loops
+The convolution kernels are compiled for each (channels per group, kernel size, pool) (about
+a second each) and cached on disk (numba's ``cache=True``, in ``__pycache__``), so a new process
+loads them instead of compiling again: with those as compile-time constants the tap loops
 unroll, the network loop is innermost with a straight-line body, and LLVM vectorises it with
 the sums in registers. No fast-math flags: every lane computes the same operations in the
 same order whatever K is, so a network's result does not depend on how many others share
@@ -67,6 +68,33 @@ def gather_crops(
                         out[b, c, i, j, k] = pixels[c, r, s, index[b, k]] if inside else fill
 
 
+@njit(cache=True)
+def _weight_and_input_grads(x, w, g, first, grad_x, grad_w, need_x):  # pragma: no cover - compiled
+    """One image and output channel: x ``[C_in, H, W, K]``, w ``[cpg, kh, kw, K]``, g ``[Ho, Wo, K]``;
+    adds to ``grad_w [cpg, kh, kw, K]`` and (``need_x``) to ``grad_x [C_in, H, W, K]``. The network
+    loop inside, a different accumulator (tap) for each of its runs. Module-level (tap counts from
+    the shapes, not compile-time constants: the network loop is the one LLVM vectorises) so that
+    the backward kernels that call it can be cached on disk: numba cannot cache a function whose
+    closure holds another compiled function."""
+    cpg, kh, kw = w.shape[0], w.shape[1], w.shape[2]
+    ho, wo, n_k = g.shape
+    for i in range(ho):
+        for j in range(wo):
+            for ci in range(cpg):
+                for p in range(kh):
+                    for q in range(kw):
+                        for k in range(n_k):
+                            grad_w[ci, p, q, k] += g[i, j, k] * x[first + ci, i + p, j + q, k]
+    if need_x:
+        for ci in range(cpg):
+            for p in range(kh):
+                for q in range(kw):
+                    for i in range(ho):
+                        for j in range(wo):
+                            for k in range(n_k):
+                                grad_x[first + ci, i + p, j + q, k] += w[ci, p, q, k] * g[i, j, k]
+
+
 class ConvKernels(NamedTuple):
     """The compiled kernels of one convolution shape. Arguments are NumPy views of contiguous
     tensors; outputs are written in place; gradients are added to ``grad_w`` / ``grad_x``."""
@@ -89,7 +117,7 @@ def conv_kernels(cpg: int, kh: int, kw: int, pool: int = 1) -> ConvKernels:
     if min(cpg, kh, kw, pool) < 1:
         raise ValueError(f"conv_kernels: sizes must be positive, got cpg={cpg} kernel={kh}x{kw} pool={pool}")
 
-    @njit
+    @njit(cache=True)
     def forward(x, w, bias, has_bias, groups, relu, out):  # pragma: no cover - compiled
         n_b, _, _, _, n_k = x.shape
         c_out = w.shape[0]
@@ -108,28 +136,7 @@ def conv_kernels(cpg: int, kh: int, kw: int, pool: int = 1) -> ConvKernels:
                                         acc += w[o, ci, p, q, k] * x[b, first + ci, i + p, j + q, k]
                             out[b, o, i, j, k] = 0 if relu and acc <= 0 else acc
 
-    @njit
-    def _weight_and_input_grads(x, w, g, first, grad_x, grad_w, need_x):  # pragma: no cover - compiled
-        # One image and output channel: x [C_in, H, W, K], w [cpg, kh, kw, K], g [Ho, Wo, K].
-        # The network loop inside, a different accumulator (tap) for each of its runs.
-        ho, wo, n_k = g.shape
-        for i in range(ho):
-            for j in range(wo):
-                for ci in range(cpg):
-                    for p in range(kh):
-                        for q in range(kw):
-                            for k in range(n_k):
-                                grad_w[ci, p, q, k] += g[i, j, k] * x[first + ci, i + p, j + q, k]
-        if need_x:
-            for ci in range(cpg):
-                for p in range(kh):
-                    for q in range(kw):
-                        for i in range(ho):
-                            for j in range(wo):
-                                for k in range(n_k):
-                                    grad_x[first + ci, i + p, j + q, k] += w[ci, p, q, k] * g[i, j, k]
-
-    @njit
+    @njit(cache=True)
     def backward(x, w, out, grad_out, groups, relu, grad_x, grad_w, need_x):  # pragma: no cover - compiled
         c_out = w.shape[0]
         opg = c_out // groups
@@ -145,7 +152,7 @@ def conv_kernels(cpg: int, kh: int, kw: int, pool: int = 1) -> ConvKernels:
                 _weight_and_input_grads(x[b], w[o], g, (o // opg) * cpg, grad_x[b] if need_x else grad_x[0],
                                         grad_w[o], need_x)
 
-    @njit
+    @njit(cache=True)
     def pool_forward(x, w, bias, has_bias, groups, relu, out, arg):  # pragma: no cover - compiled
         n_b, _, _, _, n_k = x.shape
         c_out = w.shape[0]
@@ -176,7 +183,7 @@ def conv_kernels(cpg: int, kh: int, kw: int, pool: int = 1) -> ConvKernels:
                                 out[b, o, pi, pj, k] = 0 if last and relu and best <= 0 else best
                                 arg[b, o, pi, pj, k] = winner
 
-    @njit
+    @njit(cache=True)
     def pool_backward(x, w, out, grad_out, arg, groups, relu, grad_x, grad_w, need_x):  # pragma: no cover - compiled
         n_b, _, _, _, n_k = x.shape
         c_out = w.shape[0]
