@@ -73,7 +73,7 @@ class BNNSettings(MethodSettings):
     """
 
     elbo_samples: int = 3
-    kl_weight: Optional[float] = 1.6667e-5
+    kl_weight: Optional[float] = None
     train: RecipeOverrides = field(default_factory=RecipeOverrides)
     layers: BNNLayers = BNNLayers.all
     variance: VarianceSettings = field(default_factory=VarianceSettings)
@@ -202,10 +202,11 @@ class BNNMethod(PosteriorMethod):
 
     def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         """Per layer, the mean ``sigma / |mu|`` (``sigma_over_mu.<layer>``, how far from a point
-        mass the posterior is) and the mean ``sigma`` over the layer's weights."""
+        mass the posterior is), the mean ``sigma`` over the layer's weights, and the KL weight the
+        fit used (``kl_weight``; ``kl_weight_times_n`` = 1 for the exact ELBO)."""
         if self._net is None:
             return {}
-        out = {}
+        out = {"kl_weight": self.kl_weight(), "kl_weight_times_n": self.kl_weight() * len(self.data.train)}
         for key, ratio in self._net.sigma_over_mu().items():
             out[f"sigma_over_mu.{key}"] = ratio
         out["sigma_mean"] = sum(self._net.sigma_mean().values()) / len(self._net.samplers)

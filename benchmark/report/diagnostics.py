@@ -24,7 +24,9 @@ EXPLANATIONS = {
     "swag": ("SWAG: mean over weights of the snapshots' diagonal variance and of the low-rank variance diag(D D^T)/(K-1); "
              "a draw's variance is scale x their sum."),
     "bnn": ("vBNN: mean sigma/|mu| per parameter tensor (0 = a point mass); with BLiTZ's initialisation (sigma ~ 1e-3) "
-            "trained by SGD, sigma barely leaves its start (methods.bnn.variance lets it learn)."),
+            "trained by SGD, sigma barely leaves its start (methods.bnn.variance lets it learn). kl_weight: the weight of "
+            "the KL term in the per-example loss; kl_weight_times_n: that weight times the training split's size "
+            "(1 = the exact ELBO, the paper's recipe; below 1 a tempered posterior)."),
     "laplace": ("Laplace: optimised prior precision; GGN eigen-directions below it (near-flat: the posterior variance "
                 "there is the prior's, 1/precision); test accuracy of laplace-torch's GLM predictive (probit), of the "
                 "sampled predictive (100 draws) and of one draw. A sampled predictive far below the GLM one means the "

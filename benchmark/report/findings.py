@@ -158,7 +158,7 @@ def check_claim(claim: Claim, repetitions: dict[tuple[str, str], pd.DataFrame], 
 def render(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float = ALPHA) -> str:
     """findings.md for the rows of one experiment's metrics frame (``df``, metrics.csv) and their
     repetitions (``repetitions``, repetitions.csv: every repetition of every row that did not
-    fail); with symmetry-breaking vBNN rows, a closing note on how to read them
+    fail); with vBNN rows, a closing note on how to read them
     (``tables.variant_notes``). Raises ``ValueError`` when a row's repetitions are missing."""
     frame = check_metrics(df)
     failed = frame[frame["status"] != "ok"]
@@ -190,7 +190,7 @@ def render(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float = ALPHA) ->
         head += ["", f"Rows that failed are left out: {names}."]
     notes = variant_notes(frame.index.get_level_values("method"))
     if notes:
-        lines += ["## Reading the symmetry-breaking vBNN rows", "", *[f"- {note}" for note in notes], ""]
+        lines += ["## Reading the vBNN rows", "", *[f"- {note}" for note in notes], ""]
     return "\n".join(lines[:4] + head + [""] + lines[4:])
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 from benchmark.results import check_metrics, half_width
 from benchmark.core.store import atomic_write_text
 from methods import method_class, method_names
+from methods.bnn import BNNMethod
 
 GROUP_LABELS = {"one": "One Mode", "multi": "Multi Mode"}
 
@@ -108,10 +109,20 @@ VARIANT_NOTES = {
 captions and findings.md."""
 
 
+VBNN_NOTE = (
+    "vBNN rows: BLiTZ's mean-field Gaussian posterior under its N(0, 0.1^2) prior, whose log-density BLiTZ computes as "
+    "log(pdf + 1e-6), which is flat (no pull towards 0) beyond |w| of about 0.55; the KL weight each row was trained "
+    "with is in diagnostics.md (1/N of the training split is the exact ELBO)."
+)
+"""How to read every vBNN row (``methods.bnn`` and its variants), for the captions and findings.md."""
+
+
 def variant_notes(methods: Iterable[str]) -> list[str]:
-    """The ``VARIANT_NOTES`` of the methods among ``methods``, in registry order."""
+    """``VBNN_NOTE`` when a vBNN row is among ``methods``, then the ``VARIANT_NOTES`` of the
+    methods among them, in registry order."""
     present = set(methods)
-    return [note.format(label=method_class(name).label) for name, note in VARIANT_NOTES.items() if name in present]
+    vbnn = [VBNN_NOTE] if any(issubclass(method_class(name), BNNMethod) for name in present) else []
+    return vbnn + [note.format(label=method_class(name).label) for name, note in VARIANT_NOTES.items() if name in present]
 
 
 def _variant_text(df: pd.DataFrame) -> str:
@@ -162,7 +173,7 @@ def _uncertainty_text(df: pd.DataFrame) -> str:
 
 def captions(df: pd.DataFrame) -> tuple[str, str]:
     """The captions of Tables 1 and 2 for the rows of ``df`` (with ``{times}``/``{pct}`` unit slots);
-    with symmetry-breaking vBNN rows, how to read them (``VARIANT_NOTES``)."""
+    with vBNN rows, how to read them (``variant_notes``)."""
     table1_caption = (
         "Table 1: Posterior estimation and predictive performance. " + _mmd_text(df, "the median")
         + " Acc, ECE (top-label, 15 bins), AUPR and FPR95 (OOD as positive class, FPR at 95{pct} TPR) in {pct}; "

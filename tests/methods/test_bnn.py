@@ -145,6 +145,17 @@ def test_tinyimagenet_is_refused_before_any_training(tmp_path: Path, monkeypatch
         method.check("one")
 
 
+@pytest.mark.parametrize("experiment", ["mnist_optunet", "cifar100_resnet18"])
+def test_the_kl_weight_is_one_over_the_experiments_own_training_split(tmp_path: Path, experiment):
+    # The paper's recipe (the exact per-example ELBO); only digits deviates, in its own config.
+    exp = Experiment(compose_config([f"experiment={experiment}", "device=cpu", f"store={tmp_path}"]))
+    assert exp.method_settings("bnn").kl_weight is None
+    images, labels = torch.zeros(7, 1, 28, 28), torch.zeros(7, dtype=torch.long)
+    data = TrainingData(InMemoryImageDataset(images, labels), (images, labels), (images, labels))
+    method = BNNMethod(exp.model, data, exp.method_settings("bnn"), recipe=exp.recipe)
+    assert method.kl_weight() == 1 / 7
+
+
 @pytest.mark.parametrize(
     "override, match",
     [

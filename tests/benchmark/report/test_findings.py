@@ -1,5 +1,5 @@
 """findings.md: the paper's and the seeds' claims as paired comparisons of repetitions with Holm's
-control, their verdicts, and the note on how to read the symmetry-breaking vBNN rows."""
+control, their verdicts, and the note on how to read the vBNN rows."""
 import re
 
 import numpy as np
@@ -180,7 +180,8 @@ def test_seed_claims_need_the_plain_vbnn_and_a_variant():
     claims = {claim.text: claim.comparisons for claim in seed_claims({("bnn", "one"), ("bnn_ordered", "one")})}
     assert [len(c) for c in claims.values()] == [0, 0, 1, 1], "the accuracy and NLL claims are seed 001's (skips)"
     text = render(*_vbnn_rows())
-    assert "Seed 001" not in text and "Seeds 000, 001" not in text and "symmetry-breaking vBNN rows" not in text
+    assert "Seed 001" not in text and "Seeds 000, 001" not in text and "(seed 00" not in text
+    assert "log(pdf + 1e-6)" in text, "the note every vBNN row needs"
 
 
 def test_seed_claim_directions_and_verdicts_on_hand_made_rows():
@@ -208,6 +209,6 @@ def test_seed_claim_directions_and_verdicts_on_hand_made_rows():
                      r"30.[01] ± [0-9.]+ +\| -1.[01] ± [0-9.]+ +\| 3, shared bases .*\| not distinguishable", text)
     assert re.search(r"\| BNN \(ordered biases\) \(one\) +< BNN \(one\) +\| mmd_median +\| 4[45].[0-9] ± [0-9.]+ +\| "
                      r"30.[01] ± [0-9.]+ +\| 1[45].[0-9] ± [0-9.]+ +\| 3, shared bases .*\| fails", text)
-    note = text[text.index("## Reading the symmetry-breaking vBNN rows"):]
+    note = text[text.index("## Reading the vBNN rows"):]
     assert "BNN (orthogonal skips): the vBNN of another model" in note and "worse by construction" in note
     assert "fc1's 3 units" in note
