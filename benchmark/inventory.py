@@ -294,21 +294,32 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
             stale = [k for k, v in expected.items() if metas[path].get(k) != v]
             if stale:
                 state.stale = f"{path}: metadata {', '.join(stale)} differ from the current settings"
+    if state.corrupt:  # the unit is redone: name the damage of its other file too (it is quarantined as well)
+        _check_whole(exp, paths, metas, state)
     if state.missing or state.stale or state.corrupt:
         return state
-    n = SampleSetMetadata.decode(metas[paths[0]]).n_samples
-    c, rows = exp.info.num_classes, prediction_rows(exp)
-    shapes = (exp.shapes(), None if rows is None else {"id": (rows[0], c), "ood": (rows[1], c)})
-    for path, shape in zip(paths, shapes):
-        try:
-            check_file(path, shape, leading=1, samples=n, expect={"experiment": exp.name})
-        except CheckpointError as err:
-            state.corrupt[path] = str(err)
+    _check_whole(exp, paths, metas, state)
     if not state.corrupt:  # both valid: do they belong together?
         mixed = pairing_problem(metas[paths[0]], metas[paths[1]], paths[1])
         if mixed is not None:
             state.corrupt[paths[1]] = mixed
     return state
+
+
+def _check_whole(exp: Experiment, paths: tuple[Path, Path], metas: dict[Path, dict[str, str]], state: UnitState) -> None:
+    """``store.check_file`` on each of the unit's ``paths`` (sample set, predictions) that exists
+    and is not known corrupt yet, recording what is wrong in ``state.corrupt``."""
+    known = metas.get(paths[0]) if paths[0] not in state.corrupt else None
+    n = SampleSetMetadata.decode(known).n_samples if known is not None else None
+    c, rows = exp.info.num_classes, prediction_rows(exp)
+    shapes = (exp.shapes(), None if rows is None else {"id": (rows[0], c), "ood": (rows[1], c)})
+    for path, shape in zip(paths, shapes):
+        if path in state.corrupt or path not in metas:
+            continue
+        try:
+            check_file(path, shape, leading=1, samples=n, expect={"experiment": exp.name})
+        except CheckpointError as err:
+            state.corrupt[path] = str(err)
 
 
 def pairing_problem(samples_meta: dict[str, str], preds_meta: dict[str, str], preds_path: Path) -> str | None:

@@ -104,6 +104,24 @@ def test_damaged_predictions_are_quarantined_and_redrawn(exp):
     assert (exp.store.preds_dir / "quarantine" / "ensemble_multi_r0.safetensors").exists()
 
 
+@pytest.mark.parametrize("samples_kind", ["other_experiment", "garbage"])
+def test_both_damaged_files_of_a_unit_are_named_and_quarantined(exp, samples_kind, caplog):
+    # A sample set whose metadata are already wrong must not hide its damaged predictions:
+    # both are named in a log line and kept as evidence, not deleted when the unit is redrawn.
+    unit = exp.store.sample_unit("ensemble", "multi")
+    paths = [exp.store.samples_path(unit), exp.store.preds_path(unit)]
+    originals = [p.read_bytes() for p in paths]
+    corrupt(paths[0], samples_kind)
+    corrupt(paths[1], "bitflip")
+    with caplog.at_level(logging.ERROR):
+        summary = run_sample(exp)
+    assert summary.written == ["ensemble/multi/r0"] and [p.read_bytes() for p in paths] == originals
+    lines = [r.getMessage() for r in caplog.records if "moved to" in r.getMessage()]
+    assert len(lines) == 2 and all(any(str(p) in line for line in lines) for p in paths)
+    for folder in (exp.store.samples_dir, exp.store.preds_dir):
+        assert (folder / "quarantine" / "ensemble_multi_r0.safetensors").exists()
+
+
 @pytest.mark.parametrize("kind", ["truncate", "nan", "wrong_shape", "other_experiment", "bitflip"])
 def test_evaluate_refuses_a_damaged_reference_with_the_healing_command(exp, kind):
     path = exp.store.checkpoint_path(1)
