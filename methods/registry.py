@@ -13,6 +13,7 @@ from methods.bnn_ordered import OrderedBiasBNNMethod
 from methods.bnn_skip import SkipBNNMethod
 from methods.dropout import DropoutMethod
 from methods.ensemble import EnsembleMethod
+from methods.hmc import HMCMethod
 from methods.laplace import LaplaceMethod
 from methods.sghmc import SGHMCMethod
 from methods.swag import SWAGMethod
@@ -20,7 +21,7 @@ from methods.swag import SWAGMethod
 METHODS: dict[str, type[PosteriorMethod]] = {
     cls.name: cls
     for cls in (DropoutMethod, BNNMethod, OrderedBiasBNNMethod, SkipBNNMethod, SGHMCMethod, SWAGMethod, LaplaceMethod,
-                EnsembleMethod)
+                EnsembleMethod, HMCMethod)
 }
 
 
