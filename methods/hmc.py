@@ -59,6 +59,7 @@ from methods.hmc_kernel import DIVERGED, ChainState, KernelSettings, StackedHMC,
 
 log = logging.getLogger(__name__)
 STARTS = ("init", "base")
+FORWARDS = ("auto", "packed", "vmap", "loop")
 
 
 def stochastic_layers(model: nn.Module) -> list[str]:
@@ -90,6 +91,9 @@ class NetworkPotential:
 
     ``q`` concatenates the plain model's parameters in ``named_parameters`` order, each flattened
     (``flatten``/``unflatten`` convert). Each chain's value depends on its own row only.
+    ``implementation``: ``auto`` (the stacked networks: numba kernels on CPU, vmap elsewhere; a
+    loop where neither applies), ``packed``, ``vmap``, or ``loop`` (the plain model, one chain after
+    the other: the cheapest for a single chain, as the packed kernels compute 16 lanes at once).
     """
 
     def __init__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, prior_precision: float,
@@ -104,11 +108,14 @@ class NetworkPotential:
         self.state_keys = list(model.state_dict())
         self.images, self.labels = images.to(self.device), labels.to(self.device)
         self.prior_precision, self.temperature = float(prior_precision), float(temperature)
-        try:
-            self.net = None if self.buffers else stacked_networks(model, self.device, implementation)
-        except NotStackableError as err:
-            log.info("method=hmc: %s; one forward pass per chain instead", err)
-            self.net = None
+        self.net = None
+        if implementation != "loop" and not self.buffers:
+            try:
+                self.net = stacked_networks(model, self.device, implementation)
+            except NotStackableError as err:
+                if implementation != "auto":
+                    raise
+                log.info("method=hmc: %s; one forward pass per chain instead", err)
         self._batches: dict[int, torch.Tensor] = {}
 
     @property
@@ -177,7 +184,8 @@ class HMCSettings(MethodSettings):
     ``weight_decay``: the prior precision per example (null = the recipe's; precision N x it);
     ``chains_at_once``: chains stacked in one pass by ``run_chains`` (the CPU kernels run 16
     networks per vector; more costs proportionally); ``save_every``: iterations between saved
-    chain states in ``run_chains`` with a ``state_dir``.
+    chain states in ``run_chains`` with a ``state_dir``; ``forward``: how the chains' forward passes
+    run (``NetworkPotential``'s ``implementation``: auto, packed, vmap, loop).
     """
 
     start: str = "init"
@@ -194,8 +202,10 @@ class HMCSettings(MethodSettings):
     weight_decay: Optional[float] = None
     chains_at_once: int = 16
     save_every: int = 10
+    forward: str = "auto"
 
     def __post_init__(self) -> None:
+        require(self.forward in FORWARDS, "forward", self.forward, f"one of {', '.join(FORWARDS)}")
         require(self.start in STARTS, "start", self.start, f"one of {', '.join(STARTS)}")
         require(math.isfinite(self.temperature) and self.temperature > 0, "temperature", self.temperature,
                 "a positive number")
@@ -259,7 +269,7 @@ class HMCMethod(PosteriorMethod):
         if self._potential is None:
             images, labels = self.data.train_tensors
             self._potential = NetworkPotential(self._template(), images, labels, self.prior_precision,
-                                               self.settings.temperature, self.device)
+                                               self.settings.temperature, self.device, self.settings.forward)
         return self._potential
 
     def kernel(self) -> StackedHMC:

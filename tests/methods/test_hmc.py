@@ -320,3 +320,15 @@ def test_start_base_starts_at_the_base_and_bad_settings_are_refused():
         HMCSettings(start="middle")
     with pytest.raises(SettingsError, match="target_accept=1.0"):
         HMCSettings(target_accept=1.0)
+
+
+def test_the_forward_implementations_agree():
+    images, labels = toy_data()
+    q = torch.randn(5, 9, generator=torch.Generator().manual_seed(0))
+    results = [NetworkPotential(logistic_factory(), images, labels, 1.5, implementation=name)(q)
+               for name in ("packed", "vmap", "loop")]
+    for value, gradient in results[1:]:
+        torch.testing.assert_close(value, results[0][0])
+        torch.testing.assert_close(gradient, results[0][1])
+    with pytest.raises(SettingsError, match="forward='cuda'"):
+        HMCSettings(forward="cuda")
