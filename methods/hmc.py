@@ -42,7 +42,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -51,11 +51,11 @@ from torch.func import functional_call
 
 from benchmark.core.models import predict_with_weights
 from benchmark.core.settings import require
-from benchmark.core.store import SampleSet
+from benchmark.core.store import CheckpointError, SampleSet
 from benchmark.core.training import seeded
 from benchmark.core.training.stacked import NotStackableError, VmapNetworks, stacked_networks
-from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod
-from methods.hmc_kernel import DIVERGED, ChainState, KernelSettings, StackedHMC, new_chain
+from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod, ResumableChains
+from methods.hmc_kernel import DIVERGED, SAMPLING, ChainState, KernelSettings, StackedHMC, new_chain
 
 log = logging.getLogger(__name__)
 STARTS = ("init", "base")
@@ -231,14 +231,22 @@ def sampling_seed(seed: int) -> int:
     return int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(seed)))
 
 
-class HMCMethod(PosteriorMethod):
+class ChainsInterrupted(RuntimeError):
+    """``run_chains`` stopped early because its ``should_stop`` said so (e.g. a claim was lost)."""
+
+
+class HMCMethod(ResumableChains, PosteriorMethod):
     """Full-batch HMC (see the module doc): one chain per base network in the sample stage's
-    protocol, or many chains at once through ``start_chains`` / ``run_chains``."""
+    protocol, or many chains at once through ``start_chains`` / ``run_chains``; resumable chain
+    states in a folder (``ResumableChains``: the sample stage runs them under per-chain claims)."""
 
     name = "hmc"
     label = "HMC"
     Settings = HMCSettings
     modes = ("one", "multi")
+    # Not in method=all until its cost on the default run is measured on an idle machine (see
+    # conf/methods/hmc.yaml); method=hmc runs it.
+    in_default_run = False
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -246,6 +254,8 @@ class HMCMethod(PosteriorMethod):
         self._warm: ChainState | None = None
         self._sampled: ChainState | None = None
         self._cache: tuple[int, int, ChainState] | None = None
+        self._state_dir: Path | None = None
+        self._pending: tuple[int, Mapping[str, torch.Tensor] | None] | None = None
 
     # -- set-up -----------------------------------------------------------------------------------
     def _template(self) -> nn.Module:
@@ -309,28 +319,30 @@ class HMCMethod(PosteriorMethod):
                 for seed, base in zip(seeds, bases)]
 
     def run_chains(self, chains: Sequence[ChainState], draws: int, *, state_dir: str | os.PathLike | None = None,
-                   progress: bool = True) -> list[ChainState]:
+                   progress: bool = True, restart_stale: bool = False,
+                   should_stop: Callable[[], bool] | None = None) -> list[ChainState]:
         """Run ``chains`` until each has ``draws`` kept draws (or has diverged for good), in groups
         of ``chains_at_once`` stacked chains. With ``state_dir``, a chain whose state
-        ``state_dir/<name>.safetensors`` exists resumes from it (a state saved under other
-        settings raises ``ValueError`` naming the file), and every chain's state is saved there
-        every ``save_every`` iterations and at the end. Returns the chains' final states, in order."""
+        ``state_dir/<name>.safetensors`` exists resumes from it, and every chain's state is saved
+        there every ``save_every`` iterations and at the end. A saved state of other settings or
+        data (another fingerprint), or a damaged one, raises ``ValueError`` naming the file, or with
+        ``restart_stale`` is logged and the chain starts again (the same draws: a chain is fixed
+        by its seed). ``should_stop()``, asked after each saved iteration, ends the run early with
+        ``ChainsInterrupted`` (what was saved stays). Returns the chains' final states, in order."""
         directory = None if state_dir is None else Path(state_dir)
         tag = self.fingerprint()
         states = []
         for chain in chains:
             path = None if directory is None else directory / f"{chain.name}.safetensors"
-            if path is not None and path.exists():
-                saved = ChainState.load(path, self.device)
-                if saved.tag != tag:
-                    raise ValueError(f"{path}: saved under other HMC settings or data (fingerprint {saved.tag}, now {tag}); "
-                                     "remove it to start the chain again")
-                chain = saved
+            saved = self._saved_state(path, tag, restart_stale) if path is not None and path.exists() else None
+            chain = saved or chain
             chain.tag = tag
             states.append(chain)
         kernel, size = self.kernel(), self.settings.chains_at_once
         for first in range(0, len(states), size):
             group = states[first : first + size]
+            if all(kernel.finished(c, draws) for c in group):
+                continue
             counter = {"iterations": 0}
 
             def save(current: Sequence[ChainState], group=group, counter=counter) -> None:
@@ -338,6 +350,9 @@ class HMCMethod(PosteriorMethod):
                 if directory is not None and counter["iterations"] % self.settings.save_every == 0:
                     for chain in group:
                         chain.save(directory / f"{chain.name}.safetensors")
+                    if should_stop is not None and should_stop():
+                        raise ChainsInterrupted(f"method=hmc: chains {[c.name for c in group]} stopped (their states "
+                                                f"are saved in {directory})")
 
             kernel.run(group, draws, on_iteration=save, progress=progress,
                        description=f"hmc chains {first + 1}-{first + len(group)} of {len(states)}")
@@ -345,6 +360,59 @@ class HMCMethod(PosteriorMethod):
                 for chain in group:
                     chain.save(directory / f"{chain.name}.safetensors")
         return states
+
+    def _saved_state(self, path: Path, tag: str, restart_stale: bool) -> ChainState | None:
+        """The chain saved at ``path`` if it was run under fingerprint ``tag``; otherwise ``ValueError``,
+        or (``restart_stale``) None after removing the file."""
+        try:
+            saved = ChainState.load(path, self.device)
+            problem = None if saved.tag == tag else (f"saved under other HMC settings or data (fingerprint {saved.tag}, "
+                                                     f"now {tag})")
+        except CheckpointError as err:
+            saved, problem = None, f"unreadable ({err})"
+        if problem is None:
+            return saved
+        if not restart_stale:
+            raise ValueError(f"{path}: {problem}; remove it to start the chain again")
+        log.warning("%s: %s; the chain starts again", path, problem)
+        path.unlink(missing_ok=True)
+        return None
+
+    # -- resumable chains in the sample stage (ResumableChains) -------------------------------------
+    @property
+    def chains_at_once(self) -> int:
+        return self.settings.chains_at_once
+
+    def chain_finished(self, directory: Path, seed: int, draws: int) -> bool:
+        """Whether ``directory`` holds chain ``seed_<seed>`` of the current settings with ``draws``
+        kept draws, or diverged for good (unreadable or stale states count as not finished)."""
+        path = Path(directory) / f"seed_{seed}.safetensors"
+        if not path.exists():
+            return False
+        try:
+            saved = ChainState.load(path, "cpu")
+        except CheckpointError:
+            return False
+        return saved.tag == self.fingerprint() and (saved.phase == DIVERGED or (saved.phase == SAMPLING and len(saved.draws) >= draws))
+
+    def run_chains_in(self, directory: Path, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]],
+                      draws: int, should_stop: Callable[[], bool]) -> bool:
+        """``run_chains`` of the chains of bases ``seeds`` (started as ``start_chains`` does; the
+        bases are loaded only with ``start=base``), saved in ``directory``; False if stopped."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        bases = [load_base(seed) if self.settings.start == "base" else None for seed in seeds]
+        try:
+            self.run_chains(self.start_chains(seeds, bases), draws, state_dir=directory, restart_stale=True,
+                            should_stop=should_stop)
+        except ChainsInterrupted as err:
+            log.warning("%s", err)
+            return False
+        return True
+
+    def use_chain_states(self, directory: Path | None) -> None:
+        """``fit(base, seed)`` then ``sample(n, Generator().manual_seed(seed))`` resume (or run and
+        save) chain ``seed_<seed>`` in ``directory`` instead of running it in memory."""
+        self._state_dir = None if directory is None else Path(directory)
 
     def chain_samples(self, chain: ChainState) -> SampleSet:
         """The kept draws of ``chain`` as a sample set ``{plain key: [n, ...]}`` (CPU)."""
@@ -362,28 +430,42 @@ class HMCMethod(PosteriorMethod):
 
     # -- the sample stage's protocol --------------------------------------------------------------
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
-        """Warm up one chain ``seed_<seed>`` started by ``chain_start(seed, base)``."""
+        """Warm up one chain ``seed_<seed>`` started by ``chain_start(seed, base)`` (with
+        ``use_chain_states``: deferred to ``sample``, which resumes the chain saved there)."""
         self._warm = self._sampled = self._cache = None
+        self._pending = (seed, base)
+        if self._state_dir is not None:
+            return
         chain = new_chain(f"seed_{seed}", self.chain_start(seed, base), seed)
         self.kernel().run([chain], 0, warmup_only=True, description=f"hmc warm-up seed {seed}")
         self._warm = chain
 
     def _continue(self, n: int, generator: torch.Generator) -> ChainState:
         """The warmed-up chain continued to ``n`` draws, its sampling stream seeded from ``generator``."""
-        if self._warm is None:
+        if self._pending is None:
             raise RuntimeError("method=hmc: call fit() before sample() or predict_own()")
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"method=hmc: number of samples must be a positive integer, got {n!r}")
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         if self._cache is not None and self._cache[:2] == (seed, n):  # the chain is fixed by its seed
             return self._cache[2]
-        chain = self._warm.copy()
-        chain.sampling_seed = seed
-        self.kernel().run([chain], n, description=f"hmc {chain.name}")
+        chain_seed, base = self._pending
+        if self._state_dir is not None and seed == sampling_seed(chain_seed):  # the saved chain is this one
+            chain = self.run_chains(self.start_chains([chain_seed], [base]), n, state_dir=self._state_dir,
+                                    progress=False, restart_stale=True)[0]
+        else:
+            if self._warm is None:
+                self._warm = new_chain(f"seed_{chain_seed}", self.chain_start(chain_seed, base), chain_seed)
+                self.kernel().run([self._warm], 0, warmup_only=True, description=f"hmc warm-up seed {chain_seed}")
+            chain = self._warm.copy()
+            chain.sampling_seed = seed
+            self.kernel().run([chain], n, description=f"hmc {chain.name}")
         if chain.phase == DIVERGED:
             raise MethodFitError(f"method=hmc chain {chain.name}: diverged after {chain.restarts} restarts with smaller "
                                  f"steps; divergences {chain.divergences} (raise methods.hmc.target_accept for smaller steps, "
                                  "or methods.hmc.max_restarts)")
+        chain = chain.copy()
+        chain.draws = chain.draws[:n]
         self._cache = (seed, n, chain)
         self._sampled = chain
         return chain

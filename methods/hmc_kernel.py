@@ -39,10 +39,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from pyro.ops.dual_averaging import DualAveraging
-from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from benchmark.core.settings import require
+from benchmark.core.store import CheckpointError, load_checkpoint
 from benchmark.core.store.checkpoint import write_safetensors
 
 Potential = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -213,18 +213,15 @@ class ChainState:
                                                           "step_size", "step_cap", "adaptation", "accepted", "n_leapfrog",
                                                           "warmup_divergences", "divergences", "restarts", "tag")}
         write_safetensors(path, {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
-                          {"chain_state": json.dumps(scalars), "format": str(FORMAT)})
+                          {"chain_state": json.dumps(scalars), "chain_format": str(FORMAT)})
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> "ChainState":
-        """The state ``save`` wrote to ``path``, its tensors on ``device``."""
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as fh:
-            metadata = fh.metadata() or {}
-        if metadata.get("format") != str(FORMAT) or "chain_state" not in metadata:
-            raise ValueError(f"{path}: not an HMC chain state of format {FORMAT} (metadata {sorted(metadata)})")
-        tensors = load_file(str(path))
+        """The state ``save`` wrote to ``path``, its tensors on ``device``. A damaged file (checksum
+        mismatch, truncated, NaN) or another kind of file raises ``CheckpointError`` naming it."""
+        tensors, metadata = load_checkpoint(path)  # checksums of the tensors and metadata, finite values
+        if metadata.get("chain_format") != str(FORMAT) or "chain_state" not in metadata:
+            raise CheckpointError(f"{path}: not an HMC chain state of format {FORMAT} (metadata {sorted(metadata)})")
         scalars = json.loads(metadata["chain_state"])
         generator = torch.Generator()
         generator.set_state(tensors["generator"])

@@ -30,6 +30,11 @@ def method_names() -> tuple[str, ...]:
     return tuple(METHODS)
 
 
+def default_run_names() -> tuple[str, ...]:
+    """The methods ``method=all`` runs (``in_default_run``), in table row order."""
+    return tuple(name for name, cls in METHODS.items() if cls.in_default_run)
+
+
 def method_class(name: str) -> type[PosteriorMethod]:
     """The class implementing method ``name``; ``ValueError`` listing the valid names otherwise."""
     if name not in METHODS:
@@ -40,11 +45,11 @@ def method_class(name: str) -> type[PosteriorMethod]:
 def selected(method: str, mode: str) -> list[tuple[str, str]]:
     """``(method, mode)`` pairs that ``method=`` x ``mode=`` select (registered methods only).
 
-    ``all``/``both`` expand to the modes each method supports; a named method with a named mode
+    ``all`` expands to ``default_run_names()``, ``both`` to the modes each method supports; a named method with a named mode
     is kept even if unsupported, so that its ``check`` refuses it with the reason. Raises
     ``ValueError`` naming the valid methods for an unknown one.
     """
-    names = method_names() if method == "all" else (method,)
+    names = default_run_names() if method == "all" else (method,)
     pairs = []
     for name in names:
         supported = method_class(name).modes
