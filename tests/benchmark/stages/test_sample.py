@@ -287,13 +287,16 @@ HMC_TINY = ("method=hmc", "mode=multi", "sample.per_method=8", "sample.modes_mul
 
 
 def _hmc_exp(make_exp, store_name: str) -> Experiment:
-    """The tiny HMC unit (2 chains x 4 draws) on the first 64 training images (the chain
-    mechanics, not the network's cost, are under test here)."""
+    """The tiny HMC unit (2 chains x 4 draws) on the first 64 training images, scored on 16 test
+    and OOD images (the chain mechanics, not the network's or ArviZ's cost, are under test here)."""
     exp = Experiment(compose_config(make_exp.store.parent / store_name, *HMC_TINY))
     if store_name != "store":
         shutil.copytree(make_exp.store / "digits_optunet" / "zoo", exp.store.zoo_dir)
     images, labels = exp.train_tensors
     exp.__dict__["train_tensors"] = (images[:64], labels[:64])
+    for split in ("test_tensors", "ood_tensors"):
+        images, labels = getattr(exp, split)
+        exp.__dict__[split] = (images[:16], labels[:16])
     return exp
 
 
