@@ -190,7 +190,7 @@ class HMCSettings(MethodSettings):
 
     start: str = "init"
     trajectory_length: float = 1.0
-    max_leapfrog_steps: int = 400
+    max_leapfrog_steps: int = 16
     warmup: int = 100
     thinning: int = 1
     target_accept: float = 0.8

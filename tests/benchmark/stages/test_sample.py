@@ -311,6 +311,17 @@ def test_hmc_chains_resume_bit_for_bit_after_a_kill_and_are_shared_under_claims(
     diagnostics = json.loads(metadata["diagnostics"])
     assert {"rhat_loglik", "rhat_softmax_median", "ess_loglik_min", "accept_prob", "step_size"} <= set(diagnostics)
     seeds = json.loads(metadata["base_seeds"])
+    import warnings
+
+    import numpy as np
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        import arviz as az
+    probs = load_sample_set(reference.store.preds_path(unit))["id"].double().numpy().reshape(2, 4, 16, 10)
+    labels = reference.test_tensors[1].numpy()
+    loglik = np.log(np.take_along_axis(probs, labels[None, None, :, None], 3)[..., 0]).mean(-1)  # [chains, draws]
+    assert diagnostics["rhat_loglik"] == az.rhat(loglik, method="rank")  # ArviZ's, on the stored chains
+    assert diagnostics["ess_loglik_min"] == min(az.ess(loglik[c : c + 1], method="bulk") for c in range(2))
     assert sorted(p.name for p in reference.store.chains_dir(unit).iterdir()) == [f"seed_{s}.safetensors" for s in seeds]
 
     exp = _hmc_exp(make_exp, "store")
