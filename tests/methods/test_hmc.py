@@ -332,3 +332,28 @@ def test_the_forward_implementations_agree():
         torch.testing.assert_close(gradient, results[0][1])
     with pytest.raises(SettingsError, match="forward='cuda'"):
         HMCSettings(forward="cuda")
+
+
+def test_the_sample_protocol_resumes_saved_chains_and_restarts_stale_or_damaged_ones(tmp_path, caplog):
+    method = small_method()
+    expected = method.run_chains(method.start_chains([4]), 4, progress=False)[0]
+    method.use_chain_states(tmp_path)
+    assert not method.chain_finished(tmp_path, 4, 4)
+    with torch.random.fork_rng():
+        method.fit({}, 4)
+        first = method.sample(4, torch.Generator().manual_seed(4))
+    assert method.chain_finished(tmp_path, 4, 4) and not method.chain_finished(tmp_path, 4, 5)
+    assert torch.equal(ChainState.load(tmp_path / "seed_4.safetensors").draws, expected.draws)
+    assert all(torch.equal(first[k], v) for k, v in method.chain_samples(expected).items())
+    other = small_method(trajectory_length=0.5)  # other settings: the saved chain is stale
+    assert not other.chain_finished(tmp_path, 4, 4)
+    assert other.run_chains_in(tmp_path, [4], lambda seed: {}, 4, should_stop=lambda: False)
+    assert "saved under other HMC settings" in caplog.text and other.chain_finished(tmp_path, 4, 4)
+    path = tmp_path / "seed_4.safetensors"
+    path.write_bytes(path.read_bytes()[:-8])  # truncated
+    assert not other.chain_finished(tmp_path, 4, 4)
+    assert other.run_chains_in(tmp_path, [4], lambda seed: {}, 4, should_stop=lambda: False)
+    assert "unreadable" in caplog.text and other.chain_finished(tmp_path, 4, 4)
+    stopped = small_method(warmup=30)
+    assert not stopped.run_chains_in(tmp_path / "b", [5], lambda seed: {}, 4, should_stop=lambda: True)  # a lost claim
+    assert ChainState.load(tmp_path / "b" / "seed_5.safetensors").iteration == 1  # saved, then stopped
