@@ -32,7 +32,7 @@ def method_names() -> tuple[str, ...]:
 
 def default_run_names() -> tuple[str, ...]:
     """The methods ``method=all`` runs (``in_default_run``), in table row order."""
-    return tuple(name for name, cls in METHODS.items() if cls.in_default_run)
+    return tuple(name for name in method_names() if METHODS[name].in_default_run)
 
 
 def method_class(name: str) -> type[PosteriorMethod]:
