@@ -51,7 +51,7 @@ from torch.func import functional_call
 
 from benchmark.core.models import predict_with_weights
 from benchmark.core.settings import require
-from benchmark.core.store import CheckpointError, SampleSet
+from benchmark.core.store import CheckpointError, SampleSet, Unit
 from benchmark.core.training import seeded
 from benchmark.core.training.stacked import NotStackableError, VmapNetworks, stacked_networks
 from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod, ResumableChains
@@ -225,6 +225,12 @@ class HMCSettings(MethodSettings):
         )
 
 
+def chain_name(seed: int) -> str:
+    """The name of the chain of base ``seed`` (``seed_000042``), its state file's stem: the store's
+    ``Unit.chain_stem``, so that ``store.chain_path(unit, seed)`` is that file."""
+    return Unit.zoo("", seed).stem
+
+
 def sampling_seed(seed: int) -> int:
     """The seed of a chain's sampling phase: the first draw of ``torch.Generator().manual_seed(seed)``,
     as ``HMCMethod.sample`` takes it from the generator the sample stage seeds with the base seed."""
@@ -310,12 +316,12 @@ class HMCMethod(ResumableChains, PosteriorMethod):
     # -- many chains at once -------------------------------------------------------------------
     def start_chains(self, seeds: Sequence[int], bases: Sequence[Mapping[str, torch.Tensor] | None] | None = None
                      ) -> list[ChainState]:
-        """New chains ``seed_<seed>``, one per seed, each started by ``chain_start(seed, base)``,
+        """New chains ``seed_<seed>`` (six digits), one per seed, each started by ``chain_start(seed, base)``,
         with its random stream seeded by the seed (the sampling phase by ``sampling_seed(seed)``)."""
         bases = [None] * len(seeds) if bases is None else list(bases)
         if len(bases) != len(seeds):
             raise ValueError(f"method=hmc: {len(seeds)} seeds but {len(bases)} bases")
-        return [new_chain(f"seed_{seed}", self.chain_start(seed, base), seed, sampling_seed(seed))
+        return [new_chain(chain_name(seed), self.chain_start(seed, base), seed, sampling_seed(seed))
                 for seed, base in zip(seeds, bases)]
 
     def run_chains(self, chains: Sequence[ChainState], draws: int, *, state_dir: str | os.PathLike | None = None,
@@ -386,7 +392,7 @@ class HMCMethod(ResumableChains, PosteriorMethod):
     def chain_finished(self, directory: Path, seed: int, draws: int) -> bool:
         """Whether ``directory`` holds chain ``seed_<seed>`` of the current settings with ``draws``
         kept draws, or diverged for good (unreadable or stale states count as not finished)."""
-        path = Path(directory) / f"seed_{seed}.safetensors"
+        path = Path(directory) / f"{chain_name(seed)}.safetensors"
         if not path.exists():
             return False
         try:
@@ -436,7 +442,7 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         self._pending = (seed, base)
         if self._state_dir is not None:
             return
-        chain = new_chain(f"seed_{seed}", self.chain_start(seed, base), seed)
+        chain = new_chain(chain_name(seed), self.chain_start(seed, base), seed)
         self.kernel().run([chain], 0, warmup_only=True, description=f"hmc warm-up seed {seed}")
         self._warm = chain
 
@@ -455,7 +461,7 @@ class HMCMethod(ResumableChains, PosteriorMethod):
                                     progress=False, restart_stale=True)[0]
         else:
             if self._warm is None:
-                self._warm = new_chain(f"seed_{chain_seed}", self.chain_start(chain_seed, base), chain_seed)
+                self._warm = new_chain(chain_name(chain_seed), self.chain_start(chain_seed, base), chain_seed)
                 self.kernel().run([self._warm], 0, warmup_only=True, description=f"hmc warm-up seed {chain_seed}")
             chain = self._warm.copy()
             chain.sampling_seed = seed

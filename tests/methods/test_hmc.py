@@ -280,7 +280,7 @@ def test_a_killed_chain_resumes_bit_for_bit(tmp_path, monkeypatch):
     with pytest.raises(Killed):
         method.run_chains(method.start_chains([3, 4]), 6, state_dir=tmp_path, progress=False)
     monkeypatch.setattr(StackedHMC, "iterate", original)
-    saved = ChainState.load(tmp_path / "seed_3.safetensors")
+    saved = ChainState.load(tmp_path / "seed_000003.safetensors")
     assert saved.phase == SAMPLING and 0 < len(saved.draws) < 6, "killed mid-sampling"
     resumed = method.run_chains(method.start_chains([3, 4]), 6, state_dir=tmp_path, progress=False)
     for a, b in zip(uninterrupted, resumed):
@@ -288,7 +288,7 @@ def test_a_killed_chain_resumes_bit_for_bit(tmp_path, monkeypatch):
         assert a.accept_probs == b.accept_probs and a.energies == b.energies and a.step_size == b.step_size
         assert torch.equal(a.inverse_mass, b.inverse_mass) and a.n_leapfrog == b.n_leapfrog
     other = small_method(trajectory_length=0.5)
-    with pytest.raises(ValueError, match="seed_3.safetensors: saved under other HMC settings"):
+    with pytest.raises(ValueError, match="seed_000003.safetensors: saved under other HMC settings"):
         other.run_chains(other.start_chains([3]), 6, state_dir=tmp_path, progress=False)
 
 
@@ -343,17 +343,17 @@ def test_the_sample_protocol_resumes_saved_chains_and_restarts_stale_or_damaged_
         method.fit({}, 4)
         first = method.sample(4, torch.Generator().manual_seed(4))
     assert method.chain_finished(tmp_path, 4, 4) and not method.chain_finished(tmp_path, 4, 5)
-    assert torch.equal(ChainState.load(tmp_path / "seed_4.safetensors").draws, expected.draws)
+    assert torch.equal(ChainState.load(tmp_path / "seed_000004.safetensors").draws, expected.draws)
     assert all(torch.equal(first[k], v) for k, v in method.chain_samples(expected).items())
     other = small_method(trajectory_length=0.5)  # other settings: the saved chain is stale
     assert not other.chain_finished(tmp_path, 4, 4)
     assert other.run_chains_in(tmp_path, [4], lambda seed: {}, 4, should_stop=lambda: False)
     assert "saved under other HMC settings" in caplog.text and other.chain_finished(tmp_path, 4, 4)
-    path = tmp_path / "seed_4.safetensors"
+    path = tmp_path / "seed_000004.safetensors"
     path.write_bytes(path.read_bytes()[:-8])  # truncated
     assert not other.chain_finished(tmp_path, 4, 4)
     assert other.run_chains_in(tmp_path, [4], lambda seed: {}, 4, should_stop=lambda: False)
     assert "unreadable" in caplog.text and other.chain_finished(tmp_path, 4, 4)
     stopped = small_method(warmup=30)
     assert not stopped.run_chains_in(tmp_path / "b", [5], lambda seed: {}, 4, should_stop=lambda: True)  # a lost claim
-    assert ChainState.load(tmp_path / "b" / "seed_5.safetensors").iteration == 1  # saved, then stopped
+    assert ChainState.load(tmp_path / "b" / "seed_000005.safetensors").iteration == 1  # saved, then stopped
