@@ -16,9 +16,9 @@ install: $(STAMP)
 
 # The zoo and the sample stage are sharded over $(JOBS) local processes by Hydra's joblib
 # launcher (one torch thread each); the final run finds that work done and does the rest.
-# The method list comes from the registry (methods/registry.py).
+# The method list comes from the registry (methods/registry.py: those in the default run).
 JOBS ?= 2
-METHODS = $(shell $(PY) -c 'import methods; print(",".join(methods.method_names()))')
+METHODS = $(shell $(PY) -c 'import methods; print(",".join(methods.default_run_names()))')
 HYDRA_MULTI := $(PY) -m benchmark -m experiment=$(EXPERIMENT) cluster.parallel_jobs=$(JOBS)
 benchmark: $(STAMP)
 	$(HYDRA_MULTI) stage=zoo zoo.num_shards=$(JOBS) 'zoo.shard=range($(JOBS))'

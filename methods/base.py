@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Optional
+from pathlib import Path
+from typing import Callable, ClassVar, Optional, Sequence
 
 import torch
 from torch import nn
@@ -45,6 +46,36 @@ class MethodSettings:
     unavailable: Optional[str] = None
 
 
+class ResumableChains(ABC):
+    """A method whose samples of each base network come from one Markov chain that is saved as it
+    runs and resumed bit for bit (``methods.hmc``). The sample stage runs such chains, before
+    it publishes the unit, each under its own claim (``store.chain_claim``) with its state in
+    the unit's chain folder (``store.chains_dir``): a killed run resumes, and several jobs share
+    the chains of one unit. ``fit``/``sample`` then read the finished chains from that folder
+    (``use_chain_states``)."""
+
+    @property
+    @abstractmethod
+    def chains_at_once(self) -> int:
+        """How many chains one process runs together (claimed as a group)."""
+
+    @abstractmethod
+    def chain_finished(self, directory: Path, seed: int, draws: int) -> bool:
+        """Whether the chain of base ``seed`` saved in ``directory`` needs no more work for ``draws``
+        kept draws under the current settings (done, or diverged for good)."""
+
+    @abstractmethod
+    def run_chains_in(self, directory: Path, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]],
+                      draws: int, should_stop: Callable[[], bool]) -> bool:
+        """Run (or resume) the chains of bases ``seeds`` to ``draws`` kept draws, saving their states in
+        ``directory`` as they go (a state of other settings, or damaged, is started again). Stops
+        early, returning False, once ``should_stop()`` (e.g. a claim lost); True when done."""
+
+    @abstractmethod
+    def use_chain_states(self, directory: Path | None) -> None:
+        """Let ``fit``/``sample`` resume the chains saved in ``directory`` (None: keep nothing)."""
+
+
 class PosteriorMethod(ABC):
     """Base class of the methods in ``methods/``.
 
@@ -67,6 +98,9 @@ class PosteriorMethod(ABC):
     # A variant of another method (its name): the settings the two share follow that method's
     # config node unless set for the variant itself (the config schema, benchmark/config.py).
     follows: ClassVar[str | None] = None
+    # Whether ``method=all`` (and the Makefile's sweep) runs the method; False: only when named
+    # (``method=hmc``: its cost is the experiment's choice).
+    in_default_run: ClassVar[bool] = True
 
     def __init__(
         self,

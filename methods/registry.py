@@ -13,6 +13,7 @@ from methods.bnn_ordered import OrderedBiasBNNMethod
 from methods.bnn_skip import SkipBNNMethod
 from methods.dropout import DropoutMethod
 from methods.ensemble import EnsembleMethod
+from methods.hmc import HMCMethod
 from methods.laplace import LaplaceMethod
 from methods.sghmc import SGHMCMethod
 from methods.swag import SWAGMethod
@@ -20,13 +21,18 @@ from methods.swag import SWAGMethod
 METHODS: dict[str, type[PosteriorMethod]] = {
     cls.name: cls
     for cls in (DropoutMethod, BNNMethod, OrderedBiasBNNMethod, SkipBNNMethod, SGHMCMethod, SWAGMethod, LaplaceMethod,
-                EnsembleMethod)
+                EnsembleMethod, HMCMethod)
 }
 
 
 def method_names() -> tuple[str, ...]:
     """Registered method names, in table row order."""
     return tuple(METHODS)
+
+
+def default_run_names() -> tuple[str, ...]:
+    """The methods ``method=all`` runs (``in_default_run``), in table row order."""
+    return tuple(name for name in method_names() if METHODS[name].in_default_run)
 
 
 def method_class(name: str) -> type[PosteriorMethod]:
@@ -39,11 +45,11 @@ def method_class(name: str) -> type[PosteriorMethod]:
 def selected(method: str, mode: str) -> list[tuple[str, str]]:
     """``(method, mode)`` pairs that ``method=`` x ``mode=`` select (registered methods only).
 
-    ``all``/``both`` expand to the modes each method supports; a named method with a named mode
+    ``all`` expands to ``default_run_names()``, ``both`` to the modes each method supports; a named method with a named mode
     is kept even if unsupported, so that its ``check`` refuses it with the reason. Raises
     ``ValueError`` naming the valid methods for an unknown one.
     """
-    names = method_names() if method == "all" else (method,)
+    names = default_run_names() if method == "all" else (method,)
     pairs = []
     for name in names:
         supported = method_class(name).modes

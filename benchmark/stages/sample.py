@@ -17,6 +17,15 @@ and belong together, so a killed run redoes at most the unit in flight, and a pa
 writers is refused and redrawn. Units are claimed across processes
 and cluster nodes (``store.claim``).
 
+Markov-chain methods (``ResumableChains``: ``hmc``) run their chains first, one chain per base,
+each under its own claim (``store.chain_claim``), up to the method's ``chains_at_once`` chains of
+a unit together, with their states saved in the unit's chain folder (``store.chains_dir``) as they
+go: a killed run resumes each chain where its last state was saved (bit for bit), and several jobs
+share a unit's chains. The job that finds every chain of a unit finished publishes the unit as any
+other (its ``fit``/``sample`` read the finished chains); the chain states stay in the store (the
+per-chain diagnostics: acceptance, energies, step sizes, divergences). A unit whose chains run
+elsewhere is skipped as busy.
+
 Self-healing: a stored unit whose sample set or predictions fail validation (unreadable,
 truncated, checksum mismatch, NaN/Inf, wrong keys or shapes, another experiment's) has the bad
 file moved to ``quarantine/`` beside it (one log line naming it) and is redrawn. A unit whose
@@ -29,6 +38,7 @@ raising ``SampleStageError`` listing the failures at the end; a named method fai
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -49,8 +59,9 @@ from benchmark.inventory import (
     converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, pool_size, quarantine_and_redo,
     repetition_stride, sample_settings_hash, unit_state,
 )
-from methods import MODES, MethodFitError, PosteriorMethod, method_class
+from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
 from methods.modes import ModePlan, run_mode
+from metrics.mcmc import predictive_convergence
 
 log = logging.getLogger(__name__)
 NAME = "sample"
@@ -229,12 +240,60 @@ def load_base(exp: Experiment, seed: int) -> dict[str, torch.Tensor]:
     return state_dict
 
 
+def advance_chains(exp: Experiment, job: Job) -> bool:
+    """Run the unfinished chains of a ``ResumableChains`` unit (one per base of ``job.plan``), up to
+    ``chains_at_once`` at a time, each under its claim, saved in ``store.chains_dir(unit)``; True
+    when every chain is finished (by this process or another), False when some run elsewhere (or
+    a claim was lost). Called before the unit's own claim, so jobs can share a unit's chains."""
+    method, unit, plan = job.method, job.unit, job.plan
+    assert isinstance(method, ResumableChains)
+    directory = exp.store.chains_dir(unit)
+    seeds = list(plan.candidates[: plan.bases])
+    method.use_chain_states(directory)
+    while True:
+        todo = [s for s in seeds if not method.chain_finished(directory, s, plan.samples_per_base)]
+        if not todo:
+            return True
+        with contextlib.ExitStack() as stack:
+            group, claims = [], []
+            for seed in todo:
+                claim = stack.enter_context(exp.store.chain_claim(unit, seed))
+                if claim is None or method.chain_finished(directory, seed, plan.samples_per_base):
+                    continue  # run elsewhere, or finished meanwhile
+                group.append(seed)
+                claims.append(claim)
+                if len(group) == method.chains_at_once:
+                    break
+            if not group:
+                log.info("%s: chains %s run elsewhere", unit.label, todo)
+                return False
+            log.info("%s: running chains of bases %s (%d of %d unfinished)", unit.label, group, len(todo), len(seeds))
+            if not method.run_chains_in(directory, group, lambda seed: load_base(exp, seed), plan.samples_per_base,
+                                        lambda: any(c.lost for c in claims)):
+                return False
+
+
+def chain_convergence(probs: torch.Tensor, plan: ModePlan, labels: torch.Tensor) -> dict[str, float]:
+    """Convergence of a chain unit's predictive on the test split (Izmailov et al. 2021; by ArviZ,
+    ``metrics.mcmc.predictive_convergence``): ``probs [S, N, C]`` are the unit's draws grouped by
+    chain (``plan.bases`` chains of ``plan.samples_per_base`` draws, in base order); one chain is
+    judged by its two halves. Returns ``rhat_loglik``, ``rhat_softmax_median``,
+    ``rhat_softmax_max``, ``softmax_converged`` and ``ess_loglik_min`` (the smallest per-chain
+    ESS of the test log-likelihood)."""
+    chains = probs.reshape(plan.bases, plan.samples_per_base, *probs.shape[1:])
+    report = predictive_convergence(chains, labels)
+    ess_per_chain = report.pop("ess_loglik")
+    return {**{k: float(v) for k, v in report.items()}, "ess_loglik_min": float(ess_per_chain.min())}
+
+
 def write_job(exp: Experiment, job: Job, claim=None) -> tuple[int, ...] | None:
     """Fit, sample, predict, and write the unit's two files (atomically, predictions last); return
     the base seeds, or ``None`` (nothing written) if ``claim`` was taken over meanwhile."""
     samples, seeds, diagnostics = run_mode(job.method, job.plan, lambda seed: load_base(exp, seed),
                                            diagnostic_data=exp.test_tensors)
     preds = predictions(exp, samples, job.method)
+    if isinstance(job.method, ResumableChains):
+        diagnostics = {**diagnostics, **chain_convergence(preds["id"], job.plan, exp.test_tensors[1])}
     if claim is not None and claim.lost:
         return None
     metadata = settings_metadata(exp, job, seeds, diagnostics).encode()
@@ -283,6 +342,10 @@ def run(exp: Experiment) -> SampleSummary:
         todo.append(job)
     for job in todo:
         unit = job.unit
+        if isinstance(job.method, ResumableChains) and not advance_chains(exp, job):
+            log.info("%s: chains in progress elsewhere, skipped", unit.label)
+            summary.skipped_busy.append(unit.label)
+            continue
         with store.claim(unit) as claim:
             if claim is None:
                 log.info("%s: in progress elsewhere, skipped", unit.label)

@@ -9,6 +9,7 @@
 <root>/<experiment>/{samples,preds}/quarantine/   sample sets and predictions that failed validation
 <root>/<experiment>/reference/                     the reference zoo's caches (benchmark/reference.py)
 <root>/<experiment>/eval/<method>_<mode>_r<k>.json the evaluate stage's numbers of one repetition
+<root>/<experiment>/chains/<method>_<mode>_r<k>/seed_000042.safetensors   resumable state of one Markov chain (hmc)
 <root>/<experiment>/.claims/                       one claim (two names) per unit of work in progress (claims.py)
 ```
 
@@ -84,6 +85,25 @@ class ExperimentStore:
         """The evaluate stage's per-repetition number caches."""
         return self.base / "eval"
 
+    @property
+    def chains_root(self) -> Path:
+        """The resumable chain states of the units of chain methods (``chains_dir``)."""
+        return self.base / "chains"
+
+    def chains_dir(self, unit: Unit) -> Path:
+        """The folder of the chain states of a sample unit (one file per base: ``chain_path``)."""
+        return self.chains_root / self._own(unit).stem
+
+    def chain_path(self, unit: Unit, seed: int) -> Path:
+        """The saved state of the chain of base ``seed`` of a sample unit."""
+        return self.chains_dir(unit) / f"{unit.chain_stem(seed)}.safetensors"
+
+    def chain_claim(self, unit: Unit, seed: int) -> contextlib.AbstractContextManager[Claim | None]:
+        """``with store.chain_claim(unit, seed) as claim:`` the claim on one chain of a sample unit
+        (``None`` when a live process elsewhere runs it); as ``claim``."""
+        path = self.claims_dir / f"{unit.chain_claim_name(seed)}.claim"
+        return try_claim(path, self.claim_timeout_s, self.claim_heartbeat_s)
+
     def seed_unit(self, seed: int) -> Unit:
         """The unit of zoo seed ``seed``."""
         return Unit.zoo(self.experiment, seed)
@@ -158,13 +178,14 @@ class ExperimentStore:
         """Files killed processes left behind, older than the claim timeout and owned by no
         claim: the claim protocol's (``claims.litter``: tickets, orphaned names, probes) and
         temp files of the store's own naming in the unit folders (whose unit is not claimed),
-        ``reference/`` and ``eval/``. Listed by ``stage=verify``; removed by ``reap_litter``."""
+        ``reference/``, ``eval/`` and ``chains/*/``. Listed by ``stage=verify``; removed by ``reap_litter``."""
         out = claim_litter(self.claims_dir, self.claim_timeout_s)
         for folder in (self.zoo_dir, self.failed_dir, self.samples_dir, self.preds_dir):
             for tmp in old_temp_files(folder, self.claim_timeout_s):
                 if not self.claim_path(self.unit_of(tmp)).exists():
                     out.append(tmp)
-        for folder in (self.reference_dir, self.eval_dir):
+        chain_dirs = sorted(p for p in self.chains_root.iterdir() if p.is_dir()) if self.chains_root.is_dir() else []
+        for folder in (self.reference_dir, self.eval_dir, *chain_dirs):
             out += old_temp_files(folder, self.claim_timeout_s)
         return out
 

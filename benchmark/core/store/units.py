@@ -9,7 +9,13 @@ file name. Nothing outside the store builds or parses these names.
 ```
 zoo seed 42                     stem seed_000042        claim zoo-seed_000042      label seed 42
 swag, one-mode, repetition 2    stem swag_one_r2        claim sample-swag-one-r2   label swag/one/r2
+hmc multi r0, chain of base 7   stem seed_000007 (in chains/hmc_multi_r0/)   claim sample-hmc-multi-r0-chain-7
 ```
+
+A sample unit of a method that runs resumable Markov chains (``hmc``) has one chain per base
+network, each its own unit of work inside the unit: ``chain_stem`` names its state file,
+``chain_claim_name`` its claim, so that a killed run resumes each chain and several jobs
+share the chains of one unit.
 """
 from __future__ import annotations
 
@@ -69,6 +75,16 @@ class Unit:
         if self.is_seed:
             return f"zoo-{self.stem}"
         return f"sample-{self.method}-{self.mode}-r{self.repetition}"
+
+    def chain_stem(self, seed: int) -> str:
+        """File name (without suffix) of the state of the chain of base ``seed`` of a sample unit."""
+        self.row()
+        return self.zoo(self.experiment, seed).stem
+
+    def chain_claim_name(self, seed: int) -> str:
+        """Name of the claim that guards the chain of base ``seed`` of a sample unit."""
+        self.row()
+        return f"{self.claim_name}-chain-{int(seed)}"
 
     @property
     def cache_name(self) -> str:

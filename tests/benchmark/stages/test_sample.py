@@ -279,3 +279,73 @@ def test_a_late_sample_writer_never_replaces_a_published_unit(tiny_cfg):
         publish_unit(exp, other, *first, {"experiment": exp.name}, Lost())
     assert exp.store.samples_path(other).exists() and not exp.store.preds_path(other).exists()
     assert torch.equal(load_sample_set(exp.store.samples_path(unit))["w"], torch.ones(2, 3))
+
+
+HMC_TINY = ("method=hmc", "mode=multi", "sample.per_method=8", "sample.modes_multi=2", "methods.hmc.warmup=6",
+            "methods.hmc.max_leapfrog_steps=3", "methods.hmc.trajectory_length=0.3", "methods.hmc.save_every=1",
+            "methods.hmc.forward=loop")
+
+
+def _hmc_exp(make_exp, store_name: str) -> Experiment:
+    """The tiny HMC unit (2 chains x 4 draws) on the first 64 training images, scored on 16 test
+    and OOD images (the chain mechanics, not the network's or ArviZ's cost, are under test here)."""
+    exp = Experiment(compose_config(make_exp.store.parent / store_name, *HMC_TINY))
+    if store_name != "store":
+        shutil.copytree(make_exp.store / "digits_optunet" / "zoo", exp.store.zoo_dir)
+    images, labels = exp.train_tensors
+    exp.__dict__["train_tensors"] = (images[:64], labels[:64])
+    for split in ("test_tensors", "ood_tensors"):
+        images, labels = getattr(exp, split)
+        exp.__dict__[split] = (images[:16], labels[:16])
+    return exp
+
+
+def test_hmc_chains_resume_bit_for_bit_after_a_kill_and_are_shared_under_claims(make_exp, monkeypatch) -> None:
+    from methods.hmc_kernel import StackedHMC
+
+    reference = _hmc_exp(make_exp, "uninterrupted")
+    assert run_sample(reference).written == ["hmc/multi/r0"]
+    unit = reference.store.sample_unit("hmc", "multi", 0)
+    expected = load_sample_set(reference.store.samples_path(unit))
+    metadata = read_metadata(reference.store.samples_path(unit))
+    diagnostics = json.loads(metadata["diagnostics"])
+    assert {"rhat_loglik", "rhat_softmax_median", "ess_loglik_min", "accept_prob", "step_size"} <= set(diagnostics)
+    seeds = json.loads(metadata["base_seeds"])
+    import warnings
+
+    import numpy as np
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        import arviz as az
+    probs = load_sample_set(reference.store.preds_path(unit))["id"].double().numpy().reshape(2, 4, 16, 10)
+    labels = reference.test_tensors[1].numpy()
+    loglik = np.log(np.take_along_axis(probs, labels[None, None, :, None], 3)[..., 0]).mean(-1)  # [chains, draws]
+    assert diagnostics["rhat_loglik"] == az.rhat(loglik, method="rank")  # ArviZ's, on the stored chains
+    assert diagnostics["ess_loglik_min"] == min(az.ess(loglik[c : c + 1], method="bulk") for c in range(2))
+    assert sorted(p.name for p in reference.store.chains_dir(unit).iterdir()) == [reference.store.chain_path(unit, s).name for s in seeds]
+
+    exp = _hmc_exp(make_exp, "store")
+    original, calls = StackedHMC.iterate, {"n": 0}
+
+    def iterate_then_die(self, chains):
+        calls["n"] += 1
+        if calls["n"] > 9:  # past the warm-up (6), draws kept already
+            raise KeyboardInterrupt
+        original(self, chains)
+
+    monkeypatch.setattr(StackedHMC, "iterate", iterate_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        run_sample(exp)
+    monkeypatch.setattr(StackedHMC, "iterate", original)
+    assert _written(exp) == []
+    from methods.hmc_kernel import ChainState
+
+    saved = ChainState.load(exp.store.chain_path(unit, seeds[0]))
+    assert saved.phase == "sampling" and 0 < len(saved.draws) < 4, "killed mid-sampling"
+    with exp.store.chain_claim(unit, seeds[1]) as claim:  # another job runs the second chain
+        assert claim is not None
+        summary = run_sample(exp)
+        assert summary.skipped_busy == ["hmc/multi/r0"] and _written(exp) == []
+    assert run_sample(exp).written == ["hmc/multi/r0"]
+    resumed = load_sample_set(exp.store.samples_path(unit))
+    assert all(torch.equal(resumed[k], expected[k]) for k in expected)

@@ -85,3 +85,28 @@ def test_litter_of_killed_processes_is_listed_and_reaped_but_nothing_live(tmp_pa
         assert "removed 7 file(s) of litter" in caplog.text
         assert not any(p.exists() for p in old) and all(p.exists() for p in young + [claimed_tmp, live_unique])
         assert store.claim_path(store.seed_unit(9)).exists() and not claim.lost
+
+
+def test_chain_states_and_claims_are_named_by_the_store(tmp_path):
+    import os
+    import time
+
+    store = ExperimentStore(tmp_path, "exp", claim_timeout_s=60, claim_heartbeat_s=30)
+    store.ensure_writable()
+    unit = store.sample_unit("hmc", "multi", 2)
+    assert store.chain_path(unit, 7) == tmp_path / "exp" / "chains" / "hmc_multi_r2" / "seed_000007.safetensors"
+    with store.chain_claim(unit, 7) as claim, store.chain_claim(unit, 8) as other:
+        assert claim is not None and other is not None  # one claim per chain
+        assert (store.claims_dir / "sample-hmc-multi-r2-chain-7.claim").exists()
+        with store.chain_claim(unit, 7) as again:
+            assert again is None  # held here: busy
+        with store.claim(unit) as whole:
+            assert whole is not None  # the unit's own claim is another one
+    with pytest.raises(ValueError, match="zoo seed, not a row"):
+        store.seed_unit(3).chain_stem(1)
+    killed = store.chains_dir(unit) / ".seed_000007.safetensors.tmp-12-abcdef01"  # a chain-state write killed
+    killed.parent.mkdir(parents=True)
+    killed.write_bytes(b"")
+    assert store.litter() == []  # young: perhaps a live writer's
+    os.utime(killed, (time.time() - 600, time.time() - 600))
+    assert store.litter() == [killed]

@@ -1,0 +1,503 @@
+"""Full-batch Hamiltonian Monte Carlo on the network's weight posterior: the gold-standard
+reference of Izmailov et al. (2021), affordable for OptuNet-sized networks, many chains at once.
+
+Target, at ``temperature`` T (1: the Bayesian posterior), over all parameters ``w`` of the plain
+model (D of them) given the experiment's un-augmented training split (N images):
+
+    U(w) = [ sum_{i=1..N} CE(f_w(x_i), y_i)  +  (N * weight_decay / 2) |w|^2 ] / T,   p(w | D) ∝ exp(-U(w)).
+
+The recipe trains on ``mean NLL + (weight_decay / 2) |w|^2`` (SGD's ``weight_decay`` on every
+parameter), i.e. ``U / N``; the same minimiser, the same curvature per example. So the likelihood
+is the recipe's cross-entropy summed over the N images, and the prior is Gaussian N(0, I / lambda)
+with precision ``lambda = N * weight_decay`` (digits: 1295 x 2e-4 = 0.259, prior std 1.97).
+The likelihood must be a fixed function of ``w``: a model with BatchNorm (batch statistics, running
+averages) or active dropout (random masks) is refused before any work.
+
+The chains (``methods.hmc_kernel``) run stacked: one forward and backward pass over the N images
+computes every chain's potential and gradient, through the zoo trainer's stacked networks
+(``benchmark.core.training.stacked``: numba kernels on CPU, ``torch.func.vmap`` elsewhere; a plain
+per-chain loop for architectures neither supports).
+
+Two ways to use it:
+
+- the ``PosteriorMethod`` protocol (``fit(base, seed)``: warm-up of one chain; ``sample(n, generator)``:
+  its next ``n`` kept draws), so that the sample stage runs HMC like any method, one chain per base
+  (one-mode: one chain; multi-mode: ``modes_multi`` chains);
+- the batched API for many chains at once, resumable per chain: ``start_chains(seeds, bases)``,
+  ``run_chains(chains, draws, state_dir=...)``, ``chain_samples(chain)``, ``chain_predictions``
+  (the input of ``metrics.mcmc.predictive_convergence``), ``ChainState.summary()``.
+  A chain ``start_chains([seed], [base])`` run to ``n`` draws gives exactly the draws of
+  ``fit(base, seed)`` then ``sample(n, torch.Generator().manual_seed(seed))``.
+
+Where a chain starts: ``start=init`` (default) an independent initialisation of the model factory
+under the chain's seed (the base network is not used); ``start=base`` the base network itself
+(one-mode = one chain started in the base's mode).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from benchmark.core.models import predict_with_weights
+from benchmark.core.settings import require
+from benchmark.core.store import CheckpointError, SampleSet, Unit
+from benchmark.core.training import seeded
+from benchmark.core.training.stacked import NotStackableError, VmapNetworks, stacked_networks
+from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod, ResumableChains
+from methods.hmc_kernel import DIVERGED, SAMPLING, ChainState, KernelSettings, StackedHMC, new_chain
+
+log = logging.getLogger(__name__)
+STARTS = ("init", "base")
+FORWARDS = ("auto", "packed", "vmap", "loop")
+
+
+def stochastic_layers(model: nn.Module) -> list[str]:
+    """Why ``model``'s likelihood is not a fixed function of its weights: one line per BatchNorm
+    layer or dropout layer with ``p > 0`` (empty when there is none)."""
+    problems = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            problems.append(f"{name or type(model).__name__}: {type(module).__name__} (batch statistics and running "
+                            "averages change the function with the batch)")
+        elif isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            problems.append(f"{name or type(model).__name__}: {type(module).__name__}(p={module.p}) (random masks)")
+    return problems
+
+
+def refuse_stochastic(model: nn.Module, where: str = "method=hmc") -> None:
+    """``MethodConfigError`` naming the layers that make the likelihood random (see ``stochastic_layers``)."""
+    problems = stochastic_layers(model)
+    if problems:
+        raise MethodConfigError(
+            f"{where}: HMC needs a fixed likelihood, but {type(model).__name__} has {'; '.join(problems)}. "
+            "Use a model without BatchNorm and with dropout 0."
+        )
+
+
+class NetworkPotential:
+    """``U(q) = (sum of the cross-entropies over the N images + precision/2 |q|^2) / temperature``
+    for ``C`` weight vectors ``q [C, D]`` at once, with its gradient (a ``methods.hmc_kernel.Potential``).
+
+    ``q`` concatenates the plain model's parameters in ``named_parameters`` order, each flattened
+    (``flatten``/``unflatten`` convert). Each chain's value depends on its own row only.
+    ``implementation``: ``auto`` (the stacked networks: numba kernels on CPU, vmap elsewhere; a
+    loop where neither applies), ``packed``, ``vmap``, or ``loop`` (the plain model, one chain after
+    the other: the cheapest for a single chain, as the packed kernels compute 16 lanes at once).
+    """
+
+    def __init__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, prior_precision: float,
+                 temperature: float = 1.0, device: torch.device | str = "cpu", implementation: str = "auto") -> None:
+        refuse_stochastic(model)
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.keys = [name for name, _ in model.named_parameters()]
+        self.shapes = [tuple(p.shape) for _, p in model.named_parameters()]
+        self.sizes = [p.numel() for _, p in model.named_parameters()]
+        self.buffers = {k: v.detach() for k, v in model.named_buffers()}
+        self.state_keys = list(model.state_dict())
+        self.images, self.labels = images.to(self.device), labels.to(self.device)
+        self.prior_precision, self.temperature = float(prior_precision), float(temperature)
+        self.net = None
+        if implementation != "loop" and not self.buffers:
+            try:
+                self.net = stacked_networks(model, self.device, implementation)
+            except NotStackableError as err:
+                if implementation != "auto":
+                    raise
+                log.info("method=hmc: %s; one forward pass per chain instead", err)
+        self._batches: dict[int, torch.Tensor] = {}
+
+    @property
+    def dimension(self) -> int:
+        return sum(self.sizes)
+
+    def flatten(self, state_dict: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The parameters of a plain state dict as one vector ``[D]`` (float32, on the device)."""
+        return torch.cat([state_dict[k].detach().reshape(-1).float() for k in self.keys]).to(self.device)
+
+    def unflatten(self, q: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Plain state dict (CPU) of weights ``q [D]`` (buffers the model's), keys in state-dict order."""
+        params = dict(zip(self.keys, (v.reshape(s) for v, s in zip(q.detach().cpu().split(self.sizes), self.shapes))))
+        merged = {**params, **{k: v.cpu() for k, v in self.buffers.items()}}
+        return {k: merged[k].contiguous() for k in self.state_keys}
+
+    def samples(self, draws: torch.Tensor) -> SampleSet:
+        """Sample set ``{key: [S, ...]}`` (CPU, plain keys) of weight vectors ``draws [S, D]``."""
+        parts = draws.detach().cpu().split(self.sizes, dim=1)
+        out = {k: v.reshape(len(draws), *s).contiguous() for k, v, s in zip(self.keys, parts, self.shapes)}
+        for key, value in self.buffers.items():
+            out[key] = value.cpu()[None].expand(len(draws), *value.shape).contiguous()
+        return {k: out[k] for k in self.state_keys}
+
+    def _logits(self, q: torch.Tensor) -> torch.Tensor:
+        """Logits ``[C, N, classes]`` of each chain's network on every training image."""
+        chains = len(q)
+        parts = [v.reshape(chains, *s) for v, s in zip(q.split(self.sizes, dim=1), self.shapes)]
+        if self.net is None:
+            return torch.stack([
+                functional_call(self.model, {**dict(zip(self.keys, (p[c] for p in parts))), **self.buffers}, (self.images,))
+                for c in range(chains)])
+        params = {k: p.movedim(0, self.net.network_axis(k)) for k, p in zip(self.keys, parts)}
+        if isinstance(self.net, VmapNetworks):
+            return self.net.predict(params, self.images)
+        lanes = chains + (-chains % 16)
+        if lanes not in self._batches:  # the images laid out for the packed kernels, once per lane count
+            index = torch.arange(len(self.images)).expand(chains, -1)
+            self._batches = {lanes: self.net.batch(self.net.source(self.images, self.device), index, None, 0, 0.0)}
+        return self.net.forward(params, self._batches[lanes])
+
+    def __call__(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(U [C], dU/dq [C, D])`` at ``q [C, D]``."""
+        with torch.enable_grad():
+            q = q.detach().requires_grad_()
+            logits = self._logits(q)
+            chains, n = logits.shape[:2]
+            nll = F.cross_entropy(logits.reshape(chains * n, -1), self.labels.repeat(chains), reduction="none")
+            u = (nll.view(chains, n).sum(1) + 0.5 * self.prior_precision * (q * q).sum(1)) / self.temperature
+            (gradient,) = torch.autograd.grad(u.sum(), q)
+        return u.detach(), gradient
+
+
+@dataclass
+class HMCSettings(MethodSettings):
+    """Full-batch HMC settings (see ``methods.hmc_kernel`` for the kernel).
+
+    ``start``: ``init`` (an independent initialisation of the model factory under the chain's seed)
+    or ``base`` (the base network); ``trajectory_length``: integration time per iteration;
+    ``max_leapfrog_steps``: cap on the steps of one iteration; ``warmup``: adaptation iterations
+    per chain (discarded); ``thinning``: a draw kept every ``thinning`` iterations;
+    ``target_accept``: dual averaging's target acceptance; ``initial_step_size``: where the step
+    search starts; ``divergence_threshold``: energy error of a divergence; ``max_restarts``,
+    ``restart_step_factor``: restarts of a chain that diverges after warm-up, each with the step
+    capped at this factor x the diverged step; ``temperature``: T of ``p(w | D)^(1/T)``;
+    ``weight_decay``: the prior precision per example (null = the recipe's; precision N x it);
+    ``chains_at_once``: chains stacked in one pass by ``run_chains`` (the CPU kernels run 16
+    networks per vector; more costs proportionally); ``save_every``: iterations between saved
+    chain states in ``run_chains`` with a ``state_dir``; ``forward``: how the chains' forward passes
+    run (``NetworkPotential``'s ``implementation``: auto, packed, vmap, loop).
+    """
+
+    start: str = "init"
+    trajectory_length: float = 1.0
+    max_leapfrog_steps: int = 16
+    warmup: int = 100
+    thinning: int = 1
+    target_accept: float = 0.8
+    initial_step_size: float = 0.01
+    divergence_threshold: float = 1000.0
+    max_restarts: int = 2
+    restart_step_factor: float = 0.5
+    temperature: float = 1.0
+    weight_decay: Optional[float] = None
+    chains_at_once: int = 16
+    save_every: int = 10
+    forward: str = "auto"
+
+    def __post_init__(self) -> None:
+        require(self.forward in FORWARDS, "forward", self.forward, f"one of {', '.join(FORWARDS)}")
+        require(self.start in STARTS, "start", self.start, f"one of {', '.join(STARTS)}")
+        require(math.isfinite(self.temperature) and self.temperature > 0, "temperature", self.temperature,
+                "a positive number")
+        require(self.weight_decay is None or self.weight_decay >= 0, "weight_decay", self.weight_decay,
+                "a number >= 0 or null (= train.weight_decay)")
+        require(self.chains_at_once >= 1, "chains_at_once", self.chains_at_once, "a positive integer")
+        require(self.save_every >= 1, "save_every", self.save_every, "a positive integer")
+        self.kernel()  # the kernel's own range checks
+
+    def kernel(self) -> KernelSettings:
+        """The kernel part of the settings."""
+        return KernelSettings(
+            trajectory_length=self.trajectory_length, warmup=self.warmup, thinning=self.thinning,
+            target_accept=self.target_accept, initial_step_size=self.initial_step_size,
+            max_leapfrog_steps=self.max_leapfrog_steps, divergence_threshold=self.divergence_threshold,
+            max_restarts=self.max_restarts, restart_step_factor=self.restart_step_factor,
+        )
+
+
+def chain_name(seed: int) -> str:
+    """The name of the chain of base ``seed`` (``seed_000042``), its state file's stem: the store's
+    ``Unit.chain_stem``, so that ``store.chain_path(unit, seed)`` is that file."""
+    return Unit.zoo("", seed).stem
+
+
+def sampling_seed(seed: int) -> int:
+    """The seed of a chain's sampling phase: the first draw of ``torch.Generator().manual_seed(seed)``,
+    as ``HMCMethod.sample`` takes it from the generator the sample stage seeds with the base seed."""
+    return int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(seed)))
+
+
+class ChainsInterrupted(RuntimeError):
+    """``run_chains`` stopped early because its ``should_stop`` said so (e.g. a claim was lost)."""
+
+
+class HMCMethod(ResumableChains, PosteriorMethod):
+    """Full-batch HMC (see the module doc): one chain per base network in the sample stage's
+    protocol, or many chains at once through ``start_chains`` / ``run_chains``; resumable chain
+    states in a folder (``ResumableChains``: the sample stage runs them under per-chain claims)."""
+
+    name = "hmc"
+    label = "HMC"
+    Settings = HMCSettings
+    modes = ("one", "multi")
+    # Not in method=all until its cost on the default run is measured on an idle machine (see
+    # conf/methods/hmc.yaml); method=hmc runs it.
+    in_default_run = False
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._potential: NetworkPotential | None = None
+        self._warm: ChainState | None = None
+        self._sampled: ChainState | None = None
+        self._cache: tuple[int, int, ChainState] | None = None
+        self._state_dir: Path | None = None
+        self._pending: tuple[int, Mapping[str, torch.Tensor] | None] | None = None
+
+    # -- set-up -----------------------------------------------------------------------------------
+    def _template(self) -> nn.Module:
+        with seeded(0):  # building a model draws from the global RNG; leave it as it was
+            return self.new_model()
+
+    def check(self, mode: str) -> None:
+        """Refuses, besides the mode and ``unavailable``, a model with BatchNorm or active dropout."""
+        super().check(mode)
+        refuse_stochastic(self._template())
+
+    @property
+    def prior_precision(self) -> float:
+        """``N x weight_decay`` (N: training images): the Gaussian prior's precision per weight."""
+        wd = self.recipe.weight_decay if self.settings.weight_decay is None else self.settings.weight_decay
+        return len(self.data.train_tensors[1]) * wd
+
+    @property
+    def potential(self) -> NetworkPotential:
+        """The potential on the un-augmented training split (built once)."""
+        if self._potential is None:
+            images, labels = self.data.train_tensors
+            self._potential = NetworkPotential(self._template(), images, labels, self.prior_precision,
+                                               self.settings.temperature, self.device, self.settings.forward)
+        return self._potential
+
+    def kernel(self) -> StackedHMC:
+        return StackedHMC(self.potential, self.settings.kernel())
+
+    def fingerprint(self) -> str:
+        """What a saved chain state must match to be resumed: the settings that change its
+        draws, the data size and the parameter layout."""
+        relevant = {k: v for k, v in asdict(self.settings).items() if k not in ("unavailable", "chains_at_once", "save_every")}
+        payload = {"settings": relevant, "prior_precision": self.prior_precision, "train_images": len(self.data.train_tensors[1]),
+                   "layout": list(zip(self.potential.keys, self.potential.shapes))}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def chain_start(self, seed: int, base: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Where chain ``seed`` starts ``[D]``: the base (``start=base``) or the model factory's
+        initialisation under ``seed`` (``start=init``)."""
+        if self.settings.start == "base":
+            if base is None:
+                raise ValueError("method=hmc start=base: a chain needs its base network")
+            missing = [k for k in self.potential.keys if k not in base]
+            if missing:
+                raise ValueError(f"method=hmc: the base network lacks the parameters {missing}")
+            return self.potential.flatten(base)
+        with seeded(seed):
+            model = self.new_model()
+        return self.potential.flatten(model.state_dict())
+
+    # -- many chains at once -------------------------------------------------------------------
+    def start_chains(self, seeds: Sequence[int], bases: Sequence[Mapping[str, torch.Tensor] | None] | None = None
+                     ) -> list[ChainState]:
+        """New chains ``seed_<seed>`` (six digits), one per seed, each started by ``chain_start(seed, base)``,
+        with its random stream seeded by the seed (the sampling phase by ``sampling_seed(seed)``)."""
+        bases = [None] * len(seeds) if bases is None else list(bases)
+        if len(bases) != len(seeds):
+            raise ValueError(f"method=hmc: {len(seeds)} seeds but {len(bases)} bases")
+        return [new_chain(chain_name(seed), self.chain_start(seed, base), seed, sampling_seed(seed))
+                for seed, base in zip(seeds, bases)]
+
+    def run_chains(self, chains: Sequence[ChainState], draws: int, *, state_dir: str | os.PathLike | None = None,
+                   progress: bool = True, restart_stale: bool = False,
+                   should_stop: Callable[[], bool] | None = None) -> list[ChainState]:
+        """Run ``chains`` until each has ``draws`` kept draws (or has diverged for good), in groups
+        of ``chains_at_once`` stacked chains. With ``state_dir``, a chain whose state
+        ``state_dir/<name>.safetensors`` exists resumes from it, and every chain's state is saved
+        there every ``save_every`` iterations and at the end. A saved state of other settings or
+        data (another fingerprint), or a damaged one, raises ``ValueError`` naming the file, or with
+        ``restart_stale`` is logged and the chain starts again (the same draws: a chain is fixed
+        by its seed). ``should_stop()``, asked after each saved iteration, ends the run early with
+        ``ChainsInterrupted`` (what was saved stays). Returns the chains' final states, in order."""
+        directory = None if state_dir is None else Path(state_dir)
+        tag = self.fingerprint()
+        states = []
+        for chain in chains:
+            path = None if directory is None else directory / f"{chain.name}.safetensors"
+            saved = self._saved_state(path, tag, restart_stale) if path is not None and path.exists() else None
+            chain = saved or chain
+            chain.tag = tag
+            states.append(chain)
+        kernel, size = self.kernel(), self.settings.chains_at_once
+        for first in range(0, len(states), size):
+            group = states[first : first + size]
+            if all(kernel.finished(c, draws) for c in group):
+                continue
+            counter = {"iterations": 0}
+
+            def save(current: Sequence[ChainState], group=group, counter=counter) -> None:
+                counter["iterations"] += 1
+                if directory is not None and counter["iterations"] % self.settings.save_every == 0:
+                    for chain in group:
+                        chain.save(directory / f"{chain.name}.safetensors")
+                    if should_stop is not None and should_stop():
+                        raise ChainsInterrupted(f"method=hmc: chains {[c.name for c in group]} stopped (their states "
+                                                f"are saved in {directory})")
+
+            kernel.run(group, draws, on_iteration=save, progress=progress,
+                       description=f"hmc chains {first + 1}-{first + len(group)} of {len(states)}")
+            if directory is not None:
+                for chain in group:
+                    chain.save(directory / f"{chain.name}.safetensors")
+        return states
+
+    def _saved_state(self, path: Path, tag: str, restart_stale: bool) -> ChainState | None:
+        """The chain saved at ``path`` if it was run under fingerprint ``tag``; otherwise ``ValueError``,
+        or (``restart_stale``) None after removing the file."""
+        try:
+            saved = ChainState.load(path, self.device)
+            problem = None if saved.tag == tag else (f"saved under other HMC settings or data (fingerprint {saved.tag}, "
+                                                     f"now {tag})")
+        except CheckpointError as err:
+            saved, problem = None, f"unreadable ({err})"
+        if problem is None:
+            return saved
+        if not restart_stale:
+            raise ValueError(f"{path}: {problem}; remove it to start the chain again")
+        log.warning("%s: %s; the chain starts again", path, problem)
+        path.unlink(missing_ok=True)
+        return None
+
+    # -- resumable chains in the sample stage (ResumableChains) -------------------------------------
+    @property
+    def chains_at_once(self) -> int:
+        return self.settings.chains_at_once
+
+    def chain_finished(self, directory: Path, seed: int, draws: int) -> bool:
+        """Whether ``directory`` holds chain ``seed_<seed>`` of the current settings with ``draws``
+        kept draws, or diverged for good (unreadable or stale states count as not finished)."""
+        path = Path(directory) / f"{chain_name(seed)}.safetensors"
+        if not path.exists():
+            return False
+        try:
+            saved = ChainState.load(path, "cpu")
+        except CheckpointError:
+            return False
+        return saved.tag == self.fingerprint() and (saved.phase == DIVERGED or (saved.phase == SAMPLING and len(saved.draws) >= draws))
+
+    def run_chains_in(self, directory: Path, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]],
+                      draws: int, should_stop: Callable[[], bool]) -> bool:
+        """``run_chains`` of the chains of bases ``seeds`` (started as ``start_chains`` does; the
+        bases are loaded only with ``start=base``), saved in ``directory``; False if stopped."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        bases = [load_base(seed) if self.settings.start == "base" else None for seed in seeds]
+        try:
+            self.run_chains(self.start_chains(seeds, bases), draws, state_dir=directory, restart_stale=True,
+                            should_stop=should_stop)
+        except ChainsInterrupted as err:
+            log.warning("%s", err)
+            return False
+        return True
+
+    def use_chain_states(self, directory: Path | None) -> None:
+        """``fit(base, seed)`` then ``sample(n, Generator().manual_seed(seed))`` resume (or run and
+        save) chain ``seed_<seed>`` in ``directory`` instead of running it in memory."""
+        self._state_dir = None if directory is None else Path(directory)
+
+    def chain_samples(self, chain: ChainState) -> SampleSet:
+        """The kept draws of ``chain`` as a sample set ``{plain key: [n, ...]}`` (CPU)."""
+        return self.potential.samples(chain.draws)
+
+    def chain_predictions(self, chains: Sequence[ChainState], images: torch.Tensor) -> torch.Tensor:
+        """Softmax outputs ``[chains, draws, N, classes]`` (float32, CPU) of every kept draw of
+        ``chains`` (all with the same number of draws) on ``images [N, ...]``: what the predictive
+        R-hat of Izmailov et al. is computed on (``metrics.mcmc.predictive_convergence``, by the runner)."""
+        lengths = {len(c.draws) for c in chains}
+        if len(lengths) != 1:
+            raise ValueError(f"method=hmc: chains with different numbers of draws {sorted(lengths)}")
+        model = self._template()
+        return torch.stack([predict_with_weights(model, self.chain_samples(c), images) for c in chains])
+
+    # -- the sample stage's protocol --------------------------------------------------------------
+    def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
+        """Warm up one chain ``seed_<seed>`` started by ``chain_start(seed, base)`` (with
+        ``use_chain_states``: deferred to ``sample``, which resumes the chain saved there)."""
+        self._warm = self._sampled = self._cache = None
+        self._pending = (seed, base)
+        if self._state_dir is not None:
+            return
+        chain = new_chain(chain_name(seed), self.chain_start(seed, base), seed)
+        self.kernel().run([chain], 0, warmup_only=True, description=f"hmc warm-up seed {seed}")
+        self._warm = chain
+
+    def _continue(self, n: int, generator: torch.Generator) -> ChainState:
+        """The warmed-up chain continued to ``n`` draws, its sampling stream seeded from ``generator``."""
+        if self._pending is None:
+            raise RuntimeError("method=hmc: call fit() before sample() or predict_own()")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"method=hmc: number of samples must be a positive integer, got {n!r}")
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        if self._cache is not None and self._cache[:2] == (seed, n):  # the chain is fixed by its seed
+            return self._cache[2]
+        chain_seed, base = self._pending
+        if self._state_dir is not None and seed == sampling_seed(chain_seed):  # the saved chain is this one
+            chain = self.run_chains(self.start_chains([chain_seed], [base]), n, state_dir=self._state_dir,
+                                    progress=False, restart_stale=True)[0]
+        else:
+            if self._warm is None:
+                self._warm = new_chain(chain_name(chain_seed), self.chain_start(chain_seed, base), chain_seed)
+                self.kernel().run([self._warm], 0, warmup_only=True, description=f"hmc warm-up seed {chain_seed}")
+            chain = self._warm.copy()
+            chain.sampling_seed = seed
+            self.kernel().run([chain], n, description=f"hmc {chain.name}")
+        if chain.phase == DIVERGED:
+            raise MethodFitError(f"method=hmc chain {chain.name}: diverged after {chain.restarts} restarts with smaller "
+                                 f"steps; divergences {chain.divergences} (raise methods.hmc.target_accept for smaller steps, "
+                                 "or methods.hmc.max_restarts)")
+        chain = chain.copy()
+        chain.draws = chain.draws[:n]
+        self._cache = (seed, n, chain)
+        self._sampled = chain
+        return chain
+
+    def sample(self, n: int, generator: torch.Generator) -> SampleSet:
+        """The chain's next ``n`` kept draws after warm-up ``{plain key: [n, ...]}`` (CPU); one seed
+        drawn from ``generator`` fixes them."""
+        return self.chain_samples(self._continue(n, generator))
+
+    def predict_own(self, images: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+        """Softmax probabilities ``[n, N, C]`` of the draws ``sample(n, generator)`` returns (the
+        same chain: it is fixed by the seed drawn from ``generator``)."""
+        chain = self._continue(n, generator)
+        return predict_with_weights(self._template(), self.chain_samples(chain), images)
+
+    def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        """Of the last sampled chain: ``step_size``, ``accept_prob`` (mean Metropolis probability over
+        the sampling iterations), ``leapfrog_per_draw`` (all its leapfrog steps, warm-up and restarts
+        included, per kept draw: the cost), ``warmup_divergences``, ``divergences`` (after warm-up)
+        and ``restarts``. The predictive R-hat and ESS come from the stored predictions
+        (``metrics.mcmc``), not from here: methods do not import metrics."""
+        chain = self._sampled
+        if chain is None:
+            return {}
+        summary = chain.summary()
+        return {"step_size": summary["step_size"], "accept_prob": summary["accept_prob"],
+                "leapfrog_per_draw": summary["n_leapfrog"] / max(1, summary["kept"]),
+                "warmup_divergences": float(summary["warmup_divergences"]),
+                "divergences": float(len(summary["divergences"])), "restarts": float(summary["restarts"])}
