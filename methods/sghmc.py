@@ -32,12 +32,16 @@ draws, so ``E[(g1 - g2)^2] n1 n2 / n^2 = V`` exactly) and averaged over the chai
 minibatch noise alone exceeds the target, nothing is injected and the chain runs hot there (the
 clamped fraction is a diagnostic). Limits of the correction, which the diagnostics cannot show:
 
-- it is per coordinate, but minibatch noise is concentrated in a few directions. At a trained
-  OptuNet on digits (batches of 32, lr 0.05, friction 1) the per-coordinate noise is 0.17-0.20 of
-  the target on average, while along the top eigenvector of the noise covariance it is 22-24x the
-  target and 10 directions exceed it (``bench/check_sghmc.py``): no correction can remove noise
-  larger than the target, so a minibatch chain is too hot along exactly the directions that change
-  the predictions most. Hence full-batch gradients on digits (1,295 images).
+- it is per coordinate, but minibatch noise is concentrated in a few directions. At trained
+  OptuNets on digits (held-out bases 100001, 100002, 100004; batches of 32, lr 0.05, friction 1)
+  the per-coordinate noise is 0.16-0.19 of the target on average, while along the top eigenvector
+  of the noise covariance it is 16-23x the target and 10 of the 355 directions exceed it
+  (``python bench/check_sghmc.py``, section "noise"): no correction can remove noise larger than
+  the target, so a minibatch chain runs hot along exactly the directions of highest curvature,
+  those that change the predictions most. Hence full-batch gradients on digits (1,295 images; its
+  config).
+- the estimate ``V`` is a running mean over the chain, so it lags where the noise changes along
+  the chain, and a clamped coordinate stays hot.
 - ``kinetic_temperature`` measures the momenta, not where the weights sit: with the correction
   the per-coordinate momentum variance is at ``T`` by construction even where the positions are
   hot along the noisy directions (or have not yet spread along the flat ones).
@@ -46,7 +50,8 @@ Chains. ``chains`` independent chains start at the base checkpoint, each with it
 batches; kept state ``i`` is chain ``i mod chains`` after ``burn_in + (i div chains + 1) *
 thinning`` steps. With as many chains as kept states (digits) the kept states are independent
 draws given the base (ESS = their number), which the MMD permutation test assumes; with fewer,
-each chain's states are correlated and the diagnostics give the multi-chain ESS. No chain count
+each chain's states are correlated (the ``ess`` diagnostic, computed as the report does, says how
+much). Independence given the base is not convergence: no chain count
 makes a short chain converge: directions flatter than about ``friction / (lr * steps)`` keep
 spreading from the base (``spread_growth`` in the diagnostics says how much). Stackable models
 (OptuNet) run all chains as one stack (``benchmark.core.training.stacked``); others (ResNet-18 with
@@ -72,6 +77,7 @@ from benchmark.core.store import SampleSet, stack_state_dicts
 from benchmark.core.training import NonFiniteError, seeded
 from benchmark.core.training.stacked import NotStackableError, StackedNetworks, stacked_networks
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
+from metrics.chains import effective_sample_size
 
 log = logging.getLogger(__name__)
 Params = dict[str, torch.Tensor]
@@ -329,42 +335,16 @@ class Chain:
             yield {k: v.detach().clone() for k, v in state.params.items()}
 
 
-def effective_sample_size(draws: np.ndarray) -> np.ndarray:
-    """Multi-chain ESS ``[d]`` of ``draws [S, C, d]`` (S consecutive kept states of C chains, d
-    scalars), as Stan/ArviZ (Vehtari et al. 2021, without rank normalisation): autocorrelations
-    from the within-chain autocovariances and the between-chain variance, summed by Geyer's
-    initial monotone sequence; ``S * C`` for constant scalars. Needs S >= 4."""
-    x = np.asarray(draws, dtype=np.float64)
-    s, c, d = x.shape
-    if s < 4:
-        raise ValueError(f"effective_sample_size: need at least 4 states per chain, got {s}")
-    centred = x - x.mean(0)
-    size = 2 ** int(np.ceil(np.log2(2 * s)))
-    spectrum = np.fft.rfft(centred, n=size, axis=0)
-    autocov = np.fft.irfft(spectrum * np.conj(spectrum), n=size, axis=0)[:s] / s  # [S, C, d]
-    within = autocov[0].mean(0) * s / (s - 1)  # W: mean within-chain variance
-    between = x.mean(0).var(0, ddof=1) if c > 1 else np.zeros(d)  # B / S
-    var_plus = within * (s - 1) / s + between
-    out = np.full(d, float(s * c))
-    for j in np.nonzero(var_plus > 0)[0]:
-        rho = 1.0 - (within[j] - autocov[:, :, j].mean(1)) / var_plus[j]
-        rho[0] = 1.0
-        pairs = rho[: s - s % 2].reshape(-1, 2).sum(1)
-        stop = np.nonzero(pairs <= 0)[0]
-        pairs = np.minimum.accumulate(pairs[: stop[0]] if len(stop) else pairs)
-        tau = -1.0 + 2.0 * pairs.sum()
-        out[j] = min(s * c / max(tau, 1e-12), s * c * np.log10(s * c))
-    return out
-
-
 @dataclass
 class SGHMCSettings(MethodSettings):
     """SGHMC settings. ``lr``: step size; ``friction``: alpha; ``temperature`` of the target
     ``p(theta | D)^(1/temperature)``; ``weight_decay``: the Gaussian prior's precision per example
     (null = the recipe's weight decay); ``full_batch``: gradients on the whole train split (no
-    minibatch noise; an epoch is then one step); ``batch_size``: minibatch size otherwise (null =
-    the recipe's); ``chains``: independent chains from the base, kept states taken round-robin
-    (see the module doc); ``burn_in_epochs``: steps discarded after the base checkpoint, in epochs
+    minibatch noise; an epoch is then one step, so burn-in and thinning count steps); ``batch_size``:
+    minibatch size otherwise (null = the recipe's), drawn with replacement; ``chains``: independent
+    chains from the base, kept states taken round-robin (see the module doc; 10 by default, so that
+    a non-stackable ResNet-18 costs 10 x (10 + 10 x 2) = 300 epochs per repetition where one chain
+    of 100 states 2 epochs apart cost 210; digits runs 100 full-batch chains); ``burn_in_epochs``: steps discarded after the base checkpoint, in epochs
     of the train set; ``thinning_epochs``: steps between a chain's kept states, in epochs (any
     positive fraction); ``noise_correction``: remove the estimated minibatch gradient noise from the
     injected noise (false = plain SGHMC, which runs hot); ``step_halvings``: when the burn-in
@@ -379,7 +359,7 @@ class SGHMCSettings(MethodSettings):
     weight_decay: Optional[float] = None
     full_batch: bool = False
     batch_size: Optional[int] = None
-    chains: int = 100
+    chains: int = 10
     burn_in_epochs: float = 10.0
     thinning_epochs: float = 2.0
     noise_correction: bool = True
@@ -594,13 +574,11 @@ class SGHMCMethod(PosteriorMethod):
     def _describe(self, plan: ChainPlan, chains: int, rounds: int, n: int, per_round: list[list[torch.Tensor]],
                   kinetic: float, clamped: float, noise_share: torch.Tensor) -> dict[str, float]:
         draws = torch.stack([torch.cat(groups) for groups in per_round])  # [rounds, chains, d]
-        moving = draws.reshape(-1, draws.shape[-1]).std(0) > 0
-        if rounds >= 4:
-            ess = float(np.median(effective_sample_size(draws[:, :, moving].numpy())))
-        elif rounds == 1 and n <= chains:
-            ess = float(n)  # one state of each of n independent chains
-        else:
-            ess = math.nan
+        kept = draws.reshape(-1, draws.shape[-1])[:n]  # the n kept states in the order sample() returns them
+        moving = kept.std(0) > 0
+        # As the report's diagnostics compute it (benchmark/report/diagnostics.py): one sequence of
+        # the kept states in their stored order, median over weights.
+        ess = float(np.median(effective_sample_size(kept[:, moving].numpy()))) if n >= 4 and bool(moving.any()) else math.nan
         growth = math.nan
         if self._early_spread is not None and chains > 1:
             late, early = draws[0].var(0), self._early_spread
@@ -620,9 +598,10 @@ class SGHMCMethod(PosteriorMethod):
 
     def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         """Of the last ``sample`` call: ``lr`` (the step used, after any halvings), ``chains``,
-        ``states_per_chain``, ``full_batch`` (1: full-batch gradients), ``ess`` (median over weights
-        of the multi-chain effective sample size of the kept states; their number when each comes
-        from its own chain; NaN with 2-3 states per chain), ``spread_growth`` (median over weights of
+        ``states_per_chain``, ``full_batch`` (1: full-batch gradients), ``ess`` (median over the weights
+        that move of ``metrics.chains.effective_sample_size`` of the kept states in the order
+        ``sample`` returns them, as the report computes it: about their number when each comes from its
+        own chain; NaN below 4 states), ``spread_growth`` (median over weights of
         the across-chain variance at the first kept states over that half-way there: ~1 when the
         chains have stopped spreading, ~2 where they still diffuse away from the base as a free
         particle does), ``kinetic_temperature`` (mean over steps of mean(m^2) / T: the momenta, not
