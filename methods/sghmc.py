@@ -33,9 +33,9 @@ minibatch noise alone exceeds the target, nothing is injected and the chain runs
 clamped fraction is a diagnostic). Limits of the correction, which the diagnostics cannot show:
 
 - it is per coordinate, but minibatch noise is concentrated in a few directions. At trained
-  OptuNets on digits (held-out bases 100001, 100002, 100004; batches of 32, lr 0.05, friction 1)
-  the per-coordinate noise is 0.16-0.19 of the target on average, while along the top eigenvector
-  of the noise covariance it is 16-23x the target and 10 of the 355 directions exceed it
+  OptuNets on digits (the first held-out bases 100001-100003; batches of 32, lr 0.05, friction 1)
+  the per-coordinate noise is 0.09-0.17 of the target on average, while along the top eigenvector
+  of the noise covariance it is 12-21x the target and 6-10 of the 355 directions exceed it
   (``python bench/check_sghmc.py``, section "noise"): no correction can remove noise larger than
   the target, so a minibatch chain runs hot along exactly the directions of highest curvature,
   those that change the predictions most. Hence full-batch gradients on digits (1,295 images; its

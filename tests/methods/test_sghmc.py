@@ -306,6 +306,8 @@ def test_diagnostics_of_a_stacked_minibatch_run(fitted):
 
 
 def test_full_batch_chains_have_no_minibatch_noise(tiny_exp, tiny_bases):
+    configured = build(tiny_exp, "sghmc").plan()  # digits' config: 100 full-batch chains of 200 + 20 steps
+    assert configured.batch_size is None and configured.chains == 100 and (configured.burn_in, configured.thinning) == (200, 20)
     seed, base = tiny_bases[0]
     method = build(tiny_exp, "sghmc", full_batch=True, burn_in_epochs=3, thinning_epochs=1, chains=4)
     plan = method.plan()
@@ -349,7 +351,7 @@ def test_a_diverging_burn_in_is_restarted_with_half_the_step(tiny_exp, tiny_base
     share = torch.cat([chain.noise_share(v).reshape(-1) for s in method._sampled for v in s.noise_variance.values()])
     assert diagnostics["noise_to_target"] == pytest.approx(float(share.mean()), rel=1e-6)
     with pytest.raises(NonFiniteError, match="burn-in at lr 100"):
-        build(tiny_exp, "sghmc", lr=100.0, burn_in_epochs=1, step_halvings=0, chains=2).fit(base, seed)
+        build(tiny_exp, "sghmc", full_batch=False, lr=100.0, burn_in_epochs=1, step_halvings=0, chains=2).fit(base, seed)
 
 
 # --- bad input -----------------------------------------------------------------------------------
@@ -380,7 +382,7 @@ def test_bad_settings_are_refused_by_the_schema(tmp_path, override, match):
 
 def test_nan_during_the_chain_stops_with_non_finite_error(tiny_exp, tiny_bases):
     seed, base = tiny_bases[0]
-    method = build(tiny_exp, "sghmc", lr=1e6, burn_in_epochs=1, chains=2)
+    method = build(tiny_exp, "sghmc", full_batch=False, lr=1e6, burn_in_epochs=1, chains=2)
     with pytest.raises(NonFiniteError, match="sghmc seed .* burn-in"):
         method.fit(base, seed)
     with pytest.raises(RuntimeError, match="call fit"):
