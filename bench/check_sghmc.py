@@ -18,7 +18,10 @@
    effective_sample_size``, median over the weights that move, as the report's diagnostics), the
    test accuracy of the kept states, and the new method's diagnostics.
 
-Usage: ``python bench/check_sghmc.py [--store store] [--sections toys,noise,digits]``. Timings
+4. ``per_step`` (needs the zoo; not in the default sections): the per-step cost of both timed in
+   alternation, scaled to a repetition (less sensitive to a changing load than 3).
+
+Usage: ``python bench/check_sghmc.py [--store store] [--sections toys,noise,digits,per_step]``. Timings
 on a busy machine are noisy: compare the ratio only, and re-measure on an idle one.
 """
 from __future__ import annotations
@@ -198,6 +201,37 @@ def digits(exp, seed: int, n: int = 100) -> None:
     print(f"wall time ratio new / before: {tb / ta:.2f} (busy machine: re-measure on an idle one)")
 
 
+def per_step(exp, seed: int, rounds: int = 5) -> None:
+    """Per-step cost of the two, timed in alternation (``rounds`` bursts each, medians): a busy
+    machine's load then weighs on both alike. The full repetition is 410 + 100 x 82 = 8610 steps
+    before and ``burn_in + thinning`` steps (of every chain at once) now."""
+    from benchmark.stages.sample import load_base
+    from methods.sghmc import SGHMCMethod
+
+    print(f"== per-step cost, before and new alternating ({rounds} bursts each, base {seed})")
+    base = load_base(exp, seed)
+    before_cls = method_before()
+    fields = {f.name for f in dataclasses.fields(before_cls.Settings)}
+    before = before_cls(exp.model, exp.training_data, before_cls.Settings(
+        **{k: v for k, v in dataclasses.asdict(before_cls.Settings()).items() if k in fields} | {"burn_in_epochs": 2.0}),
+        recipe=exp.recipe, device=exp.device)
+    settings = exp.method_settings("sghmc")
+    new = SGHMCMethod(exp.model, exp.training_data, dataclasses.replace(settings, burn_in_epochs=10.0),
+                      recipe=exp.recipe, device=exp.device)
+    new.fit(base, seed)  # compiles the kernels
+    times: dict[str, list[float]] = {"before": [], "new": []}
+    for _ in range(rounds):
+        for label, method in (("before", before), ("new", new)):
+            start = time.perf_counter()
+            method.fit(base, seed)
+            times[label].append((time.perf_counter() - start) / method.plan().burn_in)
+    b, nw = float(np.median(times["before"])), float(np.median(times["new"]))
+    plan = SGHMCMethod(exp.model, exp.training_data, settings, recipe=exp.recipe, device=exp.device).plan()
+    full_before, full_new = 8610 * b, (plan.burn_in + plan.thinning) * nw
+    print(f"before: {b * 1e3:.1f} ms per step (one chain, batch 32) -> {full_before:.0f} s per repetition; new: "
+          f"{nw * 1e3:.0f} ms per step ({plan.chains} chains, full batch) -> {full_new:.0f} s; ratio {full_new / full_before:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", default="store", help="store holding the digits_optunet zoo (default: store)")
@@ -219,6 +253,8 @@ def main() -> None:
             noise(exp, bases)
         if "digits" in sections:
             digits(exp, bases[0])
+        if "per_step" in sections:
+            per_step(exp, bases[0])
 
 
 if __name__ == "__main__":
