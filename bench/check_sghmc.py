@@ -241,12 +241,12 @@ def main() -> None:
     sections = args.sections.split(",")
     if "toys" in sections:
         toys()
-    if {"noise", "digits"} & set(sections):
+    if {"noise", "digits", "per_step"} & set(sections):
         exp = experiment(args.store)
         try:
             bases = heldout_bases(exp, 3)
         except Exception as err:  # no zoo in the store: say so and stop
-            print(f"noise/digits skipped: no held-out bases of digits_optunet in --store {args.store} ({err}); "
+            print(f"noise/digits/per_step skipped: no held-out bases of digits_optunet in --store {args.store} ({err}); "
                   "run `python -m benchmark stage=zoo` first")
             return
         if "noise" in sections:
