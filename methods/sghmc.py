@@ -1,59 +1,226 @@
-"""SGHMC started from a trained checkpoint (one-mode only), with the minibatch gradient noise
-accounted for, so that the chain samples the configured tempered posterior.
+"""SGHMC started from a trained checkpoint (one-mode only): independent chains that sample the
+configured tempered posterior with the gradients they are given.
 
 SGHMC (Chen et al. 2014) simulates underdamped Langevin dynamics (momentum, friction, injected
-noise) with minibatch gradients, integrated here by Leimkuhler & Matthews' BAOA splitting (one
+noise) with stochastic gradients, integrated here by Leimkuhler & Matthews' BAOA splitting (one
 gradient per step; it samples a Gaussian's positions exactly at any stable step, where an
 explicit-Euler SGHMC step inflates stiff variances). Per step, with unit mass, step ``lr``,
 friction ``friction`` and ``c = exp(-friction * lr)``:
 
-    m += lr * g;  theta += lr/2 * m;  m = c m + sqrt((1 - c^2) (T - lr V / (2 friction))_+) z;  theta += lr/2 * m
+    m += lr * g;  theta += lr/2 * m;  m = c m + sqrt(((1 - c^2) T - c^2 lr^2 V)_+) z;  theta += lr/2 * m
 
 Target: ``exp(log_posterior / T)`` with the per-example log posterior
 ``log p(theta | batch) / N = -mean NLL(batch) - weight_decay / 2 * |theta|^2`` and ``T =
 temperature / N``, i.e. ``p(theta | D)^(1/temperature)`` with the Gaussian prior of precision
 ``N * weight_decay`` that the L2-regularised training implies.
 
-The minibatch gradient ``g`` is the full-data gradient plus noise of variance ``V`` per
-coordinate; the B-step then injects ``lr^2 V`` into the momentum on top of the O-step's noise,
-which alone makes the chain run hot (at digits' default settings, about as much noise again as
-intended). With ``noise_correction`` the O-step injects only what is missing (Chen et al.'s
-correction, in BAOA form): ``V`` is estimated every step from the two half-batch gradients
-``g1, g2`` (``E[(g1 - g2)^2] n1 n2 / (n1 + n2)^2 = V``) and averaged over the chain; where the
-gradient noise alone exceeds the target (``lr V / (2 friction) > T``), nothing is injected and
-the chain is hotter than asked there (the clamped fraction is reported; lower ``lr`` then).
-Full-batch gradients (``batch_size`` >= N) have no noise and need no correction. ``posteriors``'
-BAOA has no such correction, hence this integrator.
+Gradients. ``full_batch``: the gradient of the whole train split (chunked), which has no noise:
+the chain is plain BAOA Langevin dynamics. Otherwise minibatches of ``batch_size`` examples drawn
+uniformly WITH replacement, independently at every step and for every chain
+(``independent_batches``). Independence matters: a per-epoch reshuffle (the training loop's
+batches) makes the minibatch noise cancel over each epoch, so a correction for independent noise
+then removes noise that is not there (sample variance / target with that reshuffle: 0.82 and 0.92
+on a Gaussian at digits' noise level, 0.36 and 0.78 at higher noise, 0.53-0.62 on a Bayesian linear
+regression; with independent batches 0.98-1.06; ``python bench/check_sghmc.py --sections toys``).
+
+Minibatch noise correction (``noise_correction``). The minibatch gradient is the full gradient
+plus noise of variance ``V`` per coordinate; the B-step injects ``lr^2 V`` into the momentum, so
+the O-step injects only what keeps the momentum variance at ``T``: ``(1 - c^2) T - c^2 lr^2 V``
+(the exact balance of the step above; the continuous-time form ``(1 - c^2)(T - lr V / (2
+friction))`` of Chen et al. over-subtracts by a factor ``~1 + friction * lr``, 5% at lr 0.05).
+``V`` is estimated every step from the gradients of the two halves of the batch (independent
+draws, so ``E[(g1 - g2)^2] n1 n2 / n^2 = V`` exactly) and averaged over the chain. Where the
+minibatch noise alone exceeds the target, nothing is injected and the chain runs hot there (the
+clamped fraction is a diagnostic). Limits of the correction, which the diagnostics cannot show:
+
+- it is per coordinate, but minibatch noise is concentrated in a few directions. At trained
+  OptuNets on digits (the first held-out bases 100001-100003; batches of 32, lr 0.05, friction 1)
+  the per-coordinate noise is 0.09-0.17 of the target on average, while along the top eigenvector
+  of the noise covariance it is 12-21x the target and 6-10 of the 355 directions exceed it
+  (``python bench/check_sghmc.py``, section "noise"): no correction can remove noise larger than
+  the target, so a minibatch chain runs hot along exactly the directions of highest curvature,
+  those that change the predictions most. Hence full-batch gradients on digits (1,295 images; its
+  config).
+- the estimate ``V`` is a running mean over the chain, so it lags where the noise changes along
+  the chain, and a clamped coordinate stays hot.
+- ``kinetic_temperature`` measures the momenta, not where the weights sit: with the correction
+  the per-coordinate momentum variance is at ``T`` by construction even where the positions are
+  hot along the noisy directions (or have not yet spread along the flat ones).
+
+Chains. ``chains`` independent chains start at the base checkpoint, each with its own noise and
+batches; kept state ``i`` is chain ``i mod chains`` after ``burn_in + (i div chains + 1) *
+thinning`` steps. With as many chains as kept states (digits) the kept states are independent
+draws given the base (ESS = their number), which the MMD permutation test assumes; with fewer,
+each chain's states are correlated (the ``ess`` diagnostic, computed as the report does, says how
+much). Independence given the base is not convergence: no chain count
+makes a short chain converge: directions flatter than about ``friction / (lr * steps)`` keep
+spreading from the base (``spread_growth`` in the diagnostics says how much). Stackable models
+(OptuNet) run all chains as one stack (``benchmark.core.training.stacked``); others (ResNet-18 with
+BatchNorm) one chain after another.
 """
 from __future__ import annotations
 
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad_and_value
+from torch.func import functional_call
 
 from benchmark.core.data import InMemoryImageDataset
 from benchmark.core.models import predict_with_weights
 from benchmark.core.settings import require
 from benchmark.core.store import SampleSet, stack_state_dicts
-from benchmark.core.training import NonFiniteError, iterate_batches, seeded
+from benchmark.core.training import NonFiniteError, seeded
+from benchmark.core.training.stacked import NotStackableError, StackedNetworks, stacked_networks
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
+from metrics.chains import effective_sample_size
 
 log = logging.getLogger(__name__)
-LogPosterior = Callable[[Mapping[str, torch.Tensor], Any], tuple[torch.Tensor, Any]]
 Params = dict[str, torch.Tensor]
+LogPosterior = Callable[[Mapping[str, torch.Tensor], Optional[torch.Tensor]], tuple[torch.Tensor, Any]]
+CHUNK_ELEMENTS = 2**23  # input elements (images x pixels x chains) per chunk of a full-batch gradient (32 MiB)
+DIAGNOSTIC_COORDINATES = 20_000  # weights (a fixed random subset of larger models) behind ess and spread_growth
+
+
+def independent_batches(n: int, batch_size: int, chains: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Minibatch indices ``[chains, batch_size]`` (int64), step after step: every index drawn
+    uniformly from ``[0, n)`` with replacement, independently across examples, chains and steps
+    (so that the minibatch noise of successive steps, and of the two halves of a batch, is independent)."""
+    while True:
+        yield torch.randint(0, n, (chains, batch_size), generator=generator)
+
+
+def full_batches() -> Iterator[None]:
+    """The batch stream of full-batch chains: ``None`` (= the whole train split) at every step."""
+    while True:
+        yield None
+
+
+class Target(Protocol):
+    """What a chain samples: the log posterior of ``params`` (one or several chains' parameters)."""
+
+    def value_and_grad(self, params: Params, indices: Optional[torch.Tensor]) -> tuple[float, Params]:
+        """``(value, gradient)``: the sum over chains of each chain's per-example log posterior
+        on minibatch ``indices`` (``[chains, B]``; ``None``: the whole data set), and its gradient
+        with respect to ``params`` (same keys and shapes)."""
+
+
+@dataclass(frozen=True)
+class FunctionTarget:
+    """A ``Target`` from a differentiable ``log_posterior(params, indices) -> (value, aux)``."""
+
+    log_posterior: LogPosterior
+
+    def value_and_grad(self, params: Params, indices: Optional[torch.Tensor]) -> tuple[float, Params]:
+        leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
+        value, _ = self.log_posterior(leaves, indices)
+        grads = torch.autograd.grad(value, list(leaves.values()))
+        return float(value.detach()), dict(zip(leaves, grads))
+
+
+def _chunks(n: int, per_item: int) -> list[slice]:
+    size = max(1, CHUNK_ELEMENTS // max(1, per_item))
+    return [slice(start, min(n, start + size)) for start in range(0, n, size)]
+
+
+class StackedNetworkTarget:
+    """``chains`` copies of a stackable network (``StackedNetworks``) on ``data``, each with the
+    per-example log posterior ``-mean NLL - weight_decay / 2 |theta|^2``."""
+
+    def __init__(self, stacked: StackedNetworks, data: InMemoryImageDataset, weight_decay: float,
+                 device: torch.device) -> None:
+        self.stacked, self.weight_decay = stacked, weight_decay
+        self.images = data.images.to(device)
+        self.labels = data.labels.to(device)
+        self.source = stacked.source(data.images, device)
+
+    def pack(self, state: Mapping[str, torch.Tensor], chains: int) -> Params:
+        """``chains`` copies of the plain parameters ``state`` in the stacked layout."""
+        return self.stacked.pack([state] * chains)
+
+    def unpack(self, params: Params, chain: int) -> dict[str, torch.Tensor]:
+        """The plain parameters of chain ``chain``."""
+        return self.stacked.unpack(params, chain)
+
+    def count(self, params: Params) -> int:
+        key = next(iter(params))
+        return params[key].shape[self.stacked.network_axis(key)]
+
+    def value_and_grad(self, params: Params, indices: Optional[torch.Tensor]) -> tuple[float, Params]:
+        leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
+        chains = self.count(params)
+        n = len(self.labels)
+        if indices is None:
+            value, grads = 0.0, {k: torch.zeros_like(v) for k, v in params.items()}
+            for part in _chunks(n, self.images[0].numel() * chains):
+                logits = self.stacked.predict(leaves, self.images[part])  # [chains, b, classes]
+                labels = self.labels[part].expand(chains, -1)
+                nll = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / n
+                for k, g in zip(leaves, torch.autograd.grad(nll, list(leaves.values()))):
+                    grads[k] -= g
+                value -= float(nll.detach())
+        else:
+            logits = self.stacked.forward(leaves, self.stacked.batch(self.source, indices, None, 0, 0.0))
+            nll = F.cross_entropy(logits.flatten(0, 1), self.labels[indices].flatten(), reduction="none")
+            nll = nll.view(indices.shape).mean(1).sum()
+            value = -float(nll.detach())
+            grads = {k: -g for k, g in zip(leaves, torch.autograd.grad(nll, list(leaves.values())))}
+        return _with_prior(value, grads, params, self.weight_decay)
+
+
+class NetworkTarget:
+    """One chain of any network (run in eval mode with the fixed ``buffers``, e.g. BatchNorm's
+    running statistics) on ``data``; per-example log posterior as ``StackedNetworkTarget``."""
+
+    def __init__(self, model: nn.Module, buffers: Mapping[str, torch.Tensor], data: InMemoryImageDataset,
+                 weight_decay: float, device: torch.device) -> None:
+        self.model, self.buffers, self.weight_decay = model.eval(), dict(buffers), weight_decay
+        self.images = data.images.to(device)
+        self.labels = data.labels.to(device)
+
+    def pack(self, state: Mapping[str, torch.Tensor], chains: int) -> Params:
+        if chains != 1:
+            raise ValueError(f"NetworkTarget runs one chain, not {chains}")
+        return {k: v.detach().clone() for k, v in state.items()}
+
+    def unpack(self, params: Params, chain: int) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in params.items()}
+
+    def count(self, params: Params) -> int:
+        return 1
+
+    def value_and_grad(self, params: Params, indices: Optional[torch.Tensor]) -> tuple[float, Params]:
+        leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
+        n = len(self.labels)
+        parts = _chunks(n, self.images[0].numel()) if indices is None else [indices[0]]
+        value, grads = 0.0, {k: torch.zeros_like(v) for k, v in params.items()}
+        for part in parts:
+            logits = functional_call(self.model, {**leaves, **self.buffers}, (self.images[part],))
+            nll = F.cross_entropy(logits, self.labels[part], reduction="sum") / (n if indices is None else len(part))
+            for k, g in zip(leaves, torch.autograd.grad(nll, list(leaves.values()))):
+                grads[k] -= g
+            value -= float(nll.detach())
+        return _with_prior(value, grads, params, self.weight_decay)
+
+
+def _with_prior(value: float, grads: Params, params: Params, weight_decay: float) -> tuple[float, Params]:
+    """Add the Gaussian log prior ``-weight_decay / 2 |theta|^2`` (every chain's) and its gradient."""
+    if weight_decay:
+        value -= 0.5 * weight_decay * sum(float((p.detach() ** 2).sum()) for p in params.values())
+        grads = {k: g - weight_decay * params[k].detach() for k, g in grads.items()}
+    return value, grads
 
 
 @dataclass
 class ChainState:
-    """Where a chain is: ``params`` and ``momenta`` (``{name: tensor}``), the running estimate of
-    the minibatch gradient-noise variance per coordinate (``noise_variance``, averaged over
-    ``steps`` steps), and running sums for the diagnostics."""
+    """Where a group of chains is: ``params`` and ``momenta`` (``{name: tensor}``, the target's
+    layout), the running mean of the minibatch gradient-noise variance per coordinate
+    (``noise_variance``, over ``steps`` steps), and running sums for the diagnostics."""
 
     params: Params
     momenta: Params
@@ -72,20 +239,22 @@ class ChainState:
 
 @dataclass(frozen=True)
 class Chain:
-    """An SGHMC chain (BAOA steps) on ``log_posterior(params, batch) -> (value, aux)``, the batch a
-    tuple of tensors whose first axis is the examples (the value is the mean over them plus the
-    per-example log prior).
+    """BAOA SGHMC steps on ``target`` (a ``Target``, or a function ``log_posterior(params,
+    indices) -> (value, aux)``), one batch of indices (or ``None``: full batch) per step.
 
     ``lr`` is the step size, ``friction`` the friction alpha, ``temperature`` the temperature of
     the (unnormalised) target ``exp(log_posterior / temperature)``; ``noise_correction`` removes the
     estimated minibatch gradient noise from the injected noise (see the module doc).
     """
 
-    log_posterior: LogPosterior
+    target: Any
     lr: float
     friction: float
     temperature: float
     noise_correction: bool = True
+
+    def _target(self) -> Target:
+        return self.target if hasattr(self.target, "value_and_grad") else FunctionTarget(self.target)
 
     def start(self, params: Mapping[str, torch.Tensor]) -> ChainState:
         """Initial state: a copy of ``params`` (``{name: tensor}``) with zero momenta."""
@@ -93,40 +262,48 @@ class Chain:
         return ChainState(params, {k: torch.zeros_like(v) for k, v in params.items()},
                           {k: torch.zeros_like(v) for k, v in params.items()})
 
-    def _gradient(self, params: Params, batch: tuple) -> tuple[Params, float, Params | None]:
+    def _gradient(self, params: Params, indices: Optional[torch.Tensor]) -> tuple[Params, float, Params | None]:
         """``(gradient, log posterior, per-coordinate noise variance of this step's gradient)``;
-        the variance from the two halves of the batch (None without correction or a batch < 2)."""
-        grad = grad_and_value(lambda p, b: self.log_posterior(p, b), has_aux=True)
-        size = len(batch[0]) if isinstance(batch, tuple) and batch else 0
+        the variance from the two halves of the batch (None for full batches, without correction
+        or for batches of one)."""
+        target = self._target()
+        size = 0 if indices is None else indices.shape[-1]
         if not self.noise_correction or size < 2:
-            g, (value, _) = grad(params, batch)
-            return g, float(value), None
+            value, g = target.value_and_grad(params, indices)
+            return g, value, None
         n1 = size // 2
-        halves = [tuple(t[:n1] for t in batch), tuple(t[n1:] for t in batch)]
-        (g1, (v1, _)), (g2, (v2, _)) = (grad(params, half) for half in halves)
+        v1, g1 = target.value_and_grad(params, indices[..., :n1])
+        v2, g2 = target.value_and_grad(params, indices[..., n1:])
         w1, w2 = n1 / size, (size - n1) / size
         gradient = {k: w1 * g1[k] + w2 * g2[k] for k in g1}
         variance = {k: (g1[k] - g2[k]) ** 2 * (w1 * w2) for k in g1}
-        return gradient, float(w1 * v1 + w2 * v2), variance
+        return gradient, w1 * v1 + w2 * v2, variance
 
-    def step(self, state: ChainState, batch: tuple) -> None:
+    def noise_share(self, variance: torch.Tensor) -> torch.Tensor:
+        """Per coordinate, the share of the O-step's intended noise ``(1 - c^2) T`` that minibatch
+        noise of variance ``variance`` brings by itself through the B-step: ``c^2 lr^2 V / ((1 - c^2) T)``."""
+        c2 = math.exp(-2 * self.friction * self.lr)
+        return variance * (c2 * self.lr**2 / ((1 - c2) * self.temperature))
+
+    def step(self, state: ChainState, indices: Optional[torch.Tensor]) -> None:
         """One BAOA step in place (noise from torch's global RNG)."""
-        gradient, value, variance = self._gradient(state.params, batch)
+        gradient, value, variance = self._gradient(state.params, indices)
         state.steps += 1
         state.log_posterior = value
         if variance is not None:  # running mean of the per-step estimates (each a 1-dof chi-square)
             for k, v in variance.items():
                 state.noise_variance[k] += (v - state.noise_variance[k]) / state.steps
         c = math.exp(-self.friction * self.lr)
+        intended = (1 - c * c) * self.temperature
         clamped = total = kinetic = 0.0
         for k, theta in state.params.items():
             m = state.momenta[k]
             m.add_(gradient[k], alpha=self.lr)
             theta.add_(m, alpha=self.lr / 2)
-            missing = self.temperature - self.lr * state.noise_variance[k] / (2 * self.friction)
-            clamped += float((missing <= 0).sum())
+            injected = intended - (c * self.lr) ** 2 * state.noise_variance[k]
+            clamped += float((injected <= 0).sum())
             total += m.numel()
-            m.mul_(c).add_(torch.sqrt((1 - c * c) * missing.clamp_min(0.0)) * torch.randn_like(m))
+            m.mul_(c).add_(torch.sqrt(injected.clamp_min(0.0)) * torch.randn_like(m))
             theta.add_(m, alpha=self.lr / 2)
             kinetic += float((m * m).sum())
         state.kinetic_sum += kinetic / total / self.temperature
@@ -159,49 +336,31 @@ class Chain:
             yield {k: v.detach().clone() for k, v in state.params.items()}
 
 
-def network_log_posterior(model: nn.Module, buffers: Mapping[str, torch.Tensor], weight_decay: float) -> LogPosterior:
-    """Per-example log posterior of ``model`` (run in eval mode with ``buffers``):
-    ``(params, (images [B, ...], labels [B])) -> (-mean NLL - weight_decay/2 |params|^2, logits [B, C])``."""
-    model.eval()
-
-    def log_posterior(params: Mapping[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor]):
-        images, labels = batch
-        logits = functional_call(model, {**params, **buffers}, (images,))
-        log_prior = -0.5 * weight_decay * sum((p**2).sum() for p in params.values())
-        return -F.cross_entropy(logits, labels) + log_prior, logits
-
-    return log_posterior
-
-
-def endless_batches(
-    dataset: InMemoryImageDataset, batch_size: int, generator: torch.Generator, device: torch.device
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Shuffled minibatches ``(images [B, ...], labels [B])``, epoch after epoch, order from ``generator``."""
-    while True:
-        yield from iterate_batches(dataset, batch_size, generator, device)
-
-
 @dataclass
 class SGHMCSettings(MethodSettings):
-    """SGHMC settings. ``lr``: step size (lr 0.05 with friction 1 moves like SGD with learning
-    rate lr^2 = 0.0025 and momentum exp(-0.05) = 0.95; at 0.1 the minibatch gradient noise alone
-    exceeded the target on 10% of OptuNet's coordinates on digits, 3% at 0.05); ``friction``: alpha; ``temperature`` of the
-    target ``p(theta | D)^(1/temperature)``; ``weight_decay``: the Gaussian prior's precision
-    per example (null = the recipe's weight decay); ``batch_size`` (null = the recipe's);
-    ``burn_in_epochs``: steps discarded after the base checkpoint, in epochs of the train set;
-    ``thinning_epochs``: steps between kept states, in epochs (any positive fraction);
-    ``noise_correction``: remove the estimated minibatch gradient noise from the injected noise
-    (see the module doc; false = plain SGHMC, which runs hot); ``step_halvings``: when the
-    burn-in diverges (a step too large for the curvature at the base, e.g. a barely trained
-    ResNet-18 whose BatchNorm statistics are far off), restart it with half the step, at most
-    this many times (the step used is in the diagnostics).
+    """SGHMC settings. ``lr``: step size; ``friction``: alpha; ``temperature`` of the target
+    ``p(theta | D)^(1/temperature)``; ``weight_decay``: the Gaussian prior's precision per example
+    (null = the recipe's weight decay); ``full_batch``: gradients on the whole train split (no
+    minibatch noise; an epoch is then one step, so burn-in and thinning count steps); ``batch_size``:
+    minibatch size otherwise (null = the recipe's), drawn with replacement; ``chains``: independent
+    chains from the base, kept states taken round-robin (see the module doc; 10 by default, so that
+    a non-stackable ResNet-18 costs 10 x (10 + 10 x 2) = 300 epochs per repetition where one chain
+    of 100 states 2 epochs apart cost 210; digits runs 100 full-batch chains); ``burn_in_epochs``: steps discarded after the base checkpoint, in epochs
+    of the train set; ``thinning_epochs``: steps between a chain's kept states, in epochs (any
+    positive fraction); ``noise_correction``: remove the estimated minibatch gradient noise from the
+    injected noise (false = plain SGHMC, which runs hot); ``step_halvings``: when the burn-in
+    diverges (a step too large for the curvature at the base, e.g. a barely trained ResNet-18
+    whose BatchNorm statistics are far off), restart it with half the step, at most this many
+    times (the step used is in the diagnostics).
     """
 
     lr: float = 0.05
     friction: float = 1.0
     temperature: float = 1.0
     weight_decay: Optional[float] = None
+    full_batch: bool = False
     batch_size: Optional[int] = None
+    chains: int = 10
     burn_in_epochs: float = 10.0
     thinning_epochs: float = 2.0
     noise_correction: bool = True
@@ -209,6 +368,7 @@ class SGHMCSettings(MethodSettings):
 
     def __post_init__(self) -> None:
         require(self.step_halvings >= 0, "step_halvings", self.step_halvings, "an integer >= 0")
+        require(self.chains >= 1, "chains", self.chains, "a positive integer")
         for key in ("lr", "friction", "temperature", "thinning_epochs"):
             value = getattr(self, key)
             require(math.isfinite(value) and value > 0, key, value, "a positive number")
@@ -222,28 +382,36 @@ class SGHMCSettings(MethodSettings):
 
 @dataclass(frozen=True)
 class ChainPlan:
-    """The settings resolved against the recipe and the train set; burn-in and thinning in steps."""
+    """The settings resolved against the recipe and the train set; burn-in and thinning in steps;
+    ``batch_size`` None for full batches."""
 
     lr: float
     friction: float
     temperature: float
     weight_decay: float
-    batch_size: int
+    batch_size: Optional[int]
+    chains: int
     burn_in: int
     thinning: int
     noise_correction: bool
 
 
-class SGHMCMethod(PosteriorMethod):
-    """One SGHMC chain from the base checkpoint on the un-augmented train set.
+def chain_seed(seed: int, group: int) -> int:
+    """The seed of chain group ``group`` of a run seeded with ``seed`` (groups never share noise)."""
+    return (int(seed) * 1_000_003 + group) % 2**62
 
-    ``fit(base, seed)`` runs the burn-in from ``base`` (noise and data order from ``seed``)
-    and keeps the burnt-in state. ``sample(n, generator)`` continues a copy of that state for
-    ``n * thinning`` steps under one seed drawn from ``generator`` and returns every
-    ``thinning``-th state; ``predict_own`` re-runs the same continuation (deterministic given
-    the seed) and predicts with each kept state, so the two correspond for same-seeded
-    generators. The network runs in eval mode: BatchNorm uses the base's running statistics,
-    which stay fixed, so the target is the posterior of the network as it predicts.
+
+class SGHMCMethod(PosteriorMethod):
+    """``chains`` SGHMC chains from the base checkpoint on the un-augmented train set.
+
+    ``fit(base, seed)`` runs every chain's burn-in from ``base`` (noise and batches from ``seed``)
+    and keeps the burnt-in states. ``sample(n, generator)`` continues a copy of them under one
+    seed drawn from ``generator`` for ``ceil(n / chains)`` thinning intervals and returns the
+    states round-robin (kept state i: chain i mod chains); ``predict_own`` re-runs the same
+    continuation (deterministic given the seed) and predicts with each kept state, so the two
+    correspond for same-seeded generators. The network runs in eval mode: BatchNorm uses the
+    base's running statistics, which stay fixed, so the target is the posterior of the network as
+    it predicts.
     """
 
     name = "sghmc"
@@ -253,32 +421,38 @@ class SGHMCMethod(PosteriorMethod):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._state: ChainState | None = None
-        self._sampled: ChainState | None = None
+        self._groups: list[ChainState] | None = None
+        self._targets: list[Any] = []
         self._lr_factor = 1.0
         self._buffers: dict[str, torch.Tensor] = {}
         self._model: nn.Module | None = None
         self._train: InMemoryImageDataset | None = None
+        self._early_spread: torch.Tensor | None = None
+        self._diagnostics: dict[str, float] = {}
+        self._sampled: list[ChainState] = []  # the chain groups at the end of the last sample() call
 
     def check(self, mode: str) -> None:
         if mode not in self.modes:
             raise MethodConfigError(
-                f"method=sghmc mode={mode}: SGHMC runs one chain from one trained checkpoint (the paper uses it "
-                f"one-mode only); use mode=one"
+                f"method={self.name} mode={mode}: SGHMC runs its chains from one trained checkpoint (the paper uses "
+                f"it one-mode only); use mode=one"
             )
         super().check(mode)
 
     def plan(self) -> ChainPlan:
-        """The chain's settings in steps, defaults taken from the recipe."""
+        """The chains' settings in steps, defaults taken from the recipe."""
         s, recipe = self.settings, self.recipe
-        batch_size = recipe.batch_size if s.batch_size is None else s.batch_size
+        n = len(self._train_data())
+        batch_size = None if s.full_batch else (recipe.batch_size if s.batch_size is None else s.batch_size)
+        if batch_size is not None and batch_size >= n:
+            batch_size = None  # a batch of the whole split: full-batch gradients
         weight_decay = recipe.weight_decay if s.weight_decay is None else s.weight_decay
-        steps_per_epoch = math.ceil(len(self._train_data()) / batch_size)
+        steps_per_epoch = 1 if batch_size is None else math.ceil(n / batch_size)
         return ChainPlan(
             lr=s.lr, friction=s.friction, temperature=s.temperature, weight_decay=weight_decay, batch_size=batch_size,
-            burn_in=math.ceil(s.burn_in_epochs * steps_per_epoch),
+            chains=s.chains, burn_in=math.ceil(s.burn_in_epochs * steps_per_epoch),
             thinning=max(1, math.ceil(s.thinning_epochs * steps_per_epoch)),
-            noise_correction=s.noise_correction and batch_size < len(self._train_data()),
+            noise_correction=s.noise_correction and batch_size is not None,
         )
 
     def _train_data(self) -> InMemoryImageDataset:
@@ -287,96 +461,164 @@ class SGHMCMethod(PosteriorMethod):
             self._train = InMemoryImageDataset(*self.data.train_tensors)
         return self._train
 
-    def _chain(self, settings: ChainPlan) -> Chain:
-        assert self._model is not None
-        n = len(self._train_data())
-        return Chain(
-            network_log_posterior(self._model, self._buffers, settings.weight_decay),
-            lr=settings.lr * self._lr_factor, friction=settings.friction, temperature=settings.temperature / n,
-            noise_correction=settings.noise_correction,
-        )
+    def _chain(self, plan: ChainPlan, target: Any) -> Chain:
+        return Chain(target, lr=plan.lr * self._lr_factor, friction=plan.friction,
+                     temperature=plan.temperature / len(self._train_data()), noise_correction=plan.noise_correction)
 
-    def _batches(self, settings: ChainPlan, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        generator = torch.Generator().manual_seed(seed)
-        return endless_batches(self._train_data(), settings.batch_size, generator, self.device)
+    def _batches(self, plan: ChainPlan, seed: int, chains: int) -> Iterator[Optional[torch.Tensor]]:
+        """The stream of batches of a group of ``chains`` chains: ``independent_batches`` (order
+        from ``seed``), or ``full_batches`` without a batch size."""
+        if plan.batch_size is None:
+            return full_batches()
+        return independent_batches(len(self._train_data()), plan.batch_size, chains, torch.Generator().manual_seed(seed))
+
+    def _make_targets(self, plan: ChainPlan) -> list[tuple[Any, int]]:
+        """``(target, chains)`` per group: one stack of every chain when the model can be stacked,
+        else one group per chain."""
+        assert self._model is not None
+        try:
+            stacked = stacked_networks(self._model, self.device)
+        except NotStackableError as err:
+            log.info("method=%s: %d chains one after another (%s)", self.name, plan.chains, err)
+            target = NetworkTarget(self._model, self._buffers, self._train_data(), plan.weight_decay, self.device)
+            return [(target, 1)] * plan.chains
+        return [(StackedNetworkTarget(stacked, self._train_data(), plan.weight_decay, self.device), plan.chains)]
 
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
-        """Burn in a chain started at ``base`` (plain state dict); ``seed`` fixes its noise and data order.
+        """Burn in the chains started at ``base`` (plain state dict); ``seed`` fixes their noise and batches.
 
         NaN/Inf raises ``NonFiniteError`` and leaves the method unfitted.
         """
-        self._state = None
-        settings = self.plan()
+        self._groups = None
+        plan = self.plan()
         with seeded(0):  # building a model draws from the global RNG; leave it as it was
             model = self.new_model()
         try:
             model.load_state_dict(base)
         except RuntimeError as err:
-            raise ValueError(f"method=sghmc: the base checkpoint does not fit the model: {err}") from err
-        self._model = model
+            raise ValueError(f"method={self.name}: the base checkpoint does not fit the model: {err}") from err
+        self._model = model.eval()
         self._buffers = {k: v.detach() for k, v in model.named_buffers()}
+        start = {k: v.detach() for k, v in model.named_parameters()}
+        groups = self._make_targets(plan)
+        self._targets = [target for target, _ in groups]
+        # The chains' spread half-way to the first kept state (for spread_growth).
+        early = min(plan.burn_in, (plan.burn_in + plan.thinning) // 2)
         for halvings in range(self.settings.step_halvings + 1):
             self._lr_factor = 0.5**halvings
-            chain = self._chain(settings)
-            where = f"sghmc seed {seed}, burn-in at lr {chain.lr:g}"
+            where = f"{self.name} seed {seed}, burn-in at lr {plan.lr * self._lr_factor:g}"
             try:
-                with seeded(seed):
-                    state = chain.run(chain.start(dict(model.named_parameters())), self._batches(settings, seed),
-                                      settings.burn_in, where)
+                states, snapshots = [], []
+                for g, (target, chains) in enumerate(groups):
+                    chain = self._chain(plan, target)
+                    batches = self._batches(plan, chain_seed(seed, g), chains)
+                    with seeded(chain_seed(seed, g)):
+                        state = chain.run(chain.start(target.pack(start, chains)), batches, early, where)
+                        snapshots.append(self._flat(target, state.params))
+                        states.append(chain.run(state, batches, plan.burn_in - early, where))
                 break
             except NonFiniteError as err:
                 if halvings == self.settings.step_halvings:
                     raise
                 log.warning("%s; restarting the burn-in with half the step", err)
-        self._state = state
+        self._early_spread = torch.cat(snapshots).var(0) if sum(len(s) for s in snapshots) > 1 else None
+        self._groups = states
 
-    def _kept_states(self, n: int, generator: torch.Generator) -> Iterator[dict[str, torch.Tensor]]:
-        """The ``n`` kept plain state dicts of the continuation seeded from ``generator``."""
-        if self._state is None:
-            raise RuntimeError("method=sghmc: call fit() before sample() or predict_own()")
+    def _flat(self, target: Any, params: Params) -> torch.Tensor:
+        """The chains of ``params`` as rows ``[chains, d']`` (float64, CPU): every weight, or a fixed
+        random subset of ``DIAGNOSTIC_COORDINATES`` of them for larger models."""
+        rows = torch.stack([torch.cat([v.reshape(-1) for v in target.unpack(params, c).values()])
+                            for c in range(target.count(params))])
+        if rows.shape[1] > DIAGNOSTIC_COORDINATES:
+            subset = torch.randperm(rows.shape[1], generator=torch.Generator().manual_seed(0))[:DIAGNOSTIC_COORDINATES]
+            rows = rows[:, subset.sort().values]
+        return rows.double()
+
+    def _kept_states(self, n: int, generator: torch.Generator) -> list[dict[str, torch.Tensor]]:
+        """The ``n`` kept plain state dicts of the continuation seeded from ``generator``
+        (round-robin over chains), and the diagnostics of that continuation."""
+        if self._groups is None:
+            raise RuntimeError(f"method={self.name}: call fit() before sample() or predict_own()")
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"method=sghmc: number of samples must be a positive integer, got {n!r}")
-        settings = self.plan()
+            raise ValueError(f"method={self.name}: number of samples must be a positive integer, got {n!r}")
+        plan = self.plan()
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        chain = self._chain(settings)
+        chains = sum(t.count(s.params) for t, s in zip(self._targets, self._groups))
+        rounds = math.ceil(n / chains)
+        per_round: list[list[torch.Tensor]] = [[] for _ in range(rounds)]  # [round][group] -> [chains_g, d]
+        kept: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(rounds)]
+        kinetic = clamped = steps = 0.0
+        noise_share = []
+        self._sampled = []
+        for g, (target, group) in enumerate(zip(self._targets, self._groups)):
+            chain = self._chain(plan, target)
+            state = group.copy()
+            state.kinetic_sum = state.clamped_sum = 0.0
+            start = state.steps
+            batches = self._batches(plan, chain_seed(seed, g), target.count(state.params))
+            with seeded(chain_seed(seed, g)):
+                for r, params in enumerate(chain.thinned(state, batches, rounds, plan.thinning, f"{self.name} sampling")):
+                    per_round[r].append(self._flat(target, params))
+                    kept[r].extend(target.unpack(params, c) for c in range(target.count(params)))
+            kinetic += state.kinetic_sum
+            clamped += state.clamped_sum
+            steps += state.steps - start
+            noise_share.extend(chain.noise_share(v).reshape(-1) for v in state.noise_variance.values())
+            self._sampled.append(state)
+        buffers = {k: v.cpu() for k, v in self._buffers.items()}
         keys = list(self._model.state_dict())
-        state = self._state.copy()
-        state.kinetic_sum = state.clamped_sum = 0.0
-        start = state.steps
-        with seeded(seed):
-            for params in chain.thinned(state, self._batches(settings, seed), n, settings.thinning, "sghmc sampling"):
-                merged = {**params, **self._buffers}
-                yield {k: merged[k] for k in keys}
-        state.steps -= start  # the sums cover the sampling steps only
-        self._sampled = state
+        states = [{k: {**sd, **buffers}[k] for k in keys} for row in kept for sd in row][:n]
+        self._diagnostics = self._describe(plan, chains, rounds, n, per_round, kinetic / steps, clamped / steps,
+                                           torch.cat(noise_share))
+        return states
 
-    def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-        """Of the last ``sample`` call's chain segment: ``kinetic_temperature`` (mean over steps of
-        mean(m^2) / T: 1 when the momenta are at the configured temperature), ``clamped_fraction``
-        (coordinates where the gradient noise alone exceeded the target), ``noise_to_target``
-        (mean over coordinates of lr V / (2 friction T): the share of the intended noise that the
-        minibatch gradients bring by themselves)."""
-        state = self._sampled
-        if state is None or state.steps == 0:
-            return {}
-        settings = self.plan()
-        target = settings.temperature / len(self._train_data())
-        ratio = [v * settings.lr / (2 * settings.friction * target) for v in state.noise_variance.values()]
-        coordinates = sum(r.numel() for r in ratio)
+    def _describe(self, plan: ChainPlan, chains: int, rounds: int, n: int, per_round: list[list[torch.Tensor]],
+                  kinetic: float, clamped: float, noise_share: torch.Tensor) -> dict[str, float]:
+        draws = torch.stack([torch.cat(groups) for groups in per_round])  # [rounds, chains, d]
+        kept = draws.reshape(-1, draws.shape[-1])[:n]  # the n kept states in the order sample() returns them
+        moving = kept.std(0) > 0
+        # As the report's diagnostics compute it (benchmark/report/diagnostics.py): one sequence of
+        # the kept states in their stored order, median over weights.
+        ess = float(np.median(effective_sample_size(kept[:, moving].numpy()))) if n >= 4 and bool(moving.any()) else math.nan
+        growth = math.nan
+        if self._early_spread is not None and chains > 1:
+            late, early = draws[0].var(0), self._early_spread
+            ok = early > 0
+            growth = float((late[ok] / early[ok]).median()) if bool(ok.any()) else math.nan
         return {
-            "lr": settings.lr * self._lr_factor,
-            "kinetic_temperature": state.kinetic_sum / state.steps,
-            "clamped_fraction": state.clamped_sum / state.steps,
-            "noise_to_target": float(sum(r.sum() for r in ratio)) / coordinates,
+            "lr": plan.lr * self._lr_factor,
+            "chains": float(chains),
+            "states_per_chain": float(rounds),
+            "full_batch": float(plan.batch_size is None),
+            "ess": ess,
+            "spread_growth": growth,
+            "kinetic_temperature": kinetic,
+            "clamped_fraction": clamped,
+            "noise_to_target": float(noise_share.mean()) if plan.noise_correction else 0.0,
         }
 
+    def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        """Of the last ``sample`` call: ``lr`` (the step used, after any halvings), ``chains``,
+        ``states_per_chain``, ``full_batch`` (1: full-batch gradients), ``ess`` (median over the weights
+        that move of ``metrics.chains.effective_sample_size`` of the kept states in the order
+        ``sample`` returns them, as the report computes it: about their number when each comes from its
+        own chain; NaN below 4 states), ``spread_growth`` (median over weights of
+        the across-chain variance at the first kept states over that half-way there: ~1 when the
+        chains have stopped spreading, ~2 where they still diffuse away from the base as a free
+        particle does), ``kinetic_temperature`` (mean over steps of mean(m^2) / T: the momenta, not
+        where the weights sit), ``clamped_fraction`` (coordinates where the minibatch noise alone
+        exceeded the target), ``noise_to_target`` (mean over coordinates of the share of the
+        intended noise that the minibatch gradients bring by themselves, at the step used; 0 for
+        full batches). None of them sees minibatch noise concentrated in a few directions (module doc)."""
+        return dict(self._diagnostics)
+
     def sample(self, n: int, generator: torch.Generator) -> SampleSet:
-        """``n`` thinned chain states ``{plain key: [n, ...]}`` (CPU); buffers are the base's."""
+        """``n`` kept chain states ``{plain key: [n, ...]}`` (CPU); buffers are the base's."""
         return stack_state_dicts([{k: v.cpu() for k, v in sd.items()} for sd in self._kept_states(n, generator)])
 
     def predict_own(self, images: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
         """Softmax probabilities ``[n, N, C]`` (float32, CPU) of each kept state of the same
-        continuation ``sample(n, generator)`` returns, predicted as the chain reaches it."""
+        continuation ``sample(n, generator)`` returns."""
         return torch.cat([
             predict_with_weights(self._model, {k: v[None] for k, v in weights.items()}, images)
             for weights in self._kept_states(n, generator)
