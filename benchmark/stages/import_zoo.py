@@ -250,8 +250,8 @@ def _write(exp: Experiment, ready: _Ready, summary: ImportSummary) -> None:
     rule = exp.recipe.fail_rule
     summary.test_accuracies[seed] = metadata.get("test_accuracy", math.nan)
     validation = metadata.get("validation_accuracy")
-    if rule.active and validation is not None and validation < rule.min_accuracy:
-        reason = f"validation accuracy {validation:.3f} < {rule.min_accuracy} (imported checkpoint)"
+    if rule.active and validation is not None and validation < rule.final_threshold:
+        reason = f"validation accuracy {validation:.3f} < {rule.final_threshold} (imported checkpoint)"
         store.record_failure(seed, {"reason": reason, "validation_accuracy": validation, **_source_fields(metadata)})
         summary.failed.append(seed)
         return

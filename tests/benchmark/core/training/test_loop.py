@@ -37,6 +37,10 @@ def test_recipe_overrides_change_only_what_they_set():
     ("train.epochs=0", "train.epochs=0: expected a positive integer"),
     ("train.momentum=1.5", "train.momentum=1.5: expected a number in [0, 1)"),
     ("train.schedule=step", "train.schedule: Invalid value 'step', expected one of [multistep, cosine, constant]"),
+    ("train.fail_rule.final_min_accuracy=1.5", "train.fail_rule.final_min_accuracy=1.5: expected a fraction in [0, 1] or null"),
+    ("train.fail_rule.final_min_accuracy=-0.1", "train.fail_rule.final_min_accuracy=-0.1: expected a fraction in [0, 1] or null"),
+    ("train.fail_rule.min_accuracy=-1", "train.fail_rule.min_accuracy=-1.0: expected a number >= 0 (a fraction) or null"),
+    ("train.fail_rule.epoch=0", "train.fail_rule.epoch=0: expected a positive integer or null"),
 ])
 def test_bad_recipes_are_refused_with_the_key(override, message):
     from benchmark.cli import check_command_line
