@@ -16,7 +16,8 @@ from tests.conftest import compose_config
 
 @pytest.fixture(scope="module")
 def exp():
-    return Experiment(compose_config(["store=unused", "train.epochs=2", "train.fail_rule.epoch=1"]))
+    return Experiment(compose_config(["store=unused", "train.epochs=2", "train.fail_rule.epoch=1",
+                                      "train.fail_rule.final_min_accuracy=null"]))
 
 
 @pytest.fixture(autouse=True)
