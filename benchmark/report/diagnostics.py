@@ -34,7 +34,10 @@ EXPLANATIONS = {
     "sghmc": ("SGHMC: kinetic temperature mean(m^2)/T of the sampling segment (1 = at the configured temperature), "
               "fraction of coordinates where the minibatch gradient noise alone exceeded the target (there the chain "
               "runs hot), that noise as a share of the target, and the effective sample size of the kept states "
-              "(median over weights)."),
+              "(median over weights; ess as the sampler measured it). chains: independent chains from the base, "
+              "states_per_chain: kept states of each, full_batch: 1 for full-batch gradients (no minibatch noise), "
+              "spread_growth: the chains' spread at the first kept states over their spread half-way there (about 1: "
+              "settled; about 2: still spreading from the base, as free diffusion does)."),
 }
 
 

@@ -258,8 +258,8 @@ def _write(exp: Experiment, ready: _Ready, summary: ImportSummary) -> None:
     summary.test_accuracies[seed] = metadata.get("test_accuracy", math.nan)
     validation = metadata.get("validation_accuracy")
     try:
-        if rule.active and validation is not None and validation < rule.min_accuracy:
-            reason = f"validation accuracy {validation:.3f} < {rule.min_accuracy} (imported checkpoint)"
+        if rule.active and validation is not None and validation < rule.final_threshold:
+            reason = f"validation accuracy {validation:.3f} < {rule.final_threshold} (imported checkpoint)"
             # replaces only this seed's record of an unusable file (``_already``), under the claim
             store.record_failure(seed, {"reason": reason, "validation_accuracy": validation, **_source_fields(metadata)},
                                  exclusive=not store.failed_path(seed).exists())

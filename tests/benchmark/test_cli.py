@@ -42,7 +42,7 @@ def test_help_introduces_the_suite(cli):
         (["mode=two"], "mode: Invalid value 'two', expected one of [both, one, multi]"),
         (["experiment=cifar10"], "In 'config': Could not find 'experiment/cifar10' available options in 'experiment': "
                                  "cifar100_resnet18 digits_optunet mnist_optunet tinyimagenet_resnet18"),
-        (["seeds.heldout=[100,300]"], "seeds.reference=[0, 1350] and seeds.heldout=[100, 300] overlap"),
+        (["seeds.heldout=[100,300]"], "seeds.reference=[0, 1450] and seeds.heldout=[100, 300] overlap"),
         (["-m", "method=swag,mcmc"], "method: Invalid value 'mcmc', expected one of [all, dropout, bnn"),
         (["-m", "zoo.num_shards=2", "zoo.shard=range(3)"], "zoo.shard=2: expected an integer in [0, num_shards=2)"),
     ],

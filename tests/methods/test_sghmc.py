@@ -306,8 +306,8 @@ def test_diagnostics_of_a_stacked_minibatch_run(fitted):
 
 
 def test_full_batch_chains_have_no_minibatch_noise(tiny_exp, tiny_bases):
-    configured = build(tiny_exp, "sghmc").plan()  # digits' config: 100 full-batch chains of 100 + 10 steps
-    assert configured.batch_size is None and configured.chains == 100 and (configured.burn_in, configured.thinning) == (100, 10)
+    configured = build(tiny_exp, "sghmc").plan()  # digits' config: 50 full-batch chains of 100 + 10 steps
+    assert configured.batch_size is None and configured.chains == 50 and (configured.burn_in, configured.thinning) == (100, 10)
     seed, base = tiny_bases[0]
     method = build(tiny_exp, "sghmc", full_batch=True, burn_in_epochs=3, thinning_epochs=1, chains=4)
     plan = method.plan()

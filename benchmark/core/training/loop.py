@@ -261,8 +261,8 @@ def train_network(
     train accuracy. ``optimizer_factory(model, recipe)`` replaces the recipe's SGD (its groups
     follow the recipe's schedule, scaled by their ``lr_scale``). ``on_step(epoch, step, model)``
     (optional) runs after every optimiser step. A run below ``recipe.fail_rule.min_accuracy`` after
-    ``fail_rule.epoch`` epochs stops early, and one that ends below it is also failed; both
-    return with ``failure`` set.
+    ``fail_rule.epoch`` epochs stops early, and one that ends below ``fail_rule.final_threshold``
+    is also failed; both return with ``failure`` set.
     NaN/Inf raises ``NonFiniteError`` (nothing to store). ``acceleration``: mixed precision and
     memory format (see ``Acceleration``; evaluation runs in full precision).
     """
@@ -292,10 +292,7 @@ def train_network(
             history.append(record)
     check_acc = accuracy(model, *check_set) if check_set is not None else math.nan
     train_acc = accuracy(model, *train_eval) if train_eval is not None else math.nan
-    failure = None
-    if recipe.fail_rule.active and check_acc < recipe.fail_rule.min_accuracy:
-        # Passed the early check, then collapsed (e.g. every ReLU died later): same threshold.
-        failure = f"held-out accuracy {check_acc:.3f} < {recipe.fail_rule.min_accuracy} at the end of training (collapsed)"
+    failure = recipe.fail_rule.final_failure(check_acc)
     return TrainResult(_cpu_state(model), train_acc, check_acc, recipe.epochs, failure=failure, history=history)
 
 

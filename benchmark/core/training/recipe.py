@@ -28,16 +28,47 @@ class Schedule(str, Enum):
 
 @dataclass
 class FailRule:
-    """Non-convergence rule (OptuMNIST's): a run whose held-out accuracy (fraction) is below
-    ``min_accuracy`` after ``epoch`` epochs, or at the end, is recorded as failed. ``null``
-    in either field disables the rule."""
+    """Non-convergence rule: a run whose held-out accuracy (fraction) is below ``min_accuracy``
+    after ``epoch`` epochs stops there and is recorded as failed (OptuMNIST's rule), and one
+    whose held-out accuracy at the end of training is below ``final_min_accuracy`` is recorded
+    as failed too. ``final_min_accuracy: null`` (the paper's rule) judges the end against
+    ``min_accuracy``, catching a run that passed the early check and then collapsed. ``null`` in
+    ``epoch`` or ``min_accuracy`` disables the whole rule, the end check included."""
 
     epoch: Optional[int] = None
     min_accuracy: Optional[float] = None
+    final_min_accuracy: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        require(self.epoch is None or self.epoch >= 1, "epoch", self.epoch, "a positive integer or null")
+        # Above 1 is allowed: a rule that fails every run (the tests use 1.01).
+        require(self.min_accuracy is None or (math.isfinite(self.min_accuracy) and self.min_accuracy >= 0),
+                "min_accuracy", self.min_accuracy, "a number >= 0 (a fraction) or null")
+        require(self.final_min_accuracy is None
+                or (math.isfinite(self.final_min_accuracy) and 0 <= self.final_min_accuracy <= 1),
+                "final_min_accuracy", self.final_min_accuracy, "a fraction in [0, 1] or null")
 
     @property
     def active(self) -> bool:
         return self.epoch is not None and self.min_accuracy is not None
+
+    @property
+    def final_threshold(self) -> float | None:
+        """The held-out accuracy a run must reach at the end of training (None: the rule is off)."""
+        if not self.active:
+            return None
+        return self.min_accuracy if self.final_min_accuracy is None else self.final_min_accuracy
+
+    def final_failure(self, accuracy: float) -> str | None:
+        """The failure reason of a run that ends with held-out ``accuracy`` (None: it passes)."""
+        threshold = self.final_threshold
+        if threshold is None or accuracy >= threshold:
+            return None
+        if self.final_min_accuracy is None:
+            # Passed the early check, then collapsed (e.g. every ReLU died later): same threshold.
+            return f"held-out accuracy {accuracy:.3f} < {threshold} at the end of training (collapsed)"
+        return (f"held-out accuracy {accuracy:.3f} < {threshold} at the end of training "
+                "(below fail_rule.final_min_accuracy: not converged)")
 
 
 @dataclass

@@ -233,9 +233,5 @@ def train_networks(
         train = (_accuracies(stacked, stack.params, train_eval, len(stack.lanes)).tolist()
                  if train_eval is not None else [math.nan] * len(stack.lanes))
         for position, lane in enumerate(stack.lanes):
-            failure = None
-            if rule.active and test[position] < rule.min_accuracy:
-                failure = (f"held-out accuracy {test[position]:.3f} < {rule.min_accuracy} at the end of training "
-                           "(collapsed)")
-            finish(lane, result(position, train[position], test[position], recipe.epochs, failure))
+            finish(lane, result(position, train[position], test[position], recipe.epochs, rule.final_failure(test[position])))
     return outcomes  # type: ignore[return-value]

@@ -13,9 +13,9 @@ from tests.conftest import compose_config
 
 def test_recipe_from_config_and_schedules():
     r = Experiment(compose_config([])).recipe
-    assert (r.epochs, r.batch_size, r.lr, r.momentum, r.milestones, r.gamma) == (30, 32, 0.05, 0.9, [8, 15], 0.5)
-    assert r.fail_rule == FailRule(epoch=3, min_accuracy=0.15)
-    assert [learning_rate(r, e) for e in (0, 7, 8, 14, 15, 29)] == [0.05, 0.05, 0.025, 0.025, 0.0125, 0.0125]
+    assert (r.epochs, r.batch_size, r.lr, r.momentum, r.milestones, r.gamma) == (45, 32, 0.05, 0.9, [30, 38], 0.5)
+    assert r.fail_rule == FailRule(epoch=3, min_accuracy=0.15, final_min_accuracy=0.6)
+    assert [learning_rate(r, e) for e in (0, 39, 40, 49, 50, 59)] == [0.05, 0.05, 0.025, 0.025, 0.0125, 0.0125]
     cos = Recipe(epochs=4, batch_size=1, lr=1.0, schedule="cosine")
     assert [round(learning_rate(cos, e), 6) for e in range(4)] == [1.0, round(0.5 * (1 + math.cos(math.pi / 4)), 6), 0.5, round(0.5 * (1 + math.cos(3 * math.pi / 4)), 6)]
     with pytest.raises(ValueError, match="'step' is not a valid Schedule"):
@@ -37,6 +37,10 @@ def test_recipe_overrides_change_only_what_they_set():
     ("train.epochs=0", "train.epochs=0: expected a positive integer"),
     ("train.momentum=1.5", "train.momentum=1.5: expected a number in [0, 1)"),
     ("train.schedule=step", "train.schedule: Invalid value 'step', expected one of [multistep, cosine, constant]"),
+    ("train.fail_rule.final_min_accuracy=1.5", "train.fail_rule.final_min_accuracy=1.5: expected a fraction in [0, 1] or null"),
+    ("train.fail_rule.final_min_accuracy=-0.1", "train.fail_rule.final_min_accuracy=-0.1: expected a fraction in [0, 1] or null"),
+    ("train.fail_rule.min_accuracy=-1", "train.fail_rule.min_accuracy=-1.0: expected a number >= 0 (a fraction) or null"),
+    ("train.fail_rule.epoch=0", "train.fail_rule.epoch=0: expected a positive integer or null"),
 ])
 def test_bad_recipes_are_refused_with_the_key(override, message):
     from benchmark.cli import check_command_line

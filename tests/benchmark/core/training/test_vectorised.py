@@ -8,7 +8,7 @@ import torch
 
 from benchmark.core.data import InMemoryImageDataset
 from benchmark.experiment import Experiment
-from benchmark.core.training import NonFiniteError, TrainingData, seeded, train_network
+from benchmark.core.training import FailRule, NonFiniteError, TrainingData, seeded, train_network
 from benchmark.core.training.stacked import NotStackableError
 from benchmark.core.training.vectorised import networks_that_fit, train_networks
 from tests.conftest import compose_config
@@ -16,7 +16,8 @@ from tests.conftest import compose_config
 
 @pytest.fixture(scope="module")
 def exp():
-    return Experiment(compose_config(["store=unused", "train.epochs=2", "train.fail_rule.epoch=1"]))
+    return Experiment(compose_config(["store=unused", "train.epochs=2", "train.fail_rule.epoch=1",
+                                      "train.fail_rule.final_min_accuracy=null"]))
 
 
 @pytest.fixture(autouse=True)
@@ -160,4 +161,28 @@ def test_a_subset_of_the_training_set_stacks_like_the_same_images_in_memory(exp)
     direct = TrainingData(InMemoryImageDataset(data.train.images[kept], data.train.labels[kept]), data.train_tensors, data.check)
     recipe = exp.recipe.replaced(epochs=1, fail_rule=dataclasses.replace(exp.recipe.fail_rule, epoch=None))
     for ours, theirs in zip(stacked(exp, subset, recipe, [3, 4]), one_at_a_time(exp, direct, recipe, [3, 4])):
+        assert_same(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_the_final_threshold_gives_the_same_verdicts_in_both_trainers(exp):
+    """``fail_rule.final_min_accuracy`` decides here (the early check at epoch 1 passes every
+    seed): both trainers fail exactly the seeds whose end-of-training validation accuracy is
+    below it, with the same reason, and keep the others."""
+    data = exp.training_data
+    short = TrainingData(InMemoryImageDataset(data.train.images[:320], data.train.labels[:320]), data.train_tensors, data.check)
+    seeds = list(range(6))
+    lenient = exp.recipe.replaced(epochs=2, milestones=[], fail_rule=FailRule(epoch=1, min_accuracy=0.0))
+    ends = sorted({r.check_accuracy for r in one_at_a_time(exp, short, lenient, seeds)})
+    assert len(ends) >= 2, "the seeds should end at different accuracies"
+    threshold = (ends[len(ends) // 2 - 1] + ends[len(ends) // 2]) / 2  # between two reached accuracies
+    recipe = lenient.replaced(fail_rule=FailRule(epoch=1, min_accuracy=0.0, final_min_accuracy=threshold))
+    want = one_at_a_time(exp, short, recipe, seeds)
+    verdicts = [r.failure is None for r in want]
+    assert verdicts == [r.check_accuracy >= threshold for r in want] and set(verdicts) == {True, False}
+    for r in want:
+        assert r.epochs_run == 2  # judged at the end, not stopped early
+        if r.failure:
+            assert r.failure == (f"held-out accuracy {r.check_accuracy:.3f} < {threshold} at the end of training "
+                                 "(below fail_rule.final_min_accuracy: not converged)")
+    for ours, theirs in zip(stacked(exp, short, recipe, seeds), want):
         assert_same(ours, theirs, rtol=1e-5, atol=1e-6)
