@@ -14,7 +14,7 @@ from tests.conftest import compose_config
 def test_recipe_from_config_and_schedules():
     r = Experiment(compose_config([])).recipe
     assert (r.epochs, r.batch_size, r.lr, r.momentum, r.milestones, r.gamma) == (45, 32, 0.05, 0.9, [30, 38], 0.5)
-    assert r.fail_rule == FailRule(epoch=3, min_accuracy=0.15, final_min_accuracy=0.6)
+    assert r.fail_rule == FailRule(epoch=3, min_accuracy=0.15, final_min_accuracy=0.5)
     assert [learning_rate(r, e) for e in (0, 29, 30, 37, 38, 44)] == [0.05, 0.05, 0.025, 0.025, 0.0125, 0.0125]
     cos = Recipe(epochs=4, batch_size=1, lr=1.0, schedule="cosine")
     assert [round(learning_rate(cos, e), 6) for e in range(4)] == [1.0, round(0.5 * (1 + math.cos(math.pi / 4)), 6), 0.5, round(0.5 * (1 + math.cos(3 * math.pi / 4)), 6)]
