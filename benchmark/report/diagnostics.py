@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmark.core.store import SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
+from benchmark.core.store import CheckpointMetadata, SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import available_rows, row_units
 from metrics.mcmc import ess
 
 BASE_COLUMNS = ["method", "method_label", "mode", "repetitions", "n_samples", "sample_acc_min", "sample_acc_median",
-                "sample_acc_max", "ensemble_acc", "ess_median"]
+                "sample_acc_max", "ensemble_acc", "ess_median", "base_acc_min", "base_acc_median", "base_acc_max", "n_bases"]
 
 EXPLANATIONS = {
     "swag": ("SWAG: mean over weights of the snapshots' diagonal variance and of the low-rank variance diag(D D^T)/(K-1); "
@@ -53,12 +53,17 @@ def collect(exp: Experiment) -> pd.DataFrame:
                "sample_acc_min": per_sample.min(), "sample_acc_median": float(np.median(per_sample)),
                "sample_acc_max": per_sample.max(), "ensemble_acc": float((preds.mean(0).argmax(-1) == labels).mean())}
         diagnostics: dict[str, list[float]] = {}
+        bases: list[float] = []
         for unit in units:
             meta = SampleSetMetadata.decode(read_metadata(exp.store.samples_path(unit)))
             row["method_label"] = meta.label or method
+            bases += [base_accuracy(exp, seed) for seed in meta.base_seeds or []]
             for key, value in (meta.diagnostics or {}).items():
                 diagnostics.setdefault(key, []).append(float(value))
         row |= {key: float(np.mean(values)) for key, values in diagnostics.items()}
+        known = [a for a in bases if not math.isnan(a)]
+        row |= {"n_bases": len(bases), "base_acc_min": min(known, default=math.nan),
+                "base_acc_median": float(np.median(known)) if known else math.nan, "base_acc_max": max(known, default=math.nan)}
         if method == "sghmc":
             samples = load_sample_set(exp.store.samples_path(units[0]))
             draws = np.concatenate([v.reshape(len(v), -1).double().numpy() for v in samples.values()
@@ -70,11 +75,21 @@ def collect(exp: Experiment) -> pd.DataFrame:
     return frame.reindex(columns=BASE_COLUMNS + extra)
 
 
+def base_accuracy(exp: Experiment, seed: int) -> float:
+    """Test accuracy (fraction) of held-out zoo checkpoint ``seed`` as its metadata record it; NaN
+    when the checkpoint is gone or does not say (imports without evaluation)."""
+    path = exp.store.checkpoint_path(seed)
+    if not path.is_file():
+        return math.nan
+    return float(CheckpointMetadata.decode(read_metadata(path)).test_accuracy)
+
+
 def render(frame: pd.DataFrame, experiment: str) -> str:
     """Markdown: the samples' accuracy spread for every row, then each method's diagnostics."""
     lines = [f"# Diagnostics of {experiment}", "",
              "Accuracy (%) on the ID test set of each weight sample (first repetition), and of their ensemble; ESS: "
-             "effective sample size of SGHMC's kept states.", ""]
+             "effective sample size of SGHMC's kept states; base networks: the test accuracy of the trained held-out "
+             "networks the row's repetitions start from (all repetitions; for Deep Ensembles, the members).", ""]
     table = pd.DataFrame({
         "Method": frame["method_label"], "Mode": frame["mode"],
         "Samples": frame["n_samples"].map("{:.0f}".format),
@@ -83,6 +98,9 @@ def render(frame: pd.DataFrame, experiment: str) -> str:
             for a, b, c in zip(frame["sample_acc_min"], frame["sample_acc_median"], frame["sample_acc_max"])],
         "Ensemble acc.": (frame["ensemble_acc"] * 100).map("{:.1f}".format),
         "ESS": frame["ess_median"].map(lambda v: "" if np.isnan(v) else f"{v:.0f}"),
+        "Base networks: n, acc. min / median / max": [
+            f"{n:.0f}: {a * 100:.1f} / {b * 100:.1f} / {c * 100:.1f}" if n and not np.isnan(b) else ""
+            for n, a, b, c in zip(frame["n_bases"], frame["base_acc_min"], frame["base_acc_median"], frame["base_acc_max"])],
     })
     lines += [table.to_markdown(index=False), ""]
     for method, explanation in EXPLANATIONS.items():

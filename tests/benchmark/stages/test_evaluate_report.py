@@ -256,6 +256,12 @@ def test_second_run_reuses_cached_rows_and_gives_identical_tables(filled):
     row = diagnostics.loc[("ensemble", "multi")]
     assert row.repetitions == 2 and row.sample_acc_min == pytest.approx(float(per_sample.min()))
     assert row.sample_acc_max == pytest.approx(float(per_sample.max()))
+    from benchmark.core.store import CheckpointMetadata, SampleSetMetadata, read_metadata
+    seeds = [s for r in range(2) for s in SampleSetMetadata.decode(read_metadata(
+        exp.store.samples_path(exp.store.sample_unit("ensemble", "multi", r)))).base_seeds]
+    accuracies = [CheckpointMetadata.decode(read_metadata(exp.store.checkpoint_path(s))).test_accuracy for s in seeds]
+    assert row.n_bases == len(seeds) > 0 and row.base_acc_min == pytest.approx(min(accuracies))
+    assert row.base_acc_max == pytest.approx(max(accuracies))
     found = (tables[0].parent / "findings.md").read_text()
     assert "No claim can be checked" in found
     assert "Deep Ensembles" in (tables[0].parent / "table1.md").read_text()
