@@ -88,8 +88,10 @@ def render(frame: pd.DataFrame, experiment: str) -> str:
     """Markdown: the samples' accuracy spread for every row, then each method's diagnostics."""
     lines = [f"# Diagnostics of {experiment}", "",
              "Accuracy (%) on the ID test set of each weight sample (first repetition), and of their ensemble; ESS: "
-             "effective sample size of SGHMC's kept states; base networks: the test accuracy of the trained held-out "
-             "networks the row's repetitions start from (all repetitions; for Deep Ensembles, the members).", ""]
+             "effective sample size of SGHMC's kept states; base networks: the test accuracy of the held-out zoo "
+             "networks of the row's base seeds over all repetitions (the networks SWAG, Laplace and SGHMC start from; "
+             "MC Dropout and the vBNNs train their own networks under those seeds; for Deep Ensembles, the "
+             "members).", ""]
     table = pd.DataFrame({
         "Method": frame["method_label"], "Mode": frame["mode"],
         "Samples": frame["n_samples"].map("{:.0f}".format),

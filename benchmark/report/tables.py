@@ -182,7 +182,7 @@ def captions(df: pd.DataFrame) -> tuple[str, str]:
         + " MMD rej. and NS rej.: {pct} of layers where MMDAgg's aggregated test (the 20 kernels, level 0.05) "
         "rejects \"same distribution\" (first repetition; SGHMC's samples are states of several chains from one "
         "base, exchangeable only as far as their effective sample size, the ESS column of diagnostics.md, says)."
-        + " The accuracies of the base networks each row starts from are in diagnostics.md."
+        + " The accuracies of each row's base networks are in diagnostics.md."
         + _variant_text(df)
     )
     table2_caption = ("Table 2: Full MMD table. " + _mmd_text(df, "the median, mean or max") + " " + SHARED_TEXT + " "
