@@ -121,7 +121,8 @@ def variant_notes(methods: Iterable[str]) -> list[str]:
     """``VBNN_NOTE`` when a vBNN row is among ``methods``, then the ``VARIANT_NOTES`` of the
     methods among them, in registry order."""
     present = set(methods)
-    vbnn = [VBNN_NOTE] if any(issubclass(method_class(name), BNNMethod) for name in present) else []
+    registered = present & set(method_names())  # external rows (method=external) have no class here
+    vbnn = [VBNN_NOTE] if any(issubclass(method_class(name), BNNMethod) for name in registered) else []
     return vbnn + [note.format(label=method_class(name).label) for name, note in VARIANT_NOTES.items() if name in present]
 
 

@@ -277,15 +277,15 @@ def test_evaluate_refuses_an_empty_store_and_foreign_samples(tmp_path):
 def test_foreign_experiment_samples_are_refused(filled, tmp_path):
     exp, reps = filled
     store = exp.store
-    path = store.samples_path(store.sample_unit("hmc", "one"))
+    path = store.samples_path(store.sample_unit("numpyro_hmc", "one"))
     save_sample_set(path, {k: v[:2] for k, v in reps[0][0].items()}, {"experiment": "mnist_optunet"})
-    save_sample_set(store.preds_path(store.sample_unit("hmc", "one")), {k: v[:2] for k, v in reps[0][1].items()}, {"experiment": "mnist_optunet"})
+    save_sample_set(store.preds_path(store.sample_unit("numpyro_hmc", "one")), {k: v[:2] for k, v in reps[0][1].items()}, {"experiment": "mnist_optunet"})
     try:
         with pytest.raises(StoreError, match="experiment 'mnist_optunet', expected 'digits_optunet'.*the store holds"):
             run_evaluate(exp)
     finally:
         path.unlink()
-        store.preds_path(store.sample_unit("hmc", "one")).unlink()
+        store.preds_path(store.sample_unit("numpyro_hmc", "one")).unlink()
 
 
 def test_report_without_metrics_names_the_command(tmp_path):

@@ -51,19 +51,19 @@ def test_external_samples_get_their_row_with_independent_numbers(zoo, tmp_path):
     samples = _samples()
     path = tmp_path / "hmc.safetensors"
     save_file(samples, str(path))
-    run(_cfg(zoo, path, "external.name=hmc", 'external.label="HMC (NumPyro)"', "mode=one"))
-    exp = Experiment(_cfg(zoo, path, "external.name=hmc", "mode=one", "stage=all"))
-    stored = load_sample_set(exp.store.samples_path(exp.store.sample_unit("hmc", "one")))
+    run(_cfg(zoo, path, "external.name=numpyro_hmc", 'external.label="HMC (NumPyro)"', "mode=one"))
+    exp = Experiment(_cfg(zoo, path, "external.name=numpyro_hmc", "mode=one", "stage=all"))
+    stored = load_sample_set(exp.store.samples_path(exp.store.sample_unit("numpyro_hmc", "one")))
     assert all(torch.equal(stored[k], samples[k]) for k in samples)
-    meta = read_metadata(exp.store.preds_path(exp.store.sample_unit("hmc", "one")))
-    assert (meta["method"], meta["label"], meta["mode"], meta["source"]) == ("hmc", "HMC (NumPyro)", "one", str(path))
-    preds = load_sample_set(exp.store.preds_path(exp.store.sample_unit("hmc", "one")))
+    meta = read_metadata(exp.store.preds_path(exp.store.sample_unit("numpyro_hmc", "one")))
+    assert (meta["method"], meta["label"], meta["mode"], meta["source"]) == ("numpyro_hmc", "HMC (NumPyro)", "one", str(path))
+    preds = load_sample_set(exp.store.preds_path(exp.store.sample_unit("numpyro_hmc", "one")))
     torch.testing.assert_close(preds["id"], predict_with_weights(exp.model(), samples, exp.test_tensors[0]))
 
     run(compose_config([*zoo[1], "stage=evaluate"]))
     run(compose_config([*zoo[1], "stage=report"]))
     metrics = pd.read_csv(exp.results_dir / "metrics.csv").set_index(["method", "mode"])
-    row = metrics.loc[("hmc", "one")]
+    row = metrics.loc[("numpyro_hmc", "one")]
     reference = {k: torch.stack([load_sample_set(exp.store.checkpoint_path(s))[k] for s in range(6)]) for k in samples}
     assert row.status == "ok" and row.n_samples == 5 and row.method_label == "HMC (NumPyro)"
     assert row.mmd_median == pytest.approx(mmd(reference, samples).aggregate["median"], rel=1e-6)
@@ -73,8 +73,8 @@ def test_external_samples_get_their_row_with_independent_numbers(zoo, tmp_path):
     assert row.ns_mmd_median == pytest.approx(ns, rel=1e-6)
     assert "| HMC (NumPyro) |" in (exp.results_dir / "table1.md").read_text()
 
-    run(_cfg(zoo, path, "external.name=hmc", 'external.label="HMC (NumPyro)"', "mode=one"))  # done: not redone
-    assert read_metadata(exp.store.preds_path(exp.store.sample_unit("hmc", "one"))) == meta
+    run(_cfg(zoo, path, "external.name=numpyro_hmc", 'external.label="HMC (NumPyro)"', "mode=one"))  # done: not redone
+    assert read_metadata(exp.store.preds_path(exp.store.sample_unit("numpyro_hmc", "one"))) == meta
 
 
 def _refused(zoo, tmp_path, samples, *extra):

@@ -86,7 +86,10 @@ def fp16_accuracy(model: torch.nn.Module, state: dict[str, torch.Tensor], images
 
 
 def import_config(tmp_path: Path, archive: Path, *overrides: str):
+    # The paper's convergence rule only: the briefly trained fixture network (~0.4) would fail
+    # digits' own end check (50%), which is not what these tests are about.
     return compose_config(["stage=import", f"zoo_import.source={archive}", "zoo_import.evaluate=true", "threads=1",
+                           "train.fail_rule.final_min_accuracy=null",
                            f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}", *overrides])
 
 
