@@ -8,8 +8,8 @@ at the size of the block being read (the kernel's page cache is not charged to u
 Whole files (``FileReader.tensors``): safetensors' ``get_tensor`` hands out tensors backed by the
 mapping, so what was read changes when the file changes on disk, and a file removed or replaced on
 another NFS node kills the reader with ``SIGBUS`` at its next page fault. Reading into fresh memory
-costs one copy (about 6 ms per 45 MB ResNet-18 checkpoint from the page cache, against the
-checksum pass every read makes anyway) and turns such failures into ``CheckpointError``.
+costs one copy (a few ms per 45 MB ResNet-18 checkpoint from the page cache, with the checksum pass
+every read makes: ``bench/bench_store.py`` measures it) and turns such failures into ``CheckpointError``.
 """
 from __future__ import annotations
 
