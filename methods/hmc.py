@@ -40,7 +40,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -170,17 +170,14 @@ class NetworkPotential:
 
 
 @dataclass
-class HMCSettings(MethodSettings):
-    """Full-batch HMC settings (see ``methods.hmc_kernel`` for the kernel).
+class HMCSettings(KernelSettings, MethodSettings):
+    """Full-batch HMC settings: the kernel's (``methods.hmc_kernel.KernelSettings``: trajectory
+    length, warm-up, thinning, step-size adaptation, divergences and restarts, mass adaptation),
+    with ``max_leapfrog_steps`` 16 by default (an uncapped early warm-up costs ~200 steps per
+    iteration; conf/methods/hmc.yaml), and the method's own.
 
     ``start``: ``init`` (an independent initialisation of the model factory under the chain's seed)
-    or ``base`` (the base network); ``trajectory_length``: integration time per iteration;
-    ``max_leapfrog_steps``: cap on the steps of one iteration; ``warmup``: adaptation iterations
-    per chain (discarded); ``thinning``: a draw kept every ``thinning`` iterations;
-    ``target_accept``: dual averaging's target acceptance; ``initial_step_size``: where the step
-    search starts; ``divergence_threshold``: energy error of a divergence; ``max_restarts``,
-    ``restart_step_factor``: restarts of a chain that diverges after warm-up, each with the step
-    capped at this factor x the diverged step; ``temperature``: T of ``p(w | D)^(1/T)``;
+    or ``base`` (the base network); ``temperature``: T of ``p(w | D)^(1/T)``;
     ``weight_decay``: the prior precision per example (null = the recipe's; precision N x it);
     ``chains_at_once``: chains stacked in one pass by ``run_chains`` (the CPU kernels run 16
     networks per vector; more costs proportionally); ``save_every``: iterations between saved
@@ -188,16 +185,8 @@ class HMCSettings(MethodSettings):
     run (``NetworkPotential``'s ``implementation``: auto, packed, vmap, loop).
     """
 
-    start: str = "init"
-    trajectory_length: float = 1.0
     max_leapfrog_steps: int = 16
-    warmup: int = 100
-    thinning: int = 1
-    target_accept: float = 0.8
-    initial_step_size: float = 0.01
-    divergence_threshold: float = 1000.0
-    max_restarts: int = 2
-    restart_step_factor: float = 0.5
+    start: str = "init"
     temperature: float = 1.0
     weight_decay: Optional[float] = None
     chains_at_once: int = 16
@@ -205,6 +194,7 @@ class HMCSettings(MethodSettings):
     forward: str = "auto"
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the kernel's own range checks
         require(self.forward in FORWARDS, "forward", self.forward, f"one of {', '.join(FORWARDS)}")
         require(self.start in STARTS, "start", self.start, f"one of {', '.join(STARTS)}")
         require(math.isfinite(self.temperature) and self.temperature > 0, "temperature", self.temperature,
@@ -213,16 +203,10 @@ class HMCSettings(MethodSettings):
                 "a number >= 0 or null (= train.weight_decay)")
         require(self.chains_at_once >= 1, "chains_at_once", self.chains_at_once, "a positive integer")
         require(self.save_every >= 1, "save_every", self.save_every, "a positive integer")
-        self.kernel()  # the kernel's own range checks
 
     def kernel(self) -> KernelSettings:
         """The kernel part of the settings."""
-        return KernelSettings(
-            trajectory_length=self.trajectory_length, warmup=self.warmup, thinning=self.thinning,
-            target_accept=self.target_accept, initial_step_size=self.initial_step_size,
-            max_leapfrog_steps=self.max_leapfrog_steps, divergence_threshold=self.divergence_threshold,
-            max_restarts=self.max_restarts, restart_step_factor=self.restart_step_factor,
-        )
+        return KernelSettings(**{f.name: getattr(self, f.name) for f in fields(KernelSettings)})
 
 
 def chain_name(seed: int) -> str:

@@ -54,9 +54,10 @@ MIN_STEP, MAX_STEP = 1e-10, 1e10  # Pyro's bounds on the step size (a chain that
 FORMAT = 1  # version of the saved chain-state layout
 
 
-@dataclass(frozen=True)
+@dataclass
 class KernelSettings:
-    """What an HMC run of the chains does.
+    """What an HMC run of the chains does (``methods.hmc.HMCSettings`` extends it with the method's
+    own settings, so the config keys are these names).
 
     ``trajectory_length``: integration time per iteration (leapfrog steps x step size);
     ``max_leapfrog_steps``: at most this many steps per iteration (a tiny warm-up step would
@@ -86,7 +87,7 @@ class KernelSettings:
             first, size = end, 2 * size
         return windows
 
-    trajectory_length: float
+    trajectory_length: float = 1.0
     warmup: int = 100
     thinning: int = 1
     target_accept: float = 0.8
