@@ -14,7 +14,7 @@
 3. ``digits`` (needs the zoo): one repetition of the one-mode row on the first held-out base,
    SGHMC as configured (``conf/experiment/digits_optunet.yaml``) against main's SGHMC before
    issue 20 (commit b8d736a, read from git), side by side in one process: wall time of
-   ``fit`` + ``sample(100)``, the ESS of the 100 kept states (``metrics.chains.
+   ``fit`` + ``sample(100)``, the ESS of the 100 kept states (``metrics.mcmc.
    effective_sample_size``, median over the weights that move, as the report's diagnostics), the
    test accuracy of the kept states, and the new method's diagnostics.
 
@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))
 from benchmark.core.data import InMemoryImageDataset  # noqa: E402
 from benchmark.core.training import iterate_batches, seeded  # noqa: E402
 from methods.sghmc import Chain, independent_batches  # noqa: E402
-from metrics.chains import effective_sample_size  # noqa: E402
+from metrics.mcmc import effective_sample_size  # noqa: E402
 
 BEFORE = "b8d736a"  # main before issue 20's SGHMC
 

@@ -78,7 +78,7 @@ from benchmark.core.store import SampleSet, stack_state_dicts
 from benchmark.core.training import NonFiniteError, seeded
 from benchmark.core.training.stacked import NotStackableError, StackedNetworks, stacked_networks
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
-from metrics.chains import effective_sample_size
+from metrics.mcmc import effective_sample_size
 
 log = logging.getLogger(__name__)
 Params = dict[str, torch.Tensor]
@@ -600,7 +600,7 @@ class SGHMCMethod(PosteriorMethod):
     def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         """Of the last ``sample`` call: ``lr`` (the step used, after any halvings), ``chains``,
         ``states_per_chain``, ``full_batch`` (1: full-batch gradients), ``ess`` (median over the weights
-        that move of ``metrics.chains.effective_sample_size`` of the kept states in the order
+        that move of ``metrics.mcmc.effective_sample_size`` of the kept states in the order
         ``sample`` returns them, as the report computes it: about their number when each comes from its
         own chain; NaN below 4 states), ``spread_growth`` (median over weights of
         the across-chain variance at the first kept states over that half-way there: ~1 when the

@@ -4,7 +4,8 @@ bulk effective sample size (Vehtari, Gelman, Simpson, Carpenter & Buerkner 2021)
 
 Draws are laid out ``[chains, draws, *shape]`` (ArviZ's order); every function returns one value
 per scalar of ``shape``, computed by ArviZ on that scalar's ``[chains, draws]`` array, so the
-numbers are ArviZ's own. Inputs may be NumPy arrays or torch tensors.
+numbers are ArviZ's own (``effective_sample_size`` takes one chain as ``[draws, d]``). Inputs may be
+NumPy arrays or torch tensors.
 """
 from __future__ import annotations
 
@@ -58,6 +59,25 @@ def ess(draws: Any) -> np.ndarray:
     ESS: pass ``draws[c : c + 1]``. NaN with fewer than 4 draws; a constant scalar gives chains x draws."""
     az = _arviz()
     return _per_scalar(lambda x: float(az.ess(x, method="bulk")), draws, "ess")
+
+
+def effective_sample_size(draws: Any) -> np.ndarray:
+    """Bulk ESS ``[d]`` of ``draws [n, d]`` (``n`` consecutive draws of ``d`` scalars of one chain;
+    ``[n]`` is one scalar), ArviZ's ``ess(method="bulk")`` on each scalar. A scalar constant in
+    every draw gets ``n`` (nothing to estimate). Raises ``ValueError`` with fewer than 4 draws."""
+    x = np.asarray(draws, dtype=np.float64)
+    if x.ndim == 1:
+        x = x[:, None]
+    if x.ndim != 2:
+        raise ValueError(f"effective_sample_size: draws must be [n, d], got shape {tuple(x.shape)}")
+    n = x.shape[0]
+    if n < 4:
+        raise ValueError(f"effective_sample_size: need at least 4 draws, got {n}")
+    out = np.full(x.shape[1], float(n))
+    varying = np.nonzero(x.std(0) > 0)[0]
+    if varying.size:
+        out[varying] = ess(x[None, :, varying])
+    return out
 
 
 def ess_per_chain(draws: Any) -> np.ndarray:

@@ -15,7 +15,7 @@ import pandas as pd
 from benchmark.core.store import CheckpointMetadata, SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import available_rows, row_units
-from metrics.mcmc import ess
+from metrics.mcmc import effective_sample_size
 
 BASE_COLUMNS = ["method", "method_label", "mode", "repetitions", "n_samples", "sample_acc_min", "sample_acc_median",
                 "sample_acc_max", "ensemble_acc", "ess_median", "base_acc_min", "base_acc_median", "base_acc_max", "n_bases"]
@@ -68,7 +68,7 @@ def collect(exp: Experiment) -> pd.DataFrame:
             samples = load_sample_set(exp.store.samples_path(units[0]))
             draws = np.concatenate([v.reshape(len(v), -1).double().numpy() for v in samples.values()
                                     if v.is_floating_point() and v.reshape(len(v), -1).std(0).max() > 0], axis=1)
-            row["ess_median"] = float(np.median(ess(draws[None]))) if len(draws) >= 4 else math.nan
+            row["ess_median"] = float(np.median(effective_sample_size(draws))) if len(draws) >= 4 else math.nan
         rows.append(row)
     frame = pd.DataFrame(rows)
     extra = sorted(c for c in frame.columns if c not in BASE_COLUMNS)

@@ -287,9 +287,9 @@ def test_kept_states_are_round_robin_over_the_chains(fitted):
 
 
 def test_the_ess_diagnostic_is_the_reports_on_the_kept_states(fitted):
-    """The ``ess`` diagnostic is ``metrics.chains.effective_sample_size`` of the kept states in the
+    """The ``ess`` diagnostic is ``metrics.mcmc.effective_sample_size`` of the kept states in the
     order ``sample`` returns them (as benchmark/report/diagnostics.py computes it), median over weights."""
-    from metrics.chains import effective_sample_size
+    from metrics.mcmc import effective_sample_size
 
     samples = fitted.sample(6, torch.Generator().manual_seed(2))  # 3 chains x 2 states, round-robin
     draws = torch.cat([v.reshape(6, -1) for v in samples.values() if v.is_floating_point()], 1).double().numpy()

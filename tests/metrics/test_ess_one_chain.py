@@ -1,11 +1,11 @@
-"""``metrics.chains.effective_sample_size`` (one chain ``[n, d]``): ArviZ's bulk ESS, against the
+"""``metrics.mcmc.effective_sample_size`` (one chain ``[n, d]``): ArviZ's bulk ESS, against the
 closed form of an AR(1) process and against ArviZ called directly."""
 import warnings
 
 import numpy as np
 import pytest
 
-from metrics.chains import effective_sample_size
+from metrics.mcmc import effective_sample_size
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
