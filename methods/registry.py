@@ -16,11 +16,12 @@ from methods.ensemble import EnsembleMethod
 from methods.hmc import HMCMethod
 from methods.laplace import LaplaceMethod
 from methods.sghmc import SGHMCMethod
+from methods.sghmc_sa import ScaleAdaptedSGHMCMethod
 from methods.swag import SWAGMethod
 
 METHODS: dict[str, type[PosteriorMethod]] = {
     cls.name: cls
-    for cls in (DropoutMethod, BNNMethod, OrderedBiasBNNMethod, SkipBNNMethod, SGHMCMethod, SWAGMethod, LaplaceMethod,
+    for cls in (DropoutMethod, BNNMethod, OrderedBiasBNNMethod, SkipBNNMethod, SGHMCMethod, ScaleAdaptedSGHMCMethod, SWAGMethod, LaplaceMethod,
                 EnsembleMethod, HMCMethod)
 }
 

@@ -15,6 +15,7 @@ import pandas as pd
 from benchmark.core.store import CheckpointMetadata, SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import available_rows, row_units
+from methods import method_class, method_names
 from metrics.mcmc import effective_sample_size
 
 BASE_COLUMNS = ["method", "method_label", "mode", "repetitions", "n_samples", "sample_acc_min", "sample_acc_median",
@@ -38,6 +39,10 @@ EXPLANATIONS = {
               "states_per_chain: kept states of each, full_batch: 1 for full-batch gradients (no minibatch noise), "
               "spread_growth: the chains' spread at the first kept states over their spread half-way there (about 1: "
               "settled; about 2: still spreading from the base, as free diffusion does)."),
+    "sghmc_sa": ("SGHMC (scale-adapted), the paper's code base: steps of the one chain, fraction of steps whose gradient "
+                 "the dynamic clipping cut, the mean prior standard deviation 1/sqrt(lambda) over parameter tensors at "
+                 "the end (the Gamma hyperprior's draws), and the effective sample size of its 100 consecutive kept "
+                 "states (median over weights)."),
 }
 
 
@@ -64,7 +69,7 @@ def collect(exp: Experiment) -> pd.DataFrame:
         known = [a for a in bases if not math.isnan(a)]
         row |= {"n_bases": len(bases), "base_acc_min": min(known, default=math.nan),
                 "base_acc_median": float(np.median(known)) if known else math.nan, "base_acc_max": max(known, default=math.nan)}
-        if method == "sghmc":
+        if method in method_names() and method_class(method).chain_samples:
             samples = load_sample_set(exp.store.samples_path(units[0]))
             draws = np.concatenate([v.reshape(len(v), -1).double().numpy() for v in samples.values()
                                     if v.is_floating_point() and v.reshape(len(v), -1).std(0).max() > 0], axis=1)
@@ -88,9 +93,10 @@ def render(frame: pd.DataFrame, experiment: str) -> str:
     """Markdown: the samples' accuracy spread for every row, then each method's diagnostics."""
     lines = [f"# Diagnostics of {experiment}", "",
              "Accuracy (%) on the ID test set of each weight sample (first repetition), and of their ensemble; ESS: "
-             "effective sample size of SGHMC's kept states; base networks: the test accuracy of the held-out zoo "
+             "effective sample size of the kept states of the Markov-chain methods (median over weights); base networks: the test accuracy of the held-out zoo "
              "networks of the row's base seeds over all repetitions (the networks SWAG, Laplace and SGHMC start from; "
-             "MC Dropout and the vBNNs train their own networks under those seeds; for Deep Ensembles, the "
+             "MC Dropout and the vBNNs train their own networks under those seeds, the scale-adapted SGHMC starts its chain "
+             "from the initialisation under the first; for Deep Ensembles, the "
              "members).", ""]
     table = pd.DataFrame({
         "Method": frame["method_label"], "Mode": frame["mode"],

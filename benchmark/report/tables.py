@@ -104,6 +104,14 @@ VARIANT_NOTES = {
         "fair comparison. Only hidden Linear layers with a bias can be ordered: on OptuNet that is fc1's 3 units "
         "(3! = 6 orderings), and the permutations of conv1 and conv2 (no biases) remain."
     ),
+    "sghmc_sa": (
+        "{label}: the paper's SGHMC, the scale-adapted sampler of the Bayesian-Neural-Networks code base with its "
+        "settings (one chain from a random initialisation, per-weight preconditioning adapted during a 20-epoch "
+        "burn-in, a Gaussian prior whose precision per tensor has a Gamma(10, 10) hyperprior, momentum resampled "
+        "every 50 steps, a state kept every 2 epochs of 250, minibatches of 256 from a per-epoch reshuffle); the "
+        "SGHMC row is ours (several BAOA chains from the trained base under the recipe's prior). Its 100 states are "
+        "consecutive states of one chain (ESS in diagnostics.md)."
+    ),
 }
 """How to read the symmetry-breaking vBNN rows (``{label}``: the row's label); for the table
 captions and findings.md."""
@@ -181,8 +189,8 @@ def captions(df: pd.DataFrame) -> tuple[str, str]:
         "Brier (sum over classes) {times}; ID MI and OOD MI (mutual information, nats) {times}. "
         + _uncertainty_text(df)
         + " MMD rej. and NS rej.: {pct} of layers where MMDAgg's aggregated test (the 20 kernels, level 0.05) "
-        "rejects \"same distribution\" (first repetition; SGHMC's samples are states of several chains from one "
-        "base, exchangeable only as far as their effective sample size, the ESS column of diagnostics.md, says)."
+        "rejects \"same distribution\" (first repetition; the SGHMC rows' samples are states of Markov chains, "
+        "exchangeable only as far as their effective sample size, the ESS column of diagnostics.md, says)."
         + " The accuracies of each row's base networks are in diagnostics.md."
         + _variant_text(df)
     )

@@ -57,10 +57,10 @@ def test_unit_selection() -> None:
     assert ("ensemble", "multi") in units and ("ensemble", "one") not in units
     assert ("sghmc", "one") in units and ("sghmc", "multi") not in units
     assert {("swag", "one"), ("swag", "multi"), ("laplace", "one"), ("dropout", "multi")} <= set(units)
-    assert selected_units("all", "one") == [(m, "one") for m in ("dropout", "bnn", "bnn_ordered", "bnn_skip", "sghmc", "swag",
+    assert selected_units("all", "one") == [(m, "one") for m in ("dropout", "bnn", "bnn_ordered", "bnn_skip", "sghmc", "sghmc_sa", "swag",
                                                                   "laplace")]
     assert selected_units("ensemble", "one") == [("ensemble", "one")]  # kept so that check() refuses it
-    with pytest.raises(ValueError, match="method=.mcmc.*dropout, bnn, bnn_ordered, bnn_skip, sghmc, swag, laplace, ensemble"):
+    with pytest.raises(ValueError, match="method=.mcmc.*dropout, bnn, bnn_ordered, bnn_skip, sghmc, sghmc_sa, swag, laplace, ensemble"):
         selected_units("mcmc", "both")
 
 
