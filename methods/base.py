@@ -147,6 +147,11 @@ class PosteriorMethod(ABC):
         retrained networks). NaN/Inf during fitting raises ``benchmark.core.training.NonFiniteError``.
         """
 
+    def prefit(self, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]]) -> None:
+        """Optionally fit around several bases at once before ``fit`` is called for each of them
+        (``methods.modes.run_mode`` announces each round of candidate ``seeds``); ``fit(base, seed)``
+        then returns (or raises) what was computed here. Default: nothing, every fit on its own."""
+
     @abstractmethod
     def sample(self, n: int, generator: torch.Generator) -> SampleSet:
         """``n`` weight samples ``{key: [n, ...]}`` keyed like the plain model's state dict."""

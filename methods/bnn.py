@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +19,14 @@ from torch import nn
 
 from benchmark.core.settings import SettingsError, require
 from benchmark.core.store import SampleSet, stack_state_dicts
-from benchmark.core.training import LossFn, OptimizerChain, Recipe, RecipeOverrides, make_optimizer, seeded, train_network
+from benchmark.core.training import (
+    LossFn, NonFiniteError, OptimizerChain, Recipe, RecipeOverrides, TrainResult, make_optimizer, seeded, train_network,
+)
+from benchmark.core.training.stacked import NotStackableError, stacked_networks
+from benchmark.core.training.vectorised import check_stackable, train_networks
 from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod
 from methods.bayesian_layers import BayesianNetwork, BNNLayers, check_convertible, to_bayesian
+from methods.bnn_stacked import VariationalObjective
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +134,7 @@ class BNNMethod(PosteriorMethod):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._net: BayesianNetwork | None = None
+        self._prefitted: dict[int, tuple[BayesianNetwork, TrainResult | NonFiniteError]] = {}
 
     def check(self, mode: str) -> None:
         super().check(mode)
@@ -173,22 +179,75 @@ class BNNMethod(PosteriorMethod):
         return 1.0 / len(self.data.train) if weight is None else float(weight)
 
     # --- interface ------------------------------------------------------------------------
+    def stacking_problem(self) -> str | None:
+        """Why this vBNN cannot be trained as stacked networks (``methods.bnn_stacked``), or None:
+        it needs the plain vBNN (not a variant's network), every layer variational, the recipe's SGD
+        for the scales, an in-memory training set and an architecture the stacked networks run."""
+        if type(self).variational_network is not BNNMethod.variational_network:
+            return f"method={self.name} builds its own network"
+        if self.settings.layers != BNNLayers.all:
+            return f"layers={self.settings.layers.value}: the point-estimate layers are not stacked"
+        if self.optimizer_factory(None) is not None:
+            return "variance.optimizer/lr: the scales have their own optimizer"
+        if self.data.check is None:
+            return "no validation split to judge the convergence rule on"
+        try:
+            check_stackable(self.data.train)
+            with seeded(0):  # building a model draws from the global RNG; leave it as it was
+                stacked_networks(self.new_model(), self.device)
+        except NotStackableError as err:
+            return str(err)
+        return None
+
+    def prefit(self, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]]) -> None:
+        """Train the vBNNs of ``seeds`` together as stacked networks when the vBNN can be
+        (``stacking_problem``): each exactly as ``fit`` would train it alone through BLiTZ, up to
+        float rounding (``methods.bnn_stacked``); ``fit`` then takes its result."""
+        todo = [int(s) for s in seeds if int(s) not in self._prefitted]
+        if not todo or self.stacking_problem() is not None:
+            return
+        nets, states = [], []
+        for seed in todo:
+            with seeded(seed):
+                nets.append(self.variational_network())
+                nets[-1].model.to(self.device)
+                states.append(torch.get_rng_state())  # where BLiTZ's draws would start
+        with seeded(0):  # building a model draws from the global RNG; leave it as it was
+            template = self.new_model()
+        objective = VariationalObjective(template, stacked_networks(template, self.device), nets, states,
+                                         self.settings.elbo_samples, self.kl_weight(), self.data.input_shape)
+        templates = [template] * len(todo)  # the architecture and device: the objective holds the parameters
+        outcomes = train_networks(templates, self.data, self.bnn_recipe(), todo, [f"bnn seed {s}" for s in todo],
+                                  objective=objective)
+        for seed, net, outcome in zip(todo, nets, outcomes):
+            if isinstance(outcome, TrainResult):
+                objective.load_into(net, outcome.state_dict)
+            self._prefitted[seed] = (net, outcome)
+
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
-        """Train a vBNN from scratch under ``seed`` (``base`` is not used; see the class doc).
+        """Train a vBNN from scratch under ``seed`` (``base`` is not used; see the class doc):
+        through BLiTZ's layers, or, where the vBNN can be stacked, as stacked networks
+        (``prefit``), which follow the same training up to float rounding.
 
         Raises ``NonFiniteError`` on NaN/Inf, ``MethodFitError`` if the recipe's
         non-convergence rule fails; nothing is kept from a failed fit.
         """
         self._net = None
         where = f"bnn seed {seed}"
-        with seeded(seed):
-            net = self.variational_network()
-            net.model.to(self.device)
-            result = train_network(
-                net.model, self.data.train, self.data.check, self.bnn_recipe(), seed, where=where,
-                loss_fn=elbo_loss(self.settings.elbo_samples, self.kl_weight()),
-                optimizer_factory=self.optimizer_factory(net),
-            )
+        self.prefit([seed], lambda _seed: base)
+        if seed in self._prefitted:
+            net, result = self._prefitted.pop(seed)
+            if isinstance(result, NonFiniteError):
+                raise result
+        else:
+            with seeded(seed):
+                net = self.variational_network()
+                net.model.to(self.device)
+                result = train_network(
+                    net.model, self.data.train, self.data.check, self.bnn_recipe(), seed, where=where,
+                    loss_fn=elbo_loss(self.settings.elbo_samples, self.kl_weight()),
+                    optimizer_factory=self.optimizer_factory(net),
+                )
         if result.failure:
             raise MethodFitError(f"{where}: {result.failure}")
         log.info("%s: validation accuracy of one draw %.3f after %d epochs", where, result.check_accuracy, result.epochs_run)

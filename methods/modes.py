@@ -74,8 +74,10 @@ def run_mode(
     Returns ``({key: [plan.n_samples, ...]}, base seeds used, diagnostics)``, the last the mean
     over bases of ``method.diagnostics(*diagnostic_data)`` (empty without ``diagnostic_data``). Base ``seed`` is fitted with
     ``fit(load_base(seed), seed)`` and sampled with a generator seeded with ``seed`` (reproducible);
-    samples are grouped by base, in seed order. A ``MethodFitError`` skips to the next
-    candidate seed (raised again when candidates run out); non-finite samples raise
+    samples are grouped by base, in seed order. Candidates are taken in rounds of as many as
+    bases are still missing, each announced to ``method.prefit`` first (a method may fit them
+    together). A ``MethodFitError`` skips to the next candidate seed (raised again when candidates
+    run out); non-finite samples raise
     ``NonFiniteError`` naming the base seed.
     """
     parts: list[SampleSet] = []
@@ -84,25 +86,27 @@ def run_mode(
     diagnostics: dict[str, list[float]] = {}
     bar = tqdm(total=plan.bases, desc=f"{method.name} {plan.mode}-mode", unit="base", dynamic_ncols=True,
                disable=not progress)
-    for seed in plan.candidates:
-        if len(used) == plan.bases:
-            break
-        try:
-            method.fit(load_base(seed), seed)
-        except MethodFitError as err:
-            log.warning("method=%s: base seed %d skipped: %s", method.name, seed, err)
-            skipped[seed] = str(err)
-            continue
-        samples = method.sample(plan.samples_per_base, torch.Generator().manual_seed(seed))
-        for key, value in samples.items():
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                raise NonFiniteError(f"method={method.name} base seed {seed}: sampled {key!r} contains NaN/Inf")
-        parts.append({k: v.detach().cpu() for k, v in samples.items()})
-        used.append(seed)
-        if diagnostic_data is not None:
-            for name, value in method.diagnostics(*diagnostic_data).items():
-                diagnostics.setdefault(name, []).append(float(value))
-        bar.update()
+    pending = list(plan.candidates)
+    while len(used) < plan.bases and pending:  # rounds of as many candidates as bases are missing
+        take, pending = pending[: plan.bases - len(used)], pending[plan.bases - len(used) :]
+        method.prefit(take, load_base)
+        for seed in take:
+            try:
+                method.fit(load_base(seed), seed)
+            except MethodFitError as err:
+                log.warning("method=%s: base seed %d skipped: %s", method.name, seed, err)
+                skipped[seed] = str(err)
+                continue
+            samples = method.sample(plan.samples_per_base, torch.Generator().manual_seed(seed))
+            for key, value in samples.items():
+                if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                    raise NonFiniteError(f"method={method.name} base seed {seed}: sampled {key!r} contains NaN/Inf")
+            parts.append({k: v.detach().cpu() for k, v in samples.items()})
+            used.append(seed)
+            if diagnostic_data is not None:
+                for name, value in method.diagnostics(*diagnostic_data).items():
+                    diagnostics.setdefault(name, []).append(float(value))
+            bar.update()
     bar.close()
     if len(used) < plan.bases:
         details = "; ".join(f"seed {s}: {m}" for s, m in skipped.items())

@@ -18,17 +18,16 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
 from benchmark.core.data import InMemoryImageDataset, as_in_memory, crop_offsets
 from benchmark.core.training.loop import NonFiniteError, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer
+from benchmark.core.training.objective import EVAL_ELEMENTS, CrossEntropyObjective, StackedObjective
 from benchmark.core.training.recipe import Recipe
-from benchmark.core.training.stacked import NotStackableError, Params, StackedNetworks, stacked_networks
+from benchmark.core.training.stacked import NotStackableError, Params, stacked_networks
 
 Outcome = TrainResult | NonFiniteError
-EVAL_ELEMENTS = 2**22  # images x pixels x networks per evaluation batch (16 MiB of float32)
 MEMORY_SHARE = 0.5  # of the free memory a stack may use (the rest: other jobs, the data, the allocator)
 AUTO_NETWORKS = 128  # K of zoo.vectorize=auto: per-network time stops improving there on a CPU (make bench)
 
@@ -91,24 +90,11 @@ def networks_that_fit(template: nn.Module, input_shape: Sequence[int], batch_siz
     return max(0, int(usable // per_network)), per_network, available
 
 
-def _accuracies(stacked: StackedNetworks, params: Params, tensors: Tensors, count: int) -> torch.Tensor:
-    """Top-1 accuracy (fractions, ``[count]`` float64) of each network on shared ``tensors``."""
-    images, labels = tensors
-    device = next(iter(params.values())).device
-    batch = max(1, EVAL_ELEMENTS // max(1, images[0].numel() * count))
-    correct = torch.zeros(count, dtype=torch.long)
-    with torch.no_grad():
-        for start in range(0, len(labels), batch):
-            logits = stacked.predict(params, images[start : start + batch].to(device, next(iter(params.values())).dtype))
-            correct += (logits.argmax(-1).cpu() == labels[start : start + batch]).sum(1)
-    return correct.double() / max(1, len(labels))
-
-
 class _Stack:
     """The stacked parameters, their optimizer and the lanes still training."""
 
-    def __init__(self, stacked: StackedNetworks, params: Params, recipe: Recipe, lanes: list[_Lane]) -> None:
-        self.stacked, self.recipe, self.lanes = stacked, recipe, lanes
+    def __init__(self, objective: StackedObjective, params: Params, recipe: Recipe, lanes: list[_Lane]) -> None:
+        self.objective, self.recipe, self.lanes = objective, recipe, lanes
         self.params = {k: v.detach().requires_grad_() for k, v in params.items()}
         self.optimizer = make_optimizer(list(self.params.values()), recipe)
 
@@ -117,18 +103,23 @@ class _Stack:
         indices = mask.nonzero().squeeze(1)
         momentum = {k: self.optimizer.state[p].get("momentum_buffer") for k, p in self.params.items()}
         lr = self.optimizer.param_groups[0]["lr"]
-        self.params = {k: v.detach().requires_grad_() for k, v in self.stacked.select(self.params, indices).items()}
+        self.params = {k: v.detach().requires_grad_() for k, v in self.objective.select(self.params, indices).items()}
         self.optimizer = make_optimizer(list(self.params.values()), self.recipe, lr=lr)
         buffers = {k: v for k, v in momentum.items() if v is not None}
-        for key, buffer in self.stacked.select(buffers, indices).items():
+        for key, buffer in self.objective.select(buffers, indices).items():
             self.optimizer.state[self.params[key]]["momentum_buffer"] = buffer
         self.lanes = [lane for lane, kept in zip(self.lanes, mask.tolist()) if kept]
+
+    @property
+    def indices(self) -> list[int]:
+        """The index (into the trainer's models) of the network at each position."""
+        return [lane.index for lane in self.lanes]
 
     def first_non_finite(self) -> list[str | None]:
         """Per lane, the first key (state-dict order) holding NaN/Inf, or None."""
         bad: list[str | None] = [None] * len(self.lanes)
         for key, value in self.params.items():
-            moved = value.detach().movedim(self.stacked.network_axis(key) % value.dim(), 0).reshape(len(self.lanes), -1)
+            moved = value.detach().movedim(self.objective.network_axis(key) % value.dim(), 0).reshape(len(self.lanes), -1)
             for i in (~torch.isfinite(moved).all(1)).nonzero().squeeze(1).tolist():
                 bad[i] = bad[i] or key
         return bad
@@ -143,6 +134,7 @@ def train_networks(
     on_done: Callable[[int, Outcome], None] | None = None,
     train_eval: Tensors | None = None,
     implementation: str = "auto",
+    objective: StackedObjective | None = None,
 ) -> list[Outcome]:
     """Train ``models`` (K freshly built networks of one architecture, on one device) together.
 
@@ -151,7 +143,10 @@ def train_networks(
     failure reasons; its outcome is a ``TrainResult`` or, where ``train_network`` would raise
     it, the ``NonFiniteError``. ``on_done(i, outcome)`` is called as each network finishes
     (early failures and NaN/Inf first, the rest after the last epoch). ``implementation``: see
-    ``stacked_networks``. Raises ``NotStackableError`` if the architecture or data cannot be stacked.
+    ``stacked_networks``. ``objective``: what is trained (``benchmark.core.training.objective``; default
+    the cross-entropy of the plain networks ``models``; another one, e.g. the vBNN's ELBO, brings its
+    own parameters, losses and accuracies, and ``models`` then only give the architecture and
+    device). Raises ``NotStackableError`` if the architecture or data cannot be stacked.
     """
     if not (len(models) == len(seeds) == len(where)) or not models:
         raise ValueError(f"train_networks: {len(models)} models, {len(seeds)} seeds and {len(where)} names; need as many of each (>= 1)")
@@ -159,7 +154,8 @@ def train_networks(
     device = next(models[0].parameters()).device
     stacked = stacked_networks(models[0], device, implementation)
     lanes = [_Lane(i, where[i], torch.Generator().manual_seed(int(seed))) for i, seed in enumerate(seeds)]
-    stack = _Stack(stacked, stacked.pack([m.state_dict() for m in models]), recipe, lanes)
+    objective = CrossEntropyObjective(stacked, models) if objective is None else objective
+    stack = _Stack(objective, objective.initial(), recipe, lanes)
     dtype = next(iter(stack.params.values())).dtype
     outcomes: list[Outcome | None] = [None] * len(models)
 
@@ -170,7 +166,8 @@ def train_networks(
 
     def result(position: int, train_acc: float, test_acc: float, epochs: int, failure: str | None) -> TrainResult:
         lane = stack.lanes[position]
-        return TrainResult(stacked.unpack(stack.params, position), train_acc, test_acc, epochs, failure, lane.history)
+        return TrainResult(objective.result(stack.params, position, lane.index), train_acc, test_acc, epochs, failure,
+                           lane.history)
 
     n, rule = len(dataset), recipe.fail_rule
     source = stacked.source(dataset.images.to(dtype), device)
@@ -183,14 +180,16 @@ def train_networks(
         totals = torch.zeros(len(stack.lanes), dtype=torch.float64)
         for step, start in enumerate(range(0, n, recipe.batch_size)):
             idx = order[:, start : start + recipe.batch_size]
-            lanes, size = len(stack.lanes), idx.shape[1]
+            size = idx.shape[1]
             offsets = None
             if dataset.augment:
                 offsets = torch.stack([crop_offsets(size, dataset.augment_padding, lane.generator) for lane in stack.lanes])
-            batch = stacked.batch(source, idx, offsets, dataset.augment_padding, dataset.fill)
-            logits = stacked.forward(stack.params, batch)
-            labels = dataset.labels[idx].to(device)
-            losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(lanes, size).mean(1)
+
+            def gather(copies: int, idx=idx, offsets=offsets) -> torch.Tensor:
+                return stacked.batch(source, idx.repeat(copies, 1), None if offsets is None else offsets.repeat(copies, 1, 1),
+                                     dataset.augment_padding, dataset.fill)
+
+            losses = objective.losses(stack.params, gather, dataset.labels[idx].to(device), stack.indices)
             finite = torch.isfinite(losses.detach()).cpu()
             stack.optimizer.zero_grad(set_to_none=True)
             (losses.sum() if bool(finite.all()) else losses[finite.to(device)].sum()).backward()
@@ -218,7 +217,7 @@ def train_networks(
         for lane, total in zip(stack.lanes, totals.tolist()):
             lane.history.append({"epoch": epoch + 1, "loss": total / n})
         if rule.epoch is not None and epoch + 1 == rule.epoch and stack.lanes:
-            accs = _accuracies(stacked, stack.params, data.check, len(stack.lanes)).tolist()
+            accs = objective.accuracies(stack.params, data.check, stack.indices).tolist()
             failed = []
             for position, (lane, acc) in enumerate(zip(stack.lanes, accs)):
                 lane.history[-1]["check_accuracy"] = acc
@@ -229,8 +228,8 @@ def train_networks(
             if failed:
                 stack.keep(torch.tensor([p not in failed for p in range(len(stack.lanes))]))
     if stack.lanes:
-        test = _accuracies(stacked, stack.params, data.check, len(stack.lanes)).tolist()
-        train = (_accuracies(stacked, stack.params, train_eval, len(stack.lanes)).tolist()
+        test = objective.accuracies(stack.params, data.check, stack.indices).tolist()
+        train = (objective.accuracies(stack.params, train_eval, stack.indices).tolist()
                  if train_eval is not None else [math.nan] * len(stack.lanes))
         for position, lane in enumerate(stack.lanes):
             finish(lane, result(position, train[position], test[position], recipe.epochs, rule.final_failure(test[position])))
