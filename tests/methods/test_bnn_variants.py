@@ -223,12 +223,12 @@ def test_a_command_line_override_of_the_plain_vbnn_reaches_the_variants_and_thei
     both = Experiment(compose_config(["methods.bnn.kl_weight=0.001", "methods.bnn.train.epochs=4"]))
     for name in ("bnn", "bnn_ordered", "bnn_skip"):
         settings = both.method_settings(name)
-        assert settings.kl_weight == 0.001 and settings.train.epochs == 4 and settings.train.milestones == [4, 8], name
+        assert settings.kl_weight == 0.001 and settings.train.epochs == 4 and settings.train.fail_rule.epoch == 3, name
     one = Experiment(compose_config(["methods.bnn_ordered.kl_weight=0.002", "methods.bnn_skip.train.epochs=3",
                                      "methods.bnn_skip.variance.lr=0.5"]))
     plain, ordered, skip = (one.method_settings(n) for n in ("bnn", "bnn_ordered", "bnn_skip"))
     assert ordered.kl_weight == 0.002 and plain.kl_weight == skip.kl_weight != 0.002
-    assert skip.train.epochs == 3 and skip.train.milestones == plain.train.milestones and plain.train.epochs == 15
+    assert skip.train.epochs == 3 and skip.train.fail_rule == plain.train.fail_rule and plain.train.epochs is None
     assert skip.variance.lr == 0.5 and plain.variance.lr is None and ordered.variance.lr is None
     assert isinstance(ordered, OrderedBNNSettings) and isinstance(skip.train, type(plain.train))
 

@@ -28,14 +28,15 @@ from tests.benchmark.core.data import formats
 from tests.conftest import compose_config
 
 pytestmark = pytest.mark.slow
-METHOD_UNITS = {"dropout/one", "dropout/multi", "bnn/one", "bnn/multi", "sghmc/one", "swag/one", "swag/multi",
+METHOD_UNITS = {"dropout/one", "dropout/multi", "bnn/one", "bnn/multi", "sghmc/one", "sghmc_sa/one", "swag/one", "swag/multi",
                 "laplace/one", "laplace/multi", "ensemble/multi"}
 TINY_RESNET = (  # ResNet-18 at width 8: the keys, BatchNorm and residual structure of the real one, 60x fewer weights
     "+model.kwargs.width=8", "train.epochs=1", "train.batch_size=4", "train.milestones=[]", "dataset.augment=false",
     "seeds.reference=[0,2]", "seeds.heldout=[100000,100002]", "sample.per_method=2", "sample.modes_multi=2",
     "methods.bnn.train.epochs=1", "methods.bnn.train.milestones=[]", "methods.bnn.elbo_samples=1",
     "methods.swag.snapshots=2", "methods.swag.rank=2", "methods.sghmc.burn_in_epochs=1",
-    "methods.sghmc.thinning_epochs=0.5", "methods.sghmc.lr=0.01", "threads=1", "sample.repetitions=1",
+    "methods.sghmc.thinning_epochs=0.5", "methods.sghmc.lr=0.01", "methods.sghmc_sa.epochs=3",
+    "methods.sghmc_sa.burn_in_epochs=1", "methods.sghmc_sa.thinning_epochs=1", "threads=1", "sample.repetitions=1",
     "evaluate.reference_resamples=0", "evaluate.test_permutations=0",
     "analyze.toy.networks=64", "analyze.permutation_frequency.runs=1", "analyze.permutation_frequency.log_every=2",
 )
