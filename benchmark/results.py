@@ -14,7 +14,10 @@ permutations removed by weight matching every network to one anchor instead of s
 (``wm_anchor`` names it, e.g. ``seed 0``; empty and NaN with ``evaluate.weight_matching=false``).
 ``n_reference``: the number of converged reference checkpoints the row was scored against (the
 whole ``seeds.reference`` range less its failed seeds, unless ``evaluate.allow_partial``); NaN
-in a metrics.csv written before the column existed.
+in a metrics.csv written before the column existed. ``ess``: for a method whose samples are states
+of Markov chains (``PosteriorMethod.chain_samples``), the effective sample size of its kept
+states as the sampler measured it (its ``ess`` diagnostic), mean over repetitions; NaN for the
+others and in older files.
 
 ``mmd_shared_median``/``ns_mmd_shared_median``: MMD and NS MMD (median over the 20 kernels) with
 one bandwidth grid per layer shared by every row of the experiment, chosen from the reference
@@ -43,8 +46,8 @@ STATUSES = ("ok", "failed")
 KEY_COLUMNS = ["experiment", "method", "mode"]
 TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "status", "reason", "ns_steps",
                 "wm_anchor"]
-COUNT_COLUMNS = ["n_samples", "n_repetitions", "n_reference"]
-ADDED_COLUMNS = ("n_reference",)  # absent from older metrics.csv files: read as NaN
+COUNT_COLUMNS = ["n_samples", "n_repetitions", "n_reference", "ess"]
+ADDED_COLUMNS = ("n_reference", "ess")  # absent from older metrics.csv files: read as NaN
 MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max",
                "wm_mmd_median", "wm_mmd_mean", "wm_mmd_max", "mmd_shared_median", "ns_mmd_shared_median"]
 METRIC_COLUMNS = ["acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv"]

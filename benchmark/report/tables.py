@@ -189,14 +189,24 @@ def captions(df: pd.DataFrame) -> tuple[str, str]:
         "Brier (sum over classes) {times}; ID MI and OOD MI (mutual information, nats) {times}. "
         + _uncertainty_text(df)
         + " MMD rej. and NS rej.: {pct} of layers where MMDAgg's aggregated test (the 20 kernels, level 0.05) "
-        "rejects \"same distribution\" (first repetition; the SGHMC rows' samples are states of Markov chains, "
-        "exchangeable only as far as their effective sample size, the ESS column of diagnostics.md, says)."
+        "rejects \"same distribution\" (first repetition" + _chain_text(df) + ")."
         + " The accuracies of each row's base networks are in diagnostics.md."
         + _variant_text(df)
     )
     table2_caption = ("Table 2: Full MMD table. " + _mmd_text(df, "the median, mean or max") + " " + SHARED_TEXT + " "
                       + _uncertainty_text(df) + _variant_text(df))
     return table1_caption, table2_caption
+
+
+def _chain_text(df: pd.DataFrame) -> str:
+    """For the rows whose samples are Markov-chain states (an ``ess`` in metrics.csv): how many of
+    their kept states the effective sample size says are independent, for Table 1's caption."""
+    chains = df[df["ess"].notna()] if "ess" in df.columns else df.iloc[:0]
+    if chains.empty:
+        return ""
+    sizes = "; ".join(f"{row.method_label} {row.ess:.0f} of {row.n_samples:.0f}" for row in chains.itertuples())
+    return (f"; the samples of {', '.join(dict.fromkeys(chains['method_label']))} are states of Markov chains, "
+            f"exchangeable only as far as their effective sample size says: {sizes}, mean over repetitions")
 
 
 def _anchor_text(df: pd.DataFrame) -> str:

@@ -125,6 +125,7 @@ def run(exp: Experiment) -> pd.DataFrame:
                "method_label": row_label(exp, method, mode), "mode": mode, "status": "ok", "reason": "",
                "ns_steps": "+".join(ref.steps), "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}",
                "n_reference": len(ref.seeds)}
+        row["ess"] = _mean_ess(exp, row_of)
         out.append(combine(row, numbers))
         per_repetition += repetition_rows(row, numbers, [int(u.repetition) for u in row_of],
                                           [_base_seeds(exp, u) for u in row_of])
@@ -154,6 +155,14 @@ def _base_seeds(exp: Experiment, unit: Unit) -> list[int] | None:
     recorded (an external sample set)."""
     seeds = SampleSetMetadata.decode(read_metadata(exp.store.samples_path(unit))).base_seeds
     return [int(s) for s in seeds] if seeds else None
+
+
+def _mean_ess(exp: Experiment, units: list[Unit]) -> float:
+    """The mean over ``units`` of the ``ess`` diagnostic their samples recorded (Markov-chain
+    methods); NaN where none did."""
+    values = [SampleSetMetadata.decode(read_metadata(exp.store.samples_path(u))).diagnostics or {} for u in units]
+    found = [float(v["ess"]) for v in values if v.get("ess") is not None and not math.isnan(float(v["ess"]))]
+    return sum(found) / len(found) if found else math.nan
 
 
 def _cached_numbers(path: Path, key: str) -> dict[str, Any] | None:

@@ -35,7 +35,7 @@ METHOD_LABELS = {"dropout": "Dropout", "bnn": "BNN", "sghmc": "SGHMC", "swag": "
 def row(experiment, method, mode, status="ok", reason="", wm_anchor="seed 0", **values):
     """A metrics.csv row; labels as the evaluate stage writes them (raw names when unknown)."""
     filled = {c: 0.01 for c in VALUE_COLUMNS} | {half_width(c): np.nan for c in MEASURED}
-    filled |= {"n_samples": 100, "n_repetitions": 1, "nll": 0.5, "agreement": 0.9, "tv": 0.1} | values
+    filled |= {"n_samples": 100, "n_repetitions": 1, "nll": 0.5, "agreement": 0.9, "tv": 0.1, "ess": np.nan} | values
     return dict(experiment=experiment, experiment_label=EXPERIMENT_LABELS.get(experiment, experiment), method=method,
                 method_label=METHOD_LABELS.get(method, method), mode=mode, status=status, reason=reason,
                 ns_steps="scale+sort", wm_anchor=wm_anchor, **filled)
@@ -251,3 +251,13 @@ def test_captions_say_how_to_read_the_symmetry_breaking_rows_when_they_are_there
         assert "worse by construction" in (tmp_path / f"{name}.md").read_text()
         assert "fc1's 3 units" in (tmp_path / f"{name}.tex").read_text()
     assert len(written) == 9
+
+
+def test_table1_caption_gives_the_effective_sample_size_of_the_markov_chain_rows():
+    plain = pd.DataFrame(paper_rows("digits_optunet"))
+    assert "Markov chains" not in captions(plain)[0]
+    rows = paper_rows("digits_optunet") + [row("digits_optunet", "sghmc_sa", "one", ess=2.3)]
+    rows[2]["ess"] = 97.6  # the SGHMC row
+    caption = captions(pd.DataFrame(rows))[0]
+    assert "the samples of SGHMC, sghmc_sa are states of Markov chains" in caption
+    assert "SGHMC 98 of 100; sghmc_sa 2 of 100, mean over repetitions" in caption

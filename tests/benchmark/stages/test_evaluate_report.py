@@ -380,3 +380,34 @@ def test_an_older_metrics_csv_without_n_reference_still_reads(filled, tmp_path):
     path = tmp_path / "metrics.csv"
     frame.to_csv(path, index=False)
     assert read_metrics(path)["n_reference"].isna().all()
+
+
+def test_a_markov_chain_rows_effective_sample_size_reaches_metrics_csv(tmp_path):
+    """``ess``: the mean over repetitions of the ESS the sampler recorded in its samples' metadata
+    (Table 1's caption prints it); NaN for a row whose sampler records none."""
+    cfg = compose_config([f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}", "seeds.reference=[0,4]",
+                          "sample.repetitions=2", "evaluate.reference_resamples=0", "evaluate.test_permutations=0",
+                          "evaluate.weight_matching=false"])
+    exp = Experiment(cfg)
+    exp.store.ensure_writable()
+    states = []
+    for seed in range(8):
+        with seeded(seed):
+            states.append(exp.model().state_dict())
+    for seed in range(4):
+        save_checkpoint(exp.store.checkpoint_path(seed), states[seed], {"seed": seed, "experiment": exp.name})
+    model = exp.model()
+    for method, ess in (("sghmc", (40.0, 61.0)), ("swag", (None, None))):
+        for r in range(2):
+            samples = {k: torch.stack([s[k] for s in states[4 + 2 * r : 6 + 2 * r]]) for k in states[0]}
+            preds = {"id": predict_with_weights(model, samples, exp.test_tensors[0]),
+                     "ood": predict_with_weights(model, samples, exp.ood_tensors[0])}
+            _write_unit(exp, method, "one", r, samples, preds)
+            if ess[r] is not None:  # the sampler's diagnostics, as the sample stage records them
+                path = exp.store.samples_path(exp.store.sample_unit(method, "one", r))
+                meta = {"experiment": exp.name, "method": method, "mode": "one", "repetition": r, "n_samples": 2,
+                        "settings_hash": settings_hash(exp, method), "diagnostics": {"ess": ess[r], "lr": 0.2}}
+                path.unlink()
+                save_sample_set(path, samples, meta)
+    df = run_evaluate(exp).set_index("method")
+    assert df.loc["sghmc", "ess"] == pytest.approx(50.5) and math.isnan(df.loc["swag", "ess"])
