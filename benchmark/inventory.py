@@ -170,8 +170,9 @@ def checkpoint_staleness(exp: Experiment, path: Path) -> str | None:
 # ---- the sample units --------------------------------------------------------------------------
 
 def pool_size(method: type[PosteriorMethod] | PosteriorMethod, bases: int) -> int:
-    """Candidate seeds reserved for one repetition: the bases, plus spares (a fifth, and one)
-    for methods whose fit around a base can fail (retrained networks that do not converge)."""
+    """The smallest block of candidate seeds one repetition needs: the bases, plus spares (a fifth,
+    and one) for methods whose fit around a base can fail (retrained networks that do not
+    converge; the sample stage lets those go on through their repetition's whole block)."""
     return bases + (math.ceil(0.2 * bases) + 1 if method.fits_can_fail else 0)
 
 

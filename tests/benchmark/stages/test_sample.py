@@ -69,8 +69,9 @@ def test_bases_are_the_converged_heldout_seeds_in_order(make_exp) -> None:
     seeds = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
     assert seeds and not set(exp.store.failed_seeds()) & set(seeds) and all(s in exp.heldout for s in seeds)
     (unit,) = prepare_units(exp)
-    # one base and spares for a retrained method (pool_size): the first converged seeds
-    assert unit.plan.candidates == tuple(seeds[:3]) and (unit.plan.bases, unit.plan.samples_per_base) == (1, 100)
+    # one base, and for a retrained method the rest of its repetition's block as spares: the converged seeds in order
+    stride = repetition_stride(exp.config.sample.per_method, exp.config.sample.modes_multi)
+    assert unit.plan.candidates == tuple(seeds[:stride]) and (unit.plan.bases, unit.plan.samples_per_base) == (1, 100)
 
 
 def test_too_few_bases_in_a_trained_range_suggest_a_larger_range(make_exp) -> None:
