@@ -243,8 +243,11 @@ def draw_marginals(exp, frame: pd.DataFrame, rows: list[tuple[str, str]], shown:
     method's (lines; solid one-mode, dashed multi-mode), drawn from the histograms of ``frame``,
     which the CSV keeps for every layer."""
     colors = {method: PALETTE[i % len(PALETTE)] for i, method in enumerate(dict.fromkeys(m for m, _ in rows))}
+    # Two legend columns fit the column width for labels of up to ~26 characters at the legend's font size.
+    columns = 2 if max((len(_label(m, mode)) for m, mode in rows), default=0) <= 26 else 1
+    legend_rows = math.ceil((len(rows) + 1) / columns)
     with style():
-        figure = new_figure(1.05 * len(shown) + 0.9, COLUMN_WIDTH)
+        figure = new_figure(1.05 * len(shown) + 0.35 + 0.12 * legend_rows, COLUMN_WIDTH)
         axes = figure.subplots(len(shown), 2, squeeze=False)
         for row, key in enumerate(shown):
             for col, form in enumerate(FORMS):
@@ -264,7 +267,7 @@ def draw_marginals(exp, frame: pd.DataFrame, rows: list[tuple[str, str]], shown:
                     ax.set_xlabel("weight value")
             axes[row, 0].set_ylabel("density")
         handles, labels = axes[0, 0].get_legend_handles_labels()
-        figure.legend(handles, labels, loc="outside lower center", ncol=2)
+        figure.legend(handles, labels, loc="outside lower center", ncol=columns)
         # 60 characters fit the column width at the title's font size (Digits - OptuNet's title is 58).
         title = "\n".join(textwrap.wrap(f"Marginal weight distributions per layer ({exp.display_name})", 60))
         figure.suptitle(title + _layers_text(shown, total))
