@@ -316,7 +316,9 @@ def test_marginals_subsample_large_layers_show_a_few_and_stream_to_the_same_numb
     assert sorted(numbers[numbers["shown"]].index.get_level_values("layer").unique()) == ["conv1.weight", "fc2.weight"]
     assert (numbers["max_values"] == 300).all() and (numbers["subsample_seed"] == 0).all()
     figures = results["memory"].results_dir / "figures"
-    assert imread(figures / "marginals.png").shape[0] == round((1.05 * 2 + 0.9) * DPI), "two layers shown"
+    legend_rows = 1  # the zoo and one method, two columns
+    height = 1.05 * 2 + 0.35 + 0.12 * legend_rows
+    assert imread(figures / "marginals.png").shape[0] == round(height * DPI), "two layers shown"
     assert set(_csv(results["memory"], "marginals_ks_units").unit_b) == {1}
     for name in ("marginals", "marginals_ks", "marginals_ks_units"):
         pd.testing.assert_frame_equal(_csv(results["streamed"], name), _csv(results["memory"], name), obj=name)
