@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, Subset
 
+NOT_IN_MEMORY_REASON = "not_in_memory"
+"""Attribute that ``get_dataset`` sets on each dataset it serves image by image: why (``memory_problem``)."""
 
 def crop_offsets(batch: int, padding: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Random crop offsets ``[2, batch]`` (rows, columns) in ``[0, 2 * padding]``, drawn from
@@ -92,3 +94,16 @@ def as_in_memory(dataset: Dataset) -> InMemoryImageDataset | None:
             index = torch.as_tensor(list(dataset.indices), dtype=torch.long)
             return InMemoryImageDataset(base.images[index], base.labels[index], base.augment_padding, base.fill)
     return None
+
+
+def in_memory_problem(dataset: Dataset) -> str | None:
+    """None when ``as_in_memory`` serves ``dataset`` from tensors; else why not: the reason its
+    loader recorded (``benchmark.core.data.loading.memory_problem``), or its type for a dataset
+    built elsewhere."""
+    if as_in_memory(dataset) is not None:
+        return None
+    base = dataset
+    while isinstance(base, Subset):
+        base = base.dataset
+    return getattr(base, NOT_IN_MEMORY_REASON, None) or (
+        f"training set {type(dataset).__name__}: not an in-memory image dataset (InMemoryImageDataset, or a Subset of one)")

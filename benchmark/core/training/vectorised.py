@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from benchmark.core.data import InMemoryImageDataset, as_in_memory, crop_offsets
+from benchmark.core.data import InMemoryImageDataset, as_in_memory, crop_offsets, in_memory_problem
 from benchmark.core.training.loop import NonFiniteError, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer
 from benchmark.core.training.recipe import Recipe
 from benchmark.core.training.stacked import NotStackableError, Params, StackedNetworks, stacked_networks
@@ -45,11 +45,12 @@ class _Lane:
 
 def check_stackable(train: Dataset) -> InMemoryImageDataset:
     """The in-memory training set the vectorised trainer slices (``as_in_memory``: an
-    ``InMemoryImageDataset`` or a subset of one); others cannot be stacked."""
+    ``InMemoryImageDataset`` or a subset of one); any other raises ``NotStackableError`` with the
+    reason the data layer gives (``benchmark.core.data.memory_problem`` decides which sets are
+    held in memory)."""
     memory = as_in_memory(train)
     if memory is None:
-        raise NotStackableError(f"training set {type(train).__name__}: stacked training needs an in-memory "
-                                "image dataset (InMemoryImageDataset, or a Subset of one)")
+        raise NotStackableError(f"stacked training needs the training images in memory: {in_memory_problem(train)}")
     return memory
 
 
