@@ -19,15 +19,18 @@ along ``network_axis(key)`` (so an SGD step over them is K independent steps).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Protocol, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
 from benchmark.core.data import crop_at
-from benchmark.core.training.kernels import conv_kernels, gather_crops, gather_images
+from benchmark.core.training.kernels import (
+    average_positions, conv_kernels, dense_backward, dense_forward, gather_crops, gather_images, spread_positions,
+)
 
 Params = dict[str, torch.Tensor]
 LANES = 16  # networks per SIMD vector of float32 (AVX-512); stacks are padded to a multiple of it
@@ -206,39 +209,79 @@ class _ConvFunction(torch.autograd.Function):
         return (grad_x if need_x else None), grad_w, grad_b, None, None, None
 
 
-class _GlobalAverage(torch.autograd.Function):
-    """Mean over the positions of ``x [B, C, H, W, K]`` -> ``[B, C, 1, 1, K]``, summed position by
-    position (PyTorch's own reduction picks its summation order by shape, i.e. by K); the
-    backward spreads ``grad / (H W)`` over the positions, as ``mean``'s does."""
+def _head(ops: list[_Op]) -> tuple[list[_Op], bool, tuple[_Op, ...]]:
+    """``ops`` split into the image part (convolutions, ReLUs) and the head: whether it starts with
+    a global average pool, and its linear layers (``relu``: a ReLU follows)."""
+    start = next(i for i, op in enumerate(ops) if op.kind in ("gap", "flatten"))
+    rest = ops[start:]
+    gap = rest[0].kind == "gap"
+    rest = rest[1:] if gap else rest
+    layers: list[_Op] = []
+    if not rest or rest[0].kind != "flatten":
+        raise NotStackableError("the packed head needs Flatten right after the global pool")
+    for op in rest[1:]:
+        if op.kind == "linear":
+            layers.append(op)
+        elif op.kind == "relu" and layers and not layers[-1].relu:
+            layers[-1] = replace(layers[-1], relu=True)
+        else:
+            raise NotStackableError("after Flatten the packed head takes Linear layers, each optionally followed by one ReLU")
+    return ops[:start], gap, tuple(layers)
+
+
+class _Head(torch.autograd.Function):
+    """The head of a packed chain in one function: ``x [B, C, H, W, K]`` -> [global average pool] ->
+    flatten -> linear layers (each with its ReLU) -> logits ``[K, B, classes]`` (a view), through the
+    numba kernels with the networks innermost (a linear weight ``[K, out, in]`` is laid out
+    ``[out, in, K]`` for them). Sums run in a fixed order, so a network's output does not depend on K."""
 
     @staticmethod
-    def forward(ctx, x):
-        flat = x.flatten(2, 3)
-        total = flat[:, :, 0].clone()
-        for position in range(1, flat.shape[2]):
-            total += flat[:, :, position]
-        ctx.shape = x.shape
-        return (total / flat.shape[2])[:, :, None, None]
+    def forward(ctx, x, gap: bool, layers: tuple[_Op, ...], *params):
+        x = x.detach().contiguous()
+        n_b, n_c, n_h, n_w, n_k = x.shape
+        if gap:
+            features = x.new_empty(n_b, n_c, n_k)
+            average_positions(x.numpy(), features.numpy())
+        else:
+            features = x.view(n_b, n_c * n_h * n_w, n_k)  # NCHW flatten order
+        inputs, weights = [], []
+        for layer, weight, bias in zip(layers, params[::2], params[1::2]):
+            w = weight.detach().permute(1, 2, 0).contiguous()
+            b = bias.detach().T.contiguous() if bias is not None else w.new_zeros(1, 1)
+            out = x.new_empty(n_b, w.shape[0], n_k)
+            dense_forward(features.numpy(), w.numpy(), b.numpy(), bias is not None, layer.relu, out.numpy())
+            inputs.append(features)
+            weights.append(w)
+            features = out
+        ctx.save_for_backward(x, *inputs, *weights, features)
+        ctx.gap, ctx.layers, ctx.has_bias = gap, layers, [bias is not None for bias in params[1::2]]
+        return features.permute(2, 0, 1)
 
     @staticmethod
-    def backward(ctx, grad):
-        b, c, h, w, k = ctx.shape
-        return (grad / (h * w)).expand(b, c, h, w, k).contiguous()
-
-
-def _global_average(x: torch.Tensor) -> torch.Tensor:
-    return _GlobalAverage.apply(x)
-
-
-def _stacked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x [K, B, in] -> [K, B, out]`` with each network's ``weight [K, out, in]`` and ``bias [K, out]``.
-
-    Products and sums over the last axis instead of ``bmm``: the batched GEMM (and its backward)
-    picks kernels by batch count, so a network's result would depend on K; these layers are a
-    few units wide, so the broadcast costs nothing that matters.
-    """
-    out = (x.unsqueeze(2) * weight.unsqueeze(1)).sum(-1)
-    return out if bias is None else out + bias.unsqueeze(1)
+    def backward(ctx, grad_logits):
+        x, *saved = ctx.saved_tensors
+        count = len(ctx.layers)
+        inputs, weights, last = saved[:count], saved[count : 2 * count], saved[2 * count]
+        grad = grad_logits.permute(1, 2, 0).contiguous()
+        grads: list[torch.Tensor | None] = []
+        for index in reversed(range(count)):
+            layer, w, features = ctx.layers[index], weights[index], inputs[index]
+            out = last if index == count - 1 else inputs[index + 1]
+            grad_w, grad_b = torch.zeros_like(w), w.new_zeros(w.shape[0], w.shape[2])
+            need_x = index > 0 or ctx.needs_input_grad[0]
+            grad_in = torch.empty_like(features) if need_x else features.new_zeros((1, 1, 1))
+            dense_backward(features.numpy(), w.numpy(), out.numpy(), grad.numpy(), layer.relu, grad_in.numpy(),
+                           grad_w.numpy(), grad_b.numpy(), need_x)
+            grads = [grad_w.permute(2, 0, 1), grad_b.T if ctx.has_bias[index] else None] + grads
+            grad = grad_in
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            if ctx.gap:
+                grad_x = torch.empty_like(x)
+                spread_positions(grad.numpy(), grad_x.numpy())
+            else:
+                grad_x = grad.view(x.shape)
+        return (grad_x, None, None, *grads)
 
 
 class PackedChain:
@@ -246,6 +289,7 @@ class PackedChain:
 
     def __init__(self, template: nn.Module) -> None:
         self.ops = compile_chain(template)
+        self.body, self.gap, self.layers = _head(self.ops)
         state = template.state_dict()
         known = {f"{op.prefix}.{leaf}" for op in self.ops if op.prefix for leaf in ("weight", "bias")}
         extra = sorted(set(state) - known)
@@ -272,22 +316,17 @@ class PackedChain:
 
     def _run(self, params: Params, x: torch.Tensor) -> torch.Tensor:
         """``x [B, C, H, W, K]`` through the chain -> logits ``[K, B, classes]``."""
-        for op in self.ops:
+        for op in self.body:
             if op.kind == "conv":
                 bias = params.get(f"{op.prefix}.bias") if op.has_bias else None
                 x = _ConvFunction.apply(x, params[f"{op.prefix}.weight"], bias, op.groups, op.pool, op.relu)
-            elif op.kind == "relu":
+            else:  # a ReLU on images
                 x = torch.relu(x)
-            elif op.kind == "gap":
-                x = _global_average(x)
-            elif op.kind == "flatten":
-                x = x.permute(4, 0, 1, 2, 3).flatten(2)  # [K, B, C*H*W] in NCHW flatten order
-            else:  # linear: x [K, B, in], W [K, out, in] -> [K, B, out]
-                x = _stacked_linear(x, params[f"{op.prefix}.weight"], params.get(f"{op.prefix}.bias") if op.has_bias else None)
-        return x
+        head = [params.get(f"{layer.prefix}.{leaf}") for layer in self.layers for leaf in ("weight", "bias")]
+        return _Head.apply(x, self.gap, self.layers, *head)
 
     def source(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return images.permute(1, 2, 3, 0).contiguous()  # [C, H, W, N]: a pixel of every image in a row
+        return images.contiguous()  # [N, C, H, W]: each image read whole (a large set stays cache-friendly)
 
     def batch(self, source: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor | None, padding: int,
               fill: float) -> torch.Tensor:
@@ -298,13 +337,12 @@ class PackedChain:
             index = torch.cat([index, index[:1].expand(spare, -1)])
             offsets = None if offsets is None else torch.cat([offsets, offsets[:1].expand(spare, -1, -1)])
         n_k, n_b = index.shape
-        out = source.new_empty(n_b, *source.shape[:3], n_k)
-        index_t = index.T.contiguous()
+        out = source.new_empty(n_b, *source.shape[1:], n_k)
+        index_t = index.T.numpy().astype(np.uint32)  # unsigned: the kernels index without wrap-around
         if offsets is None:
-            gather_images(source.numpy(), index_t.numpy(), out.numpy())
+            gather_images(source.numpy(), index_t, out.numpy())
         else:
-            gather_crops(source.numpy(), index_t.numpy(), offsets.permute(1, 2, 0).contiguous().numpy(), padding,
-                         fill, out.numpy())
+            gather_crops(source.numpy(), index_t, offsets.permute(1, 2, 0).contiguous().numpy(), padding, fill, out.numpy())
         return out
 
     def _padded(self, params: Params, lanes: int) -> Params:
