@@ -70,38 +70,27 @@ def stack_array(typingctx, like, size):
 
 
 @njit(cache=True)
-def gather_images(images: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """``out[b, c, i, j, k] = images[index[b, k], c, i, j]``: the batch ``[B, C, H, W, K]`` of K
-    networks from the data set ``images [N, C, H, W]`` (``index [B, K]``, unsigned: no wrap-around of
-    negative indices, so the network loop is one vector gather per 16 networks)."""
+def gather_batch(source: np.ndarray, index: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+                 out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """The batch ``out [B, C, H, W, K]`` of K networks: ``out[b, c, i, j, k] = source[index[b, k], c,
+    rows[b, k] + i, cols[b, k] + j]`` (``source [N, C, H', W']``, the images or, for random crops,
+    the images padded with the fill: then ``rows``/``cols`` are the crop offsets, else zeros).
+    Each network's element is read at ``base[k] +`` a position offset shared by all networks, as an
+    unsigned index (no wrap-around of negative indices: one vector gather per 16 networks)."""
     n_b, n_k = index.shape
-    _, n_c, n_h, n_w = images.shape
+    n_c, n_h, n_w = out.shape[1], out.shape[2], out.shape[3]
+    height, width = source.shape[2], source.shape[3]
+    flat = source.reshape(source.size)
+    base = np.empty(n_k, dtype=np.int64)
     for b in range(n_b):
+        for k in range(n_k):
+            base[k] = (index[b, k] * n_c * height + rows[b, k]) * width + cols[b, k]
         for c in range(n_c):
             for i in range(n_h):
                 for j in range(n_w):
+                    at = (c * height + i) * width + j
                     for k in range(n_k):
-                        out[b, c, i, j, k] = images[index[b, k], c, i, j]
-
-
-@njit(cache=True)
-def gather_crops(
-    images: np.ndarray, index: np.ndarray, offsets: np.ndarray, padding: int, fill: float, out: np.ndarray
-) -> None:  # pragma: no cover - compiled
-    """Like ``gather_images``, each image cropped as ``benchmark.core.data.crop_at`` crops it:
-    ``out[b, c, i, j, k] = image[c, i + oy - padding, j + ox - padding]`` (``fill`` outside),
-    with ``(oy, ox) = offsets[:, b, k]`` (``offsets [2, B, K]``)."""
-    n_b, n_k = index.shape
-    _, n_c, n_h, n_w = images.shape
-    for b in range(n_b):
-        for c in range(n_c):
-            for i in range(n_h):
-                for j in range(n_w):
-                    for k in range(n_k):
-                        r = i + offsets[0, b, k] - padding
-                        s = j + offsets[1, b, k] - padding
-                        inside = 0 <= r < n_h and 0 <= s < n_w
-                        out[b, c, i, j, k] = images[index[b, k], c, r if inside else 0, s if inside else 0] if inside else fill
+                        out[b, c, i, j, k] = flat[np.uint64(base[k] + at)]
 
 
 @njit(cache=True, fastmath={"contract"})

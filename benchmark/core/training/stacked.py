@@ -24,12 +24,13 @@ from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
 from benchmark.core.data import crop_at
 from benchmark.core.training.kernels import (
-    average_positions, conv_kernels, dense_backward, dense_forward, gather_crops, gather_images, spread_positions,
+    average_positions, conv_kernels, dense_backward, dense_forward, gather_batch, spread_positions,
 )
 
 Params = dict[str, torch.Tensor]
@@ -338,12 +339,23 @@ class PackedChain:
             offsets = None if offsets is None else torch.cat([offsets, offsets[:1].expand(spare, -1, -1)])
         n_k, n_b = index.shape
         out = source.new_empty(n_b, *source.shape[1:], n_k)
-        index_t = index.T.numpy().astype(np.uint32)  # unsigned: the kernels index without wrap-around
         if offsets is None:
-            gather_images(source.numpy(), index_t, out.numpy())
-        else:
-            gather_crops(source.numpy(), index_t, offsets.permute(1, 2, 0).contiguous().numpy(), padding, fill, out.numpy())
+            rows = cols = np.zeros((n_b, n_k), dtype=np.int64)
+        else:  # crops read from the images padded with the fill (made once per source)
+            source = self._padded_source(source, padding, fill)
+            rows, cols = offsets.permute(1, 2, 0).numpy()
+        index_t = index.T.numpy().astype(np.uint32)
+        gather_batch(source.numpy(), index_t, np.ascontiguousarray(rows), np.ascontiguousarray(cols), out.numpy())
         return out
+
+    def _padded_source(self, source: torch.Tensor, padding: int, fill: float) -> torch.Tensor:
+        """``source`` padded by ``padding`` pixels of ``fill`` on every side, kept for the next batches
+        of the same source (held by reference: the key cannot be a recycled address)."""
+        kept = getattr(self, "_padding", None)
+        if kept is None or kept[0] is not source or kept[1:3] != (padding, fill):
+            padded = F.pad(source, (padding,) * 4, value=fill)
+            self._padding = (source, padding, fill, padded)
+        return self._padding[3]
 
     def _padded(self, params: Params, lanes: int) -> Params:
         """``params`` with zero networks appended up to ``lanes`` networks."""
