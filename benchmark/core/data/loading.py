@@ -11,7 +11,7 @@ from benchmark.core.data.digits import black_pixel_value, digits_tensors
 from benchmark.core.data.in_memory import NOT_IN_MEMORY_REASON, InMemoryImageDataset
 from benchmark.core.data.info import check_split, dataset_info
 from benchmark.core.data.on_disk import NOT_IN_MEMORY, has_arrays, open_arrays, open_on_disk
-from benchmark.core.data.transforms import CROP_PADDING, black_fill, eval_transform, normalised_arrays, train_transform
+from benchmark.core.data.transforms import CROP_PADDING, black_fill, eval_transform, levels, normalised_arrays, train_transform
 
 _EMBEDDED = ("digits", "digits_ood")
 # On-disk sets whose images vary in size: always resized to the target size.
@@ -70,7 +70,8 @@ def get_dataset(
     if problem is None:
         images, labels = open_arrays(name, split, data_dir, download)
         fill = float(black_fill(info)[0]) if augment else 0.0  # augmented in memory: one channel
-        return InMemoryImageDataset(normalised_arrays(images, info), labels, CROP_PADDING if augment else 0, fill)
+        return InMemoryImageDataset(normalised_arrays(images, info), labels, CROP_PADDING if augment else 0, fill,
+                                    codes=(images, levels(info)))
     if split == "train":
         transform = train_transform(info, augment)
     else:
@@ -103,7 +104,7 @@ def get_train_split(
     if not augment:
         plain = train
     elif isinstance(train, InMemoryImageDataset):  # the same tensors, served un-augmented
-        plain = InMemoryImageDataset(train.images, train.labels)
+        plain = InMemoryImageDataset(train.images, train.labels, codes=train.codes)
     else:
         plain = get_dataset(name, "train", data_dir, download, augment=False)
     if validation_fraction == 0.0:
@@ -140,7 +141,7 @@ def stratified_split(labels: torch.Tensor, fraction: float, seed: int = VALIDATI
 def subset(dataset: Dataset, indices: torch.Tensor) -> Dataset:
     """The items ``indices`` of ``dataset``; an in-memory dataset stays in memory (fast batches)."""
     if isinstance(dataset, InMemoryImageDataset):
-        return InMemoryImageDataset(dataset.images[indices], dataset.labels[indices], dataset.augment_padding, dataset.fill)
+        return dataset.subset(indices)
     return Subset(dataset, indices.tolist())
 
 

@@ -32,10 +32,17 @@ def normalised_arrays(images: torch.Tensor, target: DatasetInfo) -> torch.Tensor
     return eval_transform(target)(images).as_subclass(torch.Tensor)
 
 
+def levels(target: DatasetInfo) -> torch.Tensor:
+    """``[C, 256]``: the normalised value of each uint8 intensity in each channel, computed by
+    ``normalised_arrays`` (so ``levels[c, v]`` is bit for bit what an image's value v becomes)."""
+    values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256, 1).expand(1, target.in_channels, 256, 1).contiguous()
+    return normalised_arrays(values, target)[0, :, :, 0].contiguous()
+
+
 def black_fill(target: DatasetInfo) -> torch.Tensor:
-    """The normalised value of intensity 0 per channel (``[C]`` float32, computed by
-    ``normalised_arrays``): the padding a random crop of the uint8 image adds, after normalisation."""
-    return normalised_arrays(torch.zeros(1, target.in_channels, 1, 1, dtype=torch.uint8), target).flatten()
+    """The normalised value of intensity 0 per channel (``[C]`` float32, ``levels(target)[:, 0]``):
+    the padding a random crop of the uint8 image adds, after normalisation."""
+    return levels(target)[:, 0].clone()
 
 
 def train_transform(info: DatasetInfo, augment: bool) -> v2.Compose:

@@ -93,6 +93,28 @@ def gather_batch(source: np.ndarray, index: np.ndarray, rows: np.ndarray, cols: 
                         out[b, c, i, j, k] = flat[np.uint64(base[k] + at)]
 
 
+@njit(cache=True)
+def gather_codes(codes: np.ndarray, levels: np.ndarray, index: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+                 out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``gather_batch`` from images stored as uint8 ``codes [N, C, H', W']`` into per-channel
+    ``levels [C, L]``: ``out[b, c, i, j, k] = levels[c, codes[index[b, k], c, rows[b, k] + i, cols[b, k] + j]]``
+    (a quarter of the bytes of float32 images to fetch from memory)."""
+    n_b, n_k = index.shape
+    n_c, n_h, n_w = out.shape[1], out.shape[2], out.shape[3]
+    height, width = codes.shape[2], codes.shape[3]
+    flat = codes.reshape(codes.size)
+    base = np.empty(n_k, dtype=np.int64)
+    for b in range(n_b):
+        for k in range(n_k):
+            base[k] = (index[b, k] * n_c * height + rows[b, k]) * width + cols[b, k]
+        for c in range(n_c):
+            for i in range(n_h):
+                for j in range(n_w):
+                    at = (c * height + i) * width + j
+                    for k in range(n_k):
+                        out[b, c, i, j, k] = levels[c, flat[np.uint64(base[k] + at)]]
+
+
 @njit(cache=True, fastmath={"contract"})
 def average_positions(x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
     """Global average pool ``x [B, C, H, W, K] -> out [B, C, K]``, summed position by position in
@@ -168,6 +190,32 @@ def dense_backward(x: np.ndarray, w: np.ndarray, out: np.ndarray, grad_out: np.n
                 for o in range(n_o):
                     for k in range(n_k):
                         grad_x[b, i, k] += w[o, i, k] * grad_out[b, o, k]
+
+
+@njit(cache=True, fastmath={"contract"})
+def cross_entropy(logits: np.ndarray, labels: np.ndarray, losses: np.ndarray, grad: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Per network, the mean cross-entropy of its ``B`` images: ``logits [B, O, K]``, ``labels [B, K]``
+    -> ``losses [K]`` and ``grad [B, O, K]``, the gradient of each network's mean loss
+    (``(softmax - onehot) / B``). NaN/Inf logits give a NaN/Inf loss."""
+    n_b, n_o, n_k = logits.shape
+    zero = logits.dtype.type(0)
+    for k in range(n_k):
+        losses[k] = zero
+    for b in range(n_b):
+        for k in range(n_k):
+            top = logits[b, 0, k]
+            for o in range(1, n_o):
+                top = max(top, logits[b, o, k])
+            total = zero
+            for o in range(n_o):
+                grad[b, o, k] = np.exp(logits[b, o, k] - top)
+                total += grad[b, o, k]
+            label = labels[b, k]
+            losses[k] += top + np.log(total) - logits[b, label, k]
+            for o in range(n_o):
+                grad[b, o, k] = (grad[b, o, k] / total - (o == label)) / n_b
+    for k in range(n_k):
+        losses[k] /= n_b
 
 
 class ConvKernels(NamedTuple):

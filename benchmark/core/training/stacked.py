@@ -30,7 +30,8 @@ from torch.func import functional_call, vmap
 
 from benchmark.core.data import crop_at
 from benchmark.core.training.kernels import (
-    average_positions, conv_kernels, dense_backward, dense_forward, gather_batch, spread_positions,
+    average_positions, conv_kernels, cross_entropy, dense_backward, dense_forward, gather_batch, gather_codes,
+    spread_positions,
 )
 
 Params = dict[str, torch.Tensor]
@@ -56,8 +57,11 @@ class StackedNetworks(Protocol):
     def select(self, tensors: Params, indices: torch.Tensor) -> Params:
         """The networks ``indices`` (1-D long tensor) of parameters or same-shaped buffers."""
 
-    def source(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """The training images ``[N, C, H, W]`` stored as ``batch`` reads them."""
+    def source(self, images: torch.Tensor, device: torch.device, codes: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """The training images ``[N, C, H, W]`` stored as ``batch`` reads them (an opaque value for
+        ``batch``); ``codes``: the same images as ``(uint8 codes, levels [C, L])`` with
+        ``images[n, c] == levels[c, codes[n, c]]`` (``InMemoryImageDataset.codes``), which an
+        implementation may read instead."""
 
     def batch(self, source: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor | None, padding: int,
               fill: float) -> torch.Tensor:
@@ -166,48 +170,59 @@ def compile_chain(model: nn.Module) -> list[_Op]:
     return ops
 
 
+def _conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: int, pool: int,
+                  relu: bool) -> tuple[torch.Tensor, tuple]:
+    """A packed convolution ``x [B, C, H, W, K]`` -> ``[B, C_out, H', W', K]`` with its ReLU and
+    max-pool, and what its backward needs."""
+    c_out, cpg, kh, kw, n_k = weight.shape
+    kernels = conv_kernels(cpg, kh, kw, max(pool, 1))
+    n_b, _, h, w, _ = x.shape
+    ho, wo = h - kh + 1, w - kw + 1
+    bias_arg = (bias if bias is not None else weight.new_zeros(1, 1)).detach().contiguous().numpy()
+    x, weight = x.detach().contiguous(), weight.detach().contiguous()
+    if pool:
+        out = x.new_empty(n_b, c_out, ho // pool, wo // pool, n_k)
+        arg = torch.empty(out.shape, dtype=torch.int8)
+        kernels.pool_forward(x.numpy(), weight.numpy(), bias_arg, bias is not None, groups, relu, out.numpy(), arg.numpy())
+        return out, (x, weight, out, arg)
+    out = x.new_empty(n_b, c_out, ho, wo, n_k)
+    kernels.forward(x.numpy(), weight.numpy(), bias_arg, bias is not None, groups, relu, out.numpy())
+    return out, (x, weight, out)
+
+
+def _conv_backward(saved: tuple, grad_out: torch.Tensor, groups: int, pool: int, relu: bool, has_bias: bool,
+                   need_x: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """``(grad_x or None, grad_w, grad_b or None)`` of ``_conv_forward`` given ``grad_out``."""
+    x, weight, out, *arg = saved
+    _, cpg, kh, kw, _ = weight.shape
+    kernels = conv_kernels(cpg, kh, kw, max(pool, 1))
+    grad_out = grad_out.contiguous()
+    grad_w = torch.zeros_like(weight)
+    grad_x = torch.zeros_like(x) if need_x else x.new_zeros((1,) * 5)
+    args = (x.numpy(), weight.numpy(), out.numpy(), grad_out.numpy())
+    if pool:
+        kernels.pool_backward(*args, arg[0].numpy(), groups, relu, grad_x.numpy(), grad_w.numpy(), need_x)
+    else:
+        kernels.backward(*args, groups, relu, grad_x.numpy(), grad_w.numpy(), need_x)
+    grad_b = (grad_out * (out > 0) if relu else grad_out).sum(dim=(0, 2, 3)) if has_bias else None
+    return (grad_x if need_x else None), grad_w, grad_b
+
+
 class _ConvFunction(torch.autograd.Function):
     """A packed convolution, with the ReLU and max-pool fused after it, and its own backward."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, groups: int, pool: int, relu: bool):
-        c_out, cpg, kh, kw, n_k = weight.shape
-        kernels = conv_kernels(cpg, kh, kw, max(pool, 1))
-        n_b, _, h, w, _ = x.shape
-        ho, wo = h - kh + 1, w - kw + 1
-        has_bias = bias is not None
-        bias_arg = (bias if has_bias else weight.new_zeros(1, 1)).detach().contiguous().numpy()
-        x, weight = x.detach().contiguous(), weight.detach().contiguous()
-        if pool:
-            out = x.new_empty(n_b, c_out, ho // pool, wo // pool, n_k)
-            arg = torch.empty(out.shape, dtype=torch.int8)
-            kernels.pool_forward(x.numpy(), weight.numpy(), bias_arg, has_bias, groups, relu, out.numpy(), arg.numpy())
-            ctx.save_for_backward(x, weight, out, arg)
-        else:
-            out = x.new_empty(n_b, c_out, ho, wo, n_k)
-            kernels.forward(x.numpy(), weight.numpy(), bias_arg, has_bias, groups, relu, out.numpy())
-            ctx.save_for_backward(x, weight, out)
-        ctx.groups, ctx.pool, ctx.relu, ctx.has_bias = groups, pool, relu, has_bias
+        out, saved = _conv_forward(x, weight, bias, groups, pool, relu)
+        ctx.save_for_backward(*saved)
+        ctx.groups, ctx.pool, ctx.relu, ctx.has_bias = groups, pool, relu, bias is not None
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight, out, *arg = ctx.saved_tensors
-        _, cpg, kh, kw, _ = weight.shape
-        kernels = conv_kernels(cpg, kh, kw, max(ctx.pool, 1))
-        need_x = ctx.needs_input_grad[0]
-        grad_w = torch.zeros_like(weight)
-        grad_x = torch.zeros_like(x) if need_x else x.new_zeros((1,) * 5)
-        # grad_out may be strided (the global pool's backward expands): the kernels read it once.
-        args = (x.numpy(), weight.numpy(), out.numpy(), grad_out.numpy())
-        if ctx.pool:
-            kernels.pool_backward(*args, arg[0].numpy(), ctx.groups, ctx.relu, grad_x.numpy(), grad_w.numpy(), need_x)
-        else:
-            kernels.backward(*args, ctx.groups, ctx.relu, grad_x.numpy(), grad_w.numpy(), need_x)
-        grad_b = None
-        if ctx.has_bias:
-            grad_b = (grad_out * (out > 0) if ctx.relu else grad_out).sum(dim=(0, 2, 3))
-        return (grad_x if need_x else None), grad_w, grad_b, None, None, None
+        grads = _conv_backward(ctx.saved_tensors, grad_out, ctx.groups, ctx.pool, ctx.relu, ctx.has_bias,
+                               ctx.needs_input_grad[0])
+        return (*grads, None, None, None)
 
 
 def _head(ops: list[_Op]) -> tuple[list[_Op], bool, tuple[_Op, ...]]:
@@ -230,59 +245,77 @@ def _head(ops: list[_Op]) -> tuple[list[_Op], bool, tuple[_Op, ...]]:
     return ops[:start], gap, tuple(layers)
 
 
+def _head_forward(x: torch.Tensor, gap: bool, layers: tuple[_Op, ...], params) -> tuple[torch.Tensor, tuple]:
+    """The head of a packed chain: ``x [B, C, H, W, K]`` -> [global average pool] -> flatten -> linear
+    layers (each with its ReLU) -> logits ``[B, classes, K]``, through the numba kernels with the
+    networks innermost (a linear weight ``[K, out, in]`` is laid out ``[out, in, K]`` for them); and
+    what its backward needs. ``params``: weight and bias (or None) of each layer, in turn."""
+    x = x.detach().contiguous()
+    n_b, n_c, n_h, n_w, n_k = x.shape
+    if gap:
+        features = x.new_empty(n_b, n_c, n_k)
+        average_positions(x.numpy(), features.numpy())
+    else:
+        features = x.view(n_b, n_c * n_h * n_w, n_k)  # NCHW flatten order
+    inputs, weights = [], []
+    for layer, weight, bias in zip(layers, params[::2], params[1::2]):
+        w = weight.detach().permute(1, 2, 0).contiguous()
+        b = bias.detach().T.contiguous() if bias is not None else w.new_zeros(1, 1)
+        out = x.new_empty(n_b, w.shape[0], n_k)
+        dense_forward(features.numpy(), w.numpy(), b.numpy(), bias is not None, layer.relu, out.numpy())
+        inputs.append(features)
+        weights.append(w)
+        features = out
+    return features, (x, inputs, weights, features, [bias is not None for bias in params[1::2]])
+
+
+def _head_backward(saved: tuple, grad: torch.Tensor, gap: bool, layers: tuple[_Op, ...],
+                   need_x: bool) -> tuple[torch.Tensor | None, list]:
+    """``(grad_x or None, [grad weight, grad bias or None] per layer, in turn)`` of ``_head_forward``
+    given the gradient of its logits ``grad [B, classes, K]`` (overwritten)."""
+    x, inputs, weights, last, has_bias = saved
+    grads: list[torch.Tensor | None] = []
+    for index in reversed(range(len(layers))):
+        w, features = weights[index], inputs[index]
+        out = last if index == len(layers) - 1 else inputs[index + 1]
+        grad_w, grad_b = torch.zeros_like(w), w.new_zeros(w.shape[0], w.shape[2])
+        need = index > 0 or need_x
+        grad_in = torch.empty_like(features) if need else features.new_zeros((1, 1, 1))
+        dense_backward(features.numpy(), w.numpy(), out.numpy(), grad.numpy(), layers[index].relu, grad_in.numpy(),
+                       grad_w.numpy(), grad_b.numpy(), need)
+        grads = [grad_w.permute(2, 0, 1), grad_b.T if has_bias[index] else None] + grads
+        grad = grad_in
+    if not need_x:
+        return None, grads
+    if gap:
+        grad_x = torch.empty_like(x)
+        spread_positions(grad.numpy(), grad_x.numpy())
+        return grad_x, grads
+    return grad.view(x.shape), grads
+
+
 class _Head(torch.autograd.Function):
-    """The head of a packed chain in one function: ``x [B, C, H, W, K]`` -> [global average pool] ->
-    flatten -> linear layers (each with its ReLU) -> logits ``[K, B, classes]`` (a view), through the
-    numba kernels with the networks innermost (a linear weight ``[K, out, in]`` is laid out
-    ``[out, in, K]`` for them). Sums run in a fixed order, so a network's output does not depend on K."""
+    """``_head_forward`` as an autograd function (logits ``[K, B, classes]``, a view)."""
 
     @staticmethod
     def forward(ctx, x, gap: bool, layers: tuple[_Op, ...], *params):
-        x = x.detach().contiguous()
-        n_b, n_c, n_h, n_w, n_k = x.shape
-        if gap:
-            features = x.new_empty(n_b, n_c, n_k)
-            average_positions(x.numpy(), features.numpy())
-        else:
-            features = x.view(n_b, n_c * n_h * n_w, n_k)  # NCHW flatten order
-        inputs, weights = [], []
-        for layer, weight, bias in zip(layers, params[::2], params[1::2]):
-            w = weight.detach().permute(1, 2, 0).contiguous()
-            b = bias.detach().T.contiguous() if bias is not None else w.new_zeros(1, 1)
-            out = x.new_empty(n_b, w.shape[0], n_k)
-            dense_forward(features.numpy(), w.numpy(), b.numpy(), bias is not None, layer.relu, out.numpy())
-            inputs.append(features)
-            weights.append(w)
-            features = out
-        ctx.save_for_backward(x, *inputs, *weights, features)
-        ctx.gap, ctx.layers, ctx.has_bias = gap, layers, [bias is not None for bias in params[1::2]]
-        return features.permute(2, 0, 1)
+        logits, ctx.saved = _head_forward(x, gap, layers, params)
+        ctx.gap, ctx.layers = gap, layers
+        return logits.permute(2, 0, 1)
 
     @staticmethod
     def backward(ctx, grad_logits):
-        x, *saved = ctx.saved_tensors
-        count = len(ctx.layers)
-        inputs, weights, last = saved[:count], saved[count : 2 * count], saved[2 * count]
-        grad = grad_logits.permute(1, 2, 0).contiguous()
-        grads: list[torch.Tensor | None] = []
-        for index in reversed(range(count)):
-            layer, w, features = ctx.layers[index], weights[index], inputs[index]
-            out = last if index == count - 1 else inputs[index + 1]
-            grad_w, grad_b = torch.zeros_like(w), w.new_zeros(w.shape[0], w.shape[2])
-            need_x = index > 0 or ctx.needs_input_grad[0]
-            grad_in = torch.empty_like(features) if need_x else features.new_zeros((1, 1, 1))
-            dense_backward(features.numpy(), w.numpy(), out.numpy(), grad.numpy(), layer.relu, grad_in.numpy(),
-                           grad_w.numpy(), grad_b.numpy(), need_x)
-            grads = [grad_w.permute(2, 0, 1), grad_b.T if ctx.has_bias[index] else None] + grads
-            grad = grad_in
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            if ctx.gap:
-                grad_x = torch.empty_like(x)
-                spread_positions(grad.numpy(), grad_x.numpy())
-            else:
-                grad_x = grad.view(x.shape)
+        grad_x, grads = _head_backward(ctx.saved, grad_logits.permute(1, 2, 0).contiguous(), ctx.gap, ctx.layers,
+                                       ctx.needs_input_grad[0])
         return (grad_x, None, None, *grads)
+
+
+@dataclass(frozen=True)
+class _Coded:
+    """Images held as uint8 ``codes [N, C, H, W]`` into per-channel ``levels [C, L]`` (a packed source)."""
+
+    codes: torch.Tensor
+    levels: torch.Tensor
 
 
 class PackedChain:
@@ -326,8 +359,9 @@ class PackedChain:
         head = [params.get(f"{layer.prefix}.{leaf}") for layer in self.layers for leaf in ("weight", "bias")]
         return _Head.apply(x, self.gap, self.layers, *head)
 
-    def source(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return images.contiguous()  # [N, C, H, W]: each image read whole (a large set stays cache-friendly)
+    def source(self, images: torch.Tensor, device: torch.device, codes: tuple[torch.Tensor, torch.Tensor] | None = None):
+        # [N, C, H, W]: each image read whole (a large set stays cache-friendly); uint8 codes when given
+        return images.contiguous() if codes is None else _Coded(codes[0].contiguous(), codes[1].to(images.dtype).contiguous())
 
     def batch(self, source: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor | None, padding: int,
               fill: float) -> torch.Tensor:
@@ -338,14 +372,18 @@ class PackedChain:
             index = torch.cat([index, index[:1].expand(spare, -1)])
             offsets = None if offsets is None else torch.cat([offsets, offsets[:1].expand(spare, -1, -1)])
         n_k, n_b = index.shape
-        out = source.new_empty(n_b, *source.shape[1:], n_k)
+        images = source.codes if isinstance(source, _Coded) else source
+        out = torch.empty(n_b, *images.shape[1:], n_k, dtype=source.levels.dtype if images is not source else source.dtype)
         if offsets is None:
             rows = cols = np.zeros((n_b, n_k), dtype=np.int64)
         else:  # crops read from the images padded with the fill (made once per source)
             source = self._padded_source(source, padding, fill)
-            rows, cols = offsets.permute(1, 2, 0).numpy()
+            rows, cols = (np.ascontiguousarray(part) for part in offsets.permute(1, 2, 0).numpy())
         index_t = index.T.numpy().astype(np.uint32)
-        gather_batch(source.numpy(), index_t, np.ascontiguousarray(rows), np.ascontiguousarray(cols), out.numpy())
+        if isinstance(source, _Coded):
+            gather_codes(source.codes.numpy(), source.levels.numpy(), index_t, rows, cols, out.numpy())
+        else:
+            gather_batch(source.numpy(), index_t, rows, cols, out.numpy())
         return out
 
     def _padded_source(self, source: torch.Tensor, padding: int, fill: float) -> torch.Tensor:
@@ -353,7 +391,14 @@ class PackedChain:
         of the same source (held by reference: the key cannot be a recycled address)."""
         kept = getattr(self, "_padding", None)
         if kept is None or kept[0] is not source or kept[1:3] != (padding, fill):
-            padded = F.pad(source, (padding,) * 4, value=fill)
+            if isinstance(source, _Coded):  # the fill as one more level of each channel
+                levels = torch.cat([source.levels, source.levels.new_full((source.levels.shape[0], 1), fill)], dim=1)
+                if levels.shape[1] > 256:  # no uint8 code left for it: decode
+                    channel = torch.arange(levels.shape[0]).view(1, -1, 1, 1).expand_as(source.codes)
+                    return self._padded_source(source.levels[channel, source.codes.long()], padding, fill)
+                padded = _Coded(F.pad(source.codes, (padding,) * 4, value=levels.shape[1] - 1), levels)
+            else:
+                padded = F.pad(source, (padding,) * 4, value=fill)
             self._padding = (source, padding, fill, padded)
         return self._padding[3]
 
@@ -374,6 +419,48 @@ class PackedChain:
 
     def forward(self, params: Params, batch: torch.Tensor) -> torch.Tensor:
         return self._run(self._padded(params, batch.shape[-1]), batch)[: self.count(params)]
+
+    def loss_and_grads(self, params: Params, batch: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, Params]:
+        """The training step's numbers without autograd: per network the mean cross-entropy of its
+        images of ``batch`` (``forward``'s input) against ``labels [K, B]`` -> ``(losses [K],
+        gradients of each network's loss keyed like params)``, the forward, loss and backward all
+        through the numba kernels. Same results as autograd over ``forward`` and
+        ``F.cross_entropy``, up to rounding."""
+        n_k, lanes = self.count(params), batch.shape[-1]
+        padded = self._padded(params, lanes)
+        x, saved = batch, []
+        for op in self.body:
+            if op.kind == "conv":
+                bias = padded.get(f"{op.prefix}.bias") if op.has_bias else None
+                x, context = _conv_forward(x, padded[f"{op.prefix}.weight"], bias, op.groups, op.pool, op.relu)
+            else:
+                x, context = torch.relu(x), x
+            saved.append(context)
+        head = [padded.get(f"{layer.prefix}.{leaf}") for layer in self.layers for leaf in ("weight", "bias")]
+        logits, context = _head_forward(x, self.gap, self.layers, head)
+        targets = torch.cat([labels, labels[:1].expand(lanes - n_k, -1)]).T.contiguous()
+        losses, grad = logits.new_empty(lanes), torch.empty_like(logits)
+        cross_entropy(logits.numpy(), targets.numpy(), losses.numpy(), grad.numpy())
+        grad, head_grads = _head_backward(context, grad, self.gap, self.layers, need_x=bool(self.body))
+        grads = {}
+        for layer, weight, bias in zip(self.layers, head_grads[::2], head_grads[1::2]):
+            grads[f"{layer.prefix}.weight"] = weight
+            if bias is not None:
+                grads[f"{layer.prefix}.bias"] = bias
+        for index in reversed(range(len(self.body))):
+            op, context = self.body[index], saved[index]
+            if op.kind == "conv":
+                grad, grads[f"{op.prefix}.weight"], bias = _conv_backward(context, grad, op.groups, op.pool, op.relu,
+                                                                          op.has_bias, need_x=index > 0)
+                if bias is not None:
+                    grads[f"{op.prefix}.bias"] = bias
+            else:
+                grad = grad * (context > 0)
+        return losses[:n_k], {key: self._unpadded(key, grads[key], n_k) for key in params}
+
+    def _unpadded(self, key: str, value: torch.Tensor, count: int) -> torch.Tensor:
+        """``value`` (a stacked parameter's gradient over the padded lanes) cut to ``count`` networks."""
+        return value.narrow(self.network_axis(key) % value.dim(), 0, count).contiguous()
 
     def predict(self, params: Params, images: torch.Tensor) -> torch.Tensor:
         n_k = self.count(params)
@@ -412,7 +499,7 @@ class VmapNetworks:
     def _call(self, params: Params, images: torch.Tensor) -> torch.Tensor:
         return functional_call(self.template, params, (images,))
 
-    def source(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
+    def source(self, images: torch.Tensor, device: torch.device, codes: tuple[torch.Tensor, torch.Tensor] | None = None):
         return images.to(device)
 
     def batch(self, source: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor | None, padding: int,

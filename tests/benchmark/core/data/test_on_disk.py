@@ -257,6 +257,9 @@ def test_array_sets_are_read_into_memory_with_the_pil_paths_exact_values(tiny_da
     images, labels = as_tensors(dataset)
     assert torch.equal(images, pil_path(name, split, tiny_data.root))  # bit for bit
     assert labels.tolist() == tiny_data.arrays[name][split][1].tolist()
+    codes, levels = dataset.codes  # the uint8 pixels and what each becomes, per channel
+    channel = torch.arange(images.shape[1]).view(1, -1, 1, 1).expand_as(codes)
+    assert codes.dtype == torch.uint8 and torch.equal(levels[channel, codes.long()], images)
 
 
 @pytest.mark.parametrize("ood, id_name", [("fashionmnist", "mnist"), ("svhn", "cifar100")])
