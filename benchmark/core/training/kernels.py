@@ -41,7 +41,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 KERNEL_DIR_ENV = "POSTERIOR_BENCH_KERNEL_DIR"
 
@@ -69,14 +69,27 @@ def stack_array(typingctx, like, size):
     return array(like, size), codegen
 
 
+def _pixel(flat, levels, channel, at):  # pragma: no cover - replaced by its overload inside compiled code
+    """Pixel ``at`` of ``flat``: its value, or for uint8 codes ``levels[channel, code]``."""
+
+
+@overload(_pixel)
+def _pixel_of(flat, levels, channel, at):
+    if isinstance(flat.dtype, types.Integer):
+        return lambda flat, levels, channel, at: levels[channel, flat[at]]
+    return lambda flat, levels, channel, at: flat[at]
+
+
 @njit(cache=True)
-def gather_batch(source: np.ndarray, index: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+def gather_batch(source: np.ndarray, levels: np.ndarray, index: np.ndarray, rows: np.ndarray, cols: np.ndarray,
                  out: np.ndarray) -> None:  # pragma: no cover - compiled
     """The batch ``out [B, C, H, W, K]`` of K networks: ``out[b, c, i, j, k] = source[index[b, k], c,
     rows[b, k] + i, cols[b, k] + j]`` (``source [N, C, H', W']``, the images or, for random crops,
-    the images padded with the fill: then ``rows``/``cols`` are the crop offsets, else zeros).
-    Each network's element is read at ``base[k] +`` a position offset shared by all networks, as an
-    unsigned index (no wrap-around of negative indices: one vector gather per 16 networks)."""
+    the images padded with the fill: then ``rows``/``cols`` are the crop offsets, else zeros). A
+    uint8 ``source`` holds codes: the value is ``levels[c, code]`` (``levels [C, L]``; a quarter of the
+    bytes of float32 images to fetch from memory; ignored for float images). Each network's pixel
+    is read at ``base[k] +`` an offset shared by all networks, as an unsigned index (no wrap-around
+    of negative indices: one vector gather per 16 networks)."""
     n_b, n_k = index.shape
     n_c, n_h, n_w = out.shape[1], out.shape[2], out.shape[3]
     height, width = source.shape[2], source.shape[3]
@@ -90,29 +103,7 @@ def gather_batch(source: np.ndarray, index: np.ndarray, rows: np.ndarray, cols: 
                 for j in range(n_w):
                     at = (c * height + i) * width + j
                     for k in range(n_k):
-                        out[b, c, i, j, k] = flat[np.uint64(base[k] + at)]
-
-
-@njit(cache=True)
-def gather_codes(codes: np.ndarray, levels: np.ndarray, index: np.ndarray, rows: np.ndarray, cols: np.ndarray,
-                 out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """``gather_batch`` from images stored as uint8 ``codes [N, C, H', W']`` into per-channel
-    ``levels [C, L]``: ``out[b, c, i, j, k] = levels[c, codes[index[b, k], c, rows[b, k] + i, cols[b, k] + j]]``
-    (a quarter of the bytes of float32 images to fetch from memory)."""
-    n_b, n_k = index.shape
-    n_c, n_h, n_w = out.shape[1], out.shape[2], out.shape[3]
-    height, width = codes.shape[2], codes.shape[3]
-    flat = codes.reshape(codes.size)
-    base = np.empty(n_k, dtype=np.int64)
-    for b in range(n_b):
-        for k in range(n_k):
-            base[k] = (index[b, k] * n_c * height + rows[b, k]) * width + cols[b, k]
-        for c in range(n_c):
-            for i in range(n_h):
-                for j in range(n_w):
-                    at = (c * height + i) * width + j
-                    for k in range(n_k):
-                        out[b, c, i, j, k] = levels[c, flat[np.uint64(base[k] + at)]]
+                        out[b, c, i, j, k] = _pixel(flat, levels, c, np.uint64(base[k] + at))
 
 
 @njit(cache=True, fastmath={"contract"})

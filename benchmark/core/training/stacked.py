@@ -30,8 +30,7 @@ from torch.func import functional_call, vmap
 
 from benchmark.core.data import crop_at
 from benchmark.core.training.kernels import (
-    average_positions, conv_kernels, cross_entropy, dense_backward, dense_forward, gather_batch, gather_codes,
-    spread_positions,
+    average_positions, conv_kernels, cross_entropy, dense_backward, dense_forward, gather_batch, spread_positions,
 )
 
 Params = dict[str, torch.Tensor]
@@ -381,9 +380,9 @@ class PackedChain:
             rows, cols = (np.ascontiguousarray(part) for part in offsets.permute(1, 2, 0).numpy())
         index_t = index.T.numpy().astype(np.uint32)
         if isinstance(source, _Coded):
-            gather_codes(source.codes.numpy(), source.levels.numpy(), index_t, rows, cols, out.numpy())
+            gather_batch(source.codes.numpy(), source.levels.numpy(), index_t, rows, cols, out.numpy())
         else:
-            gather_batch(source.numpy(), index_t, rows, cols, out.numpy())
+            gather_batch(source.numpy(), np.empty((1, 1), dtype=out.numpy().dtype), index_t, rows, cols, out.numpy())
         return out
 
     def _padded_source(self, source: torch.Tensor, padding: int, fill: float) -> torch.Tensor:
