@@ -106,5 +106,5 @@ def trainer_lines(exp: Experiment, failed: dict[int, dict]) -> list[str]:
                      f"trained {' / '.join(trainers)}): the convergence verdicts differ on {len(differ)} of {len(checked)} "
                      f"seeds{' (' + ', '.join(map(str, differ)) + ')' if differ else ''}"
                      + (f"; largest weight difference where both kept the network: {max(gaps):.2g}" if gaps else "")
-                     + ". make bench measures the same on 128 seeds (bench/bench_zoo.py).")
+                     + ". make bench compares them on 64 digits seeds (bench/bench_zoo.py).")
     return lines

@@ -309,6 +309,22 @@ class _Head(torch.autograd.Function):
         return (grad_x, None, None, *grads)
 
 
+def _padded(source: "torch.Tensor | _Coded", padding: int, fill: float) -> "torch.Tensor | _Coded":
+    """Images (or codes) padded by ``padding`` pixels of ``fill`` on every side; for codes the fill is
+    the code of that level (a new level if none has its value, the decoded images if no code is free)."""
+    if not isinstance(source, _Coded):
+        return F.pad(source, (padding,) * 4, value=fill)
+    levels = source.levels
+    same = (levels == fill).all(dim=0).nonzero()
+    if len(same):
+        return _Coded(F.pad(source.codes, (padding,) * 4, value=int(same[0])), levels)
+    if levels.shape[1] < 256:
+        levels = torch.cat([levels, levels.new_full((levels.shape[0], 1), fill)], dim=1)
+        return _Coded(F.pad(source.codes, (padding,) * 4, value=levels.shape[1] - 1), levels)
+    channel = torch.arange(levels.shape[0]).view(1, -1, 1, 1).expand_as(source.codes)
+    return F.pad(levels[channel, source.codes.long()], (padding,) * 4, value=fill)
+
+
 @dataclass(frozen=True)
 class _Coded:
     """Images held as uint8 ``codes [N, C, H, W]`` into per-channel ``levels [C, L]`` (a packed source)."""
@@ -390,15 +406,7 @@ class PackedChain:
         of the same source (held by reference: the key cannot be a recycled address)."""
         kept = getattr(self, "_padding", None)
         if kept is None or kept[0] is not source or kept[1:3] != (padding, fill):
-            if isinstance(source, _Coded):  # the fill as one more level of each channel
-                levels = torch.cat([source.levels, source.levels.new_full((source.levels.shape[0], 1), fill)], dim=1)
-                if levels.shape[1] > 256:  # no uint8 code left for it: decode
-                    channel = torch.arange(levels.shape[0]).view(1, -1, 1, 1).expand_as(source.codes)
-                    return self._padded_source(source.levels[channel, source.codes.long()], padding, fill)
-                padded = _Coded(F.pad(source.codes, (padding,) * 4, value=levels.shape[1] - 1), levels)
-            else:
-                padded = F.pad(source, (padding,) * 4, value=fill)
-            self._padding = (source, padding, fill, padded)
+            self._padding = (source, padding, fill, _padded(source, padding, fill))
         return self._padding[3]
 
     def _padded(self, params: Params, lanes: int) -> Params:
