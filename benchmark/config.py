@@ -126,7 +126,8 @@ class ZooConfig:
     vectorised trainer (``benchmark/core/training/vectorised.py``): ``auto`` = as many as fit in
     memory, up to ``AUTO_NETWORKS`` (one at a time where the architecture or the data cannot be
     stacked, e.g. ResNet-18's BatchNorm), an integer K (refused before any work if K networks
-    do not fit in memory, with the K that does), or 1 = one at a time (``train_network``)."""
+    do not fit in memory, with the K that does), or 1 = one at a time (``train_network``).
+    ``crosscheck``: see below."""
 
     range: ZooRange = ZooRange.both
     shard: int = 0
@@ -137,9 +138,16 @@ class ZooConfig:
     # nodes or GPUs, is not a transient fault; training on CPU is deterministic, so retrying
     # within one run would only repeat it). Counted per seed and config_hash in zoo/failed/.
     max_attempts: int = 3
+    # The first ``crosscheck`` seeds of each range that are trained stacked are also trained one at a
+    # time (train_network), and each one's checkpoint or failure record keeps that trainer's verdict, so
+    # the zoo summary says on how many the two trainers' convergence verdicts differ (not in the paper;
+    # 16: about 2% of make benchmark's time on digits, a minute or two per seed on MNIST, spread over the
+    # shards). 0 = off.
+    crosscheck: int = 16
 
     def __post_init__(self) -> None:
         require(self.num_shards >= 1, "num_shards", self.num_shards, "a positive integer")
+        require(self.crosscheck >= 0, "crosscheck", self.crosscheck, "a number of seeds >= 0")
         require(0 <= self.shard < self.num_shards, "shard", self.shard, f"an integer in [0, num_shards={self.num_shards})")
         require(self.max_attempts >= 1, "max_attempts", self.max_attempts, "a positive integer (runs before a diverging seed is recorded as failed)")
         value = str(self.vectorize)

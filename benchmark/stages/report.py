@@ -9,11 +9,12 @@ results, the side-by-side tables go to ``results/all/``.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 
-from benchmark.core.store import atomic_write_text
+from benchmark.core.store import CheckpointMetadata, atomic_write_text, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, range_state, reap_results_litter, require_inputs
 from benchmark.report import diagnostics, findings, write_tables
@@ -63,7 +64,9 @@ def run(exp: Experiment) -> list[Path]:
 
 
 def write_zoo_summary(exp: Experiment, path: Path) -> Path:
-    """The reference zoo and held-out seeds: checkpoints, failures (with the rate), accuracies."""
+    """The reference zoo and held-out seeds: checkpoints, failures (with the rate), accuracies, the
+    trainers that made them, and the seeds trained by both trainers (``zoo.crosscheck``): on how many
+    the convergence verdicts differ."""
     lines = [f"# Zoo of {exp.name}", ""]
     for seeds, role in ((exp.reference, "the reference posterior"), (exp.heldout, "base networks, Deep Ensembles")):
         lines += [f"- {range_state(exp, seeds).describe()} ({role})"]
@@ -71,5 +74,37 @@ def write_zoo_summary(exp: Experiment, path: Path) -> Path:
     reasons = sorted({r.get("reason", "").split(" (")[-1].rstrip(")") for r in failed.values()})
     if failed:
         lines += ["", f"Failed seeds are excluded from the reference and the bases; reasons: {', '.join(reasons)}."]
+    lines += ["", *trainer_lines(exp, failed)]
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path
+
+
+def trainer_lines(exp: Experiment, failed: dict[int, dict]) -> list[str]:
+    """Which trainer made the checkpoints and failure records of both ranges (their metadata's
+    ``trainer``), and the verdicts of the seeds also trained by the other trainer (``crosscheck``)."""
+    def ours(seed: int) -> bool:
+        return seed in exp.reference or seed in exp.heldout
+
+    records: dict[int, tuple[str, str, dict | None]] = {}  # seed -> (trainer, verdict, crosscheck)
+    for seed in filter(ours, exp.store.completed_seeds()):
+        meta = CheckpointMetadata.decode(read_metadata(exp.store.checkpoint_path(seed)))
+        trainer = meta.trainer or ("imported" if meta.source_file or meta.source else "not recorded")
+        records[seed] = (trainer, "converged", meta.crosscheck)
+    for seed in filter(ours, failed):
+        record = failed[seed]
+        verdict = "diverged" if record.get("reason") == "diverged" else "failed"
+        records[seed] = (record.get("trainer", "not recorded"), verdict, record.get("crosscheck"))
+    counts = Counter(trainer for trainer, _, _ in records.values())
+    lines = ["Trainers: " + ", ".join(f"{trainer} {count}" for trainer, count in sorted(counts.items())) +
+             " (checkpoints and failure records of both ranges)."] if counts else []
+    checked = {seed: (verdict, check) for seed, (_, verdict, check) in records.items() if check}
+    if checked:
+        differ = sorted(seed for seed, (verdict, check) in checked.items() if check["verdict"] != verdict)
+        gaps = [check["max_weight_difference"] for _, check in checked.values() if "max_weight_difference" in check]
+        trainers = sorted({check["trainer"] for _, check in checked.values()})
+        lines.append(f"Trainers cross-checked (zoo.crosscheck={exp.config.zoo.crosscheck}: the first seeds of each range, also "
+                     f"trained {' / '.join(trainers)}): the convergence verdicts differ on {len(differ)} of {len(checked)} "
+                     f"seeds{' (' + ', '.join(map(str, differ)) + ')' if differ else ''}"
+                     + (f"; largest weight difference where both kept the network: {max(gaps):.2g}" if gaps else "")
+                     + ". make bench compares them on 64 digits seeds (bench/bench_zoo.py).")
+    return lines

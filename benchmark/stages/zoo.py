@@ -102,9 +102,11 @@ def train_seed(exp: Experiment, seed: int, role: str = "zoo") -> TrainResult:
     )
 
 
-def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: str, trainer: str) -> CheckpointMetadata:
+def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: str, trainer: str,
+                        crosscheck: dict | None = None) -> CheckpointMetadata:
     """Metadata stored with every trained checkpoint (accuracies as fractions: train, validation
-    (the convergence rule's held-out data, NaN without one) and test; ``trainer``: how it was trained)."""
+    (the convergence rule's held-out data, NaN without one) and test; ``trainer``: how it was trained;
+    ``crosscheck``: the other trainer's outcome, see ``crosscheck_record``)."""
     with seeded(seed):  # building a model draws from the global RNG; leave it as it was
         model = exp.model().to(exp.device)
     model.load_state_dict(result.state_dict)
@@ -112,7 +114,7 @@ def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: s
         experiment=exp.name, seed=seed, role=role, config_hash=exp.config_hash,
         train_accuracy=result.train_accuracy, validation_accuracy=result.check_accuracy,
         test_accuracy=accuracy(model, *exp.test_tensors), epochs=result.epochs_run, trainer=trainer,
-        versions=library_versions(),
+        crosscheck=crosscheck, versions=library_versions(),
     )
 
 
@@ -122,6 +124,25 @@ def one_at_a_time(exp: Experiment) -> str:
     extras = ([f"autocast {str(acc.autocast).replace('torch.', '')}"] if acc.autocast else []) + \
         (["channels_last"] if acc.channels_last else [])
     return "one at a time" + (f" ({', '.join(extras)})" if extras else "")
+
+
+def verdict(outcome: TrainResult | NonFiniteError) -> str:
+    """``converged``, ``failed`` (the recipe's rule) or ``diverged`` (NaN/Inf)."""
+    if isinstance(outcome, NonFiniteError):
+        return "diverged"
+    return "failed" if outcome.failure else "converged"
+
+
+def crosscheck_record(ours: TrainResult | NonFiniteError, theirs: TrainResult | NonFiniteError, trainer: str) -> dict:
+    """What a seed's checkpoint or failure record keeps of its training by the other ``trainer``: that
+    trainer, its ``verdict``, its validation accuracy and the largest weight difference between the two
+    results (where both have weights)."""
+    record: dict = {"trainer": trainer, "verdict": verdict(theirs)}
+    if isinstance(theirs, TrainResult):
+        record["validation_accuracy"] = theirs.check_accuracy
+        if isinstance(ours, TrainResult):
+            record["max_weight_difference"] = max(float((ours.state_dict[k] - v).abs().max()) for k, v in theirs.state_dict.items())
+    return record
 
 
 def run(exp: Experiment) -> list[ZooSummary]:
@@ -157,9 +178,11 @@ def _claim(exp: Experiment, pending: Iterator[int], count: int, held: contextlib
 
 
 def _store_outcome(exp: Experiment, seed: int, outcome: TrainResult | NonFiniteError, role: str, trainer: str,
-                   claim: Claim, summary: ZooSummary) -> None:
-    """Write a finished seed's checkpoint or failure record (NaN/Inf: logged, nothing written;
-    a claim taken over meanwhile: nothing written)."""
+                   claim: Claim, summary: ZooSummary, crosscheck: dict | None = None) -> None:
+    """Write a finished seed's checkpoint or failure record, each naming its ``trainer`` (and the
+    other trainer's outcome, ``crosscheck``) (NaN/Inf: logged, nothing written until the last
+    attempt; a claim taken over meanwhile: nothing written)."""
+    extra = {"trainer": trainer, **({"crosscheck": crosscheck} if crosscheck else {})}
     store = exp.store
     if claim.lost:
         log.warning("seed %d: the claim was taken over while training; this worker stops it, nothing stored", seed)
@@ -173,7 +196,7 @@ def _store_outcome(exp: Experiment, seed: int, outcome: TrainResult | NonFiniteE
             return
         try:
             store.record_failure(seed, {"reason": "diverged", "detail": str(outcome), "attempts": attempts,
-                                        "config_hash": exp.config_hash}, exclusive=True)
+                                        "config_hash": exp.config_hash, **extra}, exclusive=True)
             log.error("seed %d recorded as failed (diverged in %d runs, zoo.max_attempts=%d): %s", seed, attempts,
                       limit, outcome)
             summary.failed.append(seed)
@@ -185,11 +208,12 @@ def _store_outcome(exp: Experiment, seed: int, outcome: TrainResult | NonFiniteE
         try:  # fenced: a late writer never replaces what another worker published (atomic.py)
             if outcome.failure:
                 store.record_failure(seed, {"reason": outcome.failure, "validation_accuracy": outcome.check_accuracy,
-                                            "epoch": outcome.epochs_run, "config_hash": exp.config_hash}, exclusive=True)
+                                            "epoch": outcome.epochs_run, "config_hash": exp.config_hash, **extra},
+                                     exclusive=True)
                 summary.failed.append(seed)
             else:
                 save_checkpoint(store.checkpoint_path(seed), outcome.state_dict,
-                                checkpoint_metadata(exp, seed, outcome, role, trainer).encode(), exclusive=True)
+                                checkpoint_metadata(exp, seed, outcome, role, trainer, crosscheck).encode(), exclusive=True)
                 summary.trained.append(seed)
             store.clear_divergences(seed)
         except AlreadyPublishedError:
@@ -197,9 +221,10 @@ def _store_outcome(exp: Experiment, seed: int, outcome: TrainResult | NonFiniteE
             summary.skipped_busy.append(seed)
 
 
-def _train_claimed(exp: Experiment, claimed: dict[int, Claim], role: str, summary: ZooSummary, bar) -> None:
-    """Train the ``claimed`` seeds, storing each as soon as it finishes."""
-    seeds = list(claimed)
+def _train_claimed(exp: Experiment, claimed: dict[int, Claim], seed_range: SeedRange, summary: ZooSummary, bar) -> None:
+    """Train the ``claimed`` seeds, storing each as soon as it finishes; stacked, the first
+    ``zoo.crosscheck`` seeds of the range are also trained one at a time (before the stack)."""
+    seeds, role = list(claimed), seed_range.role
     trainer = exp.zoo_trainer
     if not trainer.stacked:
         for seed in seeds:
@@ -215,8 +240,18 @@ def _train_claimed(exp: Experiment, claimed: dict[int, Claim], role: str, summar
         with seeded(seed):
             models.append(exp.model().to(exp.device))
 
+    others: dict[int, TrainResult | NonFiniteError] = {}
+    for seed in seeds:
+        if seed - seed_range.start < exp.config.zoo.crosscheck:
+            try:
+                others[seed] = train_seed(exp, seed, role)
+            except NonFiniteError as err:
+                others[seed] = err
+
     def done(index: int, outcome: TrainResult | NonFiniteError) -> None:
-        _store_outcome(exp, seeds[index], outcome, role, trainer.name, claimed[seeds[index]], summary)
+        seed = seeds[index]
+        check = crosscheck_record(outcome, others[seed], one_at_a_time(exp)) if seed in others else None
+        _store_outcome(exp, seed, outcome, role, trainer.name, claimed[seed], summary, check)
         bar.update()
 
     data = exp.training_data
@@ -262,7 +297,7 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
                 bar.update(len(summary.skipped_busy) + len(summary.skipped_done) - skipped)
                 if not claimed:
                     break
-                _train_claimed(exp, claimed, seeds.role, summary, bar)
+                _train_claimed(exp, claimed, seeds, summary, bar)
     summary.state = range_state(exp, seeds, strict=False)
     log.info("%s", summary.describe())
     if summary.diverged:

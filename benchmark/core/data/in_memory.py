@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, Subset
 
+NOT_IN_MEMORY_REASON = "not_in_memory"
+"""Attribute that ``get_dataset`` sets on each dataset it serves image by image: why (``memory_problem``)."""
 
 def crop_offsets(batch: int, padding: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Random crop offsets ``[2, batch]`` (rows, columns) in ``[0, 2 * padding]``, drawn from
@@ -50,20 +52,34 @@ class InMemoryImageDataset(Dataset):
     ``augment_padding`` > 0 every item is randomly cropped after padding by that many pixels
     (``fill`` = the normalised value of a black pixel); ``augment_padding=0`` serves the
     images unchanged. Tensor-only work, no PIL: cheap enough for hundreds of tiny trainings.
+    ``codes`` (optional, a set read from uint8 arrays): ``(codes [N, C, H, W] uint8, levels [C, 256])``
+    with ``images[n, c] == levels[c, codes[n, c]]`` exactly; the vectorised trainer then gathers its
+    batches from the codes (a quarter of the memory traffic).
     """
 
     def __init__(
-        self, images: torch.Tensor, labels: torch.Tensor, augment_padding: int = 0, fill: float = 0.0
+        self, images: torch.Tensor, labels: torch.Tensor, augment_padding: int = 0, fill: float = 0.0,
+        codes: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         if images.ndim != 4 or labels.shape != images.shape[:1]:
             raise ValueError(
                 f"InMemoryImageDataset: expected images [N, C, H, W] and labels [N], "
                 f"got {tuple(images.shape)} and {tuple(labels.shape)}"
             )
+        if codes is not None and (codes[0].shape != images.shape or codes[0].dtype != torch.uint8
+                                  or codes[1].shape[0] != images.shape[1]):
+            raise ValueError(f"InMemoryImageDataset: codes must be uint8 {tuple(images.shape)} with levels [C, L], got "
+                             f"{codes[0].dtype} {tuple(codes[0].shape)} and {tuple(codes[1].shape)}")
         self.images = images.to(torch.float32)
         self.labels = labels.to(torch.int64)
         self.augment_padding = augment_padding
         self.fill = fill
+        self.codes = codes
+
+    def subset(self, indices: torch.Tensor) -> "InMemoryImageDataset":
+        """The items ``indices`` (copies), with the same augmentation."""
+        codes = None if self.codes is None else (self.codes[0][indices], self.codes[1])
+        return InMemoryImageDataset(self.images[indices], self.labels[indices], self.augment_padding, self.fill, codes)
 
     @property
     def augment(self) -> bool:
@@ -89,6 +105,18 @@ def as_in_memory(dataset: Dataset) -> InMemoryImageDataset | None:
     if isinstance(dataset, Subset):
         base = as_in_memory(dataset.dataset)
         if base is not None:
-            index = torch.as_tensor(list(dataset.indices), dtype=torch.long)
-            return InMemoryImageDataset(base.images[index], base.labels[index], base.augment_padding, base.fill)
+            return base.subset(torch.as_tensor(list(dataset.indices), dtype=torch.long))
     return None
+
+
+def in_memory_problem(dataset: Dataset) -> str | None:
+    """None when ``as_in_memory`` serves ``dataset`` from tensors; else why not: the reason its
+    loader recorded (``benchmark.core.data.loading.memory_problem``), or its type for a dataset
+    built elsewhere."""
+    if as_in_memory(dataset) is not None:
+        return None
+    base = dataset
+    while isinstance(base, Subset):
+        base = base.dataset
+    return getattr(base, NOT_IN_MEMORY_REASON, None) or (
+        f"training set {type(dataset).__name__}: not an in-memory image dataset (InMemoryImageDataset, or a Subset of one)")

@@ -8,10 +8,10 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from benchmark.core.data.digits import black_pixel_value, digits_tensors
-from benchmark.core.data.in_memory import InMemoryImageDataset
+from benchmark.core.data.in_memory import NOT_IN_MEMORY_REASON, InMemoryImageDataset
 from benchmark.core.data.info import check_split, dataset_info
-from benchmark.core.data.on_disk import open_on_disk
-from benchmark.core.data.transforms import CROP_PADDING, eval_transform, train_transform
+from benchmark.core.data.on_disk import NOT_IN_MEMORY, has_arrays, open_arrays, open_on_disk
+from benchmark.core.data.transforms import CROP_PADDING, black_fill, eval_transform, levels, normalised_arrays, train_transform
 
 _EMBEDDED = ("digits", "digits_ood")
 # On-disk sets whose images vary in size: always resized to the target size.
@@ -22,6 +22,28 @@ OOD_SUBSET_SEED = 0
 VALIDATION_SEED = 0
 
 
+def memory_problem(name: str, augment: bool = False) -> str | None:
+    """Why dataset ``name`` (with ``augment``: its augmented training stream) is not served from
+    in-memory tensors, or None when it is. The one place that decides: ``get_dataset`` follows it,
+    and whoever needs tensors (the vectorised zoo trainer) reports its reason (``in_memory_problem``).
+
+    In memory: the embedded digits, and every on-disk set stored as one array (MNIST,
+    FashionMNIST, CIFAR-100, SVHN: read once, normalised as a whole with the PIL path's exact
+    steps); the random crop of grey sets then runs on the tensors. Not: the sets of image files
+    (TinyImageNet, DTD), and the augmented RGB sets (the horizontal flip and the per-channel
+    black padding run through torchvision's PIL transforms).
+    """
+    info = dataset_info(name)
+    if name in _EMBEDDED:
+        return None
+    if not has_arrays(name):
+        return f"dataset {name}: {NOT_IN_MEMORY[name]}"
+    if augment and info.in_channels != 1:
+        return (f"dataset {name}: its augmentation (random crop with per-channel black padding, horizontal flip) runs "
+                "through torchvision's PIL transforms, image by image")
+    return None
+
+
 def get_dataset(
     name: str, split: str, data_dir: str | Path, download: bool = False, augment: bool = False
 ) -> Dataset:
@@ -30,8 +52,11 @@ def get_dataset(
     Items: ``(image [C, H, W] float32 normalised with dataset_info(name).mean/std, label int)``.
     ``augment`` applies the paper's training augmentation to the train split only (random
     crop with padding 4, plus a horizontal flip for RGB sets); test splits are normalised
-    only. ``data_dir``/``download`` locate on-disk sets and are ignored by the embedded
-    ``digits``/``digits_ood``, which are in-memory tensors (``InMemoryImageDataset``).
+    only. Where ``memory_problem`` allows, the split is read once into an ``InMemoryImageDataset``
+    (the same values as the PIL path; the crop is drawn from torch's RNG or the trainer's
+    generator instead of torchvision's); otherwise items are read through torchvision one at a
+    time, and the dataset carries the reason (``in_memory_problem``). ``data_dir``/``download``
+    locate on-disk sets and are ignored by the embedded ``digits``/``digits_ood``.
     ``dtd``'s only split, ``"test"``, is all three DTD splits concatenated, resized to 64x64.
     Raises ValueError for unknown names/splits, ``DatasetNotFoundError`` for missing files.
     """
@@ -41,11 +66,19 @@ def get_dataset(
     if name in _EMBEDDED:
         images, labels = digits_tensors("ood" if name == "digits_ood" else split)
         return InMemoryImageDataset(images, labels, CROP_PADDING if augment else 0, black_pixel_value())
+    problem = memory_problem(name, augment)
+    if problem is None:
+        images, labels = open_arrays(name, split, data_dir, download)
+        fill = float(black_fill(info)[0]) if augment else 0.0  # augmented in memory: one channel
+        return InMemoryImageDataset(normalised_arrays(images, info), labels, CROP_PADDING if augment else 0, fill,
+                                    codes=(images, levels(info)))
     if split == "train":
         transform = train_transform(info, augment)
     else:
         transform = eval_transform(info, resize=name in _VARIABLE_SIZE)
-    return open_on_disk(name, split, data_dir, download, transform)
+    dataset = open_on_disk(name, split, data_dir, download, transform)
+    setattr(dataset, NOT_IN_MEMORY_REASON, problem)
+    return dataset
 
 
 @dataclass(frozen=True)
@@ -68,7 +101,12 @@ def get_train_split(
     if not 0.0 <= validation_fraction < 1.0:
         raise ValueError(f"dataset.validation_fraction={validation_fraction}: expected a fraction in [0, 1)")
     train = get_dataset(name, "train", data_dir, download, augment=augment)
-    plain = get_dataset(name, "train", data_dir, download, augment=False) if augment else train
+    if not augment:
+        plain = train
+    elif isinstance(train, InMemoryImageDataset):  # the same tensors, served un-augmented
+        plain = InMemoryImageDataset(train.images, train.labels, codes=train.codes)
+    else:
+        plain = get_dataset(name, "train", data_dir, download, augment=False)
     if validation_fraction == 0.0:
         return TrainSplit(train, plain, None)
     train_idx, val_idx = stratified_split(dataset_labels(plain), validation_fraction)
@@ -103,7 +141,7 @@ def stratified_split(labels: torch.Tensor, fraction: float, seed: int = VALIDATI
 def subset(dataset: Dataset, indices: torch.Tensor) -> Dataset:
     """The items ``indices`` of ``dataset``; an in-memory dataset stays in memory (fast batches)."""
     if isinstance(dataset, InMemoryImageDataset):
-        return InMemoryImageDataset(dataset.images[indices], dataset.labels[indices], dataset.augment_padding, dataset.fill)
+        return dataset.subset(indices)
     return Subset(dataset, indices.tolist())
 
 
@@ -121,7 +159,12 @@ def get_ood_dataset(ood_name: str, id_name: str, data_dir: str | Path, download:
     if ood_name in _EMBEDDED:
         return get_dataset(ood_name, "test", data_dir, download)
     resize = ood_name in _VARIABLE_SIZE or ood.image_size != target.image_size
-    dataset = open_on_disk(ood_name, "test", data_dir, download, eval_transform(target, resize=resize))
+    if not resize and memory_problem(ood_name) is None:
+        images, labels = open_arrays(ood_name, "test", data_dir, download)
+        dataset = InMemoryImageDataset(normalised_arrays(images, target), labels)
+    else:
+        dataset = open_on_disk(ood_name, "test", data_dir, download, eval_transform(target, resize=resize))
+        setattr(dataset, NOT_IN_MEMORY_REASON, memory_problem(ood_name) or f"dataset {ood_name}: resized image by image")
     return fixed_subset(dataset, OOD_MAX_ITEMS.get(ood_name))
 
 
@@ -150,4 +193,4 @@ def fixed_subset(dataset: Dataset, max_items: int | None, seed: int = OOD_SUBSET
         return dataset
     generator = torch.Generator().manual_seed(seed)
     indices = torch.randperm(size, generator=generator)[:max_items].sort().values
-    return Subset(dataset, indices.tolist())
+    return subset(dataset, indices)

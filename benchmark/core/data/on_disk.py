@@ -3,6 +3,12 @@
 torchvision's own integrity checks (md5 of the CIFAR-100 pickles and SVHN ``.mat`` files)
 stay on; its "Dataset not found" RuntimeError becomes a ``DatasetNotFoundError`` that names
 the path searched and the override that fixes it.
+
+The sets whose files are arrays (MNIST and FashionMNIST's IDX files, the CIFAR-100 pickles, the
+SVHN ``.mat``) are held by torchvision as one uint8 array once opened: ``open_arrays`` hands that
+array over (``[N, C, H, W]``) instead of one PIL image per item. The sets of image files
+(TinyImageNet's 110,000 JPEGs, DTD's images of every size) have no such array; ``NOT_IN_MEMORY``
+says why for each.
 """
 from __future__ import annotations
 
@@ -10,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+import torch
 from torch.utils.data import ConcatDataset, Dataset
 from torchvision import datasets
 
@@ -28,6 +36,20 @@ def _dtd(root: Path, split: str, transform: Callable, download: bool) -> Dataset
     )
 
 
+def _mnist_arrays(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    return dataset.data.unsqueeze(1), dataset.targets.to(torch.int64)  # data [N, 28, 28]
+
+
+def _cifar_arrays(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    # data [N, 32, 32, 3] (HWC, as PIL reads it)
+    return torch.from_numpy(np.ascontiguousarray(dataset.data.transpose(0, 3, 1, 2))), torch.as_tensor(dataset.targets, dtype=torch.int64)
+
+
+def _svhn_arrays(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    # data [N, 3, 32, 32]; labels already map the .mat's 10 to digit 0
+    return torch.from_numpy(np.ascontiguousarray(dataset.data)), torch.as_tensor(dataset.labels, dtype=torch.int64)
+
+
 @dataclass(frozen=True)
 class _OnDisk:
     # open(root, split, transform, download) -> Dataset
@@ -35,6 +57,8 @@ class _OnDisk:
     # where torchvision looks, relative to root, for this split
     looked_in: Callable[[str], str]
     expected: str
+    # arrays(dataset opened without transform) -> (images [N, C, H, W] uint8, labels [N] int64); None: image files
+    arrays: Callable[[Dataset], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 _ON_DISK: dict[str, _OnDisk] = {
@@ -44,6 +68,7 @@ _ON_DISK: dict[str, _OnDisk] = {
         ),
         lambda split: "MNIST/raw",
         f"MNIST/raw/ with the uncompressed IDX files {_IDX_FILES}",
+        _mnist_arrays,
     ),
     "fashionmnist": _OnDisk(
         lambda root, split, transform, download: datasets.FashionMNIST(
@@ -51,6 +76,7 @@ _ON_DISK: dict[str, _OnDisk] = {
         ),
         lambda split: "FashionMNIST/raw",
         f"FashionMNIST/raw/ with the uncompressed IDX files {_IDX_FILES}",
+        _mnist_arrays,
     ),
     "cifar100": _OnDisk(
         lambda root, split, transform, download: datasets.CIFAR100(
@@ -58,6 +84,7 @@ _ON_DISK: dict[str, _OnDisk] = {
         ),
         lambda split: "cifar-100-python",
         "cifar-100-python/ with the official train, test and meta pickles (md5-checked)",
+        _cifar_arrays,
     ),
     "svhn": _OnDisk(
         lambda root, split, transform, download: datasets.SVHN(
@@ -65,6 +92,7 @@ _ON_DISK: dict[str, _OnDisk] = {
         ),
         lambda split: f"{split}_32x32.mat",
         "the official train_32x32.mat / test_32x32.mat directly in data_dir (md5-checked)",
+        _svhn_arrays,
     ),
     "tinyimagenet": _OnDisk(
         lambda root, split, transform, download: TinyImageNet(
@@ -77,8 +105,30 @@ _ON_DISK: dict[str, _OnDisk] = {
         _dtd, lambda split: "dtd/dtd", "dtd/dtd/ with images/<class>/*.jpg and labels/{train,val,test}1.txt"
     ),
 }
+# Why the sets of image files are read image by image rather than held as tensors.
+NOT_IN_MEMORY = {
+    "tinyimagenet": "its 110,000 JPEG files are decoded image by image (as float32 tensors the train split alone "
+                    "would take 4.9 GB)",
+    "dtd": "its JPEG files have every size and are resized image by image",
+}
 
-def open_on_disk(name: str, split: str, data_dir: str | Path, download: bool, transform: Callable) -> Dataset:
+
+def has_arrays(name: str) -> bool:
+    """Whether on-disk dataset ``name`` is stored as one array (``open_arrays`` reads it)."""
+    return _ON_DISK[name].arrays is not None
+
+
+def open_arrays(name: str, split: str, data_dir: str | Path, download: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split ``split`` of on-disk dataset ``name`` (one with ``has_arrays``) as it is on disk:
+    ``(images [N, C, H, W] uint8, labels [N] int64)``, the pixels every item of ``open_on_disk``
+    would turn into a PIL image, in the same order. Errors as ``open_on_disk``."""
+    spec = _ON_DISK[name]
+    if spec.arrays is None:
+        raise ValueError(f"dataset {name!r}: {NOT_IN_MEMORY[name]}; it has no array to read")
+    return spec.arrays(open_on_disk(name, split, data_dir, download, None))
+
+
+def open_on_disk(name: str, split: str, data_dir: str | Path, download: bool, transform: Callable | None) -> Dataset:
     """On-disk dataset ``name`` (mnist, fashionmnist, cifar100, svhn, tinyimagenet, dtd), split ``"train"``/``"test"``, from
     ``data_dir`` (downloaded there first when ``download``); items ``(transform(PIL image), label)``.
 

@@ -62,8 +62,10 @@ class _Metadata:
 class CheckpointMetadata(_Metadata):
     """A zoo checkpoint's metadata. Accuracies are fractions (NaN: not measured). ``config_hash``:
     the model, data and recipe config it was trained with (``None``: imported or written by
-    another tool, never stale for that); ``trainer``: how it was trained; ``source`` ... ``mapping``:
-    the provenance of an imported checkpoint."""
+    another tool, never stale for that); ``trainer``: how it was trained; ``crosscheck``: for a seed
+    the zoo also trained with the other trainer (``zoo.crosscheck``), that trainer and its outcome
+    (``trainer``, ``verdict``: converged / failed / diverged, ``validation_accuracy``,
+    ``max_weight_difference``); ``source`` ... ``mapping``: the provenance of an imported checkpoint."""
 
     experiment: Optional[str] = None
     seed: Optional[int] = None
@@ -74,6 +76,7 @@ class CheckpointMetadata(_Metadata):
     test_accuracy: float = math.nan
     epochs: Optional[int] = None
     trainer: Optional[str] = None
+    crosscheck: Optional[dict] = None
     versions: Optional[dict] = None
     source: Optional[str] = None
     source_file: Optional[str] = None

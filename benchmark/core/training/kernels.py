@@ -16,83 +16,197 @@ the pooled values and the winning window position, and send each pooled gradient
 position alone, as ``max_pool2d``'s backward does (ties: the first maximum in row-major
 order; NaN wins). ReLU keeps NaN and passes gradient where its output is > 0, as PyTorch's.
 
-The convolution kernels are compiled for each (channels per group, kernel size, pool) (about
-a second each) and cached on disk (numba's ``cache=True``, in ``__pycache__``), so a new process
-loads them instead of compiling again: with those as compile-time constants the tap loops
-unroll, the network loop is innermost with a straight-line body, and LLVM vectorises it with
-the sums in registers. No fast-math flags: every lane computes the same operations in the
-same order whatever K is, so a network's result does not depend on how many others share
-the kernel.
+Each convolution shape (channels per group, kernel size, pool) gets its own kernels, written out
+as straight-line Python (every tap, every position of a pooling window, every column of a block
+of ``J`` outputs spelled out: ``*_source`` below) into a module file under ``kernel_dir()`` and
+compiled by numba with its disk cache (``cache=True``), so a new process loads them instead of
+compiling again (a second or two per shape the first time). Inside the network loop (the one
+LLVM vectorises, 16 networks per AVX-512 vector) a pooling window's or a block's outputs share
+each weight load, and the weight gradients add a window's (a block's) products to each tap once.
+The only floating-point licence is ``contract`` (a multiply and the add after it may become one
+fused multiply-add); every lane computes the same operations in the same order whatever K is, so
+a network's result does not depend on how many others share the kernel.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+KERNEL_DIR_ENV = "POSTERIOR_BENCH_KERNEL_DIR"
+
+
+@intrinsic
+def stack_array(typingctx, like, size):
+    """``stack_array(like, size)``: a 1-D array of ``size`` (a literal integer) elements of ``like``'s
+    dtype on the stack of the calling kernel (uninitialised). LLVM knows that no argument overlaps
+    it, so loops that store to it are vectorised without run-time overlap checks."""
+    if not isinstance(size, types.IntegerLiteral):
+        return None
+    count = size.literal_value
+    array = types.Array(like.dtype, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        item = context.get_data_type(like.dtype)
+        data = cgutils.alloca_once(builder, item, size=context.get_constant(types.intp, count))
+        out = context.make_array(array)(context, builder)
+        nbytes = context.get_abi_sizeof(item)
+        context.populate_array(out, data=data, shape=cgutils.pack_array(builder, [context.get_constant(types.intp, count)]),
+                               strides=cgutils.pack_array(builder, [context.get_constant(types.intp, nbytes)]),
+                               itemsize=context.get_constant(types.intp, nbytes), meminfo=None)
+        return out._getvalue()
+
+    return array(like, size), codegen
+
+
+def _pixel(flat, levels, channel, at):  # pragma: no cover - replaced by its overload inside compiled code
+    """Pixel ``at`` of ``flat``: its value, or for uint8 codes ``levels[channel, code]``."""
+
+
+@overload(_pixel)
+def _pixel_of(flat, levels, channel, at):
+    if isinstance(flat.dtype, types.Integer):
+        return lambda flat, levels, channel, at: levels[channel, flat[at]]
+    return lambda flat, levels, channel, at: flat[at]
 
 
 @njit(cache=True)
-def gather_images(pixels: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """``out[b, c, i, j, k] = pixels[c, i, j, index[b, k]]``: the batch ``[B, C, H, W, K]`` of K
-    networks from the data set stored pixel-major (``pixels [C, H, W, N]``, ``index [B, K]``)."""
-    n_c, n_h, n_w, _ = pixels.shape
+def gather_batch(source: np.ndarray, levels: np.ndarray, index: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+                 out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """The batch ``out [B, C, H, W, K]`` of K networks: ``out[b, c, i, j, k] = source[index[b, k], c,
+    rows[b, k] + i, cols[b, k] + j]`` (``source [N, C, H', W']``, the images or, for random crops,
+    the images padded with the fill: then ``rows``/``cols`` are the crop offsets, else zeros). A
+    uint8 ``source`` holds codes: the value is ``levels[c, code]`` (``levels [C, L]``; a quarter of the
+    bytes of float32 images to fetch from memory; ignored for float images). Each network's pixel
+    is read at ``base[k] +`` an offset shared by all networks, as an unsigned index (no wrap-around
+    of negative indices: one vector gather per 16 networks)."""
     n_b, n_k = index.shape
-    for c in range(n_c):
-        for i in range(n_h):
-            for j in range(n_w):
-                row = pixels[c, i, j]
-                for b in range(n_b):
+    n_c, n_h, n_w = out.shape[1], out.shape[2], out.shape[3]
+    height, width = source.shape[2], source.shape[3]
+    flat = source.reshape(source.size)
+    base = np.empty(n_k, dtype=np.int64)
+    for b in range(n_b):
+        for k in range(n_k):
+            base[k] = (index[b, k] * n_c * height + rows[b, k]) * width + cols[b, k]
+        for c in range(n_c):
+            for i in range(n_h):
+                for j in range(n_w):
+                    at = (c * height + i) * width + j
                     for k in range(n_k):
-                        out[b, c, i, j, k] = row[index[b, k]]
+                        out[b, c, i, j, k] = _pixel(flat, levels, c, np.uint64(base[k] + at))
 
 
-@njit(cache=True)
-def gather_crops(
-    pixels: np.ndarray, index: np.ndarray, offsets: np.ndarray, padding: int, fill: float, out: np.ndarray
-) -> None:  # pragma: no cover - compiled
-    """Like ``gather_images``, each image cropped as ``benchmark.core.data.crop_at`` crops it:
-    ``out[b, c, i, j, k] = image[c, i + oy - padding, j + ox - padding]`` (``fill`` outside),
-    with ``(oy, ox) = offsets[:, b, k]`` (``offsets [2, B, K]``)."""
-    n_c, n_h, n_w, _ = pixels.shape
-    n_b, n_k = index.shape
+@njit(cache=True, fastmath={"contract"})
+def average_positions(x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Global average pool ``x [B, C, H, W, K] -> out [B, C, K]``, summed position by position in
+    row-major order, then divided by ``H W``."""
+    n_b, n_c, n_h, n_w, n_k = x.shape
+    for b in range(n_b):
+        for c in range(n_c):
+            for k in range(n_k):
+                out[b, c, k] = x[b, c, 0, 0, k]
+            for position in range(1, n_h * n_w):
+                i, j = position // n_w, position % n_w
+                for k in range(n_k):
+                    out[b, c, k] += x[b, c, i, j, k]
+            for k in range(n_k):
+                out[b, c, k] /= n_h * n_w
+
+
+@njit(cache=True, fastmath={"contract"})
+def spread_positions(grad: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """The average pool's backward: ``out [B, C, H, W, K] = grad [B, C, K] / (H W)`` at every position."""
+    n_b, n_c, n_h, n_w, n_k = out.shape
     for b in range(n_b):
         for c in range(n_c):
             for i in range(n_h):
                 for j in range(n_w):
                     for k in range(n_k):
-                        r = i + offsets[0, b, k] - padding
-                        s = j + offsets[1, b, k] - padding
-                        inside = 0 <= r < n_h and 0 <= s < n_w
-                        out[b, c, i, j, k] = pixels[c, r, s, index[b, k]] if inside else fill
+                        out[b, c, i, j, k] = grad[b, c, k] / (n_h * n_w)
 
 
-@njit(cache=True)
-def _weight_and_input_grads(x, w, g, first, grad_x, grad_w, need_x):  # pragma: no cover - compiled
-    """One image and output channel: x ``[C_in, H, W, K]``, w ``[cpg, kh, kw, K]``, g ``[Ho, Wo, K]``;
-    adds to ``grad_w [cpg, kh, kw, K]`` and (``need_x``) to ``grad_x [C_in, H, W, K]``. The network
-    loop inside, a different accumulator (tap) for each of its runs. Module-level (tap counts from
-    the shapes, not compile-time constants: the network loop is the one LLVM vectorises) so that
-    the backward kernels that call it can be cached on disk: numba cannot cache a function whose
-    closure holds another compiled function."""
-    cpg, kh, kw = w.shape[0], w.shape[1], w.shape[2]
-    ho, wo, n_k = g.shape
-    for i in range(ho):
-        for j in range(wo):
-            for ci in range(cpg):
-                for p in range(kh):
-                    for q in range(kw):
-                        for k in range(n_k):
-                            grad_w[ci, p, q, k] += g[i, j, k] * x[first + ci, i + p, j + q, k]
-    if need_x:
-        for ci in range(cpg):
-            for p in range(kh):
-                for q in range(kw):
-                    for i in range(ho):
-                        for j in range(wo):
-                            for k in range(n_k):
-                                grad_x[first + ci, i + p, j + q, k] += w[ci, p, q, k] * g[i, j, k]
+@njit(cache=True, fastmath={"contract"})
+def dense_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray, has_bias: bool, relu: bool,
+                  out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """K linear layers: ``out [B, O, K] = [relu](bias + sum_i w[:, i] x[:, i])`` with ``x [B, I, K]``,
+    ``w [O, I, K]``, ``bias [O, K]`` (added first, then the inputs in order)."""
+    n_b, n_i, n_k = x.shape
+    zero = x.dtype.type(0)
+    for b in range(n_b):
+        for o in range(w.shape[0]):
+            for k in range(n_k):
+                out[b, o, k] = bias[o, k] if has_bias else zero
+            for i in range(n_i):
+                for k in range(n_k):
+                    out[b, o, k] += w[o, i, k] * x[b, i, k]
+            if relu:
+                for k in range(n_k):
+                    out[b, o, k] = zero if out[b, o, k] <= 0 else out[b, o, k]
+
+
+@njit(cache=True, fastmath={"contract"})
+def dense_backward(x: np.ndarray, w: np.ndarray, out: np.ndarray, grad_out: np.ndarray, relu: bool, grad_x: np.ndarray,
+                   grad_w: np.ndarray, grad_b: np.ndarray, need_x: bool) -> None:  # pragma: no cover - compiled
+    """``dense_forward``'s backward: ``grad_out [B, O, K]`` (masked where a ReLU output is not > 0, in
+    place) -> ``grad_w [O, I, K]`` and ``grad_b [O, K]`` (added to, image by image) and, with
+    ``need_x``, ``grad_x [B, I, K]`` (written)."""
+    n_b, n_i, n_k = x.shape
+    n_o = w.shape[0]
+    zero = x.dtype.type(0)
+    for b in range(n_b):
+        if relu:
+            for o in range(n_o):
+                for k in range(n_k):
+                    grad_out[b, o, k] = grad_out[b, o, k] if out[b, o, k] > 0 else zero
+        for o in range(n_o):
+            for k in range(n_k):
+                grad_b[o, k] += grad_out[b, o, k]
+            for i in range(n_i):
+                for k in range(n_k):
+                    grad_w[o, i, k] += grad_out[b, o, k] * x[b, i, k]
+        if need_x:
+            for i in range(n_i):
+                for k in range(n_k):
+                    grad_x[b, i, k] = zero
+                for o in range(n_o):
+                    for k in range(n_k):
+                        grad_x[b, i, k] += w[o, i, k] * grad_out[b, o, k]
+
+
+@njit(cache=True, fastmath={"contract"})
+def cross_entropy(logits: np.ndarray, labels: np.ndarray, losses: np.ndarray, grad: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Per network, the mean cross-entropy of its ``B`` images: ``logits [B, O, K]``, ``labels [B, K]``
+    -> ``losses [K]`` and ``grad [B, O, K]``, the gradient of each network's mean loss
+    (``(softmax - onehot) / B``). NaN/Inf logits give a NaN/Inf loss."""
+    n_b, n_o, n_k = logits.shape
+    zero = logits.dtype.type(0)
+    for k in range(n_k):
+        losses[k] = zero
+    for b in range(n_b):
+        for k in range(n_k):
+            top = logits[b, 0, k]
+            for o in range(1, n_o):
+                top = max(top, logits[b, o, k])
+            total = zero
+            for o in range(n_o):
+                grad[b, o, k] = np.exp(logits[b, o, k] - top)
+                total += grad[b, o, k]
+            label = labels[b, k]
+            losses[k] += top + np.log(total) - logits[b, label, k]
+            for o in range(n_o):
+                grad[b, o, k] = (grad[b, o, k] / total - (o == label)) / n_b
+    for k in range(n_k):
+        losses[k] /= n_b
 
 
 class ConvKernels(NamedTuple):
@@ -110,100 +224,181 @@ class ConvKernels(NamedTuple):
     """``pool_backward(x, w, out, grad_out, arg, groups, relu, grad_x, grad_w, need_x)``."""
 
 
+CHUNK = 64  # networks whose weight-gradient sums one stack array holds (per tap)
+J = 4  # adjacent output columns of an un-pooled convolution whose products go to a tap at once
+HEAD = ('"""Packed convolution kernels generated by benchmark/core/training/kernels.py (do not edit)."""\n'
+        "import numpy as np\nfrom numba import njit\n\nfrom benchmark.core.training.kernels import stack_array\n\n\n")
+
+
+def _taps(cpg: int, kh: int, kw: int) -> list[tuple[int, int, int]]:
+    return [(c, p, q) for c in range(cpg) for p in range(kh) for q in range(kw)]
+
+
+def _block(lines: list[str], depth: int) -> list[str]:
+    return [" " * 4 * depth + line for line in lines]
+
+
+def _nest(loops: list[str], body: list[str]) -> list[str]:
+    """``loops`` nested in order around ``body``."""
+    return [" " * 4 * depth + line for depth, line in enumerate(loops)] + _block(body, len(loops))
+
+
+def _kernel(name: str, args: str, dims: list[str], body: list[str]) -> str:
+    """One kernel: the shapes, then ``body`` inside the loops over images and output channels."""
+    lines = ["@njit(cache=True, fastmath={'contract'})", f"def {name}({args}):  # pragma: no cover - compiled",
+             "    n_b, n_k = x.shape[0], x.shape[4]", "    c_out, cpg = w.shape[0], w.shape[1]", "    opg = c_out // groups",
+             *_block(dims, 1), "    zero = x.dtype.type(0)", "    for b in range(n_b):", "        for o in range(c_out):",
+             "            first = (o // opg) * cpg"]
+    return "\n".join(lines + _block(body, 3)) + "\n"
+
+
+def _tap_sums(taps: list[tuple[int, int, int]], terms) -> list[str]:
+    """In the network loop: ``acc[tap, l] += sum of terms(c, p, q)`` for every tap (``k``: unsigned,
+    so numba indexes without wrapping negative indices and LLVM sees consecutive networks at
+    consecutive addresses, without gathers)."""
+    lines = ["k = np.uint64(kc + l)"]
+    for t, (c, p, q) in enumerate(taps):
+        lines += [f"t_ = acc[{t * CHUNK} + l]", *[f"t_ += {term}" for term in terms(c, p, q)], f"acc[{t * CHUNK} + l] = t_"]
+    return lines
+
+
+def _chunks(taps: list[tuple[int, int, int]], passes: list[str]) -> list[str]:
+    """The weight gradient of one image and output channel, ``CHUNK`` networks at a time: sums per
+    tap in ``acc`` (a stack array, which no argument can overlap: the network loops that add to it
+    need no run-time overlap checks), made by ``passes``, then added to ``grad_w``."""
+    lines = [f"for kc in range(0, n_k, {CHUNK}):", f"    n_l = min({CHUNK}, n_k - kc)",
+             f"    for t in range({len(taps) * CHUNK}):", "        acc[t] = zero", *_block(passes, 1)]
+    for t, (c, p, q) in enumerate(taps):
+        lines += ["    for l in range(n_l):", f"        grad_w[o, {c}, {p}, {q}, np.uint64(kc + l)] += acc[{t * CHUNK} + l]"]
+    return lines
+
+
+def forward_source(cpg: int, kh: int, kw: int) -> str:
+    """``forward(x, w, bias, has_bias, groups, relu, out)``: one output position per network loop, its
+    taps spelled out."""
+    body = ["a = bias[o, k] if has_bias else zero"]
+    body += [f"a += w[o, {c}, {p}, {q}, k] * x[b, first + {c}, i + {p}, j + {q}, k]" for c, p, q in _taps(cpg, kh, kw)]
+    body += ["out[b, o, i, j, k] = zero if relu and a <= 0 else a"]
+    return _kernel("forward", "x, w, bias, has_bias, groups, relu, out", ["ho, wo = out.shape[2], out.shape[3]"],
+                   _nest(["for i in range(ho):", "for j in range(wo):", "for k in range(n_k):"], body))
+
+
+def backward_source(cpg: int, kh: int, kw: int) -> str:
+    """``backward(x, w, out, grad_out, groups, relu, grad_x, grad_w, need_x)``: the products of ``J``
+    adjacent columns (then of one) added to each tap at once; the input gradient from the gradient
+    after the ReLU of one image and channel (``gd``)."""
+    taps = _taps(cpg, kh, kw)
+
+    def columns(width: int) -> list[str]:
+        head = [f"g{s} = grad_out[b, o, i, j + {s}, k]" for s in range(width)]
+        head += [f"g{s} = g{s} if not relu or out[b, o, i, j + {s}, k] > 0 else zero" for s in range(width)]
+        sums = _tap_sums(taps, lambda c, p, q: [f"g{s} * x[b, first + {c}, i + {p}, j + {s + q}, k]" for s in range(width)])
+        return ["for l in range(n_l):", *_block(sums[:1] + head + sums[1:], 1), f"j += {width}"]
+
+    passes = ["for i in range(ho):", "    j = 0", f"    while j + {J} <= wo:", *_block(columns(J), 2),
+              "    while j < wo:", *_block(columns(1), 2)]
+    # The input gradient row by row: for a tap, the output columns and networks of row i are one run of
+    # wo * K consecutive values, as are the input cells they reach; the weight is tiled along it (wt).
+    need_x = ["if need_x:", *_block(_nest(["for i in range(ho):", "for j in range(wo):", "for k in range(n_k):"],
+                                          ["gd[i, j, k] = grad_out[b, o, i, j, k] if not relu or out[b, o, i, j, k] > 0 else zero"]), 1),
+              *_block(_nest(["for c in range(cpg):", "for p in range(w.shape[2]):", "for q in range(w.shape[3]):",
+                             "for i in range(ho):", "for m in range(wo * n_k):"],
+                            ["gx[b, first + c, i + p, np.uint64(q * n_k + m)] += wt[o, c, p, q, m] * gdr[i, m]"]), 1)]
+    return _kernel("backward", "x, w, out, grad_out, groups, relu, grad_x, grad_w, need_x",
+                   ["ho, wo = grad_out.shape[2], grad_out.shape[3]", f"acc = stack_array(x, {len(taps) * CHUNK})",
+                    "gd = np.empty((ho, wo, n_k), dtype=x.dtype)", "gdr = gd.reshape((ho, wo * n_k))",
+                    "wt = np.empty((c_out, cpg, w.shape[2], w.shape[3], wo * n_k) if need_x else (1, 1, 1, 1, 1), dtype=x.dtype)",
+                    "if need_x:", *_block(_nest(["for o in range(c_out):", "for c in range(cpg):", "for p in range(w.shape[2]):",
+                                                "for q in range(w.shape[3]):", "for j in range(wo):", "for k in range(n_k):"],
+                                               ["wt[o, c, p, q, j * n_k + k] = w[o, c, p, q, k]"]), 1),
+                    "gx = grad_x.reshape((grad_x.shape[0], grad_x.shape[1], grad_x.shape[2], grad_x.shape[3] * n_k) if need_x else (1, 1, 1, 1))"],
+                   _chunks(taps, passes) + need_x)
+
+
+def pool_forward_source(cpg: int, kh: int, kw: int, pool: int) -> str:
+    """``pool_forward(x, w, bias, has_bias, groups, relu, out, arg)``: one pooling window per network
+    loop, its positions side by side (each weight loaded once for all of them)."""
+    window = [(r, s) for r in range(pool) for s in range(pool)]
+    body = [f"i0, j0 = pi * {pool}, pj * {pool}", "b0 = bias[o, k] if has_bias else zero", *[f"a{r}_{s} = b0" for r, s in window]]
+    for c, p, q in _taps(cpg, kh, kw):
+        body.append(f"w_ = w[o, {c}, {p}, {q}, k]")
+        body += [f"a{r}_{s} += w_ * x[b, first + {c}, i0 + {r + p}, j0 + {s + q}, k]" for r, s in window]
+    body += ["best = a0_0", "win = 0"]
+    for r, s in window[1:]:  # row-major; the first maximum wins ties; NaN wins (as max_pool2d)
+        body += [f"take = a{r}_{s} > best or a{r}_{s} != a{r}_{s}", f"best = a{r}_{s} if take else best",
+                 f"win = {r * pool + s} if take else win"]
+    body += ["out[b, o, pi, pj, k] = zero if relu and best <= 0 else best", "arg[b, o, pi, pj, k] = win"]
+    return _kernel("pool_forward", "x, w, bias, has_bias, groups, relu, out, arg", ["hp, wp = out.shape[2], out.shape[3]"],
+                   _nest(["for pi in range(hp):", "for pj in range(wp):", "for k in range(n_k):"], body))
+
+
+def pool_backward_source(cpg: int, kh: int, kw: int, pool: int) -> str:
+    """``pool_backward(x, w, out, grad_out, arg, groups, relu, grad_x, grad_w, need_x)``: each pooled
+    gradient at its window's winner, a whole window's products added to each tap at once."""
+    window = [(r, s) for r in range(pool) for s in range(pool)]
+    taps = _taps(cpg, kh, kw)
+    head = [f"i0, j0 = pi * {pool}, pj * {pool}", "g = grad_out[b, o, pi, pj, k]",
+            "g = g if not relu or out[b, o, pi, pj, k] > 0 else zero", "won = arg[b, o, pi, pj, k]",
+            *[f"g{r}_{s} = g if won == {r * pool + s} else zero" for r, s in window]]
+    sums = _tap_sums(taps, lambda c, p, q: [f"g{r}_{s} * x[b, first + {c}, i0 + {r + p}, j0 + {s + q}, k]" for r, s in window])
+    passes = _nest(["for pi in range(hp):", "for pj in range(wp):", "for l in range(n_l):"], sums[:1] + head + sums[1:])
+    need_x = ["if need_x:", *_block(_nest(
+        ["for c in range(cpg):", "for p in range(w.shape[2]):", "for q in range(w.shape[3]):", f"for rs in range({pool * pool}):",
+         "for pi in range(hp):", "for pj in range(wp):", "for k in range(n_k):"],
+        ["passes = arg[b, o, pi, pj, k] == rs and (not relu or out[b, o, pi, pj, k] > 0)",
+         "g = grad_out[b, o, pi, pj, k] if passes else zero",
+         f"grad_x[b, first + c, pi * {pool} + rs // {pool} + p, pj * {pool} + rs % {pool} + q, k] += w[o, c, p, q, k] * g"]), 1)]
+    return _kernel("pool_backward", "x, w, out, grad_out, arg, groups, relu, grad_x, grad_w, need_x",
+                   ["hp, wp = grad_out.shape[2], grad_out.shape[3]", f"acc = stack_array(x, {len(taps) * CHUNK})"],
+                   _chunks(taps, passes) + need_x)
+
+
+def kernel_dir() -> Path:
+    """Where the generated kernel modules (and numba's cache of them, in ``__pycache__``) live:
+    ``$POSTERIOR_BENCH_KERNEL_DIR``, else ``~/.cache/posterior-bench/kernels``, else a folder of
+    the temp dir when the home cannot be written."""
+    candidates = [os.environ.get(KERNEL_DIR_ENV), Path.home() / ".cache" / "posterior-bench" / "kernels",
+                  Path(tempfile.gettempdir()) / f"posterior-bench-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"]
+    for candidate in candidates:
+        if not candidate:
+            continue
+        path = Path(candidate).expanduser()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(path, os.W_OK):
+            return path
+    raise OSError(f"no writable folder for the packed kernels; set {KERNEL_DIR_ENV}")
+
+
+def _module(source: str, stem: str):
+    """Import ``source`` as a module file named after ``stem`` and its hash, written (atomically,
+    and only when missing or different, so numba's cache of it stays valid) under ``kernel_dir()``."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    name = f"{stem}_{digest}"
+    path = kernel_dir() / f"{name}.py"
+    if not path.is_file() or path.read_text() != source:
+        temp = path.with_name(f".{name}.{os.getpid()}.tmp")
+        temp.write_text(source)
+        os.replace(temp, path)
+    module_name = f"posterior_bench_kernels_{name}"  # importable by name, as numba's cache needs
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @functools.lru_cache(maxsize=None)
 def conv_kernels(cpg: int, kh: int, kw: int, pool: int = 1) -> ConvKernels:
     """The kernels of a convolution with ``cpg`` input channels per group, a ``kh x kw``
     kernel and (for the pooled pair) a ``pool x pool`` max-pool after it."""
     if min(cpg, kh, kw, pool) < 1:
         raise ValueError(f"conv_kernels: sizes must be positive, got cpg={cpg} kernel={kh}x{kw} pool={pool}")
-
-    @njit(cache=True)
-    def forward(x, w, bias, has_bias, groups, relu, out):  # pragma: no cover - compiled
-        n_b, _, _, _, n_k = x.shape
-        c_out = w.shape[0]
-        opg = c_out // groups
-        ho, wo = out.shape[2], out.shape[3]
-        for b in range(n_b):
-            for o in range(c_out):
-                first = (o // opg) * cpg
-                for i in range(ho):
-                    for j in range(wo):
-                        for k in range(n_k):
-                            acc = bias[o, k] if has_bias else x.dtype.type(0)
-                            for ci in range(cpg):
-                                for p in range(kh):
-                                    for q in range(kw):
-                                        acc += w[o, ci, p, q, k] * x[b, first + ci, i + p, j + q, k]
-                            out[b, o, i, j, k] = 0 if relu and acc <= 0 else acc
-
-    @njit(cache=True)
-    def backward(x, w, out, grad_out, groups, relu, grad_x, grad_w, need_x):  # pragma: no cover - compiled
-        c_out = w.shape[0]
-        opg = c_out // groups
-        _, _, ho, wo, n_k = grad_out.shape
-        g = np.empty((ho, wo, n_k), dtype=grad_out.dtype)
-        for b in range(x.shape[0]):
-            for o in range(c_out):
-                for i in range(ho):
-                    for j in range(wo):
-                        for k in range(n_k):
-                            passes = not relu or out[b, o, i, j, k] > 0
-                            g[i, j, k] = grad_out[b, o, i, j, k] if passes else 0
-                _weight_and_input_grads(x[b], w[o], g, (o // opg) * cpg, grad_x[b] if need_x else grad_x[0],
-                                        grad_w[o], need_x)
-
-    @njit(cache=True)
-    def pool_forward(x, w, bias, has_bias, groups, relu, out, arg):  # pragma: no cover - compiled
-        n_b, _, _, _, n_k = x.shape
-        c_out = w.shape[0]
-        opg = c_out // groups
-        hp, wp = out.shape[2], out.shape[3]
-        for b in range(n_b):
-            for o in range(c_out):
-                first = (o // opg) * cpg
-                for pi in range(hp):
-                    for pj in range(wp):
-                        for r in range(pool):
-                            i = pi * pool + r
-                            for k in range(n_k):
-                                best = out[b, o, pi, pj, k]
-                                winner = arg[b, o, pi, pj, k]
-                                # The window's columns in one straight-line block: they share loads.
-                                for s in range(pool):
-                                    j = pj * pool + s
-                                    acc = bias[o, k] if has_bias else x.dtype.type(0)
-                                    for ci in range(cpg):
-                                        for p in range(kh):
-                                            for q in range(kw):
-                                                acc += w[o, ci, p, q, k] * x[b, first + ci, i + p, j + q, k]
-                                    take = (r == 0 and s == 0) or acc > best or acc != acc
-                                    best = acc if take else best
-                                    winner = r * pool + s if take else winner
-                                last = r == pool - 1
-                                out[b, o, pi, pj, k] = 0 if last and relu and best <= 0 else best
-                                arg[b, o, pi, pj, k] = winner
-
-    @njit(cache=True)
-    def pool_backward(x, w, out, grad_out, arg, groups, relu, grad_x, grad_w, need_x):  # pragma: no cover - compiled
-        n_b, _, _, _, n_k = x.shape
-        c_out = w.shape[0]
-        opg = c_out // groups
-        hp, wp = grad_out.shape[2], grad_out.shape[3]
-        # The un-pooled gradient of one image and channel: each pooled gradient at its window's
-        # winner, zeros elsewhere. Then the dense weight gradient: more multiply-adds than
-        # visiting the winners alone, but vectorised over the networks (the winners differ by network).
-        dense = np.empty((hp * pool, wp * pool, n_k), dtype=grad_out.dtype)
-        for b in range(n_b):
-            for o in range(c_out):
-                for pi in range(hp):
-                    for pj in range(wp):
-                        for r in range(pool):
-                            for s in range(pool):
-                                for k in range(n_k):
-                                    won = arg[b, o, pi, pj, k] == r * pool + s
-                                    passes = won and (not relu or out[b, o, pi, pj, k] > 0)
-                                    dense[pi * pool + r, pj * pool + s, k] = grad_out[b, o, pi, pj, k] if passes else 0
-                _weight_and_input_grads(x[b], w[o], dense, (o // opg) * cpg, grad_x[b] if need_x else grad_x[0],
-                                        grad_w[o], need_x)
-
-    return ConvKernels(forward, backward, pool_forward, pool_backward)
+    plain = _module(HEAD + forward_source(cpg, kh, kw) + "\n\n" + backward_source(cpg, kh, kw), f"conv_c{cpg}_k{kh}x{kw}")
+    pooled = _module(HEAD + pool_forward_source(cpg, kh, kw, pool) + "\n\n" + pool_backward_source(cpg, kh, kw, pool),
+                     f"conv_c{cpg}_k{kh}x{kw}_pool{pool}")
+    return ConvKernels(plain.forward, plain.backward, pooled.pool_forward, pooled.pool_backward)

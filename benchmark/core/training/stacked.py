@@ -19,15 +19,19 @@ along ``network_axis(key)`` (so an SGD step over them is K independent steps).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Protocol, Sequence
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
 from benchmark.core.data import crop_at
-from benchmark.core.training.kernels import conv_kernels, gather_crops, gather_images
+from benchmark.core.training.kernels import (
+    average_positions, conv_kernels, cross_entropy, dense_backward, dense_forward, gather_batch, spread_positions,
+)
 
 Params = dict[str, torch.Tensor]
 LANES = 16  # networks per SIMD vector of float32 (AVX-512); stacks are padded to a multiple of it
@@ -52,8 +56,11 @@ class StackedNetworks(Protocol):
     def select(self, tensors: Params, indices: torch.Tensor) -> Params:
         """The networks ``indices`` (1-D long tensor) of parameters or same-shaped buffers."""
 
-    def source(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """The training images ``[N, C, H, W]`` stored as ``batch`` reads them."""
+    def source(self, images: torch.Tensor, device: torch.device, codes: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """The training images ``[N, C, H, W]`` stored as ``batch`` reads them (an opaque value for
+        ``batch``); ``codes``: the same images as ``(uint8 codes, levels [C, L])`` with
+        ``images[n, c] == levels[c, codes[n, c]]`` (``InMemoryImageDataset.codes``), which an
+        implementation may read instead."""
 
     def batch(self, source: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor | None, padding: int,
               fill: float) -> torch.Tensor:
@@ -162,83 +169,168 @@ def compile_chain(model: nn.Module) -> list[_Op]:
     return ops
 
 
+def _conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: int, pool: int,
+                  relu: bool) -> tuple[torch.Tensor, tuple]:
+    """A packed convolution ``x [B, C, H, W, K]`` -> ``[B, C_out, H', W', K]`` with its ReLU and
+    max-pool, and what its backward needs."""
+    c_out, cpg, kh, kw, n_k = weight.shape
+    kernels = conv_kernels(cpg, kh, kw, max(pool, 1))
+    n_b, _, h, w, _ = x.shape
+    ho, wo = h - kh + 1, w - kw + 1
+    bias_arg = (bias if bias is not None else weight.new_zeros(1, 1)).detach().contiguous().numpy()
+    x, weight = x.detach().contiguous(), weight.detach().contiguous()
+    if pool:
+        out = x.new_empty(n_b, c_out, ho // pool, wo // pool, n_k)
+        arg = torch.empty(out.shape, dtype=torch.int8)
+        kernels.pool_forward(x.numpy(), weight.numpy(), bias_arg, bias is not None, groups, relu, out.numpy(), arg.numpy())
+        return out, (x, weight, out, arg)
+    out = x.new_empty(n_b, c_out, ho, wo, n_k)
+    kernels.forward(x.numpy(), weight.numpy(), bias_arg, bias is not None, groups, relu, out.numpy())
+    return out, (x, weight, out)
+
+
+def _conv_backward(saved: tuple, grad_out: torch.Tensor, groups: int, pool: int, relu: bool, has_bias: bool,
+                   need_x: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """``(grad_x or None, grad_w, grad_b or None)`` of ``_conv_forward`` given ``grad_out``."""
+    x, weight, out, *arg = saved
+    _, cpg, kh, kw, _ = weight.shape
+    kernels = conv_kernels(cpg, kh, kw, max(pool, 1))
+    grad_out = grad_out.contiguous()
+    grad_w = torch.zeros_like(weight)
+    grad_x = torch.zeros_like(x) if need_x else x.new_zeros((1,) * 5)
+    args = (x.numpy(), weight.numpy(), out.numpy(), grad_out.numpy())
+    if pool:
+        kernels.pool_backward(*args, arg[0].numpy(), groups, relu, grad_x.numpy(), grad_w.numpy(), need_x)
+    else:
+        kernels.backward(*args, groups, relu, grad_x.numpy(), grad_w.numpy(), need_x)
+    grad_b = (grad_out * (out > 0) if relu else grad_out).sum(dim=(0, 2, 3)) if has_bias else None
+    return (grad_x if need_x else None), grad_w, grad_b
+
+
 class _ConvFunction(torch.autograd.Function):
     """A packed convolution, with the ReLU and max-pool fused after it, and its own backward."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, groups: int, pool: int, relu: bool):
-        c_out, cpg, kh, kw, n_k = weight.shape
-        kernels = conv_kernels(cpg, kh, kw, max(pool, 1))
-        n_b, _, h, w, _ = x.shape
-        ho, wo = h - kh + 1, w - kw + 1
-        has_bias = bias is not None
-        bias_arg = (bias if has_bias else weight.new_zeros(1, 1)).detach().contiguous().numpy()
-        x, weight = x.detach().contiguous(), weight.detach().contiguous()
-        if pool:
-            out = x.new_empty(n_b, c_out, ho // pool, wo // pool, n_k)
-            arg = torch.empty(out.shape, dtype=torch.int8)
-            kernels.pool_forward(x.numpy(), weight.numpy(), bias_arg, has_bias, groups, relu, out.numpy(), arg.numpy())
-            ctx.save_for_backward(x, weight, out, arg)
-        else:
-            out = x.new_empty(n_b, c_out, ho, wo, n_k)
-            kernels.forward(x.numpy(), weight.numpy(), bias_arg, has_bias, groups, relu, out.numpy())
-            ctx.save_for_backward(x, weight, out)
-        ctx.groups, ctx.pool, ctx.relu, ctx.has_bias = groups, pool, relu, has_bias
+        out, saved = _conv_forward(x, weight, bias, groups, pool, relu)
+        ctx.save_for_backward(*saved)
+        ctx.groups, ctx.pool, ctx.relu, ctx.has_bias = groups, pool, relu, bias is not None
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight, out, *arg = ctx.saved_tensors
-        _, cpg, kh, kw, _ = weight.shape
-        kernels = conv_kernels(cpg, kh, kw, max(ctx.pool, 1))
-        need_x = ctx.needs_input_grad[0]
-        grad_w = torch.zeros_like(weight)
-        grad_x = torch.zeros_like(x) if need_x else x.new_zeros((1,) * 5)
-        # grad_out may be strided (the global pool's backward expands): the kernels read it once.
-        args = (x.numpy(), weight.numpy(), out.numpy(), grad_out.numpy())
-        if ctx.pool:
-            kernels.pool_backward(*args, arg[0].numpy(), ctx.groups, ctx.relu, grad_x.numpy(), grad_w.numpy(), need_x)
+        grads = _conv_backward(ctx.saved_tensors, grad_out, ctx.groups, ctx.pool, ctx.relu, ctx.has_bias,
+                               ctx.needs_input_grad[0])
+        return (*grads, None, None, None)
+
+
+def _head(ops: list[_Op]) -> tuple[list[_Op], bool, tuple[_Op, ...]]:
+    """``ops`` split into the image part (convolutions, ReLUs) and the head: whether it starts with
+    a global average pool, and its linear layers (``relu``: a ReLU follows)."""
+    start = next(i for i, op in enumerate(ops) if op.kind in ("gap", "flatten"))
+    rest = ops[start:]
+    gap = rest[0].kind == "gap"
+    rest = rest[1:] if gap else rest
+    layers: list[_Op] = []
+    if not rest or rest[0].kind != "flatten":
+        raise NotStackableError("the packed head needs Flatten right after the global pool")
+    for op in rest[1:]:
+        if op.kind == "linear":
+            layers.append(op)
+        elif op.kind == "relu" and layers and not layers[-1].relu:
+            layers[-1] = replace(layers[-1], relu=True)
         else:
-            kernels.backward(*args, ctx.groups, ctx.relu, grad_x.numpy(), grad_w.numpy(), need_x)
-        grad_b = None
-        if ctx.has_bias:
-            grad_b = (grad_out * (out > 0) if ctx.relu else grad_out).sum(dim=(0, 2, 3))
-        return (grad_x if need_x else None), grad_w, grad_b, None, None, None
+            raise NotStackableError("after Flatten the packed head takes Linear layers, each optionally followed by one ReLU")
+    return ops[:start], gap, tuple(layers)
 
 
-class _GlobalAverage(torch.autograd.Function):
-    """Mean over the positions of ``x [B, C, H, W, K]`` -> ``[B, C, 1, 1, K]``, summed position by
-    position (PyTorch's own reduction picks its summation order by shape, i.e. by K); the
-    backward spreads ``grad / (H W)`` over the positions, as ``mean``'s does."""
+def _head_forward(x: torch.Tensor, gap: bool, layers: tuple[_Op, ...], params) -> tuple[torch.Tensor, tuple]:
+    """The head of a packed chain: ``x [B, C, H, W, K]`` -> [global average pool] -> flatten -> linear
+    layers (each with its ReLU) -> logits ``[B, classes, K]``, through the numba kernels with the
+    networks innermost (a linear weight ``[K, out, in]`` is laid out ``[out, in, K]`` for them); and
+    what its backward needs. ``params``: weight and bias (or None) of each layer, in turn."""
+    x = x.detach().contiguous()
+    n_b, n_c, n_h, n_w, n_k = x.shape
+    if gap:
+        features = x.new_empty(n_b, n_c, n_k)
+        average_positions(x.numpy(), features.numpy())
+    else:
+        features = x.view(n_b, n_c * n_h * n_w, n_k)  # NCHW flatten order
+    inputs, weights = [], []
+    for layer, weight, bias in zip(layers, params[::2], params[1::2]):
+        w = weight.detach().permute(1, 2, 0).contiguous()
+        b = bias.detach().T.contiguous() if bias is not None else w.new_zeros(1, 1)
+        out = x.new_empty(n_b, w.shape[0], n_k)
+        dense_forward(features.numpy(), w.numpy(), b.numpy(), bias is not None, layer.relu, out.numpy())
+        inputs.append(features)
+        weights.append(w)
+        features = out
+    return features, (x, inputs, weights, features, [bias is not None for bias in params[1::2]])
+
+
+def _head_backward(saved: tuple, grad: torch.Tensor, gap: bool, layers: tuple[_Op, ...],
+                   need_x: bool) -> tuple[torch.Tensor | None, list]:
+    """``(grad_x or None, [grad weight, grad bias or None] per layer, in turn)`` of ``_head_forward``
+    given the gradient of its logits ``grad [B, classes, K]`` (overwritten)."""
+    x, inputs, weights, last, has_bias = saved
+    grads: list[torch.Tensor | None] = []
+    for index in reversed(range(len(layers))):
+        w, features = weights[index], inputs[index]
+        out = last if index == len(layers) - 1 else inputs[index + 1]
+        grad_w, grad_b = torch.zeros_like(w), w.new_zeros(w.shape[0], w.shape[2])
+        need = index > 0 or need_x
+        grad_in = torch.empty_like(features) if need else features.new_zeros((1, 1, 1))
+        dense_backward(features.numpy(), w.numpy(), out.numpy(), grad.numpy(), layers[index].relu, grad_in.numpy(),
+                       grad_w.numpy(), grad_b.numpy(), need)
+        grads = [grad_w.permute(2, 0, 1), grad_b.T if has_bias[index] else None] + grads
+        grad = grad_in
+    if not need_x:
+        return None, grads
+    if gap:
+        grad_x = torch.empty_like(x)
+        spread_positions(grad.numpy(), grad_x.numpy())
+        return grad_x, grads
+    return grad.view(x.shape), grads
+
+
+class _Head(torch.autograd.Function):
+    """``_head_forward`` as an autograd function (logits ``[K, B, classes]``, a view)."""
 
     @staticmethod
-    def forward(ctx, x):
-        flat = x.flatten(2, 3)
-        total = flat[:, :, 0].clone()
-        for position in range(1, flat.shape[2]):
-            total += flat[:, :, position]
-        ctx.shape = x.shape
-        return (total / flat.shape[2])[:, :, None, None]
+    def forward(ctx, x, gap: bool, layers: tuple[_Op, ...], *params):
+        logits, ctx.saved = _head_forward(x, gap, layers, params)
+        ctx.gap, ctx.layers = gap, layers
+        return logits.permute(2, 0, 1)
 
     @staticmethod
-    def backward(ctx, grad):
-        b, c, h, w, k = ctx.shape
-        return (grad / (h * w)).expand(b, c, h, w, k).contiguous()
+    def backward(ctx, grad_logits):
+        grad_x, grads = _head_backward(ctx.saved, grad_logits.permute(1, 2, 0).contiguous(), ctx.gap, ctx.layers,
+                                       ctx.needs_input_grad[0])
+        return (grad_x, None, None, *grads)
 
 
-def _global_average(x: torch.Tensor) -> torch.Tensor:
-    return _GlobalAverage.apply(x)
+def _padded(source: "torch.Tensor | _Coded", padding: int, fill: float) -> "torch.Tensor | _Coded":
+    """Images (or codes) padded by ``padding`` pixels of ``fill`` on every side; for codes the fill is
+    the code of that level (a new level if none has its value, the decoded images if no code is free)."""
+    if not isinstance(source, _Coded):
+        return F.pad(source, (padding,) * 4, value=fill)
+    levels = source.levels
+    same = (levels == fill).all(dim=0).nonzero()
+    if len(same):
+        return _Coded(F.pad(source.codes, (padding,) * 4, value=int(same[0])), levels)
+    if levels.shape[1] < 256:
+        levels = torch.cat([levels, levels.new_full((levels.shape[0], 1), fill)], dim=1)
+        return _Coded(F.pad(source.codes, (padding,) * 4, value=levels.shape[1] - 1), levels)
+    channel = torch.arange(levels.shape[0]).view(1, -1, 1, 1).expand_as(source.codes)
+    return F.pad(levels[channel, source.codes.long()], (padding,) * 4, value=fill)
 
 
-def _stacked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x [K, B, in] -> [K, B, out]`` with each network's ``weight [K, out, in]`` and ``bias [K, out]``.
+@dataclass(frozen=True)
+class _Coded:
+    """Images held as uint8 ``codes [N, C, H, W]`` into per-channel ``levels [C, L]`` (a packed source)."""
 
-    Products and sums over the last axis instead of ``bmm``: the batched GEMM (and its backward)
-    picks kernels by batch count, so a network's result would depend on K; these layers are a
-    few units wide, so the broadcast costs nothing that matters.
-    """
-    out = (x.unsqueeze(2) * weight.unsqueeze(1)).sum(-1)
-    return out if bias is None else out + bias.unsqueeze(1)
+    codes: torch.Tensor
+    levels: torch.Tensor
 
 
 class PackedChain:
@@ -246,6 +338,7 @@ class PackedChain:
 
     def __init__(self, template: nn.Module) -> None:
         self.ops = compile_chain(template)
+        self.body, self.gap, self.layers = _head(self.ops)
         state = template.state_dict()
         known = {f"{op.prefix}.{leaf}" for op in self.ops if op.prefix for leaf in ("weight", "bias")}
         extra = sorted(set(state) - known)
@@ -272,22 +365,18 @@ class PackedChain:
 
     def _run(self, params: Params, x: torch.Tensor) -> torch.Tensor:
         """``x [B, C, H, W, K]`` through the chain -> logits ``[K, B, classes]``."""
-        for op in self.ops:
+        for op in self.body:
             if op.kind == "conv":
                 bias = params.get(f"{op.prefix}.bias") if op.has_bias else None
                 x = _ConvFunction.apply(x, params[f"{op.prefix}.weight"], bias, op.groups, op.pool, op.relu)
-            elif op.kind == "relu":
+            else:  # a ReLU on images
                 x = torch.relu(x)
-            elif op.kind == "gap":
-                x = _global_average(x)
-            elif op.kind == "flatten":
-                x = x.permute(4, 0, 1, 2, 3).flatten(2)  # [K, B, C*H*W] in NCHW flatten order
-            else:  # linear: x [K, B, in], W [K, out, in] -> [K, B, out]
-                x = _stacked_linear(x, params[f"{op.prefix}.weight"], params.get(f"{op.prefix}.bias") if op.has_bias else None)
-        return x
+        head = [params.get(f"{layer.prefix}.{leaf}") for layer in self.layers for leaf in ("weight", "bias")]
+        return _Head.apply(x, self.gap, self.layers, *head)
 
-    def source(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return images.permute(1, 2, 3, 0).contiguous()  # [C, H, W, N]: a pixel of every image in a row
+    def source(self, images: torch.Tensor, device: torch.device, codes: tuple[torch.Tensor, torch.Tensor] | None = None):
+        # [N, C, H, W]: each image read whole (a large set stays cache-friendly); uint8 codes when given
+        return images.contiguous() if codes is None else _Coded(codes[0].contiguous(), codes[1].to(images.dtype).contiguous())
 
     def batch(self, source: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor | None, padding: int,
               fill: float) -> torch.Tensor:
@@ -298,14 +387,27 @@ class PackedChain:
             index = torch.cat([index, index[:1].expand(spare, -1)])
             offsets = None if offsets is None else torch.cat([offsets, offsets[:1].expand(spare, -1, -1)])
         n_k, n_b = index.shape
-        out = source.new_empty(n_b, *source.shape[:3], n_k)
-        index_t = index.T.contiguous()
+        images = source.codes if isinstance(source, _Coded) else source
+        out = torch.empty(n_b, *images.shape[1:], n_k, dtype=source.levels.dtype if images is not source else source.dtype)
         if offsets is None:
-            gather_images(source.numpy(), index_t.numpy(), out.numpy())
+            rows = cols = np.zeros((n_b, n_k), dtype=np.int64)
+        else:  # crops read from the images padded with the fill (made once per source)
+            source = self._padded_source(source, padding, fill)
+            rows, cols = (np.ascontiguousarray(part) for part in offsets.permute(1, 2, 0).numpy())
+        index_t = index.T.numpy().astype(np.uint32)
+        if isinstance(source, _Coded):
+            gather_batch(source.codes.numpy(), source.levels.numpy(), index_t, rows, cols, out.numpy())
         else:
-            gather_crops(source.numpy(), index_t.numpy(), offsets.permute(1, 2, 0).contiguous().numpy(), padding,
-                         fill, out.numpy())
+            gather_batch(source.numpy(), np.empty((1, 1), dtype=out.numpy().dtype), index_t, rows, cols, out.numpy())
         return out
+
+    def _padded_source(self, source: torch.Tensor, padding: int, fill: float) -> torch.Tensor:
+        """``source`` padded by ``padding`` pixels of ``fill`` on every side, kept for the next batches
+        of the same source (held by reference: the key cannot be a recycled address)."""
+        kept = getattr(self, "_padding", None)
+        if kept is None or kept[0] is not source or kept[1:3] != (padding, fill):
+            self._padding = (source, padding, fill, _padded(source, padding, fill))
+        return self._padding[3]
 
     def _padded(self, params: Params, lanes: int) -> Params:
         """``params`` with zero networks appended up to ``lanes`` networks."""
@@ -324,6 +426,48 @@ class PackedChain:
 
     def forward(self, params: Params, batch: torch.Tensor) -> torch.Tensor:
         return self._run(self._padded(params, batch.shape[-1]), batch)[: self.count(params)]
+
+    def loss_and_grads(self, params: Params, batch: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, Params]:
+        """The training step's numbers without autograd: per network the mean cross-entropy of its
+        images of ``batch`` (``forward``'s input) against ``labels [K, B]`` -> ``(losses [K],
+        gradients of each network's loss keyed like params)``, the forward, loss and backward all
+        through the numba kernels. Same results as autograd over ``forward`` and
+        ``F.cross_entropy``, up to rounding."""
+        n_k, lanes = self.count(params), batch.shape[-1]
+        padded = self._padded(params, lanes)
+        x, saved = batch, []
+        for op in self.body:
+            if op.kind == "conv":
+                bias = padded.get(f"{op.prefix}.bias") if op.has_bias else None
+                x, context = _conv_forward(x, padded[f"{op.prefix}.weight"], bias, op.groups, op.pool, op.relu)
+            else:
+                x, context = torch.relu(x), x
+            saved.append(context)
+        head = [padded.get(f"{layer.prefix}.{leaf}") for layer in self.layers for leaf in ("weight", "bias")]
+        logits, context = _head_forward(x, self.gap, self.layers, head)
+        targets = torch.cat([labels, labels[:1].expand(lanes - n_k, -1)]).T.contiguous()
+        losses, grad = logits.new_empty(lanes), torch.empty_like(logits)
+        cross_entropy(logits.numpy(), targets.numpy(), losses.numpy(), grad.numpy())
+        grad, head_grads = _head_backward(context, grad, self.gap, self.layers, need_x=bool(self.body))
+        grads = {}
+        for layer, weight, bias in zip(self.layers, head_grads[::2], head_grads[1::2]):
+            grads[f"{layer.prefix}.weight"] = weight
+            if bias is not None:
+                grads[f"{layer.prefix}.bias"] = bias
+        for index in reversed(range(len(self.body))):
+            op, context = self.body[index], saved[index]
+            if op.kind == "conv":
+                grad, grads[f"{op.prefix}.weight"], bias = _conv_backward(context, grad, op.groups, op.pool, op.relu,
+                                                                          op.has_bias, need_x=index > 0)
+                if bias is not None:
+                    grads[f"{op.prefix}.bias"] = bias
+            else:
+                grad = grad * (context > 0)
+        return losses[:n_k], {key: self._unpadded(key, grads[key], n_k) for key in params}
+
+    def _unpadded(self, key: str, value: torch.Tensor, count: int) -> torch.Tensor:
+        """``value`` (a stacked parameter's gradient over the padded lanes) cut to ``count`` networks."""
+        return value.narrow(self.network_axis(key) % value.dim(), 0, count).contiguous()
 
     def predict(self, params: Params, images: torch.Tensor) -> torch.Tensor:
         n_k = self.count(params)
@@ -362,7 +506,7 @@ class VmapNetworks:
     def _call(self, params: Params, images: torch.Tensor) -> torch.Tensor:
         return functional_call(self.template, params, (images,))
 
-    def source(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
+    def source(self, images: torch.Tensor, device: torch.device, codes: tuple[torch.Tensor, torch.Tensor] | None = None):
         return images.to(device)
 
     def batch(self, source: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor | None, padding: int,

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from benchmark.core.data import InMemoryImageDataset, as_in_memory, crop_offsets
+from benchmark.core.data import InMemoryImageDataset, as_in_memory, crop_offsets, in_memory_problem
 from benchmark.core.training.loop import NonFiniteError, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer
 from benchmark.core.training.objective import EVAL_ELEMENTS, CrossEntropyObjective, StackedObjective
 from benchmark.core.training.recipe import Recipe
@@ -44,11 +44,12 @@ class _Lane:
 
 def check_stackable(train: Dataset) -> InMemoryImageDataset:
     """The in-memory training set the vectorised trainer slices (``as_in_memory``: an
-    ``InMemoryImageDataset`` or a subset of one); others cannot be stacked."""
+    ``InMemoryImageDataset`` or a subset of one); any other raises ``NotStackableError`` with the
+    reason the data layer gives (``benchmark.core.data.memory_problem`` decides which sets are
+    held in memory)."""
     memory = as_in_memory(train)
     if memory is None:
-        raise NotStackableError(f"training set {type(train).__name__}: stacked training needs an in-memory "
-                                "image dataset (InMemoryImageDataset, or a Subset of one)")
+        raise NotStackableError(f"stacked training needs the training images in memory: {in_memory_problem(train)}")
     return memory
 
 
@@ -170,7 +171,8 @@ def train_networks(
                            lane.history)
 
     n, rule = len(dataset), recipe.fail_rule
-    source = stacked.source(dataset.images.to(dtype), device)
+    source = stacked.source(dataset.images.to(dtype), device, dataset.codes)
+    fused = getattr(objective, "loss_and_grads", None)
     for epoch in range(recipe.epochs):
         if not stack.lanes:
             break
@@ -184,15 +186,21 @@ def train_networks(
             offsets = None
             if dataset.augment:
                 offsets = torch.stack([crop_offsets(size, dataset.augment_padding, lane.generator) for lane in stack.lanes])
-
             def gather(copies: int, idx=idx, offsets=offsets) -> torch.Tensor:
                 return stacked.batch(source, idx.repeat(copies, 1), None if offsets is None else offsets.repeat(copies, 1, 1),
                                      dataset.augment_padding, dataset.fill)
 
-            losses = objective.losses(stack.params, gather, dataset.labels[idx].to(device), stack.indices)
-            finite = torch.isfinite(losses.detach()).cpu()
-            stack.optimizer.zero_grad(set_to_none=True)
-            (losses.sum() if bool(finite.all()) else losses[finite.to(device)].sum()).backward()
+            labels = dataset.labels[idx].to(device)
+            if fused is not None:  # the objective's own step without an autograd graph (the packed kernels)
+                losses, grads = fused(stack.params, gather(1), labels)
+                finite = torch.isfinite(losses).cpu()
+                for key, value in stack.params.items():
+                    value.grad = grads[key]
+            else:
+                losses = objective.losses(stack.params, gather, labels, stack.indices)
+                finite = torch.isfinite(losses.detach()).cpu()
+                stack.optimizer.zero_grad(set_to_none=True)
+                (losses.sum() if bool(finite.all()) else losses[finite.to(device)].sum()).backward()
             stack.optimizer.step()
             totals += losses.detach().cpu().double() * size
             if not bool(finite.all()):

@@ -3,6 +3,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from benchmark.stages import zoo
 from benchmark.stages.zoo import TrainingDivergedError, run_zoo
 from benchmark.core.store import load_checkpoint
 from benchmark.core.store.claims import HOST_ENV
+from tests.benchmark.core.data import formats
 from tests.conftest import TINY_TRAIN, compose_config
 from tests.processes import Forked, forked
 
@@ -226,3 +228,75 @@ def test_a_seed_that_diverges_every_run_is_recorded_as_failed_after_max_attempts
     assert second.failed == [0] and record["reason"] == "diverged" and record["attempts"] == 2
     assert "nan" in record["detail"].lower() and not exp.store.attempts_path(0).exists()
     assert run_zoo(exp, one).skipped_done == [0]
+
+
+def test_an_mnist_format_zoo_trains_vectorised_and_each_seed_equals_one_at_a_time(tmp_path):
+    """experiment=mnist_optunet on tiny IDX files written here: MNIST is read into memory, so the zoo
+    trains stacked (with the recipe's random crop), and every seed's checkpoint and verdict is the
+    one the one-at-a-time loop gives it, up to float rounding over its few steps."""
+    rng = np.random.default_rng(7)
+
+    def images(labels):  # noise around a brightness that says the class (OptuNet pools globally)
+        return (rng.integers(0, 30, (len(labels), 28, 28)) + 25 * labels[:, None, None]).astype(np.uint8)
+
+    for folder in ("MNIST", "FashionMNIST"):
+        formats.write_mnist_like(tmp_path / "data", folder, {
+            split: (images(np.arange(n) % 10), np.arange(n) % 10) for split, n in (("train", 160), ("test", 20))})
+    overrides = ["experiment=mnist_optunet", f"dataset.data_dir={tmp_path / 'data'}", "train.epochs=3", "train.lr=0.5",
+                 "train.milestones=[2]", "train.fail_rule.epoch=2", "seeds.reference=[0,6]", "zoo.range=reference"]
+    stores = {}
+    for vectorize in ("auto", "1"):
+        exp = Experiment(compose_config([f"store={tmp_path / vectorize}", f"zoo.vectorize={vectorize}", *overrides]))
+        assert exp.zoo_trainer.stacked == (vectorize == "auto"), exp.zoo_trainer.reason
+        with exp.backends():
+            summary = run_zoo(exp, exp.reference)
+        assert sorted(summary.trained + summary.failed) == list(range(6))
+        stores[vectorize] = exp.store
+    assert exp.train_set.augment and len(exp.train_set) == 160 - 10  # 1 of each class's 16 held out
+    stacked, alone = stores["auto"], stores["1"]
+    assert stacked.completed_seeds() == alone.completed_seeds() and stacked.completed_seeds()
+    assert stacked.failed_seeds().keys() == alone.failed_seeds().keys() and stacked.failed_seeds()  # both verdicts occur
+    for seed, record in stacked.failed_seeds().items():
+        theirs = alone.failed_seeds()[seed]
+        assert (record["trainer"], theirs["trainer"]) == ("vectorised", "one at a time")
+        assert record["reason"] == theirs["reason"] and record["crosscheck"]["verdict"] == "failed"
+    for seed in alone.completed_seeds():
+        (a, meta_a), (b, meta_b) = load_checkpoint(alone.checkpoint_path(seed)), load_checkpoint(stacked.checkpoint_path(seed))
+        assert (meta_a["trainer"], meta_b["trainer"]) == ("one at a time", "vectorised")
+        assert meta_a["validation_accuracy"] == meta_b["validation_accuracy"]
+        check = json.loads(meta_b["crosscheck"])  # zoo.crosscheck (16) covers these seeds: trained both ways
+        assert check["trainer"] == "one at a time" and check["verdict"] == "converged" and check["max_weight_difference"] < 1e-5
+        for key in a:
+            torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6)
+
+
+def test_the_zoo_summary_counts_trainers_and_the_crosschecked_verdicts_that_differ(tmp_path):
+    """zoo.crosscheck=4: the first 4 seeds of the range are also trained one at a time; each record keeps
+    that trainer's verdict, and zoo.md counts the seeds whose verdicts differ (one made to differ here)."""
+    from benchmark.stages.report import write_zoo_summary
+    from benchmark.stages.zoo import train_seed, verdict
+
+    exp = Experiment(compose_config([f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}", *TINY_TRAIN,
+                                     "seeds.reference=[0,6]", "seeds.heldout=[100000,100000]", "zoo.range=reference",
+                                     "zoo.vectorize=4", "zoo.crosscheck=4"]))
+    with exp.backends():
+        run_zoo(exp, exp.reference)
+        alone = {seed: verdict(train_seed(exp, seed)) for seed in range(4)}  # independent of the stored records
+    store = exp.store
+    stored = {seed: "converged" for seed in store.completed_seeds()} | {seed: "failed" for seed in store.failed_seeds()}
+    assert sorted(stored) == list(range(6)) and set(stored.values()) == {"converged", "failed"}
+    metadata = {seed: load_checkpoint(store.checkpoint_path(seed))[1] for seed in store.completed_seeds()}
+    checks = {seed: json.loads(meta["crosscheck"]) for seed, meta in metadata.items() if "crosscheck" in meta}
+    checks |= {seed: record["crosscheck"] for seed, record in store.failed_seeds().items() if "crosscheck" in record}
+    assert sorted(checks) == [0, 1, 2, 3] and all(checks[s]["verdict"] == alone[s] for s in checks)
+    path = write_zoo_summary(exp, tmp_path / "zoo.md")
+    differ = [s for s in range(4) if alone[s] != stored[s]]
+    assert "Trainers: vectorised 6 (checkpoints and failure records of both ranges)." in path.read_text()
+    assert f"the convergence verdicts differ on {len(differ)} of 4 seeds" in path.read_text()
+    failed = min(store.failed_seeds())  # make its cross-check disagree: the summary must count it
+    record = store.failed_seeds()[failed]
+    record["crosscheck"]["verdict"] = "diverged"
+    store.failed_path(failed).write_text(json.dumps(record))
+    if failed < 4:
+        text = write_zoo_summary(exp, tmp_path / "zoo.md").read_text()
+        assert f"differ on {len(set(differ) | {failed})} of 4 seeds" in text and str(failed) in text

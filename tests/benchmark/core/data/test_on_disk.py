@@ -7,8 +7,13 @@ import torch
 from PIL import Image
 
 import benchmark.core.data.loading as loading
+import benchmark.core.data.on_disk as on_disk
 import benchmark.core.data.tinyimagenet as tinyimagenet
-from benchmark.core.data import DATASET_NAMES, DatasetNotFoundError, as_tensors, dataset_info, get_dataset, get_ood_dataset
+from benchmark.core.data import (
+    DATASET_NAMES, DatasetNotFoundError, InMemoryImageDataset, as_tensors, crop_at, dataset_info, get_dataset,
+    get_ood_dataset, get_train_split, in_memory_problem, memory_problem,
+)
+from benchmark.core.data.transforms import eval_transform
 from tests.benchmark.core.data import formats
 from tests.benchmark.core.data.conftest import BLUE, GREEN, GREY, RED, TIN_WNIDS
 
@@ -235,3 +240,57 @@ def test_as_tensors_batches_agree_and_bad_input(tiny_data):
         as_tensors(dataset, batch_size=0)
     with pytest.raises(ValueError, match="empty"):
         as_tensors(torch.utils.data.Subset(dataset, []))
+
+
+def pil_path(name: str, split: str, root, target: str | None = None) -> torch.Tensor:
+    """Independent of the in-memory reader: torchvision's dataset item by item, each image through
+    PIL and the un-augmented transform (normalised with ``target``'s statistics)."""
+    dataset = on_disk.open_on_disk(name, split, root, False, eval_transform(dataset_info(target or name)))
+    return torch.stack([dataset[i][0] for i in range(len(dataset))])
+
+
+@pytest.mark.parametrize("name, split", [("mnist", "train"), ("mnist", "test"), ("fashionmnist", "train"),
+                                         ("fashionmnist", "test"), ("cifar100", "train"), ("cifar100", "test")])
+def test_array_sets_are_read_into_memory_with_the_pil_paths_exact_values(tiny_data, skip_md5, name, split):
+    dataset = get_dataset(name, split, tiny_data.root)
+    assert isinstance(dataset, InMemoryImageDataset) and memory_problem(name) is None
+    images, labels = as_tensors(dataset)
+    assert torch.equal(images, pil_path(name, split, tiny_data.root))  # bit for bit
+    assert labels.tolist() == tiny_data.arrays[name][split][1].tolist()
+    codes, levels = dataset.codes  # the uint8 pixels and what each becomes, per channel
+    channel = torch.arange(images.shape[1]).view(1, -1, 1, 1).expand_as(codes)
+    assert codes.dtype == torch.uint8 and torch.equal(levels[channel, codes.long()], images)
+
+
+@pytest.mark.parametrize("ood, id_name", [("fashionmnist", "mnist"), ("svhn", "cifar100")])
+def test_ood_array_sets_are_read_into_memory_with_the_pil_paths_exact_values(tiny_data, skip_md5, ood, id_name):
+    dataset = get_ood_dataset(ood, id_name, tiny_data.root)
+    assert isinstance(dataset, InMemoryImageDataset)
+    assert torch.equal(as_tensors(dataset)[0], pil_path(ood, "test", tiny_data.root, target=id_name))
+
+
+def test_the_in_memory_crop_is_the_pil_crop_at_the_same_offsets(tiny_data):
+    """MNIST's augmented stream crops the normalised tensors; at the offsets drawn, each crop is
+    bit for bit torchvision's pad-by-4 (black) and crop of the PIL image, then normalised."""
+    from torchvision.transforms.v2 import functional as TF
+
+    train = get_dataset("mnist", "train", tiny_data.root, augment=True)
+    assert isinstance(train, InMemoryImageDataset) and train.augment_padding == 4
+    offsets = torch.tensor([[0, 8, 3, 5, 1, 7], [8, 0, 4, 2, 6, 1]])
+    ours = crop_at(train.images, 4, train.fill, offsets)
+    raw = on_disk.open_on_disk("mnist", "train", tiny_data.root, False, None)
+    transform = eval_transform(dataset_info("mnist"))
+    for i in range(len(raw)):
+        image = TF.crop(TF.pad(raw[i][0], [4], fill=0), int(offsets[0, i]), int(offsets[1, i]), 28, 28)
+        assert torch.equal(ours[i], transform(image))
+
+
+def test_one_place_says_which_sets_are_not_in_memory_and_why(tiny_data, skip_md5):
+    assert memory_problem("mnist", augment=True) is None and memory_problem("digits", augment=True) is None
+    assert "JPEG files" in memory_problem("tinyimagenet") and "every size" in memory_problem("dtd")
+    assert "horizontal flip" in memory_problem("cifar100", augment=True)
+    for dataset, words in ((get_dataset("tinyimagenet", "train", tiny_data.root), "JPEG files"),
+                           (get_dataset("cifar100", "train", tiny_data.root, augment=True), "horizontal flip"),
+                           (get_train_split("tinyimagenet", tiny_data.root, validation_fraction=0.3).train, "JPEG files")):
+        assert not isinstance(dataset, InMemoryImageDataset) and words in in_memory_problem(dataset)
+    assert in_memory_problem(get_train_split("mnist", tiny_data.root, augment=True, validation_fraction=0.3).train) is None

@@ -69,6 +69,14 @@ def test_stacked_forward_and_gradients_equal_each_network_alone(factory, shape, 
         unpacked = stacked.unpack(grads, i)
         for key, want in want_grads[i].items():
             torch.testing.assert_close(unpacked[key], want, rtol=1e-9, atol=1e-12, msg=f"network {i} {key}")
+    if implementation == "packed":  # the trainer's own step (no autograd): the same losses and gradients
+        losses_alone = [F.cross_entropy(want_logits[i], labels[i]) for i in range(k)]
+        fused_losses, fused_grads = stacked.loss_and_grads({key: value.detach() for key, value in params.items()}, batch, labels)
+        torch.testing.assert_close(fused_losses, torch.stack(losses_alone), rtol=1e-10, atol=1e-12)
+        for i in range(k):
+            unpacked = stacked.unpack(fused_grads, i)
+            for key, want in want_grads[i].items():
+                torch.testing.assert_close(unpacked[key], want, rtol=1e-9, atol=1e-12, msg=f"fused: network {i} {key}")
     shared = stacked.predict({key: value.detach() for key, value in params.items()}, images[0])
     for i in range(k):
         model = factory().double()
@@ -130,3 +138,24 @@ def test_resnet_cannot_be_stacked_and_says_why():
         stacked_networks(resnet18(num_classes=10), CPU)
     assert isinstance(stacked_networks(optunet(), CPU), PackedChain)
     assert isinstance(stacked_networks(optunet(), torch.device("meta")), VmapNetworks)  # any non-CPU device
+
+
+@pytest.mark.parametrize("count, fill_is_a_level", [(7, False), (256, False), (256, True)])
+def test_batches_gathered_from_uint8_codes_equal_those_from_the_images(count, fill_is_a_level):
+    """A set read from uint8 arrays can be gathered from its codes: the same batches bit for bit, crops
+    included (the fill is the code of its level (MNIST: black), else one more level; with all 256
+    codes taken by other values, the images are decoded)."""
+    torch.manual_seed(3)
+    codes = torch.randint(0, count, (9, 2, 6, 6), dtype=torch.uint8)
+    levels = torch.randn(2, count)
+    levels[:, 5] = -0.7 if fill_is_a_level else levels[:, 5]
+    images = levels[torch.arange(2).view(1, 2, 1, 1).expand_as(codes), codes.long()]
+    index = torch.randint(0, 9, (3, 4))
+    offsets = torch.randint(0, 5, (3, 2, 4))
+    packed = PackedChain(optunet())
+    plain, coded = packed.source(images, CPU), packed.source(images, CPU, (codes, levels))
+    assert torch.equal(packed.batch(plain, index, None, 0, 0.0), packed.batch(coded, index, None, 0, 0.0))
+    assert torch.equal(packed.batch(plain, index, offsets, 2, -0.7), packed.batch(coded, index, offsets, 2, -0.7))
+    kept = packed._padding[3]  # made once per source: a second batch reuses it
+    packed.batch(coded, index, offsets, 2, -0.7)
+    assert packed._padding[3] is kept and isinstance(kept, type(coded)) == (count < 256 or fill_is_a_level)
