@@ -9,68 +9,22 @@ import pytest
 import torch
 
 from benchmark.core.models import predict_with_weights
-from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
+from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError
-from benchmark.inventory import sample_settings_hash as settings_hash
 from benchmark.reference import HMCReference
 from benchmark.results import read_metrics, read_repetitions
 from benchmark.stages import evaluate, report
 from metrics.mcmc import predictive_convergence
 from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
+from tests.benchmark.hmc_store import OVERRIDES, draws_near, fill, write_unit
 from tests.conftest import compose_config
-
-OVERRIDES = ["seeds.reference=[0,12]", "seeds.heldout=[100000,100012]", "sample.repetitions=2", "sample.per_method=4",
-             "sample.modes_multi=2", "evaluate.reference_resamples=4", "evaluate.test_permutations=100",
-             "evaluate.weight_matching=false"]
-
-
-def _draws(seed: int, n: int, exp) -> dict[str, torch.Tensor]:
-    """``n`` networks near the seeded initialisation of ``seed`` (a chain's draws: HMC's numbers do
-    not matter to the scoring, which is what is tested)."""
-    with seeded(seed):
-        start = exp.model().state_dict()
-    generator = torch.Generator().manual_seed(seed)
-    return {k: v[None] + 0.05 * torch.randn(n, *v.shape, generator=generator) for k, v in start.items()}
-
-
-def _unit(exp, method, mode, repetition, samples, bases):
-    store, model = exp.store, exp.model()
-    meta = {"experiment": exp.name, "method": method, "mode": mode, "repetition": repetition,
-            "n_samples": next(iter(samples.values())).shape[0], "settings_hash": settings_hash(exp, method),
-            "base_seeds": list(bases), "diagnostics": {"rhat_loglik": 1.5 + repetition, "accept_prob": 0.9}}
-    unit = store.sample_unit(method, mode, repetition)
-    preds = {"id": predict_with_weights(model, samples, exp.test_tensors[0]),
-             "ood": predict_with_weights(model, samples, exp.ood_tensors[0])}
-    save_sample_set(store.samples_path(unit), samples, meta)
-    save_sample_set(store.preds_path(unit), preds, meta)
-    return samples, preds
-
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """Zoo seeds 0-11, and per repetition: an HMC multi-mode unit (2 chains x 2 draws), an ensemble
-    (2 held-out members) and a one-mode 'swag' (4 draws near one base)."""
-    root = tmp_path_factory.mktemp("hmc_eval")
-    exp = Experiment(compose_config([f"store={root / 'store'}", f"results={root / 'results'}", "reference=hmc",
-                                     *OVERRIDES]))
-    exp.store.ensure_writable()
-    for seed in [*range(12), *range(100000, 100012)]:
-        with seeded(seed):
-            state = exp.model().state_dict()
-        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
-    units = {}
-    for r in range(2):
-        chains = [_draws(500 + 2 * r + c, 2, exp) for c in range(2)]
-        units[("hmc", r)] = _unit(exp, "hmc", "multi", r, {k: torch.cat([c[k] for c in chains]) for k in chains[0]},
-                                  [100000 + 4 * r, 100001 + 4 * r])
-        members = [100002 + 4 * r, 100003 + 4 * r]
-        units[("ensemble", r)] = _unit(exp, "ensemble", "multi", r,
-                                       load_checkpoints_as_sample_set(exp.store.checkpoint_paths(members)), members)
-        units[("swag", r)] = _unit(exp, "swag", "one", r, _draws(100000 + 4 * r, 4, exp), [100000 + 4 * r])
-    return exp, units
+    return fill(tmp_path_factory.mktemp("hmc_eval"))
 
 
 def _pool(units, repetitions):
@@ -152,7 +106,7 @@ def test_reference_hmc_without_hmc_draws_is_refused_with_the_command(tmp_path):
         with seeded(seed):
             state = exp.model().state_dict()
         save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
-    _unit(exp, "swag", "one", 0, _draws(1, 4, exp), [100000])
+    write_unit(exp, "swag", "one", 0, draws_near(1, 4, exp), [100000])
     with pytest.raises(MissingInputsError, match="method=hmc mode=multi"):
         evaluate.check(exp)
     exp.results_dir.mkdir(parents=True)
