@@ -215,8 +215,9 @@ class NetworkPotential:
 class HMCSettings(KernelSettings, MethodSettings):
     """Full-batch HMC settings: the kernel's (``methods.hmc_kernel.KernelSettings``: trajectory
     length, warm-up, thinning, step-size adaptation, divergences and restarts, mass adaptation),
-    with ``max_leapfrog_steps`` 16 by default (an uncapped early warm-up costs ~200 steps per
-    iteration; conf/methods/hmc.yaml), and the method's own.
+    with the method's defaults for OptuNet-sized networks (``max_leapfrog_steps`` 48, ``warmup`` 60,
+    ``thinning`` 2, no windowed mass adaptation: ``M^-1`` stays the Fisher guess at the start;
+    conf/methods/hmc.yaml says why), and the method's own.
 
     ``start``: ``init`` (an independent initialisation of the model factory under the chain's seed)
     or ``base`` (the base network); ``temperature``: T of ``p(w | D)^(1/T)``;
@@ -236,7 +237,10 @@ class HMCSettings(KernelSettings, MethodSettings):
     run (``NetworkPotential``'s ``implementation``: auto, packed, vmap, loop).
     """
 
-    max_leapfrog_steps: int = 16
+    max_leapfrog_steps: int = 48
+    warmup: int = 60
+    thinning: int = 2
+    adapt_mass: bool = False
     start: str = "init"
     temperature: float = 1.0
     weight_decay: Optional[float] = None
@@ -244,8 +248,8 @@ class HMCSettings(KernelSettings, MethodSettings):
     save_every: int = 10
     forward: str = "auto"
     initial_mass: str = "fisher"
-    descent_steps: int = 600
-    descent_lr: float = 0.03
+    descent_steps: int = 1500
+    descent_lr: float = 0.02
     start_min_accuracy: Optional[float] = 0.5
     start_attempts: int = 4
 

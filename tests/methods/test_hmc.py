@@ -257,7 +257,8 @@ def small_method(**changes) -> HMCMethod:
     images, labels = toy_data()
     data = TrainingData(train=None, train_tensors=(images, labels), check=None)
     recipe = Recipe(epochs=1, batch_size=8, lr=0.1, weight_decay=0.05)
-    settings = HMCSettings(**({"trajectory_length": 1.0, "warmup": 25, "thinning": 2, "max_leapfrog_steps": 20, "save_every": 1} | changes))
+    settings = HMCSettings(**({"trajectory_length": 1.0, "warmup": 25, "thinning": 2, "max_leapfrog_steps": 20, "save_every": 1,
+                               "descent_steps": 100} | changes))
     return HMCMethod(logistic_factory, data, settings, recipe=recipe)
 
 
