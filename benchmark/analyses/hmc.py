@@ -13,7 +13,6 @@ from the zoo's percentiles, the same fixed subsample of a layer's entries, at mo
 from __future__ import annotations
 
 import logging
-import math
 import textwrap
 from pathlib import Path
 
@@ -22,15 +21,14 @@ import pandas as pd
 
 from benchmark.analyses.figures import COLUMN_WIDTH, PALETTE, new_figure, save_figure, style
 from benchmark.analyses.inputs import NotApplicableError, figures_dir, first_repetition, require_reference, require_samples
-from benchmark.analyses.marginals import FORMS, ZooLayers, bin_edges, histogram, shown_layers
+from benchmark.analyses.marginals import FORMS, Layers, ZooLayers, bin_edges, draw_histograms, histogram, shown_layers
 from benchmark.config import ReferenceChoice
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, require_inputs, row_label
 from benchmark.reference import HMC_ROW, HMCReference, hmc_reference_problem
 from benchmark.results import half_width, metrics_path, read_metrics
 from methods.hmc import stochastic_layers
-from metrics.marginals import gather, subsample_indices
-from metrics.symmetries import canonicalize, spec_for_model
+from metrics.symmetries import canonicalize
 
 log = logging.getLogger(__name__)
 
@@ -84,17 +82,8 @@ def run(exp: Experiment) -> list[Path]:
 
 def draw_marginals(exp: Experiment, best: tuple[str, str] | None) -> list[Path]:
     """Per shown layer and form: the zoo's histogram (grey), HMC's pooled draws' and the closest method's."""
-    settings = exp.config.analyze.marginals
-    spec = spec_for_model(exp.model())
-    steps = [s.value for s in exp.config.evaluate.canonical_steps]
-    keys = list(spec.mass_keys)
-    shapes = exp.shapes()
-    entries = {key: math.prod(shapes[key]) for key in keys}
-
-    def values(blocks, samples: int, key: str) -> np.ndarray:  # the subsample analysis=marginals takes
-        indices = subsample_indices(samples, entries[key], settings.max_values, (settings.seed, keys.index(key)))
-        return gather(blocks, indices)
-
+    layers = Layers(exp)  # the layers, entries and subsample analysis=marginals takes
+    settings, keys, entries, values = layers.settings, layers.keys, layers.entries, layers.values
     zoo = ZooLayers(exp)
     sources = {"HMC": HMCReference(exp).weights()}
     if best is not None:
@@ -107,38 +96,15 @@ def draw_marginals(exp: Experiment, best: tuple[str, str] | None) -> list[Path]:
             histograms.append(histogram("zoo", key, form, theirs, edges, zoo.count * entries[key]))
             for name, samples in sources.items():
                 count = int(next(iter(samples.values())).shape[0])
-                form_of = samples if form == "raw" else canonicalize(samples, spec, steps, device=exp.device)[0]
+                form_of = samples if form == "raw" else canonicalize(samples, layers.spec, layers.steps, device=exp.device)[0]
                 histograms.append(histogram(name, key, form, values([form_of[key].reshape(count, -1)], count, key), edges,
                                             count * entries[key]))
     shown = shown_layers(keys, settings.max_layers_shown)
     frame = pd.concat(histograms, ignore_index=True).assign(shown=lambda df: df["layer"].isin(shown),
                                                              max_values=settings.max_values, subsample_seed=settings.seed)
-    colors = dict(zip(sources, PALETTE))
-    with style():
-        figure = new_figure(1.05 * len(shown) + 0.9, COLUMN_WIDTH)
-        axes = figure.subplots(len(shown), 2, squeeze=False)
-        for row, key in enumerate(shown):
-            for col, form in enumerate(FORMS):
-                ax = axes[row, col]
-                part = frame[(frame["layer"] == key) & (frame["form"] == form)]
-                ref = part[part["source"] == "zoo"]
-                edges = np.append(ref["bin_left"].to_numpy(), ref["bin_right"].iloc[-1])
-                ax.stairs(ref["density"].to_numpy(), edges, fill=True, color="#bbbbbb", label="zoo")
-                for i, name in enumerate(sources):
-                    theirs = part[part["source"] == name]
-                    ax.stairs(theirs["density"].to_numpy(), edges, color=colors[name], linestyle="-" if i == 0 else "--",
-                              linewidth=0.8, label=name)
-                ax.set_xlim(edges[0], edges[-1])
-                ax.set_title(f"{key}, {form}")
-                ax.set_yticks([])
-                if row == len(shown) - 1:
-                    ax.set_xlabel("weight value")
-            axes[row, 0].set_ylabel("density")
-        handles, labels = axes[0, 0].get_legend_handles_labels()
-        figure.legend(handles, labels, loc="outside lower center", ncol=3)
-        title = "\n".join(textwrap.wrap(f"Zoo, HMC and the method closest to HMC ({exp.display_name})", 60))
-        figure.suptitle(title + ("" if len(shown) == len(keys) else f"\n({len(shown)} of {len(keys)} layers, all in the CSV)"))
-        return save_figure(figure, figures_dir(exp), NAME, frame)
+    lines = [(name, PALETTE[i], "-" if i == 0 else "--") for i, name in enumerate(sources)]
+    return draw_histograms(exp, frame, lines, shown, len(keys), NAME,
+                           f"Zoo, HMC and the method closest to HMC ({exp.display_name})")
 
 
 def draw_agreement(exp: Experiment, zoo: pd.DataFrame, hmc: pd.DataFrame) -> list[Path]:
