@@ -215,7 +215,7 @@ class NetworkPotential:
 class HMCSettings(KernelSettings, MethodSettings):
     """Full-batch HMC settings: the kernel's (``methods.hmc_kernel.KernelSettings``: trajectory
     length, warm-up, thinning, step-size adaptation, divergences and restarts, mass adaptation),
-    with the method's defaults for OptuNet-sized networks (``max_leapfrog_steps`` 48, ``warmup`` 60,
+    with the method's defaults for OptuNet-sized networks (``max_leapfrog_steps`` 32, ``warmup`` 50,
     ``thinning`` 2, no windowed mass adaptation: ``M^-1`` stays the Fisher guess at the start;
     conf/methods/hmc.yaml says why), and the method's own.
 
@@ -237,8 +237,8 @@ class HMCSettings(KernelSettings, MethodSettings):
     run (``NetworkPotential``'s ``implementation``: auto, packed, vmap, loop).
     """
 
-    max_leapfrog_steps: int = 48
-    warmup: int = 60
+    max_leapfrog_steps: int = 32
+    warmup: int = 50
     thinning: int = 2
     adapt_mass: bool = False
     start: str = "init"
@@ -248,8 +248,8 @@ class HMCSettings(KernelSettings, MethodSettings):
     save_every: int = 10
     forward: str = "auto"
     initial_mass: str = "fisher"
-    descent_steps: int = 1500
-    descent_lr: float = 0.02
+    descent_steps: int = 1000
+    descent_lr: float = 0.03
     start_min_accuracy: Optional[float] = 0.5
     start_attempts: int = 4
 
