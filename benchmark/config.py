@@ -86,6 +86,15 @@ class Precision(str, Enum):
     """``torch.autocast`` with float16 and a ``GradScaler`` (CUDA only)."""
 
 
+class ReferenceChoice(str, Enum):
+    """What the evaluate and report stages score against: the zoo (the paper's reference), or the
+    zoo and full-batch HMC's draws (``hmc``: ``metrics_hmc.csv``, ``table_hmc.md``, the HMC claims
+    of ``findings.md``, ``analysis=hmc``; needs ``method=hmc mode=multi`` in the store)."""
+
+    zoo = "zoo"
+    hmc = "hmc"
+
+
 class ZooRange(str, Enum):
     """Which seed ranges the zoo stage trains."""
 
@@ -395,6 +404,14 @@ class MarginalsConfig:
 
 
 @dataclass
+class HMCFigureConfig:
+    """``analysis=hmc`` (issue 19; drawn with ``reference=hmc``): the zoo, full-batch HMC and the
+    method closest to HMC per layer, and agreement with HMC against NS MMD to the zoo. No settings
+    of its own: its histograms take ``analyze.marginals``' bins, subsample and shown layers, so that
+    the two figures read alike."""
+
+
+@dataclass
 class AnalyzeConfig:
     """The analyses ``stage=analyze`` draws, in the paper's order, with their settings (one node
     each). Its fields are the analyses table: ``analysis=`` accepts their names and ``all``, and
@@ -405,6 +422,7 @@ class AnalyzeConfig:
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     permutation_frequency: PermutationFrequencyConfig = field(default_factory=PermutationFrequencyConfig)
     marginals: MarginalsConfig = field(default_factory=MarginalsConfig)
+    hmc: HMCFigureConfig = field(default_factory=HMCFigureConfig)
 
 
 ANALYSIS_NAMES = tuple(f.name for f in dataclasses.fields(AnalyzeConfig))
@@ -545,7 +563,8 @@ class Config:
     ``Precision``; channels_last null = on where precision auto would use autocast); ``threads``
     (torch threads per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead
     of one-line errors); ``method`` and ``mode`` (what the sample stage runs); ``analysis`` (what
-    the analyze stage draws); then the nodes typed above: ``seeds``, ``zoo``, ``sample``,
+    the analyze stage draws); ``reference`` (``ReferenceChoice``: what evaluate and report score
+    against, the zoo or also HMC); then the nodes typed above: ``seeds``, ``zoo``, ``sample``,
     ``evaluate``, ``analyze``, ``external``, ``verify``, ``claims`` (cross-node claims on units of
     work), ``dataset``, ``model``, ``train`` (the ``Recipe``), ``cluster``, ``methods`` (one node
     per registered method) and ``zoo_import`` (``stage=import``).
@@ -565,6 +584,7 @@ class Config:
     method: MethodChoice = MethodChoice["all"]
     mode: ModeChoice = ModeChoice.both
     analysis: Analysis = Analysis.all
+    reference: ReferenceChoice = ReferenceChoice.zoo
     seeds: SeedsConfig = field(default_factory=SeedsConfig)
     zoo: ZooConfig = field(default_factory=ZooConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)

@@ -3,6 +3,11 @@ its symmetry-free forms and its ensemble predictive, computed once and cached in
 ``store/<experiment>/reference/``, and the numbers of one repetition of a method scored
 against it. Shared by the evaluate stage and the analyses.
 
+The second reference, ``HMCReference`` (``reference=hmc``): the pooled draws of every chain of
+full-batch HMC's multi-mode units (``method=hmc mode=multi``, every repetition), scored with
+the same machinery (``Reference.score``: the same MMD, symmetries and predictive metrics, whose
+agreement and TV are then against HMC's predictive, as the NeurIPS 2021 competition scores).
+
 Every cache is keyed by exactly what it depends on (ARCHITECTURE.md, "Caches"): the checkpoint
 files it was made from (path, size, mtime), the settings that shape it, the code that computes
 it (``code_fingerprint`` of the modules named in ``CODE``: a fix in ``metrics/symmetries``
@@ -27,12 +32,15 @@ from tqdm.auto import tqdm
 from benchmark.core.fingerprint import code_fingerprint, stable_hash
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
-    CheckpointError, CheckpointFiles, SampleSetFile, StoreError, Unit, check_file, iter_checkpoint_batches,
+    CheckpointError, CheckpointFiles, SampleSetFile, SampleSetMetadata, StoreError, Unit, check_file, iter_checkpoint_batches,
     load_checkpoints_as_sample_set, load_sample_set, read_metadata, save_checkpoint, save_sample_set, unstack,
     validate_tensors,
 )
 from benchmark.experiment import Experiment
-from benchmark.inventory import corrupt_zoo_error, describe_store, pairing_problem, reference_seeds
+from benchmark.inventory import (
+    MissingInputsError, corrupt_zoo_error, describe_store, pairing_problem, reference_seeds, row_units,
+)
+from metrics.mcmc import predictive_convergence
 from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd, reference_bandwidths
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
@@ -48,6 +56,8 @@ CODE = {
     "numbers": ("benchmark.reference", "metrics.mmd", "metrics.predictive"),
 }
 """The modules whose code (and what it imports) computes each cache."""
+HMC_ROW = ("hmc", "multi")
+"""The rows whose draws, pooled over the repetitions, are the HMC reference."""
 
 
 def files_key(paths: list[Path]) -> list[tuple[str, int, int]]:
@@ -58,13 +68,12 @@ def files_key(paths: list[Path]) -> list[tuple[str, int, int]]:
 class Reference:
     """The reference zoo of ``exp`` with its cached forms (see the module docstring)."""
 
+    name = "zoo"
+    """Which reference this is (``reference=zoo|hmc``)."""
+
     def __init__(self, exp: Experiment) -> None:
         settings = exp.config.evaluate
-        self.exp = exp
-        self.steps = [step.value for step in settings.canonical_steps]
-        self.resampling = ReferenceResampling(count=settings.reference_resamples) if settings.reference_resamples else None
-        self.test = PermutationTestConfig(b1=settings.test_permutations, b2=settings.test_permutations) \
-            if settings.test_permutations else None
+        self._scoring(exp)
         self.seeds = reference_seeds(exp)
         if len(self.seeds) < 2:
             raise StoreError(
@@ -74,9 +83,6 @@ class Reference:
             )
         self.folder = exp.store.reference_dir
         self._checked: list[Path] | None = None
-        self._bandwidths: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
-        self.model = exp.model().to(exp.device)
-        self.spec = spec_for_model(exp.model())
         n_params = sum(math.prod(shape) for shape in exp.shapes().values())
         limit = float(settings.max_in_memory_gb)
         self.in_memory = len(self.seeds) * n_params * 4 <= limit * 2**30
@@ -84,6 +90,23 @@ class Reference:
         # WM MMD's anchor: the lowest converged reference seed (seed 002's code aligns to the first network).
         self.anchor_seed = self.seeds[0] if settings.weight_matching else None
         self._inputs = {"files": files_key(exp.store.checkpoint_paths(self.seeds)), "seeds": self.seeds}
+
+    def _scoring(self, exp: Experiment) -> None:
+        """What every reference scores with: the evaluate settings, the model and its symmetries."""
+        settings = exp.config.evaluate
+        self.exp = exp
+        self.steps = [step.value for step in settings.canonical_steps]
+        self.resampling = ReferenceResampling(count=settings.reference_resamples) if settings.reference_resamples else None
+        self.test = PermutationTestConfig(b1=settings.test_permutations, b2=settings.test_permutations) \
+            if settings.test_permutations else None
+        self._bandwidths: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
+        self.model = exp.model().to(exp.device)
+        self.spec = spec_for_model(exp.model())
+
+    @property
+    def size(self) -> int:
+        """The number of networks in the reference (metrics.csv's ``n_reference``)."""
+        return len(self.seeds)
 
     def key(self, cache: str) -> str:
         """The key of cache ``cache`` (a name of ``CODE``): the input files, the settings that shape
@@ -98,10 +121,14 @@ class Reference:
     def numbers_key(self, unit: Unit) -> str:
         """The key of the cached numbers of ``unit``: its two files, the reference's canonical and
         aligned keys, the evaluate settings, the scoring code."""
-        settings = self.exp.config.evaluate
         store = self.exp.store
+        return self.files_numbers_key([store.samples_path(unit), store.preds_path(unit)])
+
+    def files_numbers_key(self, paths: list[Path]) -> str:
+        """The key of the cached numbers of samples read from ``paths`` (see ``numbers_key``)."""
+        settings = self.exp.config.evaluate
         return stable_hash({
-            "files": files_key([store.samples_path(unit), store.preds_path(unit)]),
+            "files": files_key(paths), "against": self.name,
             "reference": [self.key(c) for c in ("zoo", "canonical", "aligned", "predictive")],
             "settings": {"resamples": settings.reference_resamples, "test": settings.test_permutations,
                          "weight_matching": self.anchor_seed, "steps": self.steps},
@@ -203,12 +230,14 @@ class Reference:
             self._bandwidths[form] = reference_bandwidths(zoo, device=self.exp.device)
         return self._bandwidths[form]
 
-    def mmd(self, samples_path: Path, samples: dict[str, torch.Tensor], full: bool) -> dict[str, float]:
+    def mmd(self, samples_path: Path | None, samples: dict[str, torch.Tensor], full: bool) -> dict[str, float]:
         """Raw and NS MMD of a method's samples: ``{mmd_median, ..., ns_mmd_max}``, and their
         medians with the bandwidths shared by every row (``mmd_shared_median``,
         ``ns_mmd_shared_median``; ``shared_bandwidths``); with ``full`` also the standard errors
         due to the reference (``<column>_ref_sd``, from its halves) and the fraction of layers
-        MMDAgg's test rejects (``mmd_reject``, ``ns_mmd_reject``)."""
+        MMDAgg's test rejects (``mmd_reject``, ``ns_mmd_reject``). ``samples_path``: the file
+        ``samples`` were read from (a streamed reference reads it again in column blocks; None
+        for a reference held in memory)."""
         options: dict[str, Any] = {"device": self.exp.device}
         if full:
             options |= {"resampling": self.resampling, "permutation_test": self.test}
@@ -265,7 +294,7 @@ class Reference:
             if got != self.exp.name:
                 raise StoreError(f"{path}: holds samples of experiment {got!r}, expected {self.exp.name!r}; "
                                  f"the store holds: {describe_store(self.exp)}")
-        reference_id = self.predictive()
+        self.predictive()  # a damaged reference stops here, not as a failed row
         try:
             mixed = pairing_problem(metas[samples_path], metas[preds_path], preds_path)
             if mixed is not None:
@@ -273,12 +302,120 @@ class Reference:
             samples = load_sample_set(samples_path)
             validate_tensors(samples, self.exp.model(), source=str(samples_path), leading=1)
             preds = load_sample_set(preds_path, ["id", "ood"])
-            numbers: dict[str, Any] = {"n_samples": int(next(iter(samples.values())).shape[0])}
-            numbers |= predictive_metrics(preds["id"], self.exp.test_tensors[1], preds["ood"], reference_id=reference_id)
+            predictive = self.predictive_numbers(samples, preds)
         except (CheckpointError, ValueError) as err:
             log.error("%s marked failed: %s", unit.label, err)
             return {"failed": str(err)}
-        return numbers | self.mmd(samples_path, samples, full=full)
+        return predictive | self.mmd(samples_path, samples, full=full)
+
+    def predictive_numbers(self, samples: dict[str, torch.Tensor], preds: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """``n_samples`` and the predictive metrics of ``preds`` (``{"id": [S, N, C], "ood": [S, M, C]}``,
+        the predictions of ``samples``), agreement and TV against this reference's predictive."""
+        numbers: dict[str, Any] = {"n_samples": int(next(iter(samples.values())).shape[0])}
+        return numbers | predictive_metrics(preds["id"], self.exp.test_tensors[1], preds["ood"],
+                                            reference_id=self.predictive())
+
+    def score_samples(self, samples: dict[str, torch.Tensor], preds: dict[str, torch.Tensor], full: bool
+                      ) -> dict[str, Any]:
+        """The numbers of an in-memory sample set and its predictions, as ``score`` gives those of a
+        stored unit (e.g. a block of zoo checkpoints scored against the HMC reference)."""
+        if not self.in_memory:
+            raise ValueError(f"score_samples: the {self.name} reference is streamed from disk; score stored units instead")
+        return self.predictive_numbers(samples, preds) | self.mmd(None, samples, full=full)
+
+
+def hmc_reference_problem(exp: Experiment) -> str | None:
+    """Why the store cannot give the HMC reference (a repetition of ``hmc``/``multi`` missing),
+    with the command that draws it; ``None`` when every repetition's files are there."""
+    store = exp.store
+    missing = [r for r in range(exp.config.sample.repetitions)
+               if not all(p.is_file() for p in store.unit_paths(store.sample_unit(*HMC_ROW, r)))]
+    if not missing:
+        return None
+    return (f"the HMC reference: repetitions {missing} of {'/'.join(HMC_ROW)} are not in {store.samples_dir}; run "
+            f"python -m benchmark stage=sample experiment={exp.name} method={HMC_ROW[0]} mode={HMC_ROW[1]} first "
+            "(make hmc runs it end to end)")
+
+
+class HMCReference(Reference):
+    """The HMC reference (``reference=hmc``): the draws of every chain of the units of ``HMC_ROW``
+    (one per repetition, each ``sample.modes_multi`` chains from independent starts), pooled, held
+    in memory (HMC runs only models without BatchNorm: OptuNet-sized), and their mean predictive
+    (from the units' stored predictions). ``exclude``: units left out of the pool, so that an HMC
+    repetition is scored against the other repetitions' chains, never against its own draws.
+    Its forms are computed in memory per run (no disk cache: a few hundred small networks)."""
+
+    name = "hmc"
+
+    def __init__(self, exp: Experiment, exclude: tuple[Unit, ...] = ()) -> None:
+        problem = hmc_reference_problem(exp)
+        if problem is not None:
+            raise MissingInputsError(f"reference=hmc needs {problem}")
+        self._scoring(exp)
+        self.units = [u for u in row_units(exp, *HMC_ROW) if u not in exclude]
+        if not self.units:
+            raise ValueError(f"reference=hmc: every unit of {'/'.join(HMC_ROW)} is excluded ({[u.label for u in exclude]})")
+        self.seeds = []
+        self.anchor_seed = None  # no WM columns against HMC: its draws have no anchor network
+        self.in_memory = True
+        self.folder = None
+        self._memory: dict[str, dict[str, torch.Tensor]] = {}
+        paths = [p for u in self.units for p in exp.store.unit_paths(u)]
+        self._inputs = {"files": files_key(paths), "units": [u.label for u in self.units]}
+
+    @property
+    def size(self) -> int:
+        """The number of pooled HMC draws."""
+        return int(next(iter(self.weights().values())).shape[0])
+
+    def _cached(self, name: str, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        if name not in self._memory:
+            self._memory[name] = build()
+        return self._memory[name]
+
+    def checked_paths(self) -> list[Path]:
+        raise ValueError("the HMC reference has no checkpoint files: its draws are sample sets (HMCReference.weights)")
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The pooled draws ``{key: [R, ...]}`` of the reference's units, in unit order."""
+        def build():
+            store, parts = self.exp.store, []
+            for unit in self.units:
+                path = store.samples_path(unit)
+                samples = load_sample_set(path)
+                validate_tensors(samples, self.exp.model(), source=str(path), leading=1)
+                parts.append(samples)
+            return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        return self._cached("zoo", build)
+
+    def chain_predictions(self) -> torch.Tensor:
+        """The stored test-split softmax outputs of every draw, grouped by chain ``[chains, draws, N, C]``
+        (each unit's draws are its chains' in base order, ``samples_per_base`` each)."""
+        store, groups = self.exp.store, []
+        for unit in self.units:
+            path = store.preds_path(unit)
+            meta = SampleSetMetadata.decode(read_metadata(path))
+            probs = load_sample_set(path, ["id"])["id"]
+            chains = len(meta.base_seeds or ()) or 1
+            groups.append(probs.reshape(chains, len(probs) // chains, *probs.shape[1:]))
+        lengths = {g.shape[1] for g in groups}
+        if len(lengths) != 1:
+            raise ValueError(f"reference=hmc: units with different draws per chain {sorted(lengths)}")
+        return torch.cat(groups)
+
+    def predictive(self) -> torch.Tensor:
+        """The mean predictive of the pooled draws on the ID test set ``[N, C]`` (float64)."""
+        return self._cached("predictive", lambda: {"id": self.chain_predictions().double().mean((0, 1))})["id"]
+
+    def convergence(self) -> dict[str, float]:
+        """The predictive R-hat of the pooled chains on the test split (``metrics.mcmc.predictive_convergence``:
+        ``rhat_loglik``, ``rhat_softmax_median``/``_max``, ``softmax_converged``), ``ess_loglik_min``
+        (the smallest per-chain ESS of the test log-likelihood), ``chains`` and ``draws_per_chain``."""
+        probs = self.chain_predictions()
+        report = predictive_convergence(probs, self.exp.test_tensors[1])
+        ess = report.pop("ess_loglik")
+        return {**{k: float(v) for k, v in report.items()}, "ess_loglik_min": float(ess.min()),
+                "chains": float(probs.shape[0]), "draws_per_chain": float(probs.shape[1])}
 
 
 def _chunks(items: list[int], size: int) -> list[list[int]]:

@@ -30,6 +30,11 @@ is whether that ranking depends on per-row bandwidths.
 unknown, e.g. an external sample set), its status, every measured column, ``<column>_ref_sd``
 for the MMD columns (the reference zoo's standard error from its halves; first repetition only,
 NaN elsewhere) and the test columns. The paired comparisons of the findings read it.
+
+``metrics_hmc.csv`` and ``repetitions_hmc.csv`` (``reference=hmc``): the same schemas, every row
+scored against full-batch HMC's draws instead of the zoo (``n_reference``: the pooled HMC draws;
+``agreement``/``tv``: against HMC's predictive; no WM columns), plus a ``zoo`` row: blocks of
+``sample.per_method`` reference checkpoints scored as a method would be (``metrics_path``).
 """
 from __future__ import annotations
 
@@ -53,6 +58,16 @@ MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mea
 METRIC_COLUMNS = ["acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv"]
 MEASURED = MMD_COLUMNS + METRIC_COLUMNS  # the columns that get an interval
 TEST_COLUMNS = ["mmd_reject", "ns_mmd_reject"]
+
+
+def metrics_path(results_dir: Path, reference: str = "zoo") -> Path:
+    """Where the rows scored against ``reference`` go: ``metrics.csv`` (the zoo) or ``metrics_<reference>.csv``."""
+    return Path(results_dir) / ("metrics.csv" if reference == "zoo" else f"metrics_{reference}.csv")
+
+
+def repetitions_path(results_dir: Path, reference: str = "zoo") -> Path:
+    """The per-repetition numbers beside ``metrics_path``: ``repetitions.csv`` or ``repetitions_<reference>.csv``."""
+    return Path(results_dir) / ("repetitions.csv" if reference == "zoo" else f"repetitions_{reference}.csv")
 
 
 def half_width(column: str) -> str:

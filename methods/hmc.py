@@ -29,9 +29,18 @@ Two ways to use it:
   A chain ``start_chains([seed], [base])`` run to ``n`` draws gives exactly the draws of
   ``fit(base, seed)`` then ``sample(n, torch.Generator().manual_seed(seed))``.
 
-Where a chain starts: ``start=init`` (default) an independent initialisation of the model factory
-under the chain's seed (the base network is not used); ``start=base`` the base network itself
-(one-mode = one chain started in the base's mode).
+Where a chain starts: ``start=init`` (default) an initialisation of the model factory under a
+seed of its own (``init_seed``: never a zoo seed, so the chain shares neither weights nor an
+initialisation with any zoo network, the base network included, which is not used), moved
+towards the posterior's bulk by ``descent_steps`` of full-batch Adam on the potential (part of
+the warm-up: nothing is kept from it; HMC itself descends from a random initialisation
+hundreds of times slower, its steps held small by the energy it sheds); a start whose training
+accuracy is then below ``start_min_accuracy`` (a network with dead units, in a region of
+negligible posterior mass that no chain leaves in practice: the zoo's convergence rule refuses
+such networks too) is drawn again from the next initialisation seed, up to ``start_attempts``
+times. ``start=base``: the base network itself (no descent: it is trained already), so a
+one-mode chain explores the base's mode. ``M^-1`` starts at the inverse of the curvature at the
+start (``initial_mass=fisher``).
 """
 from __future__ import annotations
 
@@ -47,11 +56,12 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
+from torch.func import functional_call, jacrev, vmap
+from tqdm.auto import tqdm
 
 from benchmark.core.models import predict_with_weights
 from benchmark.core.settings import require
-from benchmark.core.store import CheckpointError, SampleSet, Unit
+from benchmark.core.store import MAX_SEED, CheckpointError, SampleSet, Unit
 from benchmark.core.training import seeded
 from benchmark.core.training.stacked import NotStackableError, VmapNetworks, stacked_networks
 from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod, ResumableChains
@@ -60,6 +70,11 @@ from methods.hmc_kernel import DIVERGED, SAMPLING, ChainState, KernelSettings, S
 log = logging.getLogger(__name__)
 STARTS = ("init", "base")
 FORWARDS = ("auto", "packed", "vmap", "loop")
+INITIAL_MASSES = ("identity", "fisher")
+INIT_SEEDS = 10_000_000
+"""``start=init``: attempt ``a`` of chain ``seed`` initialises under ``INIT_SEEDS + a x (MAX_SEED + 1) + seed``
+(``init_seed``), above every zoo seed (at most ``MAX_SEED``)."""
+FISHER_CHUNK = 256  # images per batched Jacobian in NetworkPotential.fisher_diagonal
 
 
 def stochastic_layers(model: nn.Module) -> list[str]:
@@ -157,6 +172,33 @@ class NetworkPotential:
             self._batches = {lanes: self.net.batch(self.net.source(self.images, self.device), index, None, 0, 0.0)}
         return self.net.forward(params, self._batches[lanes])
 
+    def fisher_diagonal(self, q: torch.Tensor) -> torch.Tensor:
+        """The diagonal of the Fisher information of the likelihood at each chain's weights ``q [C, D]``:
+        ``sum_i sum_c p_ic (d log p_ic / dq)^2`` over the N images and the classes (exactly, not
+        sampled: the Gauss-Newton diagonal of the summed cross-entropy), ``[C, D]``, divided by the
+        temperature. With the prior precision added it is a diagonal guess of the potential's
+        curvature, hence of ``M^-1``'s inverse (``HMCSettings.initial_mass``)."""
+        out = []
+        for row in q.detach():
+            params = dict(zip(self.keys, (v.reshape(s) for v, s in zip(row.split(self.sizes), self.shapes))))
+
+            def log_probs(p, image):
+                return torch.log_softmax(functional_call(self.model, {**p, **self.buffers}, (image[None],))[0], -1)
+
+            total = torch.zeros(self.dimension, dtype=torch.float64, device=self.device)
+            for first in range(0, len(self.images), FISHER_CHUNK):
+                images = self.images[first : first + FISHER_CHUNK]
+                jacobian = vmap(jacrev(log_probs), in_dims=(None, 0))(params, images)  # key -> [B, classes, *shape]
+                flat = torch.cat([jacobian[k].reshape(len(images), jacobian[k].shape[1], -1) for k in self.keys], -1)
+                probs = vmap(log_probs, in_dims=(None, 0))(params, images).exp()
+                total += (probs[:, :, None].double() * flat.double() ** 2).sum((0, 1))
+            out.append(total / self.temperature)
+        return torch.stack(out).to(q.dtype)
+
+    def curvature_inverse_mass(self, q: torch.Tensor) -> torch.Tensor:
+        """``M^-1 [C, D]`` guessed from the curvature at ``q [C, D]``: ``1 / (Fisher diagonal + prior precision / T)``."""
+        return 1.0 / (self.fisher_diagonal(q) + self.prior_precision / self.temperature)
+
     def __call__(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(U [C], dU/dq [C, D])`` at ``q [C, D]``."""
         with torch.enable_grad():
@@ -173,28 +215,53 @@ class NetworkPotential:
 class HMCSettings(KernelSettings, MethodSettings):
     """Full-batch HMC settings: the kernel's (``methods.hmc_kernel.KernelSettings``: trajectory
     length, warm-up, thinning, step-size adaptation, divergences and restarts, mass adaptation),
-    with ``max_leapfrog_steps`` 16 by default (an uncapped early warm-up costs ~200 steps per
-    iteration; conf/methods/hmc.yaml), and the method's own.
+    with the method's defaults for OptuNet-sized networks (``max_leapfrog_steps`` 32, ``warmup`` 50,
+    ``thinning`` 2, no windowed mass adaptation: ``M^-1`` stays the Fisher guess at the start;
+    conf/methods/hmc.yaml says why), and the method's own.
 
     ``start``: ``init`` (an independent initialisation of the model factory under the chain's seed)
     or ``base`` (the base network); ``temperature``: T of ``p(w | D)^(1/T)``;
     ``weight_decay``: the prior precision per example (null = the recipe's; precision N x it);
+    ``descent_steps``, ``descent_lr``: ``start=init``'s full-batch Adam steps on the mean potential
+    ``U / N`` before the warm-up, its learning rate cosine-decayed from ``descent_lr`` to 0 (0
+    steps: none); ``start_min_accuracy``: a ``start=init`` start whose accuracy on the training
+    split after the descent is below it is drawn again (null: every start is kept);
+    ``start_attempts``: initialisations a chain tries before it stops with ``MethodFitError``;
+    ``initial_mass``: where ``M^-1`` starts before its warm-up adaptation: ``identity``, or
+    ``fisher``, the inverse of the curvature guessed at the chain's start (the likelihood's Fisher
+    diagonal plus the prior precision: ``NetworkPotential.curvature_inverse_mass``), so that the
+    first warm-up iterations move every weight on its own scale;
     ``chains_at_once``: chains stacked in one pass by ``run_chains`` (the CPU kernels run 16
     networks per vector; more costs proportionally); ``save_every``: iterations between saved
     chain states in ``run_chains`` with a ``state_dir``; ``forward``: how the chains' forward passes
     run (``NetworkPotential``'s ``implementation``: auto, packed, vmap, loop).
     """
 
-    max_leapfrog_steps: int = 16
+    max_leapfrog_steps: int = 32
+    warmup: int = 50
+    thinning: int = 2
+    adapt_mass: bool = False
     start: str = "init"
     temperature: float = 1.0
     weight_decay: Optional[float] = None
     chains_at_once: int = 16
     save_every: int = 10
     forward: str = "auto"
+    initial_mass: str = "fisher"
+    descent_steps: int = 1000
+    descent_lr: float = 0.03
+    start_min_accuracy: Optional[float] = 0.5
+    start_attempts: int = 4
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the kernel's own range checks
+        require(self.initial_mass in INITIAL_MASSES, "initial_mass", self.initial_mass,
+                f"one of {', '.join(INITIAL_MASSES)}")
+        require(self.descent_steps >= 0, "descent_steps", self.descent_steps, "an integer >= 0 (0 = no descent)")
+        require(math.isfinite(self.descent_lr) and self.descent_lr > 0, "descent_lr", self.descent_lr, "a positive number")
+        require(self.start_min_accuracy is None or 0 <= self.start_min_accuracy < 1, "start_min_accuracy",
+                self.start_min_accuracy, "a fraction in [0, 1) or null (keep every start)")
+        require(self.start_attempts >= 1, "start_attempts", self.start_attempts, "a positive integer")
         require(self.forward in FORWARDS, "forward", self.forward, f"one of {', '.join(FORWARDS)}")
         require(self.start in STARTS, "start", self.start, f"one of {', '.join(STARTS)}")
         require(math.isfinite(self.temperature) and self.temperature > 0, "temperature", self.temperature,
@@ -219,6 +286,11 @@ def sampling_seed(seed: int) -> int:
     """The seed of a chain's sampling phase: the first draw of ``torch.Generator().manual_seed(seed)``,
     as ``HMCMethod.sample`` takes it from the generator the sample stage seeds with the base seed."""
     return int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(seed)))
+
+
+def init_seed(seed: int, attempt: int = 0) -> int:
+    """The seed of attempt ``attempt`` at initialising chain ``seed`` (``start=init``; see ``INIT_SEEDS``)."""
+    return INIT_SEEDS + attempt * (MAX_SEED + 1) + int(seed)
 
 
 class ChainsInterrupted(RuntimeError):
@@ -283,9 +355,9 @@ class HMCMethod(ResumableChains, PosteriorMethod):
                    "layout": list(zip(self.potential.keys, self.potential.shapes))}
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-    def chain_start(self, seed: int, base: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Where chain ``seed`` starts ``[D]``: the base (``start=base``) or the model factory's
-        initialisation under ``seed`` (``start=init``)."""
+    def chain_start(self, seed: int, base: Mapping[str, torch.Tensor] | None = None, attempt: int = 0) -> torch.Tensor:
+        """Where chain ``seed`` starts ``[D]``, before any descent: the base (``start=base``) or the
+        model factory's initialisation under ``init_seed(seed, attempt)`` (``start=init``)."""
         if self.settings.start == "base":
             if base is None:
                 raise ValueError("method=hmc start=base: a chain needs its base network")
@@ -293,20 +365,90 @@ class HMCMethod(ResumableChains, PosteriorMethod):
             if missing:
                 raise ValueError(f"method=hmc: the base network lacks the parameters {missing}")
             return self.potential.flatten(base)
-        with seeded(seed):
+        with seeded(init_seed(seed, attempt)):
             model = self.new_model()
         return self.potential.flatten(model.state_dict())
+
+    def descend(self, q: torch.Tensor, progress: bool = False) -> torch.Tensor:
+        """``q [C, D]`` after ``descent_steps`` of full-batch Adam on each row's mean potential ``U / N``
+        (learning rate cosine-decayed from ``descent_lr`` to 0); every row on its own (Adam is
+        elementwise and the potential is per row), so a row's result does not depend on the others."""
+        steps = self.settings.descent_steps
+        if steps == 0:
+            return q
+        n = len(self.potential.labels)
+        q = q.detach().clone().requires_grad_()
+        optimizer = torch.optim.Adam([q], lr=self.settings.descent_lr)
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+        for _ in tqdm(range(steps), desc=f"hmc descent of {len(q)} start(s)", unit="step", dynamic_ncols=True,
+                      disable=not progress):
+            _, gradient = self.potential(q.detach())
+            q.grad = gradient / n
+            optimizer.step()
+            schedule.step()
+        return q.detach()
+
+    def train_accuracy(self, q: torch.Tensor) -> torch.Tensor:
+        """Accuracy ``[C]`` on the (un-augmented) training split of the networks ``q [C, D]``."""
+        with torch.no_grad():
+            logits = self.potential._logits(q.detach())
+        return (logits.argmax(-1) == self.potential.labels).double().mean(-1)
+
+    def chain_starts(self, seeds: Sequence[int], bases: Sequence[Mapping[str, torch.Tensor] | None],
+                     progress: bool = False) -> list[tuple[torch.Tensor, dict[str, int]]]:
+        """``(start [D], origin)`` of each chain (``{"base": seed}``, or ``{"init_seed": ..., "attempt": ...}``):
+        ``start=base`` the base; ``start=init``
+        the first of attempts 0, 1, ... (``init_seed``) whose descended start reaches
+        ``start_min_accuracy`` on the training split, two attempts per chain descended at once
+        (each row on its own: a chain's start does not depend on the others). ``MethodFitError``
+        naming the chain when all ``start_attempts`` fail."""
+        s = self.settings
+        if s.start == "base":
+            return [(self.chain_start(seed, base), {"base": int(seed)}) for seed, base in zip(seeds, bases)]
+        found: dict[int, tuple[torch.Tensor, dict[str, int]]] = {}
+        next_attempt = {i: 0 for i in range(len(seeds))}
+        while next_attempt:
+            rows = [(i, a) for i, first in next_attempt.items() for a in (first, first + 1) if a < s.start_attempts]
+            q = self.descend(torch.stack([self.chain_start(seeds[i], attempt=a) for i, a in rows]), progress)
+            accuracy = self.train_accuracy(q) if s.start_min_accuracy is not None else torch.ones(len(rows))
+            for (i, a), start, acc in zip(rows, q, accuracy.tolist()):
+                if i not in found and i in next_attempt and acc >= (s.start_min_accuracy or 0.0):
+                    found[i] = (start, {"init_seed": init_seed(seeds[i], a), "attempt": a})
+                    del next_attempt[i]
+                elif i in next_attempt:
+                    log.info("method=hmc chain %s: initialisation %d reaches %.1f%% training accuracy after the descent, "
+                             "below start_min_accuracy; trying the next", chain_name(seeds[i]), init_seed(seeds[i], a),
+                             100 * acc)
+            for i in list(next_attempt):
+                next_attempt[i] += 2
+                if next_attempt[i] >= s.start_attempts:
+                    raise MethodFitError(
+                        f"method=hmc chain {chain_name(seeds[i])}: none of its {s.start_attempts} initialisations reached "
+                        f"{s.start_min_accuracy:.0%} training accuracy after {s.descent_steps} descent steps (raise "
+                        "methods.hmc.start_attempts or descent_steps, or lower start_min_accuracy)")
+        return [found[i] for i in range(len(seeds))]
 
     # -- many chains at once -------------------------------------------------------------------
     def start_chains(self, seeds: Sequence[int], bases: Sequence[Mapping[str, torch.Tensor] | None] | None = None
                      ) -> list[ChainState]:
-        """New chains ``seed_<seed>`` (six digits), one per seed, each started by ``chain_start(seed, base)``,
-        with its random stream seeded by the seed (the sampling phase by ``sampling_seed(seed)``)."""
+        """New chains ``seed_<seed>`` (six digits), one per seed, each started where ``chain_starts``
+        says (recorded as the chain's ``origin``), its ``M^-1`` from ``initial_mass``, its random
+        stream seeded by the seed (the sampling phase by ``sampling_seed(seed)``)."""
         bases = [None] * len(seeds) if bases is None else list(bases)
         if len(bases) != len(seeds):
             raise ValueError(f"method=hmc: {len(seeds)} seeds but {len(bases)} bases")
-        return [new_chain(chain_name(seed), self.chain_start(seed, base), seed, sampling_seed(seed))
-                for seed, base in zip(seeds, bases)]
+        if not seeds:
+            return []
+        starts = self.chain_starts(seeds, bases)
+        masses = [None] * len(seeds)
+        if self.settings.initial_mass == "fisher":  # row by row: independent of the other chains
+            masses = list(self.potential.curvature_inverse_mass(torch.stack([start for start, _ in starts])))
+        chains = []
+        for seed, (start, origin), mass in zip(seeds, starts, masses):
+            chain = new_chain(chain_name(seed), start, seed, sampling_seed(seed), mass)
+            chain.origin = origin
+            chains.append(chain)
+        return chains
 
     def run_chains(self, chains: Sequence[ChainState], draws: int, *, state_dir: str | os.PathLike | None = None,
                    progress: bool = True, restart_stale: bool = False,
@@ -328,6 +470,8 @@ class HMCMethod(ResumableChains, PosteriorMethod):
             chain = saved or chain
             chain.tag = tag
             states.append(chain)
+            if directory is not None and saved is None:  # its start (the descent) is kept from now on
+                chain.save(directory / f"{chain.name}.safetensors")
         kernel, size = self.kernel(), self.settings.chains_at_once
         for first in range(0, len(states), size):
             group = states[first : first + size]
@@ -390,14 +534,29 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         """``run_chains`` of the chains of bases ``seeds`` (started as ``start_chains`` does; the
         bases are loaded only with ``start=base``), saved in ``directory``; False if stopped."""
         Path(directory).mkdir(parents=True, exist_ok=True)
-        bases = [load_base(seed) if self.settings.start == "base" else None for seed in seeds]
         try:
-            self.run_chains(self.start_chains(seeds, bases), draws, state_dir=directory, restart_stale=True,
-                            should_stop=should_stop)
+            self.run_chains(self.resumed_or_started(directory, seeds, load_base), draws, state_dir=directory,
+                            restart_stale=True, should_stop=should_stop)
         except ChainsInterrupted as err:
             log.warning("%s", err)
             return False
         return True
+
+    def resumed_or_started(self, directory: Path, seeds: Sequence[int],
+                           load_base: Callable[[int], Mapping[str, torch.Tensor] | None]) -> list[ChainState]:
+        """The chains of ``seeds``: each one's saved state in ``directory`` when it is usable (the
+        current settings, readable), else a new chain (``start_chains``; a stale or damaged state is
+        logged and removed), so that a resumed run does not redo the starts' descent."""
+        tag, saved = self.fingerprint(), {}
+        for seed in seeds:
+            path = Path(directory) / f"{chain_name(seed)}.safetensors"
+            state = self._saved_state(path, tag, restart_stale=True) if path.exists() else None
+            if state is not None:
+                saved[seed] = state
+        fresh = [s for s in seeds if s not in saved]
+        bases = [load_base(s) if self.settings.start == "base" else None for s in fresh]
+        started = dict(zip(fresh, self.start_chains(fresh, bases)))
+        return [saved.get(s) or started[s] for s in seeds]
 
     def use_chain_states(self, directory: Path | None) -> None:
         """``fit(base, seed)`` then ``sample(n, Generator().manual_seed(seed))`` resume (or run and
@@ -426,9 +585,15 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         self._pending = (seed, base)
         if self._state_dir is not None:
             return
-        chain = new_chain(chain_name(seed), self.chain_start(seed, base), seed)
+        chain = self._unseeded_chain(seed, base)
         self.kernel().run([chain], 0, warmup_only=True, description=f"hmc warm-up seed {seed}")
         self._warm = chain
+
+    def _unseeded_chain(self, seed: int, base: Mapping[str, torch.Tensor] | None) -> ChainState:
+        """The chain ``start_chains`` makes for ``seed``, without its sampling phase's seed (set by ``_continue``)."""
+        chain = self.start_chains([seed], [base])[0]
+        chain.sampling_seed = None
+        return chain
 
     def _continue(self, n: int, generator: torch.Generator) -> ChainState:
         """The warmed-up chain continued to ``n`` draws, its sampling stream seeded from ``generator``."""
@@ -441,11 +606,12 @@ class HMCMethod(ResumableChains, PosteriorMethod):
             return self._cache[2]
         chain_seed, base = self._pending
         if self._state_dir is not None and seed == sampling_seed(chain_seed):  # the saved chain is this one
-            chain = self.run_chains(self.start_chains([chain_seed], [base]), n, state_dir=self._state_dir,
-                                    progress=False, restart_stale=True)[0]
+            self._state_dir.mkdir(parents=True, exist_ok=True)
+            chains = self.resumed_or_started(self._state_dir, [chain_seed], lambda _: base)
+            chain = self.run_chains(chains, n, state_dir=self._state_dir, progress=False, restart_stale=True)[0]
         else:
             if self._warm is None:
-                self._warm = new_chain(chain_name(chain_seed), self.chain_start(chain_seed, base), chain_seed)
+                self._warm = self._unseeded_chain(chain_seed, base)
                 self.kernel().run([self._warm], 0, warmup_only=True, description=f"hmc warm-up seed {chain_seed}")
             chain = self._warm.copy()
             chain.sampling_seed = seed
@@ -472,8 +638,8 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         return predict_with_weights(self._template(), self.chain_samples(chain), images)
 
     def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-        """Of the last sampled chain: ``step_size``, ``accept_prob`` (mean Metropolis probability over
-        the sampling iterations), ``leapfrog_per_draw`` (all its leapfrog steps, warm-up and restarts
+        """Of the last sampled chain: ``start_attempts`` (initialisations tried), ``step_size``,
+        ``accept_prob`` (mean Metropolis probability over the sampling iterations), ``leapfrog_per_draw`` (all its leapfrog steps, warm-up and restarts
         included, per kept draw: the cost), ``warmup_divergences``, ``divergences`` (after warm-up)
         and ``restarts``. The predictive R-hat and ESS come from the stored predictions
         (``metrics.mcmc``), not from here: methods do not import metrics."""
@@ -481,7 +647,8 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         if chain is None:
             return {}
         summary = chain.summary()
-        return {"step_size": summary["step_size"], "accept_prob": summary["accept_prob"],
+        return {"start_attempts": float(summary["origin"].get("attempt", 0) + 1),
+                "step_size": summary["step_size"], "accept_prob": summary["accept_prob"],
                 "leapfrog_per_draw": summary["n_leapfrog"] / max(1, summary["kept"]),
                 "warmup_divergences": float(summary["warmup_divergences"]),
                 "divergences": float(len(summary["divergences"])), "restarts": float(summary["restarts"])}

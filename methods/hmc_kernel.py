@@ -5,8 +5,9 @@ thinning, divergence handling, and a per-chain state that can be saved and resum
 Each iteration of a chain is one HMC transition (Neal 2011) with a diagonal mass matrix ``M``:
 momenta ``p ~ N(0, M)``, ``L = ceil(trajectory_length / step)`` leapfrog steps (at most
 ``max_leapfrog_steps``), accepted with probability ``min(1, exp(H_0 - H_L))``, ``H = U(q) + p' M^-1 p / 2``.
-``M^-1`` is the identity, or (``adapt_mass``) each coordinate's posterior variance estimated during
-warm-up, as Stan does, so that ``trajectory_length`` is in units of the posterior's own scales. The chains share the leapfrog
+``M^-1`` starts from a chain's ``initial_inverse_mass`` (the identity unless the caller gives a
+guess, e.g. the inverse of the likelihood's Fisher diagonal plus the prior precision) and
+(``adapt_mass``) becomes each coordinate's posterior variance estimated during warm-up, as Stan does, so that ``trajectory_length`` is in units of the posterior's own scales. The chains share the leapfrog
 loop (one call of the potential per step for all of them) but nothing else: every chain has its
 own step size, its own number of steps (a chain whose trajectory is over, or has diverged, is
 frozen while the others finish), its own random stream (``torch.Generator``) and its own
@@ -19,7 +20,8 @@ averaging towards ``target_accept`` (Hoffman & Gelman 2014; Pyro's ``DualAveragi
 constants). With ``adapt_mass``, after an initial buffer (15% of the warm-up, at most 75
 iterations) the positions are accumulated (Welford) in windows that double in length (the first
 25, or 75% of the warm-up when it is short), up to a terminal buffer (10%, at most 50); at the end
-of each window ``M^-1`` becomes the regularised variance ``n/(n+5) var + 1e-3 x 5/(n+5)`` and the
+of each window ``M^-1`` becomes the regularised variance ``n/(n+5) var + 1e-3 x 5/(n+5) x M0^-1`` (Stan's,
+with its identity replaced by the chain's initial ``M0^-1``) and the
 step search and dual averaging start again. The sampling phase uses the averaged step. Divergence: a trajectory whose energy error
 ``H_s - H_0`` exceeds ``divergence_threshold`` at any step (or becomes NaN) is stopped and
 rejected. In warm-up that is part of the adaptation (counted); in the sampling phase it is
@@ -51,7 +53,7 @@ Potential = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 WARMUP, SAMPLING, DIVERGED = "warmup", "sampling", "diverged"
 FIND_THRESHOLD = math.log(0.8)  # the initial step search aims at one step's acceptance 0.8 (Pyro's)
 MIN_STEP, MAX_STEP = 1e-10, 1e10  # Pyro's bounds on the step size (a chain that rejects everything stays finite)
-FORMAT = 1  # version of the saved chain-state layout
+FORMAT = 2  # version of the saved chain-state layout (2: initial_inverse_mass)
 
 
 @dataclass
@@ -138,7 +140,9 @@ class ChainState:
     ``divergences``: one record per sampling-phase divergence; ``restarts``; ``tag``: what the
     chain was run for (a fingerprint of settings and data that a resumed run checks);
     ``inverse_mass [D]``: the diagonal of ``M^-1``; ``welford``: the running count, mean and sum of
-    squared deviations of the positions in the current mass-adaptation window.
+    squared deviations of the positions in the current mass-adaptation window;
+    ``initial_inverse_mass [D]``: where ``M^-1`` starts (and restarts after a divergence);
+    ``origin``: where the caller says the start came from (e.g. ``{"init_seed": ...}``), for the record.
     """
 
     name: str
@@ -164,12 +168,16 @@ class ChainState:
     tag: str = ""
     inverse_mass: torch.Tensor = None  # type: ignore[assignment]
     welford: dict[str, torch.Tensor] = field(default_factory=dict)
+    initial_inverse_mass: torch.Tensor = None  # type: ignore[assignment]
+    origin: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.draws is None:
             self.draws = self.position.new_empty(0, self.position.numel())
+        if self.initial_inverse_mass is None:
+            self.initial_inverse_mass = torch.ones_like(self.position)
         if self.inverse_mass is None:
-            self.inverse_mass = torch.ones_like(self.position)
+            self.inverse_mass = self.initial_inverse_mass.clone()
 
     @property
     def dimension(self) -> int:
@@ -185,6 +193,7 @@ class ChainState:
             self.step_cap, dict(self.adaptation), self.draws.clone(), list(self.accept_probs), list(self.energies),
             self.accepted, self.n_leapfrog, self.warmup_divergences, [dict(d) for d in self.divergences], self.restarts,
             self.tag, self.inverse_mass.clone(), {k: v.clone() for k, v in self.welford.items()},
+            self.initial_inverse_mass.clone(), dict(self.origin),
         )
 
     def summary(self) -> dict[str, Any]:
@@ -196,7 +205,7 @@ class ChainState:
             "sampling_iterations": n, "accept_prob": sum(self.accept_probs) / n if n else math.nan,
             "accepted_fraction": self.accepted / n if n else math.nan, "n_leapfrog": self.n_leapfrog,
             "warmup_divergences": self.warmup_divergences, "divergences": [dict(d) for d in self.divergences],
-            "restarts": self.restarts,
+            "restarts": self.restarts, "origin": dict(self.origin),
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -209,10 +218,12 @@ class ChainState:
         if self.gradient is not None:
             tensors["gradient"] = self.gradient
         tensors["inverse_mass"] = self.inverse_mass
+        tensors["initial_inverse_mass"] = self.initial_inverse_mass
         tensors |= {f"welford.{k}": v for k, v in self.welford.items()}
         scalars = {key: getattr(self, key) for key in ("name", "sampling_seed", "potential", "phase", "iteration",
                                                           "step_size", "step_cap", "adaptation", "accepted", "n_leapfrog",
-                                                          "warmup_divergences", "divergences", "restarts", "tag")}
+                                                          "warmup_divergences", "divergences", "restarts", "tag",
+                                                          "origin")}
         write_safetensors(path, {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
                           {"chain_state": json.dumps(scalars), "chain_format": str(FORMAT)})
 
@@ -235,14 +246,19 @@ class ChainState:
             tensors["accept_probs"].tolist(), tensors["energies"].tolist(), scalars["accepted"], scalars["n_leapfrog"],
             scalars["warmup_divergences"], scalars["divergences"], scalars["restarts"], scalars["tag"],
             on("inverse_mass"), {k.removeprefix("welford."): on(k) for k in tensors if k.startswith("welford.")},
+            on("initial_inverse_mass"), scalars["origin"],
         )
 
 
-def new_chain(name: str, start: torch.Tensor, seed: int, sampling_seed: Optional[int] = None) -> ChainState:
+def new_chain(name: str, start: torch.Tensor, seed: int, sampling_seed: Optional[int] = None,
+              inverse_mass: Optional[torch.Tensor] = None) -> ChainState:
     """A chain at ``start [D]`` whose random stream is seeded with ``seed`` (and reseeded with
-    ``sampling_seed`` when it enters the sampling phase, if given)."""
+    ``sampling_seed`` when it enters the sampling phase, if given), its ``M^-1`` starting at
+    ``inverse_mass [D]`` (None: the identity)."""
     start = start.detach().reshape(-1).clone()
-    return ChainState(name, start, start.clone(), torch.Generator().manual_seed(seed), sampling_seed)
+    initial = None if inverse_mass is None else inverse_mass.detach().reshape(-1).to(start).clone()
+    return ChainState(name, start, start.clone(), torch.Generator().manual_seed(seed), sampling_seed,
+                      initial_inverse_mass=initial)
 
 
 def _bounded(step: float, cap: float) -> float:
@@ -425,7 +441,8 @@ class StackedHMC:
             if done == end:
                 n = float(w["count"])
                 variance = w["m2"] / max(n - 1, 1)
-                chain.inverse_mass = ((n / (n + 5)) * variance + 1e-3 * (5 / (n + 5))).to(chain.position.dtype)
+                shrink = 1e-3 * (5 / (n + 5)) * chain.initial_inverse_mass.double()
+                chain.inverse_mass = ((n / (n + 5)) * variance + shrink).to(chain.position.dtype)
                 chain.welford, chain.adaptation = {}, {}  # the step search and dual averaging start again
             return
 
@@ -442,7 +459,7 @@ class StackedHMC:
         chain.step_cap = chain.step_size * s.restart_step_factor
         chain.position, chain.potential, chain.gradient = chain.start.clone(), None, None
         chain.phase, chain.iteration, chain.step_size, chain.adaptation = WARMUP, 0, math.nan, {}
-        chain.inverse_mass, chain.welford = torch.ones_like(chain.position), {}
+        chain.inverse_mass, chain.welford = chain.initial_inverse_mass.clone(), {}
         chain.draws = chain.draws[:0]
         chain.accept_probs, chain.energies, chain.accepted = [], [], 0
 

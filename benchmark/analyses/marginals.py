@@ -110,23 +110,35 @@ class ZooLayers:
         yield from itertools.islice(iter_layer_column_chunks(self.paths[form], key, per_unit), count)
 
 
+class Layers:
+    """The layers the marginals compare (the weights of the symmetry spec's ``mass_keys``), their
+    entry counts, and the fixed subsample of a layer's entries that its histograms and KS tests use."""
+
+    def __init__(self, exp: Experiment) -> None:
+        self.settings = exp.config.analyze.marginals
+        self.spec = spec_for_model(exp.model())
+        self.steps = [s.value for s in exp.config.evaluate.canonical_steps]
+        self.keys = list(self.spec.mass_keys)
+        shapes = exp.shapes()
+        self.entries = {key: math.prod(shapes[key]) for key in self.keys}
+
+    def values(self, blocks, samples: int, key: str) -> np.ndarray:
+        """The subsampled entries of layer ``key`` of ``samples`` networks given as column blocks: the
+        same positions for every source of one size (seeded by the layer's position alone)."""
+        indices = subsample_indices(samples, self.entries[key], self.settings.max_values,
+                                    (self.settings.seed, self.keys.index(key)))
+        return gather(blocks, indices)
+
+
 def run(exp: Experiment) -> list[Path]:
     """KS statistics zoo vs each method per layer and form, the zoo's unit-vs-unit check, the mode
     count, and the two figures (marginals, KS heatmap)."""
     require_reference(exp, NAME)
     rows = require_samples(exp, NAME)
-    settings = exp.config.analyze.marginals
-    spec = spec_for_model(exp.model())
-    steps = [s.value for s in exp.config.evaluate.canonical_steps]
-    keys = list(spec.mass_keys)
-    shapes = exp.shapes()
-    entries = {key: math.prod(shapes[key]) for key in keys}
+    layers = Layers(exp)
+    settings, spec, steps, keys, entries, values = (layers.settings, layers.spec, layers.steps, layers.keys,
+                                                    layers.entries, layers.values)
     zoo = ZooLayers(exp)
-
-    def values(blocks, samples: int, key: str) -> np.ndarray:
-        # the same positions for every source of one size: seeded by the layer's position alone
-        indices = subsample_indices(samples, entries[key], settings.max_values, (settings.seed, keys.index(key)))
-        return gather(blocks, indices)
 
     zoo_values, edges, histograms = {}, {}, []
     for form in FORMS:
@@ -243,9 +255,19 @@ def draw_marginals(exp, frame: pd.DataFrame, rows: list[tuple[str, str]], shown:
     method's (lines; solid one-mode, dashed multi-mode), drawn from the histograms of ``frame``,
     which the CSV keeps for every layer."""
     colors = {method: PALETTE[i % len(PALETTE)] for i, method in enumerate(dict.fromkeys(m for m, _ in rows))}
+    lines = [(_label(method, mode), colors[method], "-" if mode == "one" else "--") for method, mode in rows]
+    return draw_histograms(exp, frame, lines, shown, total, NAME,
+                           f"Marginal weight distributions per layer ({exp.display_name})")
+
+
+def draw_histograms(exp, frame: pd.DataFrame, lines: list[tuple[str, str, str]], shown: list[str], total: int,
+                    name: str, title: str) -> list[Path]:
+    """Figure ``name``: per shown layer (rows) and form (columns) the zoo's histogram (grey) and one
+    line per ``(source, colour, line style)`` of ``lines``, drawn from the histograms of ``frame``
+    (``histogram``'s rows: the CSV keeps every layer); ``title`` above (wrapped)."""
     # Two legend columns fit the column width for labels of up to ~26 characters at the legend's font size.
-    columns = 2 if max((len(_label(m, mode)) for m, mode in rows), default=0) <= 26 else 1
-    legend_rows = math.ceil((len(rows) + 1) / columns)
+    columns = 2 if max((len(source) for source, _, _ in lines), default=0) <= 26 else 1
+    legend_rows = math.ceil((len(lines) + 1) / columns)
     with style():
         figure = new_figure(1.05 * len(shown) + 0.35 + 0.12 * legend_rows, COLUMN_WIDTH)
         axes = figure.subplots(len(shown), 2, squeeze=False)
@@ -256,10 +278,10 @@ def draw_marginals(exp, frame: pd.DataFrame, rows: list[tuple[str, str]], shown:
                 zoo = part[part["source"] == "zoo"]
                 edges = np.append(zoo["bin_left"].to_numpy(), zoo["bin_right"].iloc[-1])
                 ax.stairs(zoo["density"].to_numpy(), edges, fill=True, color="#bbbbbb", label="zoo")
-                for method, mode in rows:
-                    theirs = part[part["source"] == _label(method, mode)]
-                    ax.stairs(theirs["density"].to_numpy(), edges, color=colors[method],
-                              linestyle="-" if mode == "one" else "--", linewidth=0.7, label=_label(method, mode))
+                for source, color, style_ in lines:
+                    theirs = part[part["source"] == source]
+                    ax.stairs(theirs["density"].to_numpy(), edges, color=color, linestyle=style_, linewidth=0.7,
+                              label=source)
                 ax.set_xlim(edges[0], edges[-1])
                 ax.set_title(f"{key}, {form}", fontsize=7)
                 ax.set_yticks([])
@@ -269,9 +291,8 @@ def draw_marginals(exp, frame: pd.DataFrame, rows: list[tuple[str, str]], shown:
         handles, labels = axes[0, 0].get_legend_handles_labels()
         figure.legend(handles, labels, loc="outside lower center", ncol=columns)
         # 60 characters fit the column width at the title's font size (Digits - OptuNet's title is 58).
-        title = "\n".join(textwrap.wrap(f"Marginal weight distributions per layer ({exp.display_name})", 60))
-        figure.suptitle(title + _layers_text(shown, total))
-        return save_figure(figure, figures_dir(exp), NAME, frame)
+        figure.suptitle("\n".join(textwrap.wrap(title, 60)) + _layers_text(shown, total))
+        return save_figure(figure, figures_dir(exp), name, frame)
 
 
 def draw_ks(exp, numbers: pd.DataFrame, shown: list[str], total: int, units: pd.DataFrame,

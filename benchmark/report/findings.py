@@ -20,11 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from benchmark.report.hmc import RANKED_COLUMNS, agreement
 from benchmark.report.tables import variant_notes
 from benchmark.results import check_metrics, check_repetitions, half_width, parse_base_seeds
 from metrics.uncertainty import ALPHA, HIGHER, LOWER, PairedTest, holm, holm_decisions, paired_test
 
 PAIRED = ("dropout", "bnn", "swag", "laplace")  # methods with both modes (SGHMC is one-mode only)
+REFERENCE_METHODS = ("hmc",)  # rows of a reference, not of the paper's methods
+ZOO_ROW = ("zoo", "multi")  # the zoo's own row in metrics_hmc.csv
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,9 @@ class Claim:
 
 
 def paper_claims(rows: set[tuple[str, str]]) -> list[Claim]:
-    """The paper's claims, as comparisons between the rows present (``(method, mode)``)."""
+    """The paper's claims, as comparisons between the rows present (``(method, mode)``; HMC's rows,
+    a reference rather than one of the paper's methods, are left out)."""
+    rows = {r for r in rows if r[0] not in REFERENCE_METHODS}
     paired = [m for m in PAIRED if (m, "one") in rows and (m, "multi") in rows]
     de = ("ensemble", "multi")
     others = sorted(r for r in rows if r != de)
@@ -92,6 +97,22 @@ def seed_claims(rows: set[tuple[str, str]]) -> list[Claim]:
               "reference: lower NS MMD than the plain vBNN.", tuple(Comparison(v, bnn, "ns_mmd_median") for v in variants)),
         Claim("... and lower MMD.", tuple(Comparison(v, bnn, "mmd_median") for v in variants)),
     ]
+
+
+def hmc_claims(rows: set[tuple[str, str]]) -> list[Claim]:
+    """Against HMC (the rows of metrics_hmc.csv): the zoo's row has a lower MMD and NS MMD than every
+    one-mode row of the paper's methods."""
+    one = sorted(r for r in rows if r[1] == "one" and r[0] not in REFERENCE_METHODS)
+    return [claim for claim in [
+        Claim("Against HMC, the zoo is closer to HMC than every one-mode method: lower MMD and NS MMD.",
+              tuple(Comparison(ZOO_ROW, r, column) for r in one for column in ("mmd_median", "ns_mmd_median"))
+              if ZOO_ROW in rows else ()),
+    ] if claim.comparisons]
+
+
+def tau_verdict(low: float, high: float) -> str:
+    """The rank-agreement claim's verdict from tau's interval: holds above 0, fails below, else not distinguishable."""
+    return "holds" if low > 0 else "fails" if high < 0 else "not distinguishable"
 
 
 def verdict(outcomes: list[str]) -> str:
@@ -155,32 +176,23 @@ def check_claim(claim: Claim, repetitions: dict[tuple[str, str], pd.DataFrame], 
     return out
 
 
-def render(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float = ALPHA) -> str:
+def render(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float = ALPHA,
+           hmc: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> str:
     """findings.md for the rows of one experiment's metrics frame (``df``, metrics.csv) and their
     repetitions (``repetitions``, repetitions.csv: every repetition of every row that did not
     fail); with vBNN rows, a closing note on how to read them
-    (``tables.variant_notes``). Raises ``ValueError`` when a row's repetitions are missing."""
-    frame = check_metrics(df)
-    failed = frame[frame["status"] != "ok"]
-    frame = frame[frame["status"] == "ok"].set_index(["method", "mode"])
-    per_row = _repetitions_of(frame, check_repetitions(repetitions))
-    labels = {key: f"{frame.loc[key, 'method_label']} ({key[1]})" for key in frame.index}
+    (``tables.variant_notes``); with ``hmc`` (metrics_hmc.csv and repetitions_hmc.csv:
+    ``reference=hmc``), the claims about the two references (``hmc_claims``, Kendall's tau).
+    Raises ``ValueError`` when a row's repetitions are missing."""
+    frame, per_row, failed = _ok_rows(df, repetitions)
     experiment = frame["experiment_label"].iloc[0] if len(frame) else ""
     counts = sorted({int(n) for n in frame["n_repetitions"].dropna()})
     lines = [f"# The paper's claims on {experiment}", "", _method_text(counts, alpha), ""]
     summary = []
     for claim in paper_claims(set(frame.index)):
-        outcomes, rows = check_claim(claim, per_row, alpha), []
-        for o in outcomes:
-            c, a, b = o.comparison, frame.loc[o.comparison.a], frame.loc[o.comparison.b]
-            rows.append({"Comparison": f"{labels[c.a]} {'<' if c.lower else '>'} {labels[c.b]}", "Column": c.column,
-                         "A": _cell(a[c.column], a[half_width(c.column)]), "B": _cell(b[c.column], b[half_width(c.column)]),
-                         "A - B (paired)": _cell(o.test.mean, o.test.half_width), "Pairs": f"{o.test.n}, {o.pairs}",
-                         "p": _p(o.test.p_value), "Holm p": _p(o.adjusted), "Verdict": o.outcome})
-        result = verdict([o.outcome for o in outcomes])
-        summary.append((claim.text, result, *(sum(o.outcome == v for o in outcomes)
-                                              for v in ("holds", "fails", "not distinguishable"))))
-        lines += [f"## {claim.text} **{result}**", "", pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), ""]
+        lines += _claim_section(claim, frame, per_row, alpha, summary)
+    if hmc is not None:
+        lines += _hmc_sections(frame, repetitions, *hmc, alpha, summary)
     head = ["| Claim | Verdict | Hold | Fail | Not distinguishable |", "|:--|:--|--:|--:|--:|"]
     head += [f"| {text} | {result} | {k} | {f} | {u} |" for text, result, k, f, u in summary]
     if not summary:
@@ -192,6 +204,66 @@ def render(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float = ALPHA) ->
     if notes:
         lines += ["## Reading the vBNN rows", "", *[f"- {note}" for note in notes], ""]
     return "\n".join(lines[:4] + head + [""] + lines[4:])
+
+
+def _ok_rows(df: pd.DataFrame, repetitions: pd.DataFrame) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
+    """The rows that did not fail (indexed by (method, mode)), their repetitions, and the failed rows."""
+    frame = check_metrics(df)
+    failed = frame[frame["status"] != "ok"]
+    frame = frame[frame["status"] == "ok"].set_index(["method", "mode"])
+    return frame, _repetitions_of(frame, check_repetitions(repetitions)), failed
+
+
+def _claim_section(claim: Claim, frame: pd.DataFrame, per_row: dict, alpha: float, summary: list) -> list[str]:
+    """The lines of one claim's section (its comparisons checked), appending its summary entry."""
+    labels = {key: f"{frame.loc[key, 'method_label']} ({key[1]})" for key in frame.index}
+    outcomes, rows = check_claim(claim, per_row, alpha), []
+    for o in outcomes:
+        c, a, b = o.comparison, frame.loc[o.comparison.a], frame.loc[o.comparison.b]
+        rows.append({"Comparison": f"{labels[c.a]} {'<' if c.lower else '>'} {labels[c.b]}", "Column": c.column,
+                     "A": _cell(a[c.column], a[half_width(c.column)]), "B": _cell(b[c.column], b[half_width(c.column)]),
+                     "A - B (paired)": _cell(o.test.mean, o.test.half_width), "Pairs": f"{o.test.n}, {o.pairs}",
+                     "p": _p(o.test.p_value), "Holm p": _p(o.adjusted), "Verdict": o.outcome})
+    result = verdict([o.outcome for o in outcomes])
+    summary.append((claim.text, result, *(sum(o.outcome == v for o in outcomes)
+                                          for v in ("holds", "fails", "not distinguishable"))))
+    return [f"## {claim.text} **{result}**", "", pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), ""]
+
+
+def _hmc_sections(zoo: pd.DataFrame, zoo_repetitions: pd.DataFrame, hmc_metrics: pd.DataFrame,
+                  hmc_repetitions: pd.DataFrame, alpha: float, summary: list) -> list[str]:
+    """The claims about the two references (``reference=hmc``): ``hmc_claims`` on the rows scored
+    against HMC, then Kendall's tau between the rankings under the zoo and under HMC."""
+    frame, per_row, _ = _ok_rows(hmc_metrics, hmc_repetitions)
+    lines = ["## Against full-batch HMC (reference=hmc)", "",
+             "Every row was also scored against full-batch HMC's draws (metrics_hmc.csv, table_hmc.md); the zoo's "
+             "row there is blocks of reference checkpoints of a method's sample size. The tests are those above, on "
+             "the rows scored against HMC.", ""]
+    for claim in hmc_claims(set(frame.index)):
+        lines += _claim_section(claim, frame, per_row, alpha, summary)
+    both = [r for r in frame.index if r in zoo.index and r[0] not in (*REFERENCE_METHODS, ZOO_ROW[0])]
+    if len(both) < 2:
+        return lines
+    text = ("The two references rank the methods alike: Kendall's tau between the rankings under the zoo and under "
+            "HMC is above 0.")
+    rows, verdicts = [], []
+    for label, column in RANKED_COLUMNS.items():
+        result = agreement(zoo_repetitions, hmc_repetitions, both, column)
+        verdicts.append(tau_verdict(result.low, result.high))
+        rows.append({"Ranked by": label, "Rows": str(result.rows), "Kendall's tau": f"{result.tau:.2f}",
+                     f"{result.level:.0%} interval": f"[{result.low:.2f}, {result.high:.2f}]",
+                     "p (tau = 0)": _p(result.p_value), "Discordant pairs": f"{result.discordant} of {result.pairs}",
+                     "Verdict": verdicts[-1]})
+    result = verdict(verdicts)
+    summary.append((text, result, *(sum(v == w for v in verdicts) for w in ("holds", "fails", "not distinguishable"))))
+    lines += [f"## {text} **{result}**", "",
+              "Tau-b between the rows' means under the two references, over the approximate methods (HMC's rows and "
+              "the zoo's are the references, failed rows are left out); interval: percentile bootstrap over each "
+              "row's repetitions (the same resampled repetitions under both references, 4000 draws; coarse with 3 "
+              "repetitions); p: scipy's test of tau = 0 taking the rows as the sample. The claim holds when the "
+              "interval lies above 0, fails when below.", "",
+              pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), ""]
+    return lines
 
 
 def _method_text(counts: list[int], alpha: float) -> str:

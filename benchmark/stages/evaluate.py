@@ -20,6 +20,13 @@ caches, the settings and the scoring code (``Reference.numbers_key``), so a seco
 nothing and a fix in the scoring code recomputes everything. A damaged reference checkpoint stops
 the stage with one error naming the files and the command that heals the zoo, never a table of
 failed rows. Damaged caches are recomputed.
+
+``reference=hmc`` scores every row a second time, against full-batch HMC's draws
+(``benchmark.reference.HMCReference``: the chains of every repetition of ``hmc``/``multi``,
+pooled; an HMC repetition against the other repetitions' chains only), with the same machinery,
+into ``metrics_hmc.csv`` and ``repetitions_hmc.csv`` (``benchmark.results``), plus one row for the
+zoo itself: repetition k is the k-th block of ``sample.per_method`` converged reference
+checkpoints (in seed order), scored against HMC as a method's samples would be.
 """
 from __future__ import annotations
 
@@ -27,25 +34,32 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 from tqdm.auto import tqdm
 
+from benchmark.config import ReferenceChoice
+from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
-    CheckpointError, SampleSetMetadata, StoreError, Unit, atomic_write_text, read_metadata, sealed_json, unsealed_json,
+    CheckpointError, SampleSetMetadata, StoreError, Unit, atomic_write_text, load_checkpoints_as_sample_set,
+    read_metadata, sealed_json, unsealed_json,
 )
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
     MissingInputsError, StaleSamplesError, available_rows, describe_store, incomplete_range, reference_seeds,
     reap_results_litter, require_inputs, row_label, row_units,
 )
-from benchmark.reference import Reference
-from benchmark.results import MEASURED, MMD_COLUMNS, half_width, repetition_rows, write_metrics, write_repetitions
+from benchmark.reference import HMCReference, Reference, hmc_reference_problem
+from benchmark.results import (
+    MEASURED, MMD_COLUMNS, half_width, metrics_path, repetition_rows, repetitions_path, write_metrics, write_repetitions,
+)
 from metrics.uncertainty import interval
 
 log = logging.getLogger(__name__)
 NAME = "evaluate"
+ZOO_ROW = ("zoo", "multi")  # the zoo's own row against HMC: method id and table group
+ZOO_LABEL = "Zoo (reference)"
 
 
 def needs(exp: Experiment) -> frozenset[str]:
@@ -64,6 +78,15 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
     require_inputs(exp, needs(exp) - made, f"stage={NAME}")
     if "reference" not in made:
         require_complete_reference(exp)
+    if exp.config.reference == ReferenceChoice.hmc and not ("samples" in made and _samples_hmc(exp)):
+        problem = hmc_reference_problem(exp)
+        if problem is not None:
+            raise MissingInputsError(f"stage={NAME} reference=hmc needs {problem}")
+
+
+def _samples_hmc(exp: Experiment) -> bool:
+    """Whether this run's sample stage draws HMC's multi-mode units (``method=hmc``, a mode with multi)."""
+    return exp.config.method.value == "hmc" and exp.config.mode.value in ("both", "multi")
 
 
 def require_complete_reference(exp: Experiment) -> None:
@@ -98,7 +121,8 @@ def combine(row: dict[str, Any], repetitions: list[dict[str, Any]]) -> dict[str,
 
 def run(exp: Experiment) -> pd.DataFrame:
     """Evaluate every (method, mode) present in the store; write ``results/<exp>/metrics.csv`` and
-    ``results/<exp>/repetitions.csv``."""
+    ``results/<exp>/repetitions.csv`` (with ``reference=hmc`` also ``metrics_hmc.csv`` and
+    ``repetitions_hmc.csv``); return the metrics.csv frame."""
     reap_results_litter(exp)
     rows = available_rows(exp)
     if not rows:
@@ -112,42 +136,121 @@ def run(exp: Experiment) -> pd.DataFrame:
             stale.append(str(err))
     if stale:
         raise StaleSamplesError(" | ".join(stale))
-    ref = Reference(exp)
+    zoo = Reference(exp)
+    frame = _score_rows(exp, units, lambda unit: zoo)
+    if exp.config.reference == ReferenceChoice.hmc:
+        _score_against_hmc(exp, units, zoo)
+    return frame
+
+
+def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], reference_of: Callable[[Unit], Reference],
+                extra: list[tuple[dict[str, Any], list[dict[str, Any]], list[int], list[list[int] | None]]] = ()
+                ) -> pd.DataFrame:
+    """Score every unit of ``units`` against ``reference_of(unit)`` (all of one kind: zoo or HMC),
+    add the ``extra`` rows (row, numbers per repetition, repetitions, base seeds), and write the
+    kind's metrics and repetitions CSVs; return the metrics frame."""
+    against = reference_of(next(iter(units.values()))[0]).name
     out, per_repetition = [], []
-    bar = tqdm(total=sum(len(u) for u in units.values()), desc=f"evaluate {exp.name}", unit="repetition",
-               dynamic_ncols=True)
+    bar = tqdm(total=sum(len(u) for u in units.values()), desc=f"evaluate {exp.name} against the {against}",
+               unit="repetition", dynamic_ncols=True)
     for (method, mode), row_of in units.items():
         numbers = []
         for unit in row_of:
-            numbers.append(_numbers(exp, ref, unit, full=unit == row_of[0]))
+            numbers.append(_numbers(exp, reference_of(unit), unit, full=unit == row_of[0]))
             bar.update()
-        row = {"experiment": exp.name, "experiment_label": exp.display_name, "method": method,
-               "method_label": row_label(exp, method, mode), "mode": mode, "status": "ok", "reason": "",
-               "ns_steps": "+".join(ref.steps), "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}",
-               "n_reference": len(ref.seeds)}
+        row = _row(exp, method, row_label(exp, method, mode), mode, reference_of(row_of[0]))
         row["ess"] = _mean_ess(exp, row_of)
         out.append(combine(row, numbers))
         per_repetition += repetition_rows(row, numbers, [int(u.repetition) for u in row_of],
                                           [_base_seeds(exp, u) for u in row_of])
     bar.close()
-    write_repetitions(per_repetition, exp.results_dir / "repetitions.csv")
-    path = exp.results_dir / "metrics.csv"
+    for row, numbers, repetitions, seeds in extra:
+        out.append(combine(row, numbers))
+        per_repetition += repetition_rows(row, numbers, repetitions, seeds)
+    write_repetitions(per_repetition, repetitions_path(exp.results_dir, against))
+    path = metrics_path(exp.results_dir, against)
     frame = write_metrics(out, path)
-    log.info("wrote %s (%d rows, reference of %d checkpoints)", path, len(frame), len(ref.seeds))
+    log.info("wrote %s (%d rows, against the %s reference)", path, len(frame), against)
     return frame
 
 
+def _row(exp: Experiment, method: str, label: str, mode: str, ref: Reference) -> dict[str, Any]:
+    """The identifying columns of a metrics row scored against ``ref``."""
+    return {"experiment": exp.name, "experiment_label": exp.display_name, "method": method, "method_label": label,
+            "mode": mode, "status": "ok", "reason": "", "ns_steps": "+".join(ref.steps),
+            "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}", "n_reference": ref.size}
+
+
+def _score_against_hmc(exp: Experiment, units: dict[tuple[str, str], list[Unit]], zoo: Reference) -> pd.DataFrame:
+    """``reference=hmc``: every row against the pooled HMC draws (an HMC unit of the pool against the
+    others), and the zoo's row (``zoo_blocks``), into metrics_hmc.csv and repetitions_hmc.csv."""
+    pool = HMCReference(exp)
+    own = {unit: HMCReference(exp, exclude=(unit,)) for unit in pool.units}  # leave one repetition out
+    convergence = pool.convergence()
+    log.info("HMC reference: %d draws of %d chains; predictive R-hat (test log-likelihood) %.3f, softmax median %.3f",
+             pool.size, int(convergence["chains"]), convergence["rhat_loglik"], convergence["rhat_softmax_median"])
+    blocks = zoo_blocks(exp, zoo)
+    numbers, seeds = [], []
+    for k, block in enumerate(tqdm(blocks, desc=f"evaluate {exp.name}: the zoo against HMC", unit="block",
+                                   dynamic_ncols=True)):
+        numbers.append(_zoo_block_numbers(exp, pool, zoo, k, block, full=k == 0))
+        seeds.append(block)
+    row = _row(exp, ZOO_ROW[0], ZOO_LABEL, ZOO_ROW[1], pool)
+    return _score_rows(exp, units, lambda unit: own.get(unit, pool), [(row, numbers, list(range(len(blocks))), seeds)])
+
+
+def zoo_blocks(exp: Experiment, zoo: Reference) -> list[list[int]]:
+    """The zoo row's repetitions: ``sample.repetitions`` disjoint blocks of the converged reference
+    seeds, in seed order, of ``sample.per_method`` each (the size of a method's sample set), or of
+    an equal share of the zoo when it is smaller; ``StoreError`` with fewer than 2 per block."""
+    repetitions, per_method = exp.config.sample.repetitions, exp.config.sample.per_method
+    size = min(per_method, len(zoo.seeds) // repetitions)
+    if size < 2:
+        raise StoreError(f"reference=hmc: the zoo row needs {repetitions} blocks of at least 2 converged reference "
+                         f"checkpoints, the store has {len(zoo.seeds)}")
+    return [zoo.seeds[k * size : (k + 1) * size] for k in range(repetitions)]
+
+
+def _zoo_block_numbers(exp: Experiment, hmc: Reference, zoo: Reference, k: int, seeds: list[int], full: bool
+                       ) -> dict[str, Any]:
+    """The numbers of the zoo's block ``k`` (checkpoints ``seeds``) against ``hmc``, cached as a unit's are."""
+    paths = exp.store.checkpoint_paths(seeds)
+    key = hmc.files_numbers_key(paths)
+    cached = _cache_path(exp, exp.store.sample_unit(*ZOO_ROW, k), hmc.name)
+    hit = _cached_numbers(cached, key)
+    if hit is not None:
+        return hit
+    checked = set(zoo.checked_paths())  # validated whole once (checksums, keys, shapes, finite)
+    samples = load_checkpoints_as_sample_set(paths, validated=all(p in checked for p in paths))
+    model = exp.model()
+    preds = {"id": predict_with_weights(model, samples, exp.test_tensors[0]),
+             "ood": predict_with_weights(model, samples, exp.ood_tensors[0])}
+    numbers = hmc.score_samples(samples, preds, full=full)
+    _store_numbers(cached, key, numbers)
+    return numbers
+
+
 def _numbers(exp: Experiment, ref: Reference, unit: Unit, full: bool) -> dict[str, Any]:
-    """The numbers of ``unit``: from its cache when the key matches, else scored and cached."""
+    """The numbers of ``unit`` against ``ref``: from its cache when the key matches, else scored and cached."""
     key = ref.numbers_key(unit)
-    cached = exp.store.eval_path(unit)
+    cached = _cache_path(exp, unit, ref.name)
     hit = _cached_numbers(cached, key)
     if hit is not None:
         return hit
     numbers = ref.score(unit, full=full)
-    payload = json.loads(json.dumps({"key": key, "numbers": numbers}, default=_jsonable))
-    atomic_write_text(cached, sealed_json(payload))
+    _store_numbers(cached, key, numbers)
     return numbers
+
+
+def _cache_path(exp: Experiment, unit: Unit, against: str) -> Path:
+    """``eval/<unit>.json`` for the numbers against the zoo, ``eval/<unit>.<reference>.json`` otherwise."""
+    path = exp.store.eval_path(unit)
+    return path if against == "zoo" else path.with_suffix(f".{against}.json")
+
+
+def _store_numbers(path: Path, key: str, numbers: dict[str, Any]) -> None:
+    payload = json.loads(json.dumps({"key": key, "numbers": numbers}, default=_jsonable))
+    atomic_write_text(path, sealed_json(payload))
 
 
 def _base_seeds(exp: Experiment, unit: Unit) -> list[int] | None:

@@ -5,6 +5,11 @@ stage's ``repetitions.csv``).
 
 The current experiment's files go to ``results/<experiment>/``; when several experiments have
 results, the side-by-side tables go to ``results/all/``.
+
+``reference=hmc`` adds ``table_hmc.{md,csv}`` (every row's distance to the zoo next to its
+distance to full-batch HMC, ranks, agreement and TV with HMC's predictive, the convergence of every
+HMC chain group; ``benchmark.report.hmc``) and the claims about the two references to
+``findings.md``, from the evaluate stage's ``metrics_hmc.csv`` and ``repetitions_hmc.csv``.
 """
 from __future__ import annotations
 
@@ -17,8 +22,9 @@ import pandas as pd
 from benchmark.core.store import CheckpointMetadata, atomic_write_text, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, range_state, reap_results_litter, require_inputs
-from benchmark.report import diagnostics, findings, write_tables
-from benchmark.results import read_metrics, read_repetitions
+from benchmark.config import ReferenceChoice
+from benchmark.report import diagnostics, findings, hmc, write_tables
+from benchmark.results import metrics_path, read_metrics, read_repetitions, repetitions_path
 
 log = logging.getLogger(__name__)
 NAME = "report"
@@ -34,8 +40,12 @@ def produces(exp: Experiment) -> frozenset[str]:
 
 
 def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
-    """The metrics.csv, unless an earlier stage of this run writes it."""
+    """The metrics.csv (with ``reference=hmc`` also metrics_hmc.csv), unless an earlier stage of this run writes it."""
     require_inputs(exp, needs(exp) - made, f"stage={NAME}")
+    path = metrics_path(exp.results_dir, ReferenceChoice.hmc.value)
+    if exp.config.reference == ReferenceChoice.hmc and "metrics" not in made and not path.is_file():
+        raise MissingInputsError(f"stage={NAME} reference=hmc needs {path} (every row scored against HMC); run python "
+                                 f"-m benchmark stage=evaluate experiment={exp.name} reference=hmc first")
 
 
 def run(exp: Experiment) -> list[Path]:
@@ -52,7 +62,12 @@ def run(exp: Experiment) -> list[Path]:
     written = write_tables(metrics, exp.results_dir)
     written.append(write_zoo_summary(exp, exp.results_dir / "zoo.md"))
     written += diagnostics.write(exp, exp.results_dir)
-    atomic_write_text(exp.results_dir / "findings.md", findings.render(metrics, repetitions))
+    against_hmc = None
+    if exp.config.reference == ReferenceChoice.hmc:
+        against_hmc = (read_metrics(metrics_path(exp.results_dir, "hmc")),
+                       read_repetitions(repetitions_path(exp.results_dir, "hmc")))
+        written += hmc.write(exp, metrics, against_hmc[0], exp.results_dir)
+    atomic_write_text(exp.results_dir / "findings.md", findings.render(metrics, repetitions, hmc=against_hmc))
     written.append(exp.results_dir / "findings.md")
     results = exp.results_dir.parent
     others = [p for p in sorted(results.glob("*/metrics.csv")) if p.parent.name != "all"]

@@ -16,7 +16,8 @@ from torch import nn
 from benchmark.core.settings import SettingsError
 from benchmark.core.training import Recipe, TrainingData, seeded
 from methods.base import MethodConfigError
-from methods.hmc import HMCMethod, HMCSettings, NetworkPotential, sampling_seed
+from methods.base import MethodFitError
+from methods.hmc import HMCMethod, HMCSettings, NetworkPotential, init_seed, sampling_seed
 from methods.hmc_kernel import DIVERGED, SAMPLING, ChainState, KernelSettings, StackedHMC, new_chain
 from metrics.mcmc import bfmi, ess, predictive_convergence, rhat
 from tests.methods.conftest import build
@@ -256,7 +257,8 @@ def small_method(**changes) -> HMCMethod:
     images, labels = toy_data()
     data = TrainingData(train=None, train_tensors=(images, labels), check=None)
     recipe = Recipe(epochs=1, batch_size=8, lr=0.1, weight_decay=0.05)
-    settings = HMCSettings(**({"trajectory_length": 1.0, "warmup": 25, "thinning": 2, "max_leapfrog_steps": 20, "save_every": 1} | changes))
+    settings = HMCSettings(**({"trajectory_length": 1.0, "warmup": 25, "thinning": 2, "max_leapfrog_steps": 20, "save_every": 1,
+                               "descent_steps": 100} | changes))
     return HMCMethod(logistic_factory, data, settings, recipe=recipe)
 
 
@@ -357,3 +359,71 @@ def test_the_sample_protocol_resumes_saved_chains_and_restarts_stale_or_damaged_
     stopped = small_method(warmup=30)
     assert not stopped.run_chains_in(tmp_path / "b", [5], lambda seed: {}, 4, should_stop=lambda: True)  # a lost claim
     assert ChainState.load(tmp_path / "b" / "seed_000005.safetensors").iteration == 1  # saved, then stopped
+
+
+def test_the_fisher_diagonal_is_the_class_weighted_squared_log_probability_gradients(tiny_exp, tiny_bases):
+    """``sum_i sum_c p_ic (d log p_ic / dw)^2`` on OptuNet, against autograd image by image and
+    class by class; the initial ``M^-1`` is ``1 / (Fisher + prior precision)``."""
+    method = build(tiny_exp, "hmc")
+    base = tiny_bases[0][1]
+    q = method.potential.flatten(base)[None]
+    images = method.potential.images[:6]
+    subset = NetworkPotential(tiny_exp.model(), images, method.potential.labels[:6], 0.7)
+    got = subset.fisher_diagonal(q)[0].double()
+    model = tiny_exp.model()
+    model.load_state_dict(method.potential.unflatten(q[0]))
+    expected = torch.zeros_like(got)
+    for image in images:
+        log_probs = torch.log_softmax(model(image[None])[0], -1)
+        for c in range(log_probs.numel()):
+            grads = torch.autograd.grad(log_probs[c], list(model.parameters()), retain_graph=True)
+            expected += float(log_probs[c].detach().exp()) * torch.cat([g.reshape(-1) for g in grads]).double() ** 2
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-9)
+    torch.testing.assert_close(subset.curvature_inverse_mass(q)[0].double(), 1 / (expected + 0.7), rtol=1e-4, atol=1e-9)
+    chain = small_method(initial_mass="fisher").start_chains([2])[0]
+    assert torch.equal(chain.inverse_mass, chain.initial_inverse_mass) and not torch.equal(
+        chain.inverse_mass, torch.ones_like(chain.inverse_mass))
+
+
+def test_init_starts_descend_and_a_start_below_the_accuracy_floor_is_drawn_again(monkeypatch, caplog):
+    """start=init: each chain initialises under its own seed (never a zoo seed), descends, and is
+    drawn again from the next initialisation while its training accuracy is below the floor; all
+    attempts failing stops the chain with MethodFitError, never a silent bad start."""
+    method = small_method(descent_steps=40, start_min_accuracy=0.5, start_attempts=4)
+    chain = method.start_chains([7])[0]
+    with seeded(init_seed(7, 0)):
+        init = method.potential.flatten(logistic_factory().state_dict())
+    assert torch.equal(chain.start, method.descend(init[None])[0]) and chain.origin == {"init_seed": init_seed(7, 0), "attempt": 0}
+    assert method.potential(chain.start[None])[0] < method.potential(init[None])[0]  # the descent went down
+    assert init_seed(7, 1) - init_seed(7, 0) == 1_000_000 and init_seed(0) > 999_999
+    floors = {init_seed(7, a): 0.0 for a in range(3)}  # attempts 0-2 of chain 7 stay below the floor
+
+    def accuracy(self, q):
+        starts = {int(s): self.descend(self.chain_start(7, attempt=a)[None])[0] for a, s in enumerate(map(init_seed, [7] * 4, range(4)))}
+        return torch.tensor([next((floors.get(s, 1.0) for s, start in starts.items() if torch.equal(start, row)), 1.0)
+                             for row in q], dtype=torch.float64)
+
+    monkeypatch.setattr(HMCMethod, "train_accuracy", accuracy)
+    with caplog.at_level("INFO"):
+        chains = method.start_chains([7, 8])
+    assert chains[0].origin == {"init_seed": init_seed(7, 3), "attempt": 3} and chains[1].origin["attempt"] == 0
+    assert caplog.text.count("below start_min_accuracy") == 3
+    floors[init_seed(7, 3)] = 0.0
+    with pytest.raises(MethodFitError, match="seed_000007: none of its 4 initialisations reached 50%"):
+        method.start_chains([7])
+
+
+def test_a_resumed_chain_does_not_redo_its_start(tmp_path, monkeypatch):
+    method = small_method(descent_steps=20)
+    assert method.run_chains_in(tmp_path, [3], lambda seed: {}, 2, should_stop=lambda: False)
+    calls = {"n": 0}
+    original = HMCMethod.descend
+
+    def counted(self, q, progress=False):
+        calls["n"] += 1
+        return original(self, q, progress)
+
+    monkeypatch.setattr(HMCMethod, "descend", counted)
+    assert method.run_chains_in(tmp_path, [3, 4], lambda seed: {}, 2, should_stop=lambda: False)
+    assert calls["n"] == 1  # chain 4's start only
+    assert ChainState.load(tmp_path / "seed_000004.safetensors").origin == {"init_seed": init_seed(4), "attempt": 0}

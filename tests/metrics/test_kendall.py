@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy import stats
 
-from metrics.kendall import kendall_tau, successive_kendall_tau
+from metrics.kendall import kendall_tau, rank_agreement, successive_kendall_tau
 
 
 def test_permutations_match_scipy():
@@ -51,3 +51,35 @@ def test_bad_shapes_are_refused(a, b, message):
         kendall_tau(a, b)
     with pytest.raises(ValueError, match="T >= 2"):
         successive_kendall_tau(torch.zeros(1, 3))
+
+
+def test_rank_agreement_of_row_means_matches_scipy_and_its_bootstrap_interval_is_a_recomputation():
+    """tau of the rows' means is scipy's; the interval is the percentile interval of tau over
+    repetitions resampled the same way under both references (recomputed here by hand)."""
+    generator = np.random.default_rng(3)
+    a = [generator.normal(i, 1.0, 3) for i in range(6)]
+    b = [x + generator.normal(0, 2.0, 3) for x in a]  # the same repetitions, noisily re-scored
+    got = rank_agreement(a, b, draws=500, seed=7)
+    means_a, means_b = [x.mean() for x in a], [y.mean() for y in b]
+    assert got.tau == pytest.approx(stats.kendalltau(means_a, means_b).statistic, rel=1e-12)
+    assert got.p_value == pytest.approx(stats.kendalltau(means_a, means_b).pvalue, rel=1e-12)
+    picks = np.random.default_rng(7)
+    boot_a, boot_b = np.empty((500, 6)), np.empty((500, 6))
+    for i in range(6):
+        index = picks.integers(0, 3, size=(500, 3))
+        boot_a[:, i], boot_b[:, i] = a[i][index].mean(1), b[i][index].mean(1)
+    taus = [stats.kendalltau(x, y).statistic for x, y in zip(boot_a, boot_b)]
+    assert (got.low, got.high) == pytest.approx(tuple(np.nanpercentile(taus, [2.5, 97.5])), rel=1e-12)
+    assert got.rows == 6 and got.pairs == 15
+    assert got.discordant == sum((means_a[i] - means_a[j]) * (means_b[i] - means_b[j]) < 0
+                                 for i in range(6) for j in range(i + 1, 6))
+
+
+def test_rank_agreement_of_identical_and_reversed_rankings():
+    rows = [np.array([i, i + 0.1, i - 0.1]) for i in range(5)]
+    same = rank_agreement(rows, rows, draws=200)
+    assert same.tau == 1.0 and same.low == 1.0 and same.high == 1.0 and same.discordant == 0
+    reversed_ = rank_agreement(rows, [-r for r in rows], draws=200)
+    assert reversed_.tau == -1.0 and reversed_.high == -1.0 and reversed_.discordant == 10
+    with pytest.raises(ValueError, match="row 1"):
+        rank_agreement(rows[:2], [rows[0], rows[1][:2]])

@@ -284,7 +284,7 @@ def test_a_late_sample_writer_never_replaces_a_published_unit(tiny_cfg):
 
 HMC_TINY = ("method=hmc", "mode=multi", "sample.per_method=8", "sample.modes_multi=2", "methods.hmc.warmup=6",
             "methods.hmc.max_leapfrog_steps=3", "methods.hmc.trajectory_length=0.3", "methods.hmc.save_every=1",
-            "methods.hmc.forward=loop")
+            "methods.hmc.forward=loop", "methods.hmc.descent_steps=20", "methods.hmc.start_min_accuracy=null")
 
 
 def _hmc_exp(make_exp, store_name: str) -> Experiment:
