@@ -3,7 +3,8 @@
 1. End to end on ``--jobs`` cores (default 2, one torch thread per job, as ``make benchmark``
    shards the zoo), each job timed from a common start after its set-up (imports, data, kernels):
    a. digits, the default recipe: ``--seeds`` seeds trained by ``train_networks`` (a job's seeds in
-      one stack), the first ``--baseline`` of them also by ``train_network`` one at a time. Also: on
+      one stack: 128, the K of ``zoo.vectorize=auto``), the first ``--baseline`` of them also by
+      ``train_network`` one at a time. Also: on
       how many of those the two trainers' convergence verdicts differ, and the largest weight
       difference between the two zoos.
    b. MNIST-shaped (``bench/mnist_shaped.py``: 60,000 28x28 images in MNIST's files, read by the
@@ -20,7 +21,7 @@
    train K networks (``bench/zoo_candidates.py``), at digits' batch (32) and MNIST's (64).
 3. The cost of the paper's 1,000-checkpoint MNIST zoo, from 1b's measured work per second.
 
-Usage: ``python bench/bench_zoo.py [--seeds 128] [--baseline 64] [--jobs 2] [--k 64] [--mnist-seeds 128]
+Usage: ``python bench/bench_zoo.py [--seeds 256] [--baseline 64] [--jobs 2] [--k 64] [--mnist-seeds 256]
 [--mnist-baseline 16] [--mnist-epochs 3] [--sections digits,mnist,side]``.
 """
 from __future__ import annotations
@@ -300,11 +301,11 @@ def mnist_estimate(result: EndToEnd, exp, jobs: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=128)
+    parser.add_argument("--seeds", type=int, default=256, help="digits seeds stacked: K = seeds / jobs = 128, the zoo's K")
     parser.add_argument("--baseline", type=int, default=64, help="of the digits seeds, how many also one at a time")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--k", type=int, default=64)
-    parser.add_argument("--mnist-seeds", type=int, default=128)
+    parser.add_argument("--mnist-seeds", type=int, default=256)
     parser.add_argument("--mnist-baseline", type=int, default=16)
     parser.add_argument("--mnist-epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20, help="training steps timed per side-by-side candidate")

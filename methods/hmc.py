@@ -439,7 +439,7 @@ class HMCMethod(ResumableChains, PosteriorMethod):
             raise ValueError(f"method=hmc: {len(seeds)} seeds but {len(bases)} bases")
         if not seeds:
             return []
-        starts = self.chain_starts(seeds, bases)
+        starts = self.chain_starts(seeds, bases, progress=True)
         masses = [None] * len(seeds)
         if self.settings.initial_mass == "fisher":  # row by row: independent of the other chains
             masses = list(self.potential.curvature_inverse_mass(torch.stack([start for start, _ in starts])))
