@@ -418,7 +418,7 @@ class SGHMCMethod(PosteriorMethod):
     label = "SGHMC"
     Settings = SGHMCSettings
     modes = ("one",)
-    chain_samples = True
+    markov_chain = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

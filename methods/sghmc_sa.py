@@ -205,7 +205,7 @@ class ScaleAdaptedSGHMCMethod(PosteriorMethod):
     label = "SGHMC (scale-adapted)"
     Settings = ScaleAdaptedSGHMCSettings
     modes = ("one",)
-    chain_samples = True
+    markov_chain = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -69,7 +69,7 @@ def collect(exp: Experiment) -> pd.DataFrame:
         known = [a for a in bases if not math.isnan(a)]
         row |= {"n_bases": len(bases), "base_acc_min": min(known, default=math.nan),
                 "base_acc_median": float(np.median(known)) if known else math.nan, "base_acc_max": max(known, default=math.nan)}
-        if method in method_names() and method_class(method).chain_samples:
+        if method in method_names() and method_class(method).markov_chain:
             samples = load_sample_set(exp.store.samples_path(units[0]))
             draws = np.concatenate([v.reshape(len(v), -1).double().numpy() for v in samples.values()
                                     if v.is_floating_point() and v.reshape(len(v), -1).std(0).max() > 0], axis=1)
