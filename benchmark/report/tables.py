@@ -385,7 +385,10 @@ def _display(rows: pd.DataFrame, sources: dict, separate: bool = False, with_hal
     table = pd.DataFrame(index=rows.index)
 
     def text(v: float, is_failed: bool) -> str:
-        return FAILED if is_failed else MISSING if np.isnan(v) else f"{v * SCALE:.1f}"
+        if is_failed or np.isnan(v):
+            return FAILED if is_failed else MISSING
+        shown = f"{v * SCALE:.1f}"
+        return "0.0" if shown == "-0.0" else shown  # an unbiased MMD estimate a hair below 0
 
     for label, column in sources.items():
         values = [text(v, f) for v, f in zip(rows[column], failed)]
