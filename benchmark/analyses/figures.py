@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import matplotlib
 import pandas as pd
@@ -63,6 +64,17 @@ def new_figure(height: float, width: float = COLUMN_WIDTH) -> Figure:
     figure = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(figure)
     return figure
+
+
+LEGEND_ROW_HEIGHT = 0.12  # inches a legend row takes at the suite's font size
+LEGEND_LABEL_CHARS = 26  # two legend columns fit COLUMN_WIDTH for labels up to this many characters
+
+
+def legend_layout(labels: Sequence[str]) -> tuple[int, float]:
+    """``(columns, height in inches)`` of a figure legend with ``labels`` below the axes at
+    ``COLUMN_WIDTH``: two columns when every label fits half the width, else one."""
+    columns = 2 if max((len(label) for label in labels), default=0) <= LEGEND_LABEL_CHARS else 1
+    return columns, LEGEND_ROW_HEIGHT * math.ceil(len(labels) / columns)
 
 
 def sequential_colormap(color: str = ACCENT) -> LinearSegmentedColormap:

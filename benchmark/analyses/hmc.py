@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
-from benchmark.analyses.figures import COLUMN_WIDTH, PALETTE, new_figure, save_figure, style
+from benchmark.analyses.figures import COLUMN_WIDTH, PALETTE, legend_layout, new_figure, save_figure, style
 from benchmark.analyses.inputs import NotApplicableError, figures_dir, first_repetition, require_reference, require_samples
 from benchmark.analyses.marginals import FORMS, Layers, ZooLayers, bin_edges, draw_histograms, histogram, shown_layers
 from benchmark.config import ReferenceChoice
@@ -117,17 +118,26 @@ def draw_agreement(exp: Experiment, zoo: pd.DataFrame, hmc: pd.DataFrame) -> lis
     both["label"] = [f"{label} [{mode}]" for label, mode in zip(both["method_label"], both["mode"])]
     numbers = both[["method", "mode", "label", "ns_mmd_median", half_width("ns_mmd_median"), "agreement",
                     half_width("agreement"), "tv", half_width("tv")]].reset_index(drop=True)
+    # One colour per method (HMC black), the marker says the mode: the legend lists each once.
+    methods = list(dict.fromkeys(zip(both["method"], both["method_label"])))
+    colors = {method: "black" if method == HMC_ROW[0] else PALETTE[i % len(PALETTE)] for i, (method, _) in enumerate(methods)}
+    markers = {"multi": "o", "one": "s"}
+    handles = [Line2D([], [], color=colors[method], marker="o", linestyle="", markersize=3, label=label)
+               for method, label in methods]
+    handles += [Line2D([], [], color="black", markerfacecolor="none", marker=marker, linestyle="", markersize=3,
+                       label=f"{mode}-mode")
+                for mode, marker in markers.items() if mode in set(numbers["mode"])]
+    columns, legend_height = legend_layout([h.get_label() for h in handles])
     with style():
-        figure = new_figure(3.2, COLUMN_WIDTH)
+        figure = new_figure(2.6 + legend_height, COLUMN_WIDTH)
         ax = figure.subplots()
-        for i, row in numbers.iterrows():
-            color = "black" if row["method"] == HMC_ROW[0] else PALETTE[i % len(PALETTE)]
+        for _, row in numbers.iterrows():
             ax.errorbar(100 * row["ns_mmd_median"], 100 * row["agreement"], xerr=_width(row, "ns_mmd_median"),
-                        yerr=_width(row, "agreement"), fmt="o" if row["mode"] == "multi" else "s", color=color,
-                        markersize=3, elinewidth=0.6, capsize=1.5, label=row["label"])
+                        yerr=_width(row, "agreement"), fmt=markers.get(row["mode"], "o"), color=colors[row["method"]],
+                        markersize=3, elinewidth=0.6, capsize=1.5)
         ax.set_xlabel("NS MMD to the zoo (x100)")
         ax.set_ylabel("agreement with HMC's predictive (%)")
-        figure.legend(loc="outside lower center", ncol=2)
+        figure.legend(handles=handles, loc="outside lower center", ncol=columns)
         figure.suptitle("\n".join(textwrap.wrap(f"Predicting like HMC vs close to the zoo ({exp.display_name})", 60)))
         return save_figure(figure, figures_dir(exp), f"{NAME}_agreement", numbers)
 
@@ -149,6 +159,6 @@ CAPTION = (
     "marginals (hmc.csv: every layer's densities). hmc_agreement: each row's agreement with HMC's predictive (the "
     "fraction of ID test inputs where the argmax of its predictive equals that of the mean of HMC's draws; HMC's own "
     "row against the other repetitions' chains) against its NS MMD to the zoo, x100 with the 95% half-widths of "
-    "metrics_hmc.csv and metrics.csv (circles multi-mode, squares one-mode; the zoo's own row, at distance 0 from "
+    "metrics_hmc.csv and metrics.csv (one colour per method, circles multi-mode, squares one-mode; the zoo's own row, at distance 0 from "
     "itself by definition, is not drawn: Deep Ensembles are its stand-in)."
 )

@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.analyses.figures import COLUMN_WIDTH, PALETTE, new_figure, save_figure, style
+from benchmark.analyses.figures import COLUMN_WIDTH, PALETTE, legend_layout, new_figure, save_figure, style
 from benchmark.analyses.inputs import figures_dir, first_repetition, reference, require_reference, require_samples
 from benchmark.inventory import require_inputs
 from benchmark.experiment import Experiment
@@ -265,11 +265,9 @@ def draw_histograms(exp, frame: pd.DataFrame, lines: list[tuple[str, str, str]],
     """Figure ``name``: per shown layer (rows) and form (columns) the zoo's histogram (grey) and one
     line per ``(source, colour, line style)`` of ``lines``, drawn from the histograms of ``frame``
     (``histogram``'s rows: the CSV keeps every layer); ``title`` above (wrapped)."""
-    # Two legend columns fit the column width for labels of up to ~26 characters at the legend's font size.
-    columns = 2 if max((len(source) for source, _, _ in lines), default=0) <= 26 else 1
-    legend_rows = math.ceil((len(lines) + 1) / columns)
+    columns, legend_height = legend_layout(["zoo", *(source for source, _, _ in lines)])
     with style():
-        figure = new_figure(1.05 * len(shown) + 0.35 + 0.12 * legend_rows, COLUMN_WIDTH)
+        figure = new_figure(1.05 * len(shown) + 0.35 + legend_height, COLUMN_WIDTH)
         axes = figure.subplots(len(shown), 2, squeeze=False)
         for row, key in enumerate(shown):
             for col, form in enumerate(FORMS):

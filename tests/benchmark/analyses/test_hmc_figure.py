@@ -40,3 +40,24 @@ def test_the_hmc_figures_are_not_applicable_with_the_zoo_reference(tmp_path):
     exp = Experiment(compose_config([f"store={tmp_path / 's'}", f"results={tmp_path / 'r'}", *OVERRIDES]))
     with pytest.raises(NotApplicableError, match="reference=hmc"):
         hmc.applies(exp)
+
+
+def test_the_agreement_legend_fits_the_default_runs_fourteen_rows(tmp_path):
+    """make hmc's 14 rows (long labels such as "BNN (orthogonal skips)"): one legend entry per method and
+    one per mode, and nothing cut off (save_figure refuses a figure whose text leaves the canvas)."""
+    from types import SimpleNamespace
+
+    from benchmark.results import half_width
+
+    labels = {"dropout": "Dropout", "bnn": "BNN", "bnn_ordered": "BNN (ordered biases)", "bnn_skip": "BNN (orthogonal skips)",
+              "sghmc": "SGHMC", "sghmc_sa": "SGHMC (scale-adapted)", "swag": "SWAG", "laplace": "Laplace"}
+    rows = [(m, mode) for m in labels for mode in ("one", "multi") if mode == "one" or m in ("dropout", "bnn", "swag", "laplace")]
+    rows += [("ensemble", "multi"), ("hmc", "multi")]  # metrics.csv's order
+    labels |= {"ensemble": "Deep Ensembles", "hmc": "HMC"}
+    frame = pd.DataFrame([{"method": m, "mode": mode, "method_label": labels[m], "status": "ok", "ns_mmd_median": 0.1 * i,
+                           half_width("ns_mmd_median"): 0.01, "agreement": 0.9, half_width("agreement"): 0.02,
+                           "tv": 0.1, half_width("tv"): 0.01} for i, (m, mode) in enumerate(rows)])
+    exp = SimpleNamespace(display_name="Digits - OptuNet", results_dir=tmp_path)
+    written = hmc.draw_agreement(exp, frame, frame)
+    assert (tmp_path / "figures" / "hmc_agreement.png") in written
+    assert len(pd.read_csv(tmp_path / "figures" / "hmc_agreement.csv")) == len(rows)
