@@ -74,7 +74,7 @@ def rank_agreement(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], d
     the repetitions, ``draws`` times (seeded by ``seed``): each row's repetitions resampled with
     replacement, the same draw for A and B (a repetition is one sample set scored twice), the
     means recomputed and tau-b taken again. It is the uncertainty due to the repetitions (which
-    samples each method drew), given these rows and these references; with 3 repetitions the
+    samples each method drew), given these rows and these references; with few repetitions the
     bootstrap distribution is coarse. ``p_value``: scipy's test of tau = 0 on the means."""
     if len(a) != len(b) or len(a) < 2:
         raise ValueError(f"rank_agreement: need the same rows (at least 2) under both references, got {len(a)} and {len(b)}")

@@ -259,7 +259,7 @@ def _hmc_sections(zoo: pd.DataFrame, zoo_repetitions: pd.DataFrame, hmc_metrics:
     lines += [f"## {text} **{result}**", "",
               "Tau-b between the rows' means under the two references, over the approximate methods (HMC's rows and "
               "the zoo's are the references, failed rows are left out); interval: percentile bootstrap over each "
-              "row's repetitions (the same resampled repetitions under both references, 4000 draws; coarse with 3 "
+              "row's repetitions (the same resampled repetitions under both references, 4000 draws; coarse with few "
               "repetitions); p: scipy's test of tau = 0 taking the rows as the sample. The claim holds when the "
               "interval lies above 0, fails when below.", "",
               pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), ""]
