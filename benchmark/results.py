@@ -15,8 +15,8 @@ permutations removed by weight matching every network to one anchor instead of s
 ``n_reference``: the number of converged reference checkpoints the row was scored against (the
 whole ``seeds.reference`` range less its failed seeds, unless ``evaluate.allow_partial``); NaN
 in a metrics.csv written before the column existed. ``ess``: for a method whose samples are states
-of Markov chains (``PosteriorMethod.markov_chain``), the effective sample size of its kept
-states as the sampler measured it (its ``ess`` diagnostic), mean over repetitions; NaN for the
+of one Markov chain (the SGHMC rows: a sampler that records an ``ess`` diagnostic), the effective
+sample size of its kept states as the sampler measured it, mean over repetitions; NaN for the
 others and in older files.
 
 ``mmd_shared_median``/``ns_mmd_shared_median``: MMD and NS MMD (median over the 20 kernels) with

@@ -101,10 +101,6 @@ class PosteriorMethod(ABC):
     # Whether ``method=all`` (and the Makefile's sweep) runs the method; False: only when named
     # (``method=hmc``: its cost is the experiment's choice).
     in_default_run: ClassVar[bool] = True
-    # Whether the samples are successive states of one Markov chain (the SGHMC rows): the report
-    # gives their effective sample size, since consecutive states are not independent draws.
-    # (HMC's many short chains get R-hat and ESS of their predictive under reference=hmc instead.)
-    markov_chain: ClassVar[bool] = False
 
     def __init__(
         self,

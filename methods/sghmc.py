@@ -418,7 +418,6 @@ class SGHMCMethod(PosteriorMethod):
     label = "SGHMC"
     Settings = SGHMCSettings
     modes = ("one",)
-    markov_chain = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

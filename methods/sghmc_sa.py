@@ -205,7 +205,6 @@ class ScaleAdaptedSGHMCMethod(PosteriorMethod):
     label = "SGHMC (scale-adapted)"
     Settings = ScaleAdaptedSGHMCSettings
     modes = ("one",)
-    markov_chain = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

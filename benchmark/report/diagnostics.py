@@ -15,11 +15,9 @@ import pandas as pd
 from benchmark.core.store import CheckpointMetadata, SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import available_rows, row_units
-from methods import method_class, method_names
-from metrics.mcmc import effective_sample_size
 
 BASE_COLUMNS = ["method", "method_label", "mode", "repetitions", "n_samples", "sample_acc_min", "sample_acc_median",
-                "sample_acc_max", "ensemble_acc", "ess_median", "base_acc_min", "base_acc_median", "base_acc_max", "n_bases"]
+                "sample_acc_max", "ensemble_acc", "ess", "base_acc_min", "base_acc_median", "base_acc_max", "n_bases"]
 
 EXPLANATIONS = {
     "swag": ("SWAG: mean over weights of the snapshots' diagonal variance and of the low-rank variance diag(D D^T)/(K-1); "
@@ -69,11 +67,6 @@ def collect(exp: Experiment) -> pd.DataFrame:
         known = [a for a in bases if not math.isnan(a)]
         row |= {"n_bases": len(bases), "base_acc_min": min(known, default=math.nan),
                 "base_acc_median": float(np.median(known)) if known else math.nan, "base_acc_max": max(known, default=math.nan)}
-        if method in method_names() and method_class(method).markov_chain:
-            samples = load_sample_set(exp.store.samples_path(units[0]))
-            draws = np.concatenate([v.reshape(len(v), -1).double().numpy() for v in samples.values()
-                                    if v.is_floating_point() and v.reshape(len(v), -1).std(0).max() > 0], axis=1)
-            row["ess_median"] = float(np.median(effective_sample_size(draws))) if len(draws) >= 4 else math.nan
         rows.append(row)
     frame = pd.DataFrame(rows)
     extra = sorted(c for c in frame.columns if c not in BASE_COLUMNS)
@@ -93,7 +86,8 @@ def render(frame: pd.DataFrame, experiment: str) -> str:
     """Markdown: the samples' accuracy spread for every row, then each method's diagnostics."""
     lines = [f"# Diagnostics of {experiment}", "",
              "Accuracy (%) on the ID test set of each weight sample (first repetition), and of their ensemble; ESS: "
-             "effective sample size of the kept states of the Markov-chain methods (median over weights); base networks: the test accuracy of the held-out zoo "
+             "effective sample size of the kept states of the Markov-chain methods (as the sampler measured it: median over weights, "
+             "mean over repetitions, the ess column of metrics.csv); base networks: the test accuracy of the held-out zoo "
              "networks of the row's base seeds over all repetitions (the networks SWAG, Laplace and SGHMC start from; "
              "MC Dropout and the vBNNs train their own networks under those seeds, the scale-adapted SGHMC starts its chain "
              "from the initialisation under the first; for Deep Ensembles, the "
@@ -105,7 +99,7 @@ def render(frame: pd.DataFrame, experiment: str) -> str:
             f"{a * 100:.1f} / {b * 100:.1f} / {c * 100:.1f}"
             for a, b, c in zip(frame["sample_acc_min"], frame["sample_acc_median"], frame["sample_acc_max"])],
         "Ensemble acc.": (frame["ensemble_acc"] * 100).map("{:.1f}".format),
-        "ESS": frame["ess_median"].map(lambda v: "" if np.isnan(v) else f"{v:.0f}"),
+        "ESS": frame["ess"].map(lambda v: "" if np.isnan(v) else f"{v:.0f}"),
         "Base networks: n, acc. min / median / max": [
             f"{n:.0f}: {a * 100:.1f} / {b * 100:.1f} / {c * 100:.1f}" if n and not np.isnan(b) else ""
             for n, a, b, c in zip(frame["n_bases"], frame["base_acc_min"], frame["base_acc_median"], frame["base_acc_max"])],

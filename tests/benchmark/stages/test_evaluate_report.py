@@ -11,6 +11,7 @@ from scipy import stats
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
 from benchmark.results import COLUMNS, REPETITION_COLUMNS, read_repetitions
+from benchmark.report.diagnostics import collect as collect_diagnostics
 from benchmark.stages.evaluate import run as run_evaluate
 from benchmark.stages.report import run as run_report
 from benchmark.core.store import StoreError, load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
@@ -411,3 +412,5 @@ def test_a_markov_chain_rows_effective_sample_size_reaches_metrics_csv(tmp_path)
                 save_sample_set(path, samples, meta)
     df = run_evaluate(exp).set_index("method")
     assert df.loc["sghmc", "ess"] == pytest.approx(50.5) and math.isnan(df.loc["swag", "ess"])
+    diagnostics = collect_diagnostics(exp).set_index("method")  # diagnostics.md's ESS column: the same number
+    assert diagnostics.loc["sghmc", "ess"] == pytest.approx(50.5) and math.isnan(diagnostics.loc["swag", "ess"])
