@@ -63,7 +63,9 @@ def collect(exp: Experiment) -> pd.DataFrame:
             bases += [base_accuracy(exp, seed) for seed in meta.base_seeds or []]
             for key, value in (meta.diagnostics or {}).items():
                 diagnostics.setdefault(key, []).append(float(value))
-        row |= {key: float(np.mean(values)) for key, values in diagnostics.items()}
+        # The mean of the repetitions that recorded a number (as metrics.csv's ess): NaN only when none did.
+        row |= {key: float(np.mean(known)) if (known := [v for v in values if not math.isnan(v)]) else math.nan
+                for key, values in diagnostics.items()}
         known = [a for a in bases if not math.isnan(a)]
         row |= {"n_bases": len(bases), "base_acc_min": min(known, default=math.nan),
                 "base_acc_median": float(np.median(known)) if known else math.nan, "base_acc_max": max(known, default=math.nan)}
