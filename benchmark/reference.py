@@ -58,6 +58,10 @@ CODE = {
 """The modules whose code (and what it imports) computes each cache."""
 HMC_ROW = ("hmc", "multi")
 """The rows whose draws, pooled over the repetitions, are the HMC reference."""
+ZOO_ROW = ("zoo", "multi")
+"""The zoo's own row against HMC (metrics_hmc.csv): blocks of reference checkpoints scored as samples."""
+REFERENCE_METHODS = (HMC_ROW[0], ZOO_ROW[0])
+"""The references' own rows: never ranked among the methods nor in the paper's claims."""
 
 
 def files_key(paths: list[Path]) -> list[tuple[str, int, int]]:

@@ -219,7 +219,7 @@ class HMCSettings(KernelSettings, MethodSettings):
     ``thinning`` 2, no windowed mass adaptation: ``M^-1`` stays the Fisher guess at the start;
     conf/methods/hmc.yaml says why), and the method's own.
 
-    ``start``: ``init`` (an independent initialisation of the model factory under the chain's seed)
+    ``start``: ``init`` (an independent initialisation of the model factory under ``init_seed(seed, attempt)``)
     or ``base`` (the base network); ``temperature``: T of ``p(w | D)^(1/T)``;
     ``weight_decay``: the prior precision per example (null = the recipe's; precision N x it);
     ``descent_steps``, ``descent_lr``: ``start=init``'s full-batch Adam steps on the mean potential

@@ -65,7 +65,10 @@ class RankAgreement:
     pairs: int
 
 
-def rank_agreement(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], draws: int = 4000, seed: int = 0,
+BOOTSTRAP_DRAWS = 4000
+
+
+def rank_agreement(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], draws: int = BOOTSTRAP_DRAWS, seed: int = 0,
                    level: float = 0.95) -> RankAgreement:
     """How alike two references rank the same rows: ``a[i]`` and ``b[i]`` are row i's values in its
     repetitions (the same repetitions, in the same order) scored against reference A and B.

@@ -26,7 +26,7 @@ from benchmark.analyses.marginals import FORMS, Layers, ZooLayers, bin_edges, dr
 from benchmark.config import ReferenceChoice
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, require_inputs, row_label
-from benchmark.reference import HMC_ROW, HMCReference, hmc_reference_problem
+from benchmark.reference import HMC_ROW, REFERENCE_METHODS, HMCReference, hmc_reference_problem
 from benchmark.results import half_width, metrics_path, read_metrics
 from methods.hmc import stochastic_layers
 from metrics.symmetries import canonicalize
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 NAME = "hmc"
 TITLE = "The zoo next to full-batch HMC: marginals per layer, and agreement with HMC against NS MMD to the zoo"
-UNRANKED = (HMC_ROW[0], "zoo")  # the references' own rows: never "the closest method"
 
 
 def applies(exp: Experiment) -> None:
@@ -64,7 +63,7 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
 
 def closest(hmc: pd.DataFrame) -> tuple[str, str] | None:
     """The approximate method's row with the lowest NS MMD to HMC (not a reference's own row, not failed)."""
-    rows = hmc[~hmc["method"].isin(UNRANKED) & hmc["status"].eq("ok") & hmc["ns_mmd_median"].notna()]
+    rows = hmc[~hmc["method"].isin(REFERENCE_METHODS) & hmc["status"].eq("ok") & hmc["ns_mmd_median"].notna()]
     if rows.empty:
         return None
     best = rows.loc[rows["ns_mmd_median"].idxmin()]
@@ -89,15 +88,18 @@ def draw_marginals(exp: Experiment, best: tuple[str, str] | None) -> list[Path]:
     sources = {"HMC": HMCReference(exp).weights()}
     if best is not None:
         sources[_label(exp, *best)] = first_repetition(exp, *best)
+    # Each source in each form once (the symmetry-free form canonicalises the whole sample set).
+    forms = {(name, form): samples if form == "raw" else canonicalize(samples, layers.spec, layers.steps, device=exp.device)[0]
+             for name, samples in sources.items() for form in FORMS}
     histograms = []
     for form in FORMS:
         for key in keys:
             theirs = values(zoo.blocks(form, key), zoo.count, key).astype(np.float32)
             edges = bin_edges(theirs, settings.bins)
             histograms.append(histogram("zoo", key, form, theirs, edges, zoo.count * entries[key]))
-            for name, samples in sources.items():
-                count = int(next(iter(samples.values())).shape[0])
-                form_of = samples if form == "raw" else canonicalize(samples, layers.spec, layers.steps, device=exp.device)[0]
+            for name in sources:
+                form_of = forms[(name, form)]
+                count = int(next(iter(form_of.values())).shape[0])
                 histograms.append(histogram(name, key, form, values([form_of[key].reshape(count, -1)], count, key), edges,
                                             count * entries[key]))
     shown = shown_layers(keys, settings.max_layers_shown)

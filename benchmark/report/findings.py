@@ -20,14 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from benchmark.reference import REFERENCE_METHODS, ZOO_ROW
 from benchmark.report.hmc import RANKED_COLUMNS, agreement
 from benchmark.report.tables import variant_notes
 from benchmark.results import check_metrics, check_repetitions, half_width, parse_base_seeds
+from metrics.kendall import BOOTSTRAP_DRAWS
 from metrics.uncertainty import ALPHA, HIGHER, LOWER, PairedTest, holm, holm_decisions, paired_test
 
 PAIRED = ("dropout", "bnn", "swag", "laplace")  # methods with both modes (SGHMC is one-mode only)
-REFERENCE_METHODS = ("hmc",)  # rows of a reference, not of the paper's methods
-ZOO_ROW = ("zoo", "multi")  # the zoo's own row in metrics_hmc.csv
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,7 @@ def _hmc_sections(zoo: pd.DataFrame, zoo_repetitions: pd.DataFrame, hmc_metrics:
              "the rows scored against HMC.", ""]
     for claim in hmc_claims(set(frame.index)):
         lines += _claim_section(claim, frame, per_row, alpha, summary)
-    both = [r for r in frame.index if r in zoo.index and r[0] not in (*REFERENCE_METHODS, ZOO_ROW[0])]
+    both = [r for r in frame.index if r in zoo.index and r[0] not in REFERENCE_METHODS]
     if len(both) < 2:
         return lines
     text = ("The two references rank the methods alike: Kendall's tau between the rankings under the zoo and under "
@@ -259,7 +259,7 @@ def _hmc_sections(zoo: pd.DataFrame, zoo_repetitions: pd.DataFrame, hmc_metrics:
     lines += [f"## {text} **{result}**", "",
               "Tau-b between the rows' means under the two references, over the approximate methods (HMC's rows and "
               "the zoo's are the references, failed rows are left out); interval: percentile bootstrap over each "
-              "row's repetitions (the same resampled repetitions under both references, 4000 draws; coarse with few "
+              f"row's repetitions (the same resampled repetitions under both references, {BOOTSTRAP_DRAWS} draws; coarse with few "
               "repetitions); p: scipy's test of tau = 0 taking the rows as the sample. The claim holds when the "
               "interval lies above 0, fails when below.", "",
               pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), ""]

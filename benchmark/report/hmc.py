@@ -19,15 +19,13 @@ import pandas as pd
 from benchmark.core.store import SampleSetMetadata, atomic_write_text, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import row_units
-from benchmark.reference import HMC_ROW, HMCReference
-from benchmark.report.tables import GROUP_LABELS, INDEX_NAMES, MISSING, _display, render_csv, render_markdown
+from benchmark.reference import HMC_ROW, REFERENCE_METHODS, ZOO_ROW, HMCReference
+from benchmark.report.tables import GROUP_LABELS, INDEX_NAMES, MISSING, display_cells, render_csv, render_markdown
 from benchmark.results import check_metrics, check_repetitions, half_width
 from methods import method_names
 from metrics.kendall import RankAgreement, rank_agreement
 
 REFERENCES = {"zoo": "zoo", "hmc": "HMC"}
-ZOO_METHOD = "zoo"
-UNRANKED = ("hmc", ZOO_METHOD)
 """Rows outside the ranks and Kendall's tau: the references themselves."""
 REFERENCE_GROUP = "References"
 RANKED_COLUMNS = {"MMD": "mmd_median", "NS MMD": "ns_mmd_median"}
@@ -70,7 +68,7 @@ def merged(zoo: pd.DataFrame, hmc: pd.DataFrame) -> pd.DataFrame:
                      for a, b in zip(out["zoo|reason"], out["hmc|reason"])]
     registered = list(method_names())
     methods = registered + sorted(set(out["method"]) - set(registered))
-    group = [REFERENCE_GROUP if (m, mode) in (HMC_ROW, (ZOO_METHOD, "multi")) else GROUP_LABELS[mode]
+    group = [REFERENCE_GROUP if (m, mode) in (HMC_ROW, ZOO_ROW) else GROUP_LABELS[mode]
              for m, mode in zip(out["method"], out["mode"])]
     order = [*GROUP_LABELS.values(), REFERENCE_GROUP]
     out = out.assign(Group=group, _g=[order.index(g) for g in group], _m=out["method"].map(methods.index),
@@ -82,7 +80,7 @@ def merged(zoo: pd.DataFrame, hmc: pd.DataFrame) -> pd.DataFrame:
 
 def ranked(frame: pd.DataFrame) -> pd.Series:
     """Which rows of a ``merged`` frame are ranked: not a reference's own row, not failed."""
-    return ~frame["method"].isin(UNRANKED) & frame["status"].eq("ok")
+    return ~frame["method"].isin(REFERENCE_METHODS) & frame["status"].eq("ok")
 
 
 def table(zoo: pd.DataFrame, hmc: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
@@ -90,8 +88,8 @@ def table(zoo: pd.DataFrame, hmc: pd.DataFrame, separate: bool = False) -> pd.Da
     row's rank under the zoo / under HMC among the ranked rows (1 = closest); a reference's own
     distance to itself reads "ref."."""
     rows = merged(zoo, hmc)
-    out = _display(rows, SOURCES, separate)
-    is_zoo = rows["method"].eq(ZOO_METHOD).to_numpy()
+    out = display_cells(rows, SOURCES, separate)
+    is_zoo = rows["method"].eq(ZOO_ROW[0]).to_numpy()
     for label, source in SOURCES.items():
         if source.startswith("zoo:"):
             out[label] = np.where(is_zoo, "ref.", out[label])
@@ -144,6 +142,13 @@ def convergence(exp: Experiment) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def mass_text(settings: dict) -> str:
+    """How the chains' diagonal mass matrix was set, from the method's settings."""
+    start = ("the inverse of the Fisher diagonal plus the prior precision at the chain's start"
+             if settings["initial_mass"] == "fisher" else "the identity at the start")
+    return start + (", then adapted in Stan's warm-up windows" if settings["adapt_mass"] else ", kept throughout")
+
+
 def caption(zoo: pd.DataFrame, hmc: pd.DataFrame, settings: dict) -> str:
     """table_hmc's caption (with ``{times}``/``{pct}`` unit slots)."""
     frame = check_metrics(hmc)
@@ -151,7 +156,7 @@ def caption(zoo: pd.DataFrame, hmc: pd.DataFrame, settings: dict) -> str:
     pool = int(frame.loc[frame["method"] != HMC_ROW[0], "n_reference"].max())
     loo = sorted({int(n) for n in own["n_reference"].dropna()})
     zoo_n = sorted({int(n) for n in check_metrics(zoo)["n_reference"].dropna()})
-    blocks = frame.loc[frame["method"] == ZOO_METHOD, "n_samples"]
+    blocks = frame.loc[frame["method"] == ZOO_ROW[0], "n_samples"]
     return (
         "Table HMC: each row's distance to the two references. MMD and NS MMD as in Table 1 (median over the 20 "
         f"kernels, mean over layers weighted by parameter count; {{times}}), against the zoo ({'/'.join(map(str, zoo_n))} "
@@ -159,7 +164,7 @@ def caption(zoo: pd.DataFrame, hmc: pd.DataFrame, settings: dict) -> str:
         f"multi-mode units, {settings['repetitions']} repetitions x {settings['chains']} chains from independent "
         f"starts (start={settings['start']}), each chain {settings['draws']} draws after {settings['warmup']} warm-up "
         f"iterations (thinning {settings['thinning']}, trajectory length {settings['trajectory_length']} in the "
-        "adapted mass's units, at most "
+        f"units of the mass matrix ({mass_text(settings)}), at most "
         f"{settings['max_leapfrog_steps']} leapfrog steps per iteration), temperature {settings['temperature']}: "
         "the training split's cross-entropy summed over its images and a Gaussian prior of precision N x the "
         "recipe's weight decay. HMC's own multi-mode row is scored against the other repetitions' chains only "
@@ -203,7 +208,8 @@ def write(exp: Experiment, zoo: pd.DataFrame, hmc: pd.DataFrame, out_dir: Path) 
     text = caption(zoo, hmc, {"repetitions": sample.repetitions, "chains": chains, "draws": sample.per_method // chains,
                               "start": settings.start, "warmup": settings.warmup, "thinning": settings.thinning,
                               "trajectory_length": settings.trajectory_length,
-                              "max_leapfrog_steps": settings.max_leapfrog_steps, "temperature": settings.temperature})
+                              "max_leapfrog_steps": settings.max_leapfrog_steps, "temperature": settings.temperature,
+                              "initial_mass": settings.initial_mass, "adapt_mass": settings.adapt_mass})
     rows = merged(zoo, hmc)
     failed = rows[rows["status"] == "failed"]
     reasons = {label: reason or "no reason recorded" for label, reason in zip(failed.index, failed["reason"])}

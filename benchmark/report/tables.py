@@ -242,7 +242,7 @@ def table3(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
     """Table 3: the rows of :func:`table1`, columns ``TABLE3_SOURCES`` then the NS and WM MMD ranks
     among the experiment's rows that did not fail (text; "n/a" where the MMD is missing)."""
     rows = _ordered(df, TABLE3_SOURCES.values())
-    table = _display(rows, TABLE3_SOURCES, separate)
+    table = display_cells(rows, TABLE3_SOURCES, separate)
     experiment = rows.index.get_level_values(0)
     for label, column in RANK_SOURCES.items():
         values = rows[column].where(rows["status"] != "failed")
@@ -259,15 +259,15 @@ def table1(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
     ``<column> ±`` columns with ``separate``), "failed" or "n/a".
     """
     rows = _ordered(df, [*TABLE1_SOURCES.values(), *TEST_SOURCES.values()])
-    table = _display(rows, TABLE1_SOURCES, separate)
-    tests = _display(rows, TEST_SOURCES, separate, with_half_widths=False)
+    table = display_cells(rows, TABLE1_SOURCES, separate)
+    tests = display_cells(rows, TEST_SOURCES, separate, with_half_widths=False)
     return pd.concat([table, tests], axis=1)
 
 
 def table2(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
     """Table 2 of the paper: the rows of :func:`table1`, columns (MMD | NS MMD) x (median, mean, max),
     then (Shared bandwidths) x (MMD median, NS MMD median) (``TABLE2_SOURCES``)."""
-    table = _display(_ordered(df, TABLE2_SOURCES.values()), TABLE2_SOURCES, separate)
+    table = display_cells(_ordered(df, TABLE2_SOURCES.values()), TABLE2_SOURCES, separate)
     table.columns = pd.MultiIndex.from_tuples(table.columns)
     return table
 
@@ -377,7 +377,7 @@ def _ordered(df: pd.DataFrame, value_columns) -> pd.DataFrame:
     return rows[["status", "reason", *value_columns, *widths]]
 
 
-def _display(rows: pd.DataFrame, sources: dict, separate: bool = False, with_half_widths: bool = True) -> pd.DataFrame:
+def display_cells(rows: pd.DataFrame, sources: dict, separate: bool = False, with_half_widths: bool = True) -> pd.DataFrame:
     """Text cells: value x SCALE to one decimal with `` ± half-width`` ("± n/a" when unknown: a single
     repetition; in a separate ``(label, "±")`` column with ``separate``), "failed" for failed rows,
     "n/a" for missing values."""

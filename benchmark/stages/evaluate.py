@@ -50,7 +50,7 @@ from benchmark.inventory import (
     MissingInputsError, StaleSamplesError, available_rows, describe_store, incomplete_range, reference_seeds,
     reap_results_litter, require_inputs, row_label, row_units,
 )
-from benchmark.reference import HMCReference, Reference, hmc_reference_problem
+from benchmark.reference import ZOO_ROW, HMCReference, Reference, hmc_reference_problem
 from benchmark.results import (
     MEASURED, MMD_COLUMNS, half_width, metrics_path, repetition_rows, repetitions_path, write_metrics, write_repetitions,
 )
@@ -58,7 +58,6 @@ from metrics.uncertainty import interval
 
 log = logging.getLogger(__name__)
 NAME = "evaluate"
-ZOO_ROW = ("zoo", "multi")  # the zoo's own row against HMC: method id and table group
 ZOO_LABEL = "Zoo (reference)"
 
 
