@@ -10,7 +10,7 @@ from torch.utils.data import Dataset, Subset
 from benchmark.core.data.digits import black_pixel_value, digits_tensors
 from benchmark.core.data.in_memory import NOT_IN_MEMORY_REASON, InMemoryImageDataset
 from benchmark.core.data.info import check_split, dataset_info
-from benchmark.core.data.on_disk import NOT_IN_MEMORY, has_arrays, open_arrays, open_on_disk
+from benchmark.core.data.on_disk import has_arrays, open_arrays, open_on_disk, why_not_in_memory
 from benchmark.core.data.transforms import CROP_PADDING, black_fill, eval_transform, levels, normalised_arrays, train_transform
 
 _EMBEDDED = ("digits", "digits_ood")
@@ -37,7 +37,7 @@ def memory_problem(name: str, augment: bool = False) -> str | None:
     if name in _EMBEDDED:
         return None
     if not has_arrays(name):
-        return f"dataset {name}: {NOT_IN_MEMORY[name]}"
+        return f"dataset {name}: {why_not_in_memory(name)}"
     if augment and info.in_channels != 1:
         return (f"dataset {name}: its augmentation (random crop with per-channel black padding, horizontal flip) runs "
                 "through torchvision's PIL transforms, image by image")
@@ -159,12 +159,13 @@ def get_ood_dataset(ood_name: str, id_name: str, data_dir: str | Path, download:
     if ood_name in _EMBEDDED:
         return get_dataset(ood_name, "test", data_dir, download)
     resize = ood_name in _VARIABLE_SIZE or ood.image_size != target.image_size
-    if not resize and memory_problem(ood_name) is None:
+    problem = memory_problem(ood_name)
+    if not resize and problem is None:
         images, labels = open_arrays(ood_name, "test", data_dir, download)
         dataset = InMemoryImageDataset(normalised_arrays(images, target), labels)
     else:
         dataset = open_on_disk(ood_name, "test", data_dir, download, eval_transform(target, resize=resize))
-        setattr(dataset, NOT_IN_MEMORY_REASON, memory_problem(ood_name) or f"dataset {ood_name}: resized image by image")
+        setattr(dataset, NOT_IN_MEMORY_REASON, problem or f"dataset {ood_name}: resized image by image")
     return fixed_subset(dataset, OOD_MAX_ITEMS.get(ood_name))
 
 

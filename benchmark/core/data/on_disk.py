@@ -7,8 +7,8 @@ the path searched and the override that fixes it.
 The sets whose files are arrays (MNIST and FashionMNIST's IDX files, the CIFAR-100 pickles, the
 SVHN ``.mat``) are held by torchvision as one uint8 array once opened: ``open_arrays`` hands that
 array over (``[N, C, H, W]``) instead of one PIL image per item. The sets of image files
-(TinyImageNet's 110,000 JPEGs, DTD's images of every size) have no such array; ``NOT_IN_MEMORY``
-says why for each.
+(TinyImageNet's 110,000 JPEGs, DTD's images of every size) have no such array;
+``why_not_in_memory`` says why for each.
 """
 from __future__ import annotations
 
@@ -59,6 +59,12 @@ class _OnDisk:
     expected: str
     # arrays(dataset opened without transform) -> (images [N, C, H, W] uint8, labels [N] int64); None: image files
     arrays: Callable[[Dataset], tuple[torch.Tensor, torch.Tensor]] | None = None
+    # for a set of image files (no arrays): why it is read image by image rather than held as tensors
+    image_files: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.arrays is None) == (self.image_files is None):
+            raise ValueError(f"an on-disk set has either arrays or the reason it is read as image files ({self.expected})")
 
 
 _ON_DISK: dict[str, _OnDisk] = {
@@ -100,16 +106,13 @@ _ON_DISK: dict[str, _OnDisk] = {
         ),
         lambda split: "tiny-imagenet-200",
         TINYIMAGENET_LAYOUT,
+        image_files="its 110,000 JPEG files are decoded image by image (as float32 tensors the train split alone "
+                    "would take 4.9 GB)",
     ),
     "dtd": _OnDisk(
-        _dtd, lambda split: "dtd/dtd", "dtd/dtd/ with images/<class>/*.jpg and labels/{train,val,test}1.txt"
+        _dtd, lambda split: "dtd/dtd", "dtd/dtd/ with images/<class>/*.jpg and labels/{train,val,test}1.txt",
+        image_files="its JPEG files have every size and are resized image by image",
     ),
-}
-# Why the sets of image files are read image by image rather than held as tensors.
-NOT_IN_MEMORY = {
-    "tinyimagenet": "its 110,000 JPEG files are decoded image by image (as float32 tensors the train split alone "
-                    "would take 4.9 GB)",
-    "dtd": "its JPEG files have every size and are resized image by image",
 }
 
 
@@ -118,13 +121,18 @@ def has_arrays(name: str) -> bool:
     return _ON_DISK[name].arrays is not None
 
 
+def why_not_in_memory(name: str) -> str | None:
+    """For an on-disk set of image files, why it is read image by image; None for a set of arrays."""
+    return _ON_DISK[name].image_files
+
+
 def open_arrays(name: str, split: str, data_dir: str | Path, download: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Split ``split`` of on-disk dataset ``name`` (one with ``has_arrays``) as it is on disk:
     ``(images [N, C, H, W] uint8, labels [N] int64)``, the pixels every item of ``open_on_disk``
     would turn into a PIL image, in the same order. Errors as ``open_on_disk``."""
     spec = _ON_DISK[name]
     if spec.arrays is None:
-        raise ValueError(f"dataset {name!r}: {NOT_IN_MEMORY[name]}; it has no array to read")
+        raise ValueError(f"dataset {name!r}: {spec.image_files}; it has no array to read")
     return spec.arrays(open_on_disk(name, split, data_dir, download, None))
 
 
