@@ -102,6 +102,14 @@ def train_seed(exp: Experiment, seed: int, role: str = "zoo") -> TrainResult:
     )
 
 
+def _one_at_a_time_outcome(exp: Experiment, seed: int, role: str) -> TrainResult | NonFiniteError:
+    """``train_seed``'s result, or the ``NonFiniteError`` it raised (a failure record, not a crash)."""
+    try:
+        return train_seed(exp, seed, role)
+    except NonFiniteError as err:
+        return err
+
+
 def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: str, trainer: str,
                         crosscheck: dict | None = None) -> CheckpointMetadata:
     """Metadata stored with every trained checkpoint (accuracies as fractions: train, validation
@@ -228,11 +236,8 @@ def _train_claimed(exp: Experiment, claimed: dict[int, Claim], seed_range: SeedR
     trainer = exp.zoo_trainer
     if not trainer.stacked:
         for seed in seeds:
-            try:
-                outcome: TrainResult | NonFiniteError = train_seed(exp, seed, role)
-            except NonFiniteError as err:
-                outcome = err
-            _store_outcome(exp, seed, outcome, role, one_at_a_time(exp), claimed[seed], summary)
+            _store_outcome(exp, seed, _one_at_a_time_outcome(exp, seed, role), role, one_at_a_time(exp), claimed[seed],
+                           summary)
             bar.update()
         return
     models = []
@@ -240,13 +245,8 @@ def _train_claimed(exp: Experiment, claimed: dict[int, Claim], seed_range: SeedR
         with seeded(seed):
             models.append(exp.model().to(exp.device))
 
-    others: dict[int, TrainResult | NonFiniteError] = {}
-    for seed in seeds:
-        if seed - seed_range.start < exp.config.zoo.crosscheck:
-            try:
-                others[seed] = train_seed(exp, seed, role)
-            except NonFiniteError as err:
-                others[seed] = err
+    others = {seed: _one_at_a_time_outcome(exp, seed, role) for seed in seeds
+              if seed - seed_range.start < exp.config.zoo.crosscheck}
 
     def done(index: int, outcome: TrainResult | NonFiniteError) -> None:
         seed = seeds[index]

@@ -5,10 +5,12 @@ network's output never depends on the others):
 
 - ``PackedChain`` (CPU): the layer chain of the model (``model.layer_chain()``, or an
   ``nn.Sequential``) run on activations ``[B, C, H, W, K]`` with the network index innermost;
-  convolutions (and a max-pool right after one) go through the numba kernels of
-  ``benchmark.core.training.kernels``, everything else through PyTorch. Supports Conv2d (stride 1,
-  no padding, any groups), ReLU, MaxPool2d (kernel = stride, after a convolution),
-  global average pooling, Flatten, Linear, Identity and Dropout(p=0): OptuNet and the MLP.
+  convolutions (and a max-pool right after one) and the head (global average pooling, the Linear
+  layers, the cross-entropy of ``loss_and_grads``) go through the numba kernels of
+  ``benchmark.core.training.kernels``. Supports a body of Conv2d (stride 1, no padding, any groups)
+  each optionally followed by ReLU and MaxPool2d (kernel = stride), then a head of [global
+  average pooling] -> Flatten -> Linear layers, each optionally followed by one ReLU (Identity and
+  Dropout(p=0) are skipped): OptuNet and the MLP.
 - ``VmapNetworks`` (any device, any model without BatchNorm or active dropout):
   ``torch.func.vmap`` over ``functional_call``; PyTorch batches each convolution into a
   grouped one.
