@@ -1,6 +1,7 @@
 """The ways to train K OptuNets at once that ``bench_zoo.py`` times side by side, per network and step.
 
-- ``packed``: the suite's numba kernels (``PackedChain``, networks in the SIMD lanes);
+- ``packed``: the suite's numba kernels (``PackedChain``, networks in the SIMD lanes), the step as the
+  zoo trainer takes it (``loss_and_grads``: forward, cross-entropy and backward without autograd);
 - ``vmap``: ``torch.func.vmap`` over the model (``VmapNetworks``; PyTorch turns each convolution
   into a grouped one), with oneDNN (mkldnn) on and off;
 - ``grouped``: the same written by hand, the K networks as the groups of one ``conv2d`` per layer and
@@ -8,7 +9,8 @@
 - ``compiled``: ``grouped`` through ``torch.compile`` (inductor), oneDNN on;
 - ``one``: ``train_network``'s loop, one network after the other (the baseline).
 
-Each is timed on the same batches (indices drawn once), one thread, after two warm-up steps; the
+Each is timed on the same batches (indices drawn once), the same SGD (momentum, weight decay), float
+images, one thread, after two warm-up steps; the
 PyTorch-native ones (vmap, grouped, compiled) run unchanged on a GPU.
 """
 from __future__ import annotations
@@ -46,8 +48,16 @@ def _timed(step: Callable[[], None], steps: int) -> float:
     return (time.process_time() - start) / steps
 
 
-def _stacked_step(forward, params, batch, labels, lr: float) -> Callable[[], None]:
-    optimizer = torch.optim.SGD(list(params.values()), lr=lr, momentum=0.9, weight_decay=2e-4)
+LR, MOMENTUM, WEIGHT_DECAY = 0.01, 0.9, 2e-4  # every candidate's SGD
+
+
+def _optimizer(params) -> torch.optim.SGD:
+    return torch.optim.SGD(list(params), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+
+
+def _stacked_step(forward, params, batch, labels) -> Callable[[], None]:
+    """A step through autograd over ``forward`` (the PyTorch-native candidates)."""
+    optimizer = _optimizer(params.values())
     k, b = labels.shape
 
     def step() -> None:
@@ -55,6 +65,18 @@ def _stacked_step(forward, params, batch, labels, lr: float) -> Callable[[], Non
         losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(k, b).mean(1)
         optimizer.zero_grad(set_to_none=True)
         losses.sum().backward()
+        optimizer.step()
+    return step
+
+
+def _fused_step(stacked: PackedChain, params, batch, labels) -> Callable[[], None]:
+    """The packed kernels' step as the zoo trainer takes it: ``loss_and_grads`` without autograd."""
+    optimizer = _optimizer(params.values())
+
+    def step() -> None:
+        _, grads = stacked.loss_and_grads(params, batch(), labels)
+        for key, value in params.items():
+            value.grad = grads[key]
         optimizer.step()
     return step
 
@@ -73,7 +95,7 @@ def seconds_per_network_step(models: list[torch.nn.Module], images: torch.Tensor
     try:
         for name in candidates:
             if name == "one":
-                model, optimizer = models[0], torch.optim.SGD(models[0].parameters(), lr=0.01, momentum=0.9)
+                model, optimizer = models[0], _optimizer(models[0].parameters())
 
                 def step(model=model, optimizer=optimizer):
                     for i in range(k):
@@ -88,7 +110,9 @@ def seconds_per_network_step(models: list[torch.nn.Module], images: torch.Tensor
                 stacked = PackedChain(models[0])
                 source = stacked.source(images, torch.device("cpu"))
                 make_batch = lambda: stacked.batch(source, index, None, 0, 0.0)  # noqa: E731
-                forward = stacked.forward
+                params = {key: value.clone().requires_grad_() for key, value in stacked.pack(states).items()}
+                out[name] = _timed(_fused_step(stacked, params, make_batch, targets), steps) / k
+                continue
             else:
                 stacked = VmapNetworks(models[0])
                 make_batch = lambda: images[index]  # noqa: E731
@@ -97,7 +121,7 @@ def seconds_per_network_step(models: list[torch.nn.Module], images: torch.Tensor
                     forward = torch.compile(grouped_forward, dynamic=False)
             torch.backends.mkldnn.enabled = "mkldnn off" not in name
             params = {key: value.clone().requires_grad_() for key, value in stacked.pack(states).items()}
-            out[name] = _timed(_stacked_step(forward, params, make_batch, targets, 0.01), steps) / k
+            out[name] = _timed(_stacked_step(forward, params, make_batch, targets), steps) / k
     finally:
         torch.backends.mkldnn.enabled = saved
     return out
