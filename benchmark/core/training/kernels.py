@@ -16,13 +16,18 @@ the pooled values and the winning window position, and send each pooled gradient
 position alone, as ``max_pool2d``'s backward does (ties: the first maximum in row-major
 order; NaN wins). ReLU keeps NaN and passes gradient where its output is > 0, as PyTorch's.
 
-Each convolution shape (channels per group, kernel size, pool) gets its own kernels, written out
-as straight-line Python (every tap, every position of a pooling window, every column of a block
-of ``J`` outputs spelled out: ``*_source`` below) into a module file under ``kernel_dir()`` and
+Each convolution shape (channels per group, kernel size, pool; for an un-pooled convolution's
+input gradient also the input size) gets its own kernels, written out as straight-line Python
+(every tap, every position of a pooling window or of an ``R x J`` block of outputs, every cell of
+an input row spelled out: ``*_source`` below) into a module file under ``kernel_dir()`` and
 compiled by numba with its disk cache (``cache=True``), so a new process loads them instead of
 compiling again (a second or two per shape the first time). Inside the network loop (the one
 LLVM vectorises, 16 networks per AVX-512 vector) a pooling window's or a block's outputs share
-each weight load, and the weight gradients add a window's (a block's) products to each tap once.
+each weight load, the weight gradients add a window's (a block's) products to each tap once, and
+the input gradient keeps a row of input cells in registers while a row of taps adds to it. Sums
+that a loop builds go to stack arrays (``stack_array``), which no argument can overlap: LLVM
+vectorises a loop only while the run-time overlap checks between its stores and its loads stay
+under its limit, which a block's many loads exceed when it stores to an argument.
 The only floating-point licence is ``contract`` (a multiply and the add after it may become one
 fused multiply-add); every lane computes the same operations in the same order whatever K is, so
 a network's result does not depend on how many others share the kernel.
@@ -184,14 +189,15 @@ def dense_backward(x: np.ndarray, w: np.ndarray, out: np.ndarray, grad_out: np.n
 
 
 @njit(cache=True, fastmath={"contract"})
-def cross_entropy(logits: np.ndarray, labels: np.ndarray, losses: np.ndarray, grad: np.ndarray) -> None:  # pragma: no cover - compiled
-    """Per network, the mean cross-entropy of its ``B`` images: ``logits [B, O, K]``, ``labels [B, K]``
-    -> ``losses [K]`` and ``grad [B, O, K]``, the gradient of each network's mean loss
-    (``(softmax - onehot) / B``). NaN/Inf logits give a NaN/Inf loss."""
+def cross_entropy(logits: np.ndarray, labels: np.ndarray, losses: np.ndarray, grad: np.ndarray,
+                  count: int) -> None:  # pragma: no cover - compiled
+    """Per network, the cross-entropy of ``B`` images of a batch of ``count``: ``logits [B, O, K]``,
+    ``labels [B, K]`` -> each image's loss added to ``losses [K]`` in image order (the batch's mean
+    is then ``losses / count``, taken by the caller once every part of the batch is in) and
+    ``grad [B, O, K]``, the gradient of each network's mean loss over the batch
+    (``(softmax - onehot) / count``). NaN/Inf logits give a NaN/Inf loss."""
     n_b, n_o, n_k = logits.shape
     zero = logits.dtype.type(0)
-    for k in range(n_k):
-        losses[k] = zero
     for b in range(n_b):
         for k in range(n_k):
             top = logits[b, 0, k]
@@ -204,9 +210,7 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray, losses: np.ndarray, gr
             label = labels[b, k]
             losses[k] += top + np.log(total) - logits[b, label, k]
             for o in range(n_o):
-                grad[b, o, k] = (grad[b, o, k] / total - (o == label)) / n_b
-    for k in range(n_k):
-        losses[k] /= n_b
+                grad[b, o, k] = (grad[b, o, k] / total - (o == label)) / count
 
 
 class ConvKernels(NamedTuple):
@@ -216,7 +220,8 @@ class ConvKernels(NamedTuple):
     forward: Callable[..., None]
     """``forward(x, w, bias, has_bias, groups, relu, out)``: ``out [B, C_out, Ho, Wo, K] = [relu](conv2d(x, w) + bias)``."""
     backward: Callable[..., None]
-    """``backward(x, w, out, grad_out, groups, relu, grad_x, grad_w, need_x)``."""
+    """``backward(x, w, out, grad_out, groups, relu, grad_w)``: the weight gradient (the input
+    gradient: ``input_grad_kernel``)."""
     pool_forward: Callable[..., None]
     """``pool_forward(x, w, bias, has_bias, groups, relu, out, arg)``: ``out [B, C_out, Hp, Wp, K] =
     [relu](max_pool2d(conv2d(x, w) + bias, pool))``; ``arg`` (int8): the winner ``r * pool + s``."""
@@ -225,7 +230,8 @@ class ConvKernels(NamedTuple):
 
 
 CHUNK = 64  # networks whose weight-gradient sums one stack array holds (per tap)
-J = 4  # adjacent output columns of an un-pooled convolution whose products go to a tap at once
+J = 4  # adjacent output columns of an un-pooled convolution computed (forward) or added to a tap (backward) at once
+R = 2  # adjacent output rows of an un-pooled convolution's forward block (R x J positions share each weight load)
 HEAD = ('"""Packed convolution kernels generated by benchmark/core/training/kernels.py (do not edit)."""\n'
         "import numpy as np\nfrom numba import njit\n\nfrom benchmark.core.training.kernels import stack_array\n\n\n")
 
@@ -274,19 +280,40 @@ def _chunks(taps: list[tuple[int, int, int]], passes: list[str]) -> list[str]:
 
 
 def forward_source(cpg: int, kh: int, kw: int) -> str:
-    """``forward(x, w, bias, has_bias, groups, relu, out)``: one output position per network loop, its
-    taps spelled out."""
-    body = ["a = bias[o, k] if has_bias else zero"]
-    body += [f"a += w[o, {c}, {p}, {q}, k] * x[b, first + {c}, i + {p}, j + {q}, k]" for c, p, q in _taps(cpg, kh, kw)]
-    body += ["out[b, o, i, j, k] = zero if relu and a <= 0 else a"]
-    return _kernel("forward", "x, w, bias, has_bias, groups, relu, out", ["ho, wo = out.shape[2], out.shape[3]"],
-                   _nest(["for i in range(ho):", "for j in range(wo):", "for k in range(n_k):"], body))
+    """``forward(x, w, bias, has_bias, groups, relu, out)``: blocks of ``R x J`` output positions per
+    network loop (then the rows and columns left over), each weight loaded once for the block; the
+    block's sums go to a stack array first (``acc``) and from there, through the ReLU, to ``out``, so
+    that the loop that computes them stores to no argument (LLVM gives up vectorising a loop when
+    the run-time overlap checks of its stores against its many loads exceed its limit)."""
+
+    def block(rows: int, width: int) -> list[str]:
+        pos = [(r, s) for r in range(rows) for s in range(width)]
+        body = ["k = np.uint64(kc + l)", "b0 = bias[o, k] if has_bias else zero", *[f"a{r}_{s} = b0" for r, s in pos]]
+        for c, p, q in _taps(cpg, kh, kw):
+            body.append(f"w_ = w[o, {c}, {p}, {q}, k]")
+            body += [f"a{r}_{s} += w_ * x[b, first + {c}, i + {r + p}, j + {s + q}, k]" for r, s in pos]
+        body += [f"acc[{n * CHUNK} + l] = a{r}_{s}" for n, (r, s) in enumerate(pos)]
+        lines = [f"for kc in range(0, n_k, {CHUNK}):", f"    n_l = min({CHUNK}, n_k - kc)", "    for l in range(n_l):",
+                 *_block(body, 2)]
+        for n, (r, s) in enumerate(pos):
+            lines += ["    for l in range(n_l):", f"        a_ = acc[{n * CHUNK} + l]",
+                      f"        out[b, o, i + {r}, j + {s}, np.uint64(kc + l)] = zero if relu and a_ <= 0 else a_"]
+        return lines
+
+    def row_blocks(rows: int) -> list[str]:
+        return [f"for jb in range(wo // {J}):", f"    j = jb * {J}", *_block(block(rows, J), 1),
+                f"for j in range(wo - wo % {J}, wo):", *_block(block(rows, 1), 1)]
+
+    loops = [f"for ib in range(ho // {R}):", f"    i = ib * {R}", *_block(row_blocks(R), 1),
+             f"for i in range(ho - ho % {R}, ho):", *_block(row_blocks(1), 1)]
+    return _kernel("forward", "x, w, bias, has_bias, groups, relu, out",
+                   ["ho, wo = out.shape[2], out.shape[3]", f"acc = stack_array(x, {R * J * CHUNK})"], loops)
 
 
 def backward_source(cpg: int, kh: int, kw: int) -> str:
-    """``backward(x, w, out, grad_out, groups, relu, grad_x, grad_w, need_x)``: the products of ``J``
-    adjacent columns (then of one) added to each tap at once; the input gradient from the gradient
-    after the ReLU of one image and channel (``gd``)."""
+    """``backward(x, w, out, grad_out, groups, relu, grad_w)``: the weight gradient, the products of
+    ``J`` adjacent columns (then of one) added to each tap at once (the input gradient is
+    ``input_grad_source``'s kernel)."""
     taps = _taps(cpg, kh, kw)
 
     def columns(width: int) -> list[str]:
@@ -297,22 +324,44 @@ def backward_source(cpg: int, kh: int, kw: int) -> str:
 
     passes = ["for i in range(ho):", "    j = 0", f"    while j + {J} <= wo:", *_block(columns(J), 2),
               "    while j < wo:", *_block(columns(1), 2)]
-    # The input gradient row by row: for a tap, the output columns and networks of row i are one run of
-    # wo * K consecutive values, as are the input cells they reach; the weight is tiled along it (wt).
-    need_x = ["if need_x:", *_block(_nest(["for i in range(ho):", "for j in range(wo):", "for k in range(n_k):"],
-                                          ["gd[i, j, k] = grad_out[b, o, i, j, k] if not relu or out[b, o, i, j, k] > 0 else zero"]), 1),
-              *_block(_nest(["for c in range(cpg):", "for p in range(w.shape[2]):", "for q in range(w.shape[3]):",
-                             "for i in range(ho):", "for m in range(wo * n_k):"],
-                            ["gx[b, first + c, i + p, np.uint64(q * n_k + m)] += wt[o, c, p, q, m] * gdr[i, m]"]), 1)]
-    return _kernel("backward", "x, w, out, grad_out, groups, relu, grad_x, grad_w, need_x",
-                   ["ho, wo = grad_out.shape[2], grad_out.shape[3]", f"acc = stack_array(x, {len(taps) * CHUNK})",
-                    "gd = np.empty((ho, wo, n_k), dtype=x.dtype)", "gdr = gd.reshape((ho, wo * n_k))",
-                    "wt = np.empty((c_out, cpg, w.shape[2], w.shape[3], wo * n_k) if need_x else (1, 1, 1, 1, 1), dtype=x.dtype)",
-                    "if need_x:", *_block(_nest(["for o in range(c_out):", "for c in range(cpg):", "for p in range(w.shape[2]):",
-                                                "for q in range(w.shape[3]):", "for j in range(wo):", "for k in range(n_k):"],
-                                               ["wt[o, c, p, q, j * n_k + k] = w[o, c, p, q, k]"]), 1),
-                    "gx = grad_x.reshape((grad_x.shape[0], grad_x.shape[1], grad_x.shape[2], grad_x.shape[3] * n_k) if need_x else (1, 1, 1, 1))"],
-                   _chunks(taps, passes) + need_x)
+    return _kernel("backward", "x, w, out, grad_out, groups, relu, grad_w",
+                   ["ho, wo = grad_out.shape[2], grad_out.shape[3]", f"acc = stack_array(x, {len(taps) * CHUNK})"],
+                   _chunks(taps, passes))
+
+
+def input_grad_source(cpg: int, kh: int, kw: int, height: int, width: int) -> str:
+    """``input_grad(w, out, grad_out, groups, relu, grad_x)``: the input gradient of an un-pooled
+    convolution of ``height x width`` inputs, added to ``grad_x``. For each image, input channel and
+    ``CHUNK`` networks, the input plane lives in a stack array (``plane``) while every output
+    channel of its group adds to it: output row ``i`` (last row first) adds tap row ``p`` to input
+    row ``i + p``, whose ``width`` cells stay in registers for all the ``kw`` taps of the row. Each
+    input cell thus receives its terms in the order of the row-run formulation (output channel, then
+    ``p``, then ``q``), so the sums are the same to the bit."""
+    ho, wo = height - kh + 1, width - kw + 1
+    row = width * CHUNK
+    body = ["k = np.uint64(kc + l)", *[f"g{j} = grad_out[b, o, i, {j}, k]" for j in range(wo)],
+            *[f"g{j} = g{j} if not relu or out[b, o, i, {j}, k] > 0 else zero" for j in range(wo)]]
+    for p in range(kh):
+        cell = [f"plane[np.uint64(base + {p * row + x * CHUNK} + l)]" for x in range(width)]
+        body += [f"v{x} = {cell[x]}" for x in range(width)]
+        for q in range(kw):
+            body += [f"w_ = w[o, c, {p}, {q}, k]", *[f"v{j + q} += w_ * g{j}" for j in range(wo)]]
+        body += [f"{cell[x]} = v{x}" for x in range(width)]
+    plane_at = f"plane[(y * {width} + x) * {CHUNK} + l]"
+    grad_at = "grad_x[b, first + c, y, x, np.uint64(kc + l)]"
+    cells = ["for y in range(h):", "for x in range(wd):", "for l in range(n_l):"]
+    nest = ["for b in range(n_b):", "    for grp in range(groups):", "        first = grp * cpg", "        for c in range(cpg):",
+            f"            for kc in range(0, n_k, {CHUNK}):", f"                n_l = min({CHUNK}, n_k - kc)",
+            *_block(_nest(cells, [f"{plane_at} = {grad_at}"]), 4),
+            "                for o in range(grp * opg, (grp + 1) * opg):", "                    for i in range(ho - 1, -1, -1):",
+            f"                        base = i * {row}", "                        for l in range(n_l):", *_block(body, 7),
+            *_block(_nest(cells, [f"{grad_at} = {plane_at}"]), 4)]
+    lines = ["@njit(cache=True, fastmath={'contract'})",
+             "def input_grad(w, out, grad_out, groups, relu, grad_x):  # pragma: no cover - compiled",
+             "    n_b, n_k = grad_x.shape[0], grad_x.shape[4]", "    c_out, cpg = w.shape[0], w.shape[1]", "    opg = c_out // groups",
+             "    h, wd, ho = grad_x.shape[2], grad_x.shape[3], grad_out.shape[2]",
+             f"    plane = stack_array(grad_x, {height * width * CHUNK})", "    zero = grad_x.dtype.type(0)", *_block(nest, 1)]
+    return "\n".join(lines) + "\n"
 
 
 def pool_forward_source(cpg: int, kh: int, kw: int, pool: int) -> str:
@@ -402,3 +451,16 @@ def conv_kernels(cpg: int, kh: int, kw: int, pool: int = 1) -> ConvKernels:
     pooled = _module(HEAD + pool_forward_source(cpg, kh, kw, pool) + "\n\n" + pool_backward_source(cpg, kh, kw, pool),
                      f"conv_c{cpg}_k{kh}x{kw}_pool{pool}")
     return ConvKernels(plain.forward, plain.backward, pooled.pool_forward, pooled.pool_backward)
+
+
+@functools.lru_cache(maxsize=None)
+def input_grad_kernel(cpg: int, kh: int, kw: int, height: int, width: int) -> Callable[..., None]:
+    """``input_grad(w, out, grad_out, groups, relu, grad_x)`` of an un-pooled convolution with
+    ``cpg`` input channels per group and a ``kh x kw`` kernel on ``height x width`` inputs
+    (``input_grad_source``): ``grad_x [B, C_in, height, width, K]`` += the gradient that
+    ``grad_out [B, C_out, Ho, Wo, K]`` (zeroed where a ReLU output ``out`` is not > 0) sends back."""
+    if min(cpg, kh, kw) < 1 or height < kh or width < kw:
+        raise ValueError(f"input_grad_kernel: need positive sizes and an input of at least the kernel, got cpg={cpg} "
+                         f"kernel={kh}x{kw} input={height}x{width}")
+    module = _module(HEAD + input_grad_source(cpg, kh, kw, height, width), f"conv_c{cpg}_k{kh}x{kw}_input{height}x{width}")
+    return module.input_grad

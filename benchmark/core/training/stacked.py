@@ -32,11 +32,13 @@ from torch.func import functional_call, vmap
 
 from benchmark.core.data import crop_at
 from benchmark.core.training.kernels import (
-    average_positions, conv_kernels, cross_entropy, dense_backward, dense_forward, gather_batch, spread_positions,
+    average_positions, conv_kernels, cross_entropy, dense_backward, dense_forward, gather_batch, input_grad_kernel,
+    spread_positions,
 )
 
 Params = dict[str, torch.Tensor]
 LANES = 16  # networks per SIMD vector of float32 (AVX-512); stacks are padded to a multiple of it
+PART_IMAGES = 16  # images of a training batch that loss_and_grads takes through forward and backward at a time
 
 
 class NotStackableError(ValueError):
@@ -192,19 +194,24 @@ def _conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def _conv_backward(saved: tuple, grad_out: torch.Tensor, groups: int, pool: int, relu: bool, has_bias: bool,
-                   need_x: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
-    """``(grad_x or None, grad_w, grad_b or None)`` of ``_conv_forward`` given ``grad_out``."""
+                   need_x: bool, grad_w: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """``(grad_x or None, grad_w, grad_b or None)`` of ``_conv_forward`` given ``grad_out``; the
+    weight gradient is added to ``grad_w`` when given (image by image: a batch's parts added in
+    turn give the whole batch's sums to the bit), else to zeros."""
     x, weight, out, *arg = saved
     _, cpg, kh, kw, _ = weight.shape
     kernels = conv_kernels(cpg, kh, kw, max(pool, 1))
     grad_out = grad_out.contiguous()
-    grad_w = torch.zeros_like(weight)
+    grad_w = torch.zeros_like(weight) if grad_w is None else grad_w
     grad_x = torch.zeros_like(x) if need_x else x.new_zeros((1,) * 5)
     args = (x.numpy(), weight.numpy(), out.numpy(), grad_out.numpy())
     if pool:
         kernels.pool_backward(*args, arg[0].numpy(), groups, relu, grad_x.numpy(), grad_w.numpy(), need_x)
     else:
-        kernels.backward(*args, groups, relu, grad_x.numpy(), grad_w.numpy(), need_x)
+        kernels.backward(*args, groups, relu, grad_w.numpy())
+        if need_x:
+            input_grad_kernel(cpg, kh, kw, *x.shape[2:4])(weight.numpy(), out.numpy(), grad_out.numpy(), groups, relu,
+                                                          grad_x.numpy())
     grad_b = (grad_out * (out > 0) if relu else grad_out).sum(dim=(0, 2, 3)) if has_bias else None
     return (grad_x if need_x else None), grad_w, grad_b
 
@@ -271,15 +278,18 @@ def _head_forward(x: torch.Tensor, gap: bool, layers: tuple[_Op, ...], params) -
 
 
 def _head_backward(saved: tuple, grad: torch.Tensor, gap: bool, layers: tuple[_Op, ...],
-                   need_x: bool) -> tuple[torch.Tensor | None, list]:
+                   need_x: bool, into: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> tuple[torch.Tensor | None, list]:
     """``(grad_x or None, [grad weight, grad bias or None] per layer, in turn)`` of ``_head_forward``
-    given the gradient of its logits ``grad [B, classes, K]`` (overwritten)."""
+    given the gradient of its logits ``grad [B, classes, K]`` (overwritten). ``into``: per layer,
+    the ``(weight [out, in, K], bias [out, K])`` gradient sums to add this batch's to, image by
+    image (``head_sums``); else zeros."""
     x, inputs, weights, last, has_bias = saved
+    into = head_sums(weights) if into is None else into
     grads: list[torch.Tensor | None] = []
     for index in reversed(range(len(layers))):
         w, features = weights[index], inputs[index]
         out = last if index == len(layers) - 1 else inputs[index + 1]
-        grad_w, grad_b = torch.zeros_like(w), w.new_zeros(w.shape[0], w.shape[2])
+        grad_w, grad_b = into[index]
         need = index > 0 or need_x
         grad_in = torch.empty_like(features) if need else features.new_zeros((1, 1, 1))
         dense_backward(features.numpy(), w.numpy(), out.numpy(), grad.numpy(), layers[index].relu, grad_in.numpy(),
@@ -293,6 +303,12 @@ def _head_backward(saved: tuple, grad: torch.Tensor, gap: bool, layers: tuple[_O
         spread_positions(grad.numpy(), grad_x.numpy())
         return grad_x, grads
     return grad.view(x.shape), grads
+
+
+def head_sums(weights: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Zeroed gradient sums ``(weight [out, in, K], bias [out, K])`` of the head's layers, from their
+    weights as ``_head_forward`` lays them out."""
+    return [(torch.zeros_like(w), w.new_zeros(w.shape[0], w.shape[2])) for w in weights]
 
 
 class _Head(torch.autograd.Function):
@@ -434,38 +450,50 @@ class PackedChain:
         images of ``batch`` (``forward``'s input) against ``labels [K, B]`` -> ``(losses [K],
         gradients of each network's loss keyed like params)``, the forward, loss and backward all
         through the numba kernels. Same results as autograd over ``forward`` and
-        ``F.cross_entropy``, up to rounding."""
-        n_k, lanes = self.count(params), batch.shape[-1]
+        ``F.cross_entropy``, up to rounding.
+
+        The batch goes through in parts of ``PART_IMAGES`` images, each part's whole forward and
+        backward before the next, so that its activations are still in the cache when the backward
+        reads them (a batch of 64 MNIST images for 128 networks is 26 MB; gathering each part just
+        before its forward instead of the batch at once was slower, measured). The kernels add to
+        the weight gradients image by image, so the parts give the whole batch's sums to the bit (a
+        convolution's bias gradient excepted: torch sums each part, then the parts are added)."""
+        n_k, lanes, n_b = self.count(params), batch.shape[-1], batch.shape[0]
         padded = self._padded(params, lanes)
-        x, saved = batch, []
-        for op in self.body:
-            if op.kind == "conv":
-                bias = padded.get(f"{op.prefix}.bias") if op.has_bias else None
-                x, context = _conv_forward(x, padded[f"{op.prefix}.weight"], bias, op.groups, op.pool, op.relu)
-            else:
-                x, context = torch.relu(x), x
-            saved.append(context)
-        head = [padded.get(f"{layer.prefix}.{leaf}") for layer in self.layers for leaf in ("weight", "bias")]
-        logits, context = _head_forward(x, self.gap, self.layers, head)
         targets = torch.cat([labels, labels[:1].expand(lanes - n_k, -1)]).T.contiguous()
-        losses, grad = logits.new_empty(lanes), torch.empty_like(logits)
-        cross_entropy(logits.numpy(), targets.numpy(), losses.numpy(), grad.numpy())
-        grad, head_grads = _head_backward(context, grad, self.gap, self.layers, need_x=bool(self.body))
-        grads = {}
-        for layer, weight, bias in zip(self.layers, head_grads[::2], head_grads[1::2]):
-            grads[f"{layer.prefix}.weight"] = weight
-            if bias is not None:
-                grads[f"{layer.prefix}.bias"] = bias
-        for index in reversed(range(len(self.body))):
-            op, context = self.body[index], saved[index]
-            if op.kind == "conv":
-                grad, grads[f"{op.prefix}.weight"], bias = _conv_backward(context, grad, op.groups, op.pool, op.relu,
-                                                                          op.has_bias, need_x=index > 0)
+        head = [padded.get(f"{layer.prefix}.{leaf}") for layer in self.layers for leaf in ("weight", "bias")]
+        losses, sums, head_into = batch.new_zeros(lanes), {}, None
+        for start in range(0, n_b, PART_IMAGES):
+            x, saved = batch[start : start + PART_IMAGES], []
+            for op in self.body:
+                if op.kind == "conv":
+                    bias = padded.get(f"{op.prefix}.bias") if op.has_bias else None
+                    x, context = _conv_forward(x, padded[f"{op.prefix}.weight"], bias, op.groups, op.pool, op.relu)
+                else:
+                    x, context = torch.relu(x), x
+                saved.append(context)
+            logits, context = _head_forward(x, self.gap, self.layers, head)
+            grad = torch.empty_like(logits)
+            cross_entropy(logits.numpy(), targets[start : start + PART_IMAGES].numpy(), losses.numpy(), grad.numpy(), n_b)
+            head_into = head_sums(context[2]) if head_into is None else head_into
+            grad, head_grads = _head_backward(context, grad, self.gap, self.layers, need_x=bool(self.body), into=head_into)
+            for layer, weight, bias in zip(self.layers, head_grads[::2], head_grads[1::2]):
+                sums[f"{layer.prefix}.weight"] = weight
                 if bias is not None:
-                    grads[f"{op.prefix}.bias"] = bias
-            else:
-                grad = grad * (context > 0)
-        return losses[:n_k], {key: self._unpadded(key, grads[key], n_k) for key in params}
+                    sums[f"{layer.prefix}.bias"] = bias
+            for index in reversed(range(len(self.body))):
+                op, context = self.body[index], saved[index]
+                if op.kind == "conv":
+                    key = f"{op.prefix}.weight"
+                    grad, sums[key], bias = _conv_backward(context, grad, op.groups, op.pool, op.relu, op.has_bias,
+                                                           need_x=index > 0, grad_w=sums.get(key))
+                    if bias is not None:
+                        key = f"{op.prefix}.bias"
+                        sums[key] = bias if key not in sums else sums[key] + bias
+                else:
+                    grad = grad * (context > 0)
+        losses /= n_b
+        return losses[:n_k], {key: self._unpadded(key, sums[key], n_k) for key in params}
 
     def _unpadded(self, key: str, value: torch.Tensor, count: int) -> torch.Tensor:
         """``value`` (a stacked parameter's gradient over the padded lanes) cut to ``count`` networks."""

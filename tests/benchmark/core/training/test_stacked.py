@@ -159,3 +159,32 @@ def test_batches_gathered_from_uint8_codes_equal_those_from_the_images(count, fi
     kept = packed._padding[3]  # made once per source: a second batch reuses it
     packed.batch(coded, index, offsets, 2, -0.7)
     assert packed._padding[3] is kept and isinstance(kept, type(coded)) == (count < 256 or fill_is_a_level)
+
+
+def test_a_batch_taken_in_parts_gives_the_whole_batch_sums_to_the_bit(monkeypatch):
+    """loss_and_grads runs a batch in parts of PART_IMAGES images (for the cache); the kernels add
+    the parts' gradients image by image, so 40 images in parts of 16, 16 and 8 give exactly what
+    one part of 40 gives, and each network's autograd gradient."""
+    import benchmark.core.training.stacked as stacked_module
+
+    torch.manual_seed(3)
+    k, b = 5, 40
+    states = [optunet().state_dict() for _ in range(k)]
+    images = torch.randn(k, b, 1, 28, 28)
+    labels = torch.randint(0, 10, (k, b))
+    stacked = stacked_networks(optunet(), CPU, "packed")
+    params = stacked.pack(states)
+    batch = stacked.batch(stacked.source(images.flatten(0, 1), CPU), torch.arange(k * b).view(k, b), None, 0, 0.0)
+    monkeypatch.setattr(stacked_module, "PART_IMAGES", 16)
+    losses, grads = stacked.loss_and_grads(params, batch, labels)
+    monkeypatch.setattr(stacked_module, "PART_IMAGES", b)
+    whole_losses, whole_grads = stacked.loss_and_grads(params, batch, labels)
+    assert torch.equal(losses, whole_losses)
+    for key in grads:
+        assert torch.equal(grads[key], whole_grads[key]), key
+    want_logits, want_grads = per_network(lambda: optunet().double(), [{key: v.double() for key, v in s.items()} for s in states],
+                                          images.double(), labels)
+    for i in range(k):
+        torch.testing.assert_close(losses[i].double(), F.cross_entropy(want_logits[i], labels[i]), rtol=1e-5, atol=1e-6)
+        for key, want in want_grads[i].items():
+            torch.testing.assert_close(stacked.unpack(grads, i)[key].double(), want, rtol=1e-4, atol=1e-6, msg=f"network {i} {key}")
