@@ -1,8 +1,9 @@
 """Wall time and convergence of one HMC unit on an experiment: ``chains`` chains started as the
 sample stage starts them (seeds 100000, 100001, ...; ``start=init``), each run to ``draws`` kept
 draws under the configured ``methods.hmc.*`` settings, in one process and one thread; then each
-chain's summary, the predictive R-hat and per-chain ESS on the test split (Izmailov et al. 2021,
-by ArviZ), E-BFMI, and the test accuracy of each chain's and of all chains' predictive.
+chain's summary, the predictive R-hat on the test split (Izmailov et al. 2021, by ArviZ) of the
+first 10, 20, 40, draws / 2 draws and of all of them, the per-chain ESS, E-BFMI, and the test
+accuracy of each chain's and of all chains' predictive.
 
 Not run by ``make bench`` (minutes to hours). Usage:
 ``OMP_NUM_THREADS=1 python bench/hmc_unit.py 10 10 [key=value ...]`` (a multi-mode unit of the
@@ -44,6 +45,10 @@ def main() -> None:
             print(json.dumps(summary), flush=True)
         images, labels = exp.test_tensors
         probs = method.chain_predictions(chains, images)
+        for n in sorted({n for n in (10, 20, 40, draws // 2) if 4 <= n < draws}):  # does R-hat fall as the chains grow?
+            early = predictive_convergence(probs[:, :n], labels)
+            print(f"first {n} draws: R-hat test log-lik. {early['rhat_loglik']:.2f}, softmax median "
+                  f"{early['rhat_softmax_median']:.2f}, softmax R-hat < 1.1 on {100 * early['softmax_converged']:.1f}%", flush=True)
         report = predictive_convergence(probs, labels)
         report["ess_loglik"] = report["ess_loglik"].tolist()
         print(json.dumps(report))
