@@ -5,9 +5,15 @@ chain's summary, the predictive R-hat on the test split (Izmailov et al. 2021, b
 first 10, 20, 40, draws / 2 draws and of all of them, the per-chain ESS, E-BFMI, and the test
 accuracy of each chain's and of all chains' predictive.
 
+``--per-start R`` runs ``R`` chains from each of the ``chains`` starts instead of one (the same
+descended start and ``M^-1``, each chain with a random stream of its own: seeds 200000 + 100 x start
++ r), and also prints the R-hat among the chains of each start: whether the chains agree within
+the region they start in, apart from any differences between modes.
+
 Not run by ``make bench`` (minutes to hours). Usage:
 ``OMP_NUM_THREADS=1 python bench/hmc_unit.py 10 10 [key=value ...]`` (a multi-mode unit of the
-default run: 10 chains x 10 draws; ``1 100`` is a one-mode unit).
+default run: 10 chains x 10 draws; ``1 100`` is a one-mode unit);
+``python bench/hmc_unit.py 3 40 --per-start 4`` (3 starts x 4 chains x 40 draws).
 """
 from __future__ import annotations
 
@@ -24,21 +30,54 @@ import torch  # noqa: E402
 
 from benchmark import config  # noqa: E402
 from benchmark.experiment import Experiment  # noqa: E402
+from methods.hmc import sampling_seed  # noqa: E402
+from methods.hmc_kernel import new_chain  # noqa: E402
 from metrics.mcmc import bfmi, predictive_convergence  # noqa: E402
 
 
+def chains_per_start(method, starts: int, per_start: int) -> list:
+    """``per_start`` new chains at each of ``starts`` starts (seeds 100000, ...), as ``start_chains``
+    starts them, the chains of a start differing only in their random streams."""
+    chains = []
+    for i, begun in enumerate(method.start_chains(list(range(100000, 100000 + starts)))):
+        for r in range(per_start):
+            seed = 200000 + 100 * i + r
+            chain = new_chain(f"start{i}_chain{r}", begun.start, seed, sampling_seed(seed), begun.initial_inverse_mass)
+            chain.origin = dict(begun.origin)
+            chains.append(chain)
+    return chains
+
+
+def convergence_line(probs: torch.Tensor, labels: torch.Tensor) -> str:
+    """One line: R-hat of the test log-likelihood and of the softmax outputs of ``probs [chains, draws, N, classes]``."""
+    r = predictive_convergence(probs, labels)
+    return (f"R-hat test log-lik. {r['rhat_loglik']:.2f}, softmax median {r['rhat_softmax_median']:.2f}, "
+            f"softmax R-hat < 1.1 on {100 * r['softmax_converged']:.1f}%, ESS log-lik. per chain "
+            f"{[round(float(e), 1) for e in r['ess_loglik']]}")
+
+
 def main() -> None:
-    if len(sys.argv) < 3:
+    args = sys.argv[1:]
+    per_start = 1
+    if "--per-start" in args:
+        at = args.index("--per-start")
+        per_start = int(args[at + 1])
+        del args[at : at + 2]
+    if len(args) < 2 or per_start < 1:
         raise SystemExit(__doc__)
-    chains_n, draws, overrides = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-    torch.set_num_threads(1)
+    chains_n, draws, overrides = int(args[0]), int(args[1]), args[2:]
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     exp = Experiment(config.compose_config(["store=bench/_work/hmc_store", "results=bench/_work/hmc_results", *overrides]))
     with exp.backends():
         method = exp.build_method("hmc")
         print(method.settings, flush=True)
         began = time.perf_counter()
-        chains = method.run_chains(method.start_chains(list(range(100000, 100000 + chains_n))), draws, progress=True)
-        print(f"wall {time.perf_counter() - began:.1f} s for {chains_n} chains x {draws} draws", flush=True)
+        if per_start == 1:
+            chains = method.start_chains(list(range(100000, 100000 + chains_n)))
+        else:
+            chains = chains_per_start(method, chains_n, per_start)
+        chains = method.run_chains(chains, draws, progress=True)
+        print(f"wall {time.perf_counter() - began:.1f} s for {len(chains)} chains x {draws} draws", flush=True)
         for chain in chains:
             summary = chain.summary()
             summary["divergences"] = len(summary["divergences"])
@@ -49,6 +88,11 @@ def main() -> None:
             early = predictive_convergence(probs[:, :n], labels)
             print(f"first {n} draws: R-hat test log-lik. {early['rhat_loglik']:.2f}, softmax median "
                   f"{early['rhat_softmax_median']:.2f}, softmax R-hat < 1.1 on {100 * early['softmax_converged']:.1f}%", flush=True)
+        if per_start > 1:  # within each start's chains, then across starts (the first chain of each)
+            by_start = probs.reshape(chains_n, per_start, *probs.shape[1:])
+            for i in range(chains_n):
+                print(f"the {per_start} chains of start {i}: {convergence_line(by_start[i], labels)}", flush=True)
+            print(f"across the {chains_n} starts (their first chains): {convergence_line(by_start[:, 0], labels)}", flush=True)
         report = predictive_convergence(probs, labels)
         report["ess_loglik"] = report["ess_loglik"].tolist()
         print(json.dumps(report))

@@ -188,3 +188,52 @@ def test_a_batch_taken_in_parts_gives_the_whole_batch_sums_to_the_bit(monkeypatc
         torch.testing.assert_close(losses[i].double(), F.cross_entropy(want_logits[i], labels[i]), rtol=1e-5, atol=1e-6)
         for key, want in want_grads[i].items():
             torch.testing.assert_close(stacked.unpack(grads, i)[key].double(), want, rtol=1e-4, atol=1e-6, msg=f"network {i} {key}")
+
+
+STEP_DIGEST = """
+import hashlib, json, sys
+import numba, torch
+from benchmark.core.models import optunet
+from benchmark.core.training.stacked import stacked_networks
+torch.manual_seed(0)
+k, b = 32, 16
+states = [optunet().state_dict() for _ in range(k)]
+images, labels = torch.rand(k * b, 1, 28, 28), torch.randint(0, 10, (k, b))
+stacked = stacked_networks(optunet(), torch.device("cpu"), "packed")
+params = stacked.pack(states)
+batch = stacked.batch(stacked.source(images, torch.device("cpu")), torch.arange(k * b).view(k, b), None, 0, 0.0)
+losses, grads = stacked.loss_and_grads(params, batch, labels)
+digest = hashlib.sha256(losses.numpy().tobytes())
+for key in sorted(grads):
+    digest.update(grads[key].contiguous().numpy().tobytes())
+print(json.dumps({"features": numba.config.CPU_FEATURES, "digest": digest.hexdigest()}))
+"""
+
+
+def test_the_packed_step_is_the_same_to_the_bit_with_512_bit_vectors(tmp_path):
+    """kernels.prefer_full_width_vectors (AVX-512 CPUs) changes the vector width, not one bit of a
+    training step: 32 OptuNets' losses and gradients with 512-bit vectors equal those compiled with
+    LLVM's own choice for the CPU (256-bit; NUMBA_CPU_FEATURES set to the host's features)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from numba.core.codegen import get_host_cpu_features
+
+    from tests.conftest import REPO
+
+    host = get_host_cpu_features()
+    if "+avx512f" not in host.split(","):
+        pytest.skip("the CPU has no AVX-512: prefer_full_width_vectors changes nothing here")
+
+    def step(features: str | None) -> dict:
+        env = {key: value for key, value in os.environ.items() if key != "NUMBA_CPU_FEATURES"}
+        env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)} | ({"NUMBA_CPU_FEATURES": features} if features else {}))
+        done = subprocess.run([sys.executable, "-c", STEP_DIGEST], env=env, cwd=REPO, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    wide, own = step(None), step(host)
+    assert wide["features"] == host + ",-prefer-256-bit" and own["features"] == host
+    assert wide["digest"] == own["digest"]
