@@ -22,7 +22,9 @@ input gradient also the input size) gets its own kernels, written out as straigh
 an input row spelled out: ``*_source`` below) into a module file under ``kernel_dir()`` and
 compiled by numba with its disk cache (``cache=True``), so a new process loads them instead of
 compiling again (a second or two per shape the first time). Inside the network loop (the one
-LLVM vectorises, 16 networks per AVX-512 vector) a pooling window's or a block's outputs share
+LLVM vectorises: 8 networks per 256-bit vector, 16 per 512-bit one; LLVM's tuning for Intel's
+server cores picks 256 bits even where AVX-512 is present, see README "Training the zoo" for the
+NUMBA_CPU_FEATURES setting that widens it) a pooling window's or a block's outputs share
 each weight load, the weight gradients add a window's (a block's) products to each tap once, and
 the input gradient keeps a row of input cells in registers while a row of taps adds to it. Sums
 that a loop builds go to stack arrays (``stack_array``), which no argument can overlap: LLVM
@@ -43,43 +45,12 @@ import tempfile
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-import numba
 import numpy as np
 from numba import njit, types
 from numba.core import cgutils
-from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic, overload
 
 KERNEL_DIR_ENV = "POSTERIOR_BENCH_KERNEL_DIR"
-
-
-def prefer_full_width_vectors() -> str | None:
-    """Let LLVM give these kernels 512-bit vectors on a CPU with AVX-512: the CPU features numba
-    compiles for become the host's plus ``-prefer-256-bit`` (returned; None where nothing changes).
-
-    LLVM's tuning for Intel's server cores (Skylake-SP to Emerald Rapids) prefers 256-bit vectors, so
-    the network loop ran 8 networks per instruction where MKL's matmul, the peak we measure against,
-    runs 16. On an Intel Xeon (Emerald Rapids, 2 cores) the digits zoo trained 1.7x faster with 512-bit
-    vectors (``python bench/bench_zoo.py --sections digits``: 14.6 s against 24.8 s for 256 seeds);
-    every network's result is the same to the bit, as each network is a lane and its operations and
-    their order are the same at any vector width (tests/benchmark/core/training/test_stacked.py).
-
-    Numba's CPU features are the process's: every numba function compiled after this call gets
-    them (the L1 distances of ``metrics.mmd`` then sum their float64 columns in wider vectors, which
-    can move their last bits). Nothing changes where the user set ``NUMBA_CPU_FEATURES`` or
-    ``NUMBA_CPU_NAME`` (numba's own settings win), where the CPU has no AVX-512, or once numba has
-    compiled for this process (its code generator is made once). Only numba's in-process setting
-    changes, not the environment, so that jobs started elsewhere (SLURM) read their own CPU."""
-    if numba.config.CPU_FEATURES is not None or numba.config.CPU_NAME is not None:
-        return None
-    features = get_host_cpu_features()
-    if "+avx512f" not in features.split(","):
-        return None
-    numba.config.CPU_FEATURES = features + ",-prefer-256-bit"
-    return numba.config.CPU_FEATURES
-
-
-prefer_full_width_vectors()
 
 
 @intrinsic
