@@ -85,9 +85,7 @@ def main() -> None:
         images, labels = exp.test_tensors
         probs = method.chain_predictions(chains, images)
         for n in sorted({n for n in (10, 20, 40, draws // 2) if 4 <= n < draws}):  # does R-hat fall as the chains grow?
-            early = predictive_convergence(probs[:, :n], labels)
-            print(f"first {n} draws: R-hat test log-lik. {early['rhat_loglik']:.2f}, softmax median "
-                  f"{early['rhat_softmax_median']:.2f}, softmax R-hat < 1.1 on {100 * early['softmax_converged']:.1f}%", flush=True)
+            print(f"first {n} draws: {convergence_line(probs[:, :n], labels)}", flush=True)
         if per_start > 1:  # within each start's chains, then across starts (the first chain of each)
             by_start = probs.reshape(chains_n, per_start, *probs.shape[1:])
             for i in range(chains_n):

@@ -2,13 +2,20 @@
 forward pass and gradients, checked against the plain PyTorch modules one network at a time."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
+from numba.core.codegen import get_host_cpu_features
 from torch import nn
 
 from benchmark.core.models import mlp, optunet
 from benchmark.core.training.stacked import NotStackableError, PackedChain, VmapNetworks, stacked_networks
+from tests.conftest import REPO
 
 CPU = torch.device("cpu")
 
@@ -191,7 +198,7 @@ def test_a_batch_taken_in_parts_gives_the_whole_batch_sums_to_the_bit(monkeypatc
 
 
 STEP_DIGEST = """
-import hashlib, json, sys
+import hashlib, json
 import numba, torch
 from benchmark.core.models import optunet
 from benchmark.core.training.stacked import stacked_networks
@@ -210,19 +217,10 @@ print(json.dumps({"features": numba.config.CPU_FEATURES, "digest": digest.hexdig
 """
 
 
-def test_the_packed_step_is_the_same_to_the_bit_with_512_bit_vectors(tmp_path):
+def test_the_packed_step_is_the_same_to_the_bit_with_512_bit_vectors():
     """README "Training the zoo": on an AVX-512 CPU, NUMBA_CPU_FEATURES set to the host's features plus
     ``-prefer-256-bit`` widens the kernels' vectors without changing one bit of a training step: 32
     OptuNets' losses and gradients equal those of LLVM's own choice for the CPU (the host's features)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from numba.core.codegen import get_host_cpu_features
-
-    from tests.conftest import REPO
-
     host = get_host_cpu_features()
     if "+avx512f" not in host.split(","):
         pytest.skip("the CPU has no AVX-512: no wider vectors to compare")
