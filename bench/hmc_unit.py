@@ -90,7 +90,8 @@ def main() -> None:
             by_start = probs.reshape(chains_n, per_start, *probs.shape[1:])
             for i in range(chains_n):
                 print(f"the {per_start} chains of start {i}: {convergence_line(by_start[i], labels)}", flush=True)
-            print(f"across the {chains_n} starts (their first chains): {convergence_line(by_start[:, 0], labels)}", flush=True)
+            if chains_n > 1:
+                print(f"across the {chains_n} starts (their first chains): {convergence_line(by_start[:, 0], labels)}", flush=True)
         report = predictive_convergence(probs, labels)
         report["ess_loglik"] = report["ess_loglik"].tolist()
         print(json.dumps(report))
