@@ -63,7 +63,7 @@ class Skip:
 def semi_orthogonal(rows: int, cols: int, generator: torch.Generator) -> torch.Tensor:
     """A ``[rows, cols]`` matrix with orthonormal rows (``rows <= cols``) or columns (otherwise):
     the Q factor of a standard Gaussian matrix, sign-fixed (``torch.nn.init.orthogonal_``)."""
-    return torch.nn.init.orthogonal_(torch.empty(rows, cols), generator=generator)
+    return torch.nn.init.orthogonal_(torch.empty(rows, cols, device=generator.device), generator=generator)
 
 
 def skip_matrices(model: nn.Module, seed: int, gain: float = 1.0) -> dict[str, Skip]:

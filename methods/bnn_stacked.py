@@ -169,7 +169,7 @@ class VariationalObjective:
     def accuracies(self, params: Params, tensors: tuple[torch.Tensor, torch.Tensor], lanes: Sequence[int]) -> torch.Tensor:
         images, labels = tensors
         first = next(iter(params.values()))
-        correct = torch.zeros(len(lanes), dtype=torch.float64)
+        correct = torch.zeros(len(lanes), dtype=torch.float64, device="cpu")  # stacked_accuracies: CPU
         with torch.no_grad():
             for start in range(0, len(labels), ACCURACY_BATCH):
                 weights, _ = self._weights_and_kl(params, self._eps(params, lanes))

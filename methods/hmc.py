@@ -168,7 +168,7 @@ class NetworkPotential:
             return self.net.predict(params, self.images)
         lanes = chains + (-chains % 16)
         if lanes not in self._batches:  # the images laid out for the packed kernels, once per lane count
-            index = torch.arange(len(self.images)).expand(chains, -1)
+            index = torch.arange(len(self.images), device="cpu").expand(chains, -1)  # packed kernels: CPU only
             self._batches = {lanes: self.net.batch(self.net.source(self.images, self.device), index, None, 0, 0.0)}
         return self.net.forward(params, self._batches[lanes])
 
@@ -410,7 +410,7 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         while next_attempt:
             rows = [(i, a) for i, first in next_attempt.items() for a in (first, first + 1) if a < s.start_attempts]
             q = self.descend(torch.stack([self.chain_start(seeds[i], attempt=a) for i, a in rows]), progress)
-            accuracy = self.train_accuracy(q) if s.start_min_accuracy is not None else torch.ones(len(rows))
+            accuracy = self.train_accuracy(q) if s.start_min_accuracy is not None else torch.ones(len(rows), device="cpu")
             for (i, a), start, acc in zip(rows, q, accuracy.tolist()):
                 if i not in found and i in next_attempt and acc >= (s.start_min_accuracy or 0.0):
                     found[i] = (start, {"init_seed": init_seed(seeds[i], a), "attempt": a})

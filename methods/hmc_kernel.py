@@ -213,8 +213,8 @@ class ChainState:
         the rest), atomically."""
         tensors = {"start": self.start, "position": self.position, "draws": self.draws,
                    "generator": self.generator.get_state(),
-                   "accept_probs": torch.tensor(self.accept_probs, dtype=torch.float64),
-                   "energies": torch.tensor(self.energies, dtype=torch.float64)}
+                   "accept_probs": torch.tensor(self.accept_probs, dtype=torch.float64, device="cpu"),
+                   "energies": torch.tensor(self.energies, dtype=torch.float64, device="cpu")}
         if self.gradient is not None:
             tensors["gradient"] = self.gradient
         tensors["inverse_mass"] = self.inverse_mass

@@ -56,7 +56,7 @@ def member_probabilities(exp: Experiment, seeds: list[int]) -> tuple[torch.Tenso
     images = (exp.test_tensors[0], exp.ood_tensors[0])
     if ref.in_memory:
         zoo = ref.weights()
-        index = torch.tensor([ref.seeds.index(s) for s in seeds])
+        index = torch.tensor([ref.seeds.index(s) for s in seeds], device="cpu")
         batches = [{k: v[index] for k, v in zoo.items()}]
     else:  # the zoo's files validated whole first (checksums, shapes, finite values, experiment and seed)
         checked = dict(zip(ref.seeds, ref.checked_paths()))

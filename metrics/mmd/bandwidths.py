@@ -38,5 +38,5 @@ def bandwidth_grid(cross_distances: torch.Tensor, count: int = NUMBER_OF_BANDWID
         l_min = smallest
     l_min /= 2
     l_max = 2 * max(float(d.max()), MAX_FLOOR)
-    exponents = torch.arange(count, dtype=torch.float64) / (count - 1)
+    exponents = torch.arange(count, dtype=torch.float64, device="cpu") / (count - 1)
     return l_min * (l_max / l_min) ** exponents

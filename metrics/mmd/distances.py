@@ -136,7 +136,7 @@ def _add_upper_gram(z: torch.Tensor, gram: torch.Tensor, tiles: int = GRAM_TILES
     (62.5% of the float64 multiply-adds, the dominant cost of the L2 distances); ``finish``
     mirrors the upper triangle.
     """
-    edges = torch.linspace(0, z.shape[0], tiles + 1).round().long().tolist()
+    edges = torch.linspace(0, z.shape[0], tiles + 1, device="cpu").round().long().tolist()
     spans = [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
     for i, (a, b) in enumerate(spans):
         for c, d in spans[i:]:

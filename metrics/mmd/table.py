@@ -154,7 +154,7 @@ def check_bandwidths(bandwidths: Mapping[str, torch.Tensor], layer: str = "layer
         raise MMDInputError(f"layer {layer!r}: fixed bandwidths lack the kernel(s) {missing}; expected {list(KERNELS)}")
     out = {}
     for kernel in KERNELS:
-        grid = torch.as_tensor(bandwidths[kernel]).detach().to("cpu", torch.float64).reshape(-1)
+        grid = torch.as_tensor(bandwidths[kernel], device="cpu").detach().to(torch.float64).reshape(-1)
         if grid.numel() == 0 or not bool(torch.isfinite(grid).all()) or not bool((grid > 0).all()):
             raise MMDInputError(f"layer {layer!r}: fixed {kernel} bandwidths must be finite and > 0, got {grid.tolist()}")
         out[kernel] = grid

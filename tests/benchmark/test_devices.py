@@ -12,6 +12,7 @@ from benchmark.experiment import Experiment
 from benchmark.core.models import optunet, resnet18
 from benchmark.core.training import FULL_PRECISION, Acceleration, Recipe, seeded, train_network
 from tests.conftest import compose_config
+from tests.devices import ImplicitDeviceError, available_devices, explicit_devices
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -34,11 +35,12 @@ def train_tiny_resnet(acceleration: Acceleration, device="cpu"):
 
 
 def test_precision_and_memory_format_follow_the_device_and_the_model(tmp_path, monkeypatch):
-    cpu = Experiment(compose_config(["model=resnet18"]))
+    cpu = Experiment(compose_config(["model=resnet18", "device=cpu"]))  # device=auto picks a GPU where there is one
     assert cpu.acceleration == FULL_PRECISION  # auto: nothing on a CPU
-    assert Experiment(compose_config(["precision=bf16", "channels_last=true"])).acceleration == Acceleration(torch.bfloat16, True)
+    assert Experiment(compose_config(["precision=bf16", "channels_last=true", "device=cpu"])).acceleration == \
+        Acceleration(torch.bfloat16, True)
     with pytest.raises(ConfigError, match="precision=fp16: float16 training with loss scaling needs CUDA"):
-        _ = Experiment(compose_config(["precision=fp16"])).acceleration
+        _ = Experiment(compose_config(["precision=fp16", "device=cpu"])).acceleration
     # What auto picks on a GPU (resolved without running anything on it).
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     for model, want in (("resnet18", Acceleration(torch.bfloat16, True)), ("optunet", FULL_PRECISION)):
@@ -49,6 +51,50 @@ def test_precision_and_memory_format_follow_the_device_and_the_model(tmp_path, m
     old_gpu = Experiment(compose_config(["model=resnet18", "channels_last=false"]))
     old_gpu.__dict__["device"] = torch.device("cuda")
     assert old_gpu.acceleration == Acceleration(torch.float16, False)
+
+
+def _crop_at_before_the_fix(images, padding, fill, offsets):
+    """``crop_at`` as it was when the MNIST zoo crashed on CUDA (index ranges made on the CPU)."""
+    b, _, h, w = images.shape
+    padded = torch.nn.functional.pad(images, (padding, padding, padding, padding), value=fill)
+    rows = (offsets[0, :, None] + torch.arange(h))[:, None, :, None]
+    cols = (offsets[1, :, None] + torch.arange(w))[:, None, None, :]
+    return padded[torch.arange(b)[:, None, None, None], torch.arange(images.shape[1])[None, :, None, None], rows, cols]
+
+
+def test_the_device_guard_catches_the_crop_that_crashed_on_cuda():
+    from benchmark.core.data import crop_at, crop_offsets
+
+    images, offsets = torch.randn(5, 3, 6, 6), crop_offsets(5, 2, torch.Generator().manual_seed(0))
+    with pytest.raises(ImplicitDeviceError, match=r"test_devices.py:\d+: torch.arange\(...\) without device="):
+        with explicit_devices(also=(__file__,)):
+            _crop_at_before_the_fix(images, 2, -0.5, offsets)
+    with explicit_devices():
+        fixed = crop_at(images, 2, -0.5, offsets)
+    assert torch.equal(fixed, _crop_at_before_the_fix(images, 2, -0.5, offsets))
+    with explicit_devices():  # a factory inside torch (a module building its weight on the CPU) is not the project's
+        torch.nn.Linear(3, 2)
+
+
+def test_an_epochs_crop_offsets_in_one_draw_equal_the_per_batch_draws():
+    from benchmark.core.data import crop_offsets, epoch_crop_offsets
+
+    for n, batch in ((50, 7), (1295, 64), (128, 128)):
+        one, per_batch = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+        whole = epoch_crop_offsets(n, batch, 2, one)
+        for start in range(0, n, batch):
+            assert torch.equal(whole[:, start : start + batch], crop_offsets(min(batch, n - start), 2, per_batch))
+        assert torch.equal(torch.randint(0, 99, (4,), generator=one), torch.randint(0, 99, (4,), generator=per_batch))
+
+
+@pytest.mark.parametrize("device", available_devices())
+def test_crops_on_each_device_equal_the_cpu(device):
+    from benchmark.core.data import crop_at, crop_offsets
+
+    images, offsets = torch.randn(6, 3, 8, 8), crop_offsets(6, 4, torch.Generator().manual_seed(1))
+    on_device = crop_at(images.to(device), 4, 0.25, offsets)  # offsets drawn on the CPU, images on the device
+    assert on_device.device.type == device
+    assert torch.equal(on_device.cpu(), crop_at(images, 4, 0.25, offsets))
 
 
 def gradients(acceleration: Acceleration) -> tuple[float, dict[str, torch.Tensor]]:
@@ -79,8 +125,8 @@ def test_channels_last_and_bf16_autocast_on_cpu():
 def test_the_zoo_records_how_a_seed_was_trained(tmp_path):
     from benchmark.stages.zoo import one_at_a_time
 
-    assert one_at_a_time(Experiment(compose_config(["model=resnet18"]))) == "one at a time"
-    assert one_at_a_time(Experiment(compose_config(["precision=bf16", "channels_last=true"]))) == \
+    assert one_at_a_time(Experiment(compose_config(["model=resnet18", "device=cpu"]))) == "one at a time"
+    assert one_at_a_time(Experiment(compose_config(["precision=bf16", "channels_last=true", "device=cpu"]))) == \
         "one at a time (autocast bfloat16, channels_last)"
 
 
@@ -110,6 +156,26 @@ def test_stacked_training_on_cuda_equals_the_cpu_kernels(tmp_path):
     for a, b in zip(run("cuda"), cpu):
         for key in b.state_dict:
             torch.testing.assert_close(a.state_dict[key], b.state_dict[key], rtol=1e-3, atol=1e-4)
+
+
+@cuda
+def test_hmc_potential_and_gradient_on_cuda_equal_the_cpu():
+    """U(q) and its gradient of 16 stacked OptuNets on 256 digits images (float32): the GPU's
+    vmap forward against the CPU's packed kernels, within 1e-4 relative (sums in another order)."""
+    from methods.hmc import NetworkPotential
+
+    exp = Experiment(compose_config(["device=cpu"]))
+    images, labels = (t[:256] for t in exp.train_tensors)
+    states = []
+    for seed in range(16):
+        with seeded(seed):
+            states.append(exp.model().state_dict())
+    cpu = NetworkPotential(exp.model(), images, labels, 3.0)
+    gpu = NetworkPotential(exp.model(), images, labels, 3.0, device="cuda")
+    q = torch.stack([cpu.flatten(state) for state in states])
+    (value, grad), (gpu_value, gpu_grad) = cpu(q), gpu(q.cuda())
+    torch.testing.assert_close(gpu_value.cpu(), value, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(gpu_grad.cpu(), grad, rtol=1e-4, atol=1e-3)
 
 
 @cuda

@@ -8,7 +8,7 @@
 """
 from benchmark.core.data.errors import DatasetNotFoundError
 from benchmark.core.data.in_memory import (
-    InMemoryImageDataset, as_in_memory, crop_at, crop_offsets, in_memory_problem, random_crop,
+    InMemoryImageDataset, as_in_memory, crop_at, crop_offsets, epoch_crop_offsets, in_memory_problem, random_crop,
 )
 from benchmark.core.data.info import DATASET_NAMES, DatasetInfo, dataset_info
 from benchmark.core.data.loading import (
@@ -31,6 +31,7 @@ __all__ = [
     "TrainSplit",
     "crop_at",
     "crop_offsets",
+    "epoch_crop_offsets",
     "dataset_info",
     "get_dataset",
     "get_ood_dataset",

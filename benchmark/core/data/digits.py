@@ -35,7 +35,7 @@ def upsample_and_normalise(images: np.ndarray) -> torch.Tensor:
     normalised with ``DIGITS_MEAN``/``DIGITS_STD``."""
     if images.ndim != 3 or images.shape[1:] != (8, 8):
         raise ValueError(f"digits pipeline: expected images [N, 8, 8], got shape {images.shape}")
-    x = torch.as_tensor(images, dtype=torch.float32).div(DIGITS_MAX).unsqueeze(1)
+    x = torch.as_tensor(images, dtype=torch.float32, device="cpu").div(DIGITS_MAX).unsqueeze(1)
     x = F.interpolate(x, size=(DIGITS_SIZE, DIGITS_SIZE), mode="bilinear", align_corners=False)
     return (x - DIGITS_MEAN[0]) / DIGITS_STD[0]
 
@@ -82,7 +82,7 @@ def _processed(split: str) -> tuple[torch.Tensor, torch.Tensor]:
         return upsample_and_normalise(patches), torch.from_numpy(sources)
     x_train, x_test, y_train, y_test = digits_split_arrays()
     images, labels = (x_train, y_train) if split == "train" else (x_test, y_test)
-    return upsample_and_normalise(images), torch.as_tensor(labels, dtype=torch.int64)
+    return upsample_and_normalise(images), torch.as_tensor(labels, dtype=torch.int64, device="cpu")
 
 
 def digits_tensors(split: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,19 +10,38 @@ NOT_IN_MEMORY_REASON = "not_in_memory"
 
 def crop_offsets(batch: int, padding: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Random crop offsets ``[2, batch]`` (rows, columns) in ``[0, 2 * padding]``, drawn from
-    ``generator`` (the global torch RNG if None) exactly as ``random_crop`` draws them."""
-    return torch.randint(0, 2 * padding + 1, (2, batch), generator=generator)
+    ``generator`` (the global CPU torch RNG if None) exactly as ``random_crop`` draws them, on the
+    generator's device (the CPU for the global RNG), whatever device the images are on."""
+    device = generator.device if generator is not None else torch.device("cpu")
+    return torch.randint(0, 2 * padding + 1, (2, batch), generator=generator, device=device)
+
+
+def epoch_crop_offsets(n: int, batch_size: int, padding: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The crop offsets of one epoch's batches in one draw: ``[2, n]`` (rows, columns), where
+    columns ``[start, start + b)`` are exactly what ``crop_offsets(b, padding, generator)`` would
+    give for the batch of ``b`` items at ``start`` if called batch after batch (batches of
+    ``batch_size``, the last one shorter). The generator advances as far as those calls would."""
+    device = generator.device if generator is not None else torch.device("cpu")
+    flat = torch.randint(0, 2 * padding + 1, (2 * n,), generator=generator, device=device)
+    item = torch.arange(n, device=device)
+    start = item // batch_size * batch_size
+    size = torch.clamp(n - start, max=batch_size)
+    row = 2 * start + (item - start)  # each batch draws its b rows, then its b columns
+    return flat[torch.stack([row, row + size])]
 
 
 def crop_at(images: torch.Tensor, padding: int, fill: float, offsets: torch.Tensor) -> torch.Tensor:
     """Crop each of ``images [B, C, H, W]`` at its ``offsets [2, B]`` after padding by ``padding``
-    pixels of value ``fill`` -> ``[B, C, H, W]``."""
-    b, _, h, w = images.shape
+    pixels of value ``fill`` -> ``[B, C, H, W]`` on the images' device (the offsets may be on
+    another, e.g. drawn on the CPU for images on a GPU)."""
+    b, c, h, w = images.shape
+    device = images.device
+    offsets = offsets.to(device)
     padded = F.pad(images, (padding, padding, padding, padding), value=fill)
-    rows = (offsets[0, :, None] + torch.arange(h))[:, None, :, None]  # [B, 1, H, 1]
-    cols = (offsets[1, :, None] + torch.arange(w))[:, None, None, :]  # [B, 1, 1, W]
-    batch = torch.arange(b)[:, None, None, None]
-    channels = torch.arange(images.shape[1])[None, :, None, None]
+    rows = (offsets[0, :, None] + torch.arange(h, device=device))[:, None, :, None]  # [B, 1, H, 1]
+    cols = (offsets[1, :, None] + torch.arange(w, device=device))[:, None, None, :]  # [B, 1, 1, W]
+    batch = torch.arange(b, device=device)[:, None, None, None]
+    channels = torch.arange(c, device=device)[None, :, None, None]
     return padded[batch, channels, rows, cols]
 
 

@@ -133,7 +133,7 @@ def stratified_split(labels: torch.Tensor, fraction: float, seed: int = VALIDATI
         chosen = members[torch.randperm(len(members), generator=generator)[: round(fraction * len(members))]]
         held.append(chosen)
     held_out = torch.cat(held).sort().values
-    mask = torch.ones(len(labels), dtype=torch.bool)
+    mask = torch.ones(len(labels), dtype=torch.bool, device=labels.device)
     mask[held_out] = False
     return torch.nonzero(mask).flatten(), held_out
 

@@ -42,12 +42,12 @@ def _mnist_arrays(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _cifar_arrays(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     # data [N, 32, 32, 3] (HWC, as PIL reads it)
-    return torch.from_numpy(np.ascontiguousarray(dataset.data.transpose(0, 3, 1, 2))), torch.as_tensor(dataset.targets, dtype=torch.int64)
+    return torch.from_numpy(np.ascontiguousarray(dataset.data.transpose(0, 3, 1, 2))), torch.as_tensor(dataset.targets, dtype=torch.int64, device="cpu")
 
 
 def _svhn_arrays(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     # data [N, 3, 32, 32]; labels already map the .mat's 10 to digit 0
-    return torch.from_numpy(np.ascontiguousarray(dataset.data)), torch.as_tensor(dataset.labels, dtype=torch.int64)
+    return torch.from_numpy(np.ascontiguousarray(dataset.data)), torch.as_tensor(dataset.labels, dtype=torch.int64, device="cpu")
 
 
 @dataclass(frozen=True)

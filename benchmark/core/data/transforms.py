@@ -35,7 +35,7 @@ def normalised_arrays(images: torch.Tensor, target: DatasetInfo) -> torch.Tensor
 def levels(target: DatasetInfo) -> torch.Tensor:
     """``[C, 256]``: the normalised value of each uint8 intensity in each channel, computed by
     ``normalised_arrays`` (so ``levels[c, v]`` is bit for bit what an image's value v becomes)."""
-    values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256, 1).expand(1, target.in_channels, 256, 1).contiguous()
+    values = torch.arange(256, dtype=torch.uint8, device="cpu").view(1, 1, 256, 1).expand(1, target.in_channels, 256, 1).contiguous()
     return normalised_arrays(values, target)[0, :, :, 0].contiguous()
 
 

@@ -156,7 +156,7 @@ class FileReader:
     def _whole(self, key: str) -> torch.Tensor:
         loc = self.header.location(self.path, key)
         size = math.prod(loc.shape) * loc.itemsize
-        raw = torch.empty(size, dtype=torch.uint8)  # uninitialised: pread fills it
+        raw = torch.empty(size, dtype=torch.uint8, device="cpu")  # uninitialised: pread fills it
         if size:
             read_range(self.fd, self.path, memoryview(raw.numpy()), loc.begin)
         return raw.view(loc.dtype).reshape(loc.shape)
@@ -170,7 +170,7 @@ class FileReader:
         loc = self.header.location(self.path, key)
         size = math.prod(loc.shape) * loc.itemsize
         if size == 0:
-            return torch.empty(loc.shape, dtype=loc.dtype)
+            return torch.empty(loc.shape, dtype=loc.dtype, device="cpu")
         return torch.frombuffer(_read_ranges(self.fd, self.path, [(loc.begin, size)], size), dtype=loc.dtype).reshape(loc.shape)
 
 
@@ -184,7 +184,7 @@ class TensorLocation:
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return torch.empty((), dtype=self.dtype, device="cpu").element_size()
 
 
 def locate(path: str | os.PathLike, key: str) -> TensorLocation:
@@ -246,5 +246,5 @@ def _rows(fd: int, path, loc: "TensorLocation", key: str, axis: int, start: int,
         out_shape = (shape[0], rows, *shape[2:])
     total = sum(size for _, size in ranges)
     if total == 0:
-        return torch.empty(out_shape, dtype=loc.dtype)
+        return torch.empty(out_shape, dtype=loc.dtype, device="cpu")
     return torch.frombuffer(_read_ranges(fd, path, ranges, total), dtype=loc.dtype).reshape(out_shape)

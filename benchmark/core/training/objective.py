@@ -59,12 +59,13 @@ def stacked_accuracies(predict, images: torch.Tensor, labels: torch.Tensor, coun
     ``predict(images [b, ...]) -> [count, b, classes]`` gives, evaluated in batches of at most
     ``EVAL_ELEMENTS`` images x pixels x networks."""
     batch = max(1, EVAL_ELEMENTS // max(1, images[0].numel() * count))
-    correct = torch.zeros(count, dtype=torch.long)
+    correct = torch.zeros(count, dtype=torch.long, device=device)  # summed on the device, read once
+    labels = labels.to(device)
     with torch.no_grad():
         for start in range(0, len(labels), batch):
             logits = predict(images[start : start + batch].to(device, dtype))
-            correct += (logits.argmax(-1).cpu() == labels[start : start + batch]).sum(1)
-    return correct.double() / max(1, len(labels))
+            correct += (logits.argmax(-1) == labels[start : start + batch]).sum(1)
+    return correct.cpu().double() / max(1, len(labels))
 
 
 class CrossEntropyObjective:

@@ -185,7 +185,7 @@ def _conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     x, weight = x.detach().contiguous(), weight.detach().contiguous()
     if pool:
         out = x.new_empty(n_b, c_out, ho // pool, wo // pool, n_k)
-        arg = torch.empty(out.shape, dtype=torch.int8)
+        arg = torch.empty(out.shape, dtype=torch.int8, device="cpu")  # packed kernels: CPU only
         kernels.pool_forward(x.numpy(), weight.numpy(), bias_arg, bias is not None, groups, relu, out.numpy(), arg.numpy())
         return out, (x, weight, out, arg)
     out = x.new_empty(n_b, c_out, ho, wo, n_k)
@@ -406,7 +406,8 @@ class PackedChain:
             offsets = None if offsets is None else torch.cat([offsets, offsets[:1].expand(spare, -1, -1)])
         n_k, n_b = index.shape
         images = source.codes if isinstance(source, _Coded) else source
-        out = torch.empty(n_b, *images.shape[1:], n_k, dtype=source.levels.dtype if images is not source else source.dtype)
+        out = torch.empty(n_b, *images.shape[1:], n_k, dtype=source.levels.dtype if images is not source else source.dtype,
+                          device="cpu")
         if offsets is None:
             rows = cols = np.zeros((n_b, n_k), dtype=np.int64)
         else:  # crops read from the images padded with the fill (made once per source)

@@ -8,7 +8,8 @@ stacked parameters is K independent ones because the update is elementwise and t
 the *sum* of the K mean losses), the recipe's schedule, the convergence rule judged on
 ``TrainingData.check``, and its failure record. A network whose loss or weights become
 NaN/Inf, or that fails the rule, leaves the stack (the others go on, unchanged) and is
-reported at once through ``on_done``. Results agree with ``train_network`` up to float
+reported through ``on_done`` at the end of that epoch (the losses are checked on the device and
+read once per epoch, so that a step never waits for the host). Results agree with ``train_network`` up to float
 rounding (sums in another order) and do not depend on K.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from benchmark.core.data import InMemoryImageDataset, as_in_memory, crop_offsets, in_memory_problem
+from benchmark.core.data import InMemoryImageDataset, as_in_memory, epoch_crop_offsets, in_memory_problem
 from benchmark.core.training.loop import NonFiniteError, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer
 from benchmark.core.training.objective import EVAL_ELEMENTS, CrossEntropyObjective, StackedObjective
 from benchmark.core.training.recipe import Recipe
@@ -66,7 +67,7 @@ def network_bytes(template: nn.Module, input_shape: Sequence[int], batch_size: i
     finally:
         for hook in hooks:
             hook.remove()
-    item = torch.empty((), dtype=dtype).element_size()
+    item = torch.empty((), dtype=dtype, device="cpu").element_size()
     params = sum(p.numel() for p in template.parameters())
     return item * (4 * params + 3 * (sum(sizes) + batch_size * math.prod(input_shape)))
 
@@ -172,46 +173,59 @@ def train_networks(
 
     n, rule = len(dataset), recipe.fail_rule
     source = stacked.source(dataset.images.to(dtype), device, dataset.codes)
+    labels_on_device = dataset.labels.to(device)
     fused = getattr(objective, "loss_and_grads", None)
     for epoch in range(recipe.epochs):
         if not stack.lanes:
             break
         for group in stack.optimizer.param_groups:
             group["lr"] = learning_rate(recipe, epoch)
-        order = torch.stack([torch.randperm(n, generator=lane.generator) for lane in stack.lanes])
-        totals = torch.zeros(len(stack.lanes), dtype=torch.float64)
+        # The epoch's data order and crop offsets, drawn from each network's CPU generator as
+        # train_network draws them (so they are the same on every device), moved in one copy each.
+        order = torch.stack([torch.randperm(n, generator=lane.generator) for lane in stack.lanes]).to(device)
+        crops = None
+        if dataset.augment:
+            crops = torch.stack([epoch_crop_offsets(n, recipe.batch_size, dataset.augment_padding, lane.generator)
+                                 for lane in stack.lanes]).to(device)  # [K, 2, n]
+        # Kept on the device and read once at the end of the epoch: no host synchronisation per step.
+        totals = torch.zeros(len(stack.lanes), dtype=torch.float64, device=device)
+        bad_step = torch.full((len(stack.lanes),), -1, dtype=torch.long, device=device)
+        bad_loss = torch.zeros(len(stack.lanes), dtype=torch.float64, device=device)
         for step, start in enumerate(range(0, n, recipe.batch_size)):
             idx = order[:, start : start + recipe.batch_size]
             size = idx.shape[1]
-            offsets = None
-            if dataset.augment:
-                offsets = torch.stack([crop_offsets(size, dataset.augment_padding, lane.generator) for lane in stack.lanes])
+            offsets = None if crops is None else crops[:, :, start : start + size]
+
             def gather(copies: int, idx=idx, offsets=offsets) -> torch.Tensor:
                 return stacked.batch(source, idx.repeat(copies, 1), None if offsets is None else offsets.repeat(copies, 1, 1),
                                      dataset.augment_padding, dataset.fill)
 
-            labels = dataset.labels[idx].to(device)
+            labels = labels_on_device[idx]
             if fused is not None:  # the objective's own step without an autograd graph (the packed kernels)
                 losses, grads = fused(stack.params, gather(1), labels)
-                finite = torch.isfinite(losses).cpu()
                 for key, value in stack.params.items():
                     value.grad = grads[key]
             else:
                 losses = objective.losses(stack.params, gather, labels, stack.indices)
-                finite = torch.isfinite(losses.detach()).cpu()
                 stack.optimizer.zero_grad(set_to_none=True)
-                (losses.sum() if bool(finite.all()) else losses[finite.to(device)].sum()).backward()
+                # A network whose loss is not finite adds nothing (its gradient stays its own: each
+                # network's loss depends on its parameters alone); it leaves at the end of the epoch.
+                torch.where(torch.isfinite(losses.detach()), losses, 0.0).sum().backward()
             stack.optimizer.step()
-            totals += losses.detach().cpu().double() * size
-            if not bool(finite.all()):
-                for position in (~finite).nonzero().squeeze(1).tolist():
-                    lane = stack.lanes[position]
-                    value = float(losses.detach()[position])
-                    finish(lane, NonFiniteError(f"{lane.where}, epoch {epoch + 1}: loss became {value} at step {step}"))
-                stack.keep(finite)
-                order, totals = order[finite], totals[finite]
-                if not stack.lanes:
-                    break
+            losses = losses.detach()
+            first = (bad_step < 0) & ~torch.isfinite(losses)
+            bad_step = torch.where(first, step, bad_step)
+            bad_loss = torch.where(first, losses.double(), bad_loss)
+            totals += losses.double() * size
+        failed_at = bad_step.tolist()
+        if any(s >= 0 for s in failed_at):
+            values = bad_loss.tolist()
+            for lane, s, value in zip(stack.lanes, failed_at, values):
+                if s >= 0:
+                    finish(lane, NonFiniteError(f"{lane.where}, epoch {epoch + 1}: loss became {value} at step {s}"))
+            finite = torch.tensor([s < 0 for s in failed_at], device="cpu")
+            stack.keep(finite)
+            totals = totals[finite.to(device)]
         if not stack.lanes:
             break
         bad = stack.first_non_finite()
@@ -219,9 +233,9 @@ def train_networks(
             for lane, key in zip(stack.lanes, bad):
                 if key is not None:
                     finish(lane, NonFiniteError(f"{lane.where}, epoch {epoch + 1}: {key!r} became NaN/Inf"))
-            keep = torch.tensor([key is None for key in bad])
+            keep = torch.tensor([key is None for key in bad], device="cpu")
             stack.keep(keep)
-            totals = totals[keep]
+            totals = totals[keep.to(device)]
         for lane, total in zip(stack.lanes, totals.tolist()):
             lane.history.append({"epoch": epoch + 1, "loss": total / n})
         if rule.epoch is not None and epoch + 1 == rule.epoch and stack.lanes:
@@ -234,7 +248,7 @@ def train_networks(
                     finish(lane, result(position, math.nan, acc, epoch + 1, reason))
                     failed.append(position)
             if failed:
-                stack.keep(torch.tensor([p not in failed for p in range(len(stack.lanes))]))
+                stack.keep(torch.tensor([p not in failed for p in range(len(stack.lanes))], device="cpu"))
     if stack.lanes:
         test = objective.accuracies(stack.params, data.check, stack.indices).tolist()
         train = (objective.accuracies(stack.params, train_eval, stack.indices).tolist()

@@ -26,6 +26,7 @@ from benchmark.core.training import iterate_batches
 from metrics.symmetries import canonicalize, spec_for_model
 from tests.benchmark.core.data import formats
 from tests.conftest import compose_config
+from tests.devices import explicit_devices
 
 pytestmark = pytest.mark.slow
 METHOD_UNITS = {"dropout/one", "dropout/multi", "bnn/one", "bnn/multi", "sghmc/one", "sghmc_sa/one", "swag/one", "swag/multi",
@@ -56,10 +57,9 @@ def exists_only_checksums(monkeypatch):
     torch.set_num_threads(saved)
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
+def write_resnet_data(root):
+    """Tiny copies of the CIFAR-100 pickles, SVHN .mat, the TinyImageNet folders and DTD under ``root``."""
     rng = np.random.default_rng(7)
-    root = tmp_path_factory.mktemp("resnet_data")
 
     def images(n, size):
         return rng.integers(0, 256, size=(n, size, size, 3), dtype=np.uint8)
@@ -74,6 +74,11 @@ def data_dir(tmp_path_factory):
     formats.write_dtd(root, {"train": [("banded", (200, 30, 40), (80, 70))], "val": [("zigzagged", (20, 180, 60), (64, 64))],
                              "test": [("banded", (10, 40, 220), (50, 90))]})
     return root
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_resnet_data(tmp_path_factory.mktemp("resnet_data"))
 
 
 def configure(tmp_path, data_dir, experiment, *extra):
@@ -91,7 +96,8 @@ def cifar(tmp_path_factory, data_dir):
     # analysis=collapse: the analyses' own tests draw every figure; the TinyImageNet run draws marginals
     cfg = configure(tmp, data_dir, "cifar100_resnet18", "analysis=collapse")
     try:
-        run(cfg)  # stage=all
+        with explicit_devices():  # every tensor made in the project's code names its device (tests/devices.py)
+            run(cfg)  # stage=all
     finally:
         mp.undo()
     return Experiment(cfg), tmp
