@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 EXPERIMENT ?= digits_optunet
 STAMP := $(VENV)/.installed
 
-.PHONY: install benchmark hmc test bench verify reliability clean
+.PHONY: install benchmark hmc test bench gpu-check wheels verify reliability clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,30 @@ bench: $(STAMP)
 	@mkdir -p bench/_work && rm -f $(BENCH_SUMMARY)
 	@for f in bench/bench_*.py; do echo "== $$f"; BENCH_SUMMARY=$(BENCH_SUMMARY) $(PY) $$f || exit 1; done
 	@echo "== summary" && $(PY) bench/summary.py $(BENCH_SUMMARY)
+
+# On a CUDA host (docs/gpu.md): the CUDA test lane, every stage end to end on CUDA on small versions of
+# the three experiments, the GPU speed bench, one closing table. No network and no .venv: the node's own
+# Python and PyTorch ($(GPU_PYTHON)) with the project on PYTHONPATH and the wheels of `make wheels`
+# installed in $(WHEELS_SITE) (the command below does it when wheels/ is there).
+GPU_PYTHON ?= python3
+WHEELS_SITE ?= /tmp/posterior-bench-site
+gpu-check:
+	@if [ -d $(WHEELS_DIR) ]; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(WHEELS_SITE) $(WHEELS_DIR)/*.whl; fi
+	PYTHONPATH=$(CURDIR):$(WHEELS_SITE) $(GPU_PYTHON) bench/gpu_check.py
+
+# Where the network is: the wheels of requirements-offline.txt for a GPU node's Python (default 3.12,
+# x86_64 manylinux), into wheels/, to carry to the node; a package published only as source
+# (antlr4-python3-runtime, pure Python) is built into a wheel here.
+WHEELS_PYTHON ?= 3.12
+WHEELS_DIR ?= wheels
+SOURCE_ONLY := antlr4-python3-runtime
+wheels:
+	grep -v -e '^#' $(foreach p,$(SOURCE_ONLY),-e '^$(p)==') requirements-offline.txt > wheels.txt
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d $(WHEELS_DIR) -r wheels.txt
+	$(PYTHON) -m pip wheel --no-deps -w $(WHEELS_DIR) $$(grep $(foreach p,$(SOURCE_ONLY),-e '^$(p)==') requirements-offline.txt)
+	rm wheels.txt
 
 # Check the whole store (every experiment under store/): complete, missing, quarantined, corrupt, stale.
 verify: $(STAMP)

@@ -40,6 +40,8 @@ def run(cfg: DictConfig) -> None:
     stages = stages_of(exp.config.stage)
     threads = threads_per_job(exp.config.threads, exp.config.cluster.parallel_jobs)
     torch.set_num_threads(threads)
+    if exp.device.type == "cuda" and exp.device.index is not None:
+        torch.cuda.set_device(exp.device)  # pinned: what a library puts on "cuda" goes to this worker's GPU
     log.info("experiment %s, stage %s, device %s, %d torch thread(s)", exp.name, exp.config.stage.value, exp.device, threads)
     with exp.backends():
         preflight(exp, stages)

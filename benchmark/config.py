@@ -558,7 +558,8 @@ class Config:
 
     ``experiment_name``; ``display_name`` (the experiment's name in the tables); ``stage``;
     ``store`` (checkpoint store root: store/<experiment>/...); ``results`` (tables and figures:
-    results/<experiment>/...); ``device`` (auto | cpu | cuda | cuda:N); ``precision`` and
+    results/<experiment>/...); ``device`` (auto | cpu | cuda | cuda:N | per_job: in a sweep, job j on
+    cuda:(j mod the visible GPUs), ``cluster=gpu_node``); ``precision`` and
     ``channels_last`` (mixed precision and NHWC memory format of the zoo's one-at-a-time training:
     ``Precision``; channels_last null = on where precision auto would use autocast); ``threads``
     (torch threads per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead
@@ -611,9 +612,18 @@ def build_schema() -> type[Config]:
                                      ("methods", methods, field(default_factory=methods))], bases=(Config,))
 
 
+def visible_gpus() -> int:
+    """The number of CUDA devices this process sees (at least 1): ``${visible_gpus:}`` in
+    ``conf/cluster/gpu_node.yaml`` sizes the sweep's pool to one job per GPU."""
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
 def register_configs() -> None:
     """Store the schema in Hydra's ConfigStore: the root ``base_config`` and ``methods/base_<name>``
     for every registered method (``conf/methods/<name>.yaml`` lists it first in its defaults)."""
+    OmegaConf.register_new_resolver("visible_gpus", visible_gpus, replace=True)
     store = ConfigStore.instance()
     store.store(name="base_config", node=build_schema())
     for name in registry.METHODS:

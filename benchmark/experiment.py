@@ -34,14 +34,30 @@ from methods.modes import ModePlan, plan_counts
 log = logging.getLogger(__name__)
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available else CPU; otherwise ``torch.device(name)``."""
+def job_number() -> int:
+    """This job's number in a Hydra sweep (``hydra.job.num``); 0 outside a sweep."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return 0
+    return int(HydraConfig.get().job.get("num", 0) or 0)
+
+
+def resolve_device(name: str, job: int | None = None) -> torch.device:
+    """``auto`` -> CUDA when available else CPU; ``per_job`` -> ``cuda:(job mod the visible GPUs)``
+    (``job``: the sweep's job number, ``job_number()`` if None: one worker per GPU of a node,
+    ``cluster=gpu_node``); otherwise ``torch.device(name)``."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "per_job":
+        if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+            raise ConfigError("device=per_job: one worker per GPU, but this machine has no CUDA device; "
+                              "use device=cpu (or cluster=local)")
+        return torch.device("cuda", (job_number() if job is None else job) % torch.cuda.device_count())
     try:
         device = torch.device(name)
     except RuntimeError as err:
-        raise ConfigError(f"device={name!r}: not a torch device; use auto, cpu, cuda or cuda:N") from err
+        raise ConfigError(f"device={name!r}: not a torch device; use auto, cpu, cuda, cuda:N or per_job") from err
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device={name!r}: CUDA is not available on this machine; use device=cpu or device=auto")
     return device

@@ -80,3 +80,22 @@ def test_the_slurm_config_requeues_and_signals_before_the_limit():
     assert launcher.additional_parameters == {"requeue": True, "open-mode": "append"}
     local = launcher_config("cluster=submitit_local").hydra.launcher
     assert local._target_.endswith("LocalLauncher") and local.gpus_per_node == 0
+
+
+def test_the_gpu_node_starts_one_worker_per_gpu_each_on_its_own(monkeypatch):
+    """cluster=gpu_node on a simulated 4-GPU node: 4 joblib workers, job j on cuda:(j mod 4)."""
+    from benchmark.config import ConfigError
+    from benchmark.experiment import Experiment, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    cfg = launcher_config("cluster=gpu_node", "experiment=mnist_optunet")
+    assert cfg.hydra.launcher._target_.endswith("JoblibLauncher") and cfg.hydra.launcher.n_jobs == 4
+    assert cfg.cluster.parallel_jobs == 4 and cfg.device == "per_job"
+    assert [resolve_device("per_job", job) for job in range(6)] == [torch.device("cuda", j % 4) for j in range(6)]
+    assert launcher_config("cluster=gpu_node", "cluster.parallel_jobs=2").hydra.launcher.n_jobs == 2
+    assert resolve_device("per_job") == torch.device("cuda", 0)  # outside a sweep: job 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ConfigError, match="device=per_job: one worker per GPU, but this machine has no CUDA device"):
+        _ = Experiment(compose_config(["cluster=gpu_node"])).device

@@ -100,5 +100,5 @@ def test_cifar_format_resnet18_on_cuda(tmp_path, monkeypatch):
     data = write_resnet_data(tmp_path / "data")
     exp = run_stages("cuda", "experiment=cifar100_resnet18", f"dataset.data_dir={data}", f"store={tmp_path / 'store'}",
                      f"results={tmp_path / 'results'}", *TINY_RESNET, "analysis=collapse")
-    assert exp.acceleration.dtype is not None  # bf16 (or fp16) autocast and channels_last on the GPU
+    assert exp.acceleration.autocast is not None  # bf16 (or fp16) autocast and channels_last on the GPU
     check_results(exp, {"swag/multi", "laplace/one", "ensemble/multi", "bnn/one", "sghmc/one"})
