@@ -8,7 +8,8 @@
 """
 from benchmark.core.data.errors import DatasetNotFoundError
 from benchmark.core.data.in_memory import (
-    InMemoryImageDataset, as_in_memory, crop_at, crop_offsets, epoch_crop_offsets, in_memory_problem, random_crop,
+    InMemoryImageDataset, as_in_memory, crop_at, crop_offsets, epoch_crop_offsets, flip_draws, flip_where,
+    in_memory_problem, random_crop,
 )
 from benchmark.core.data.info import DATASET_NAMES, DatasetInfo, dataset_info
 from benchmark.core.data.loading import (
@@ -32,6 +33,8 @@ __all__ = [
     "crop_at",
     "crop_offsets",
     "epoch_crop_offsets",
+    "flip_draws",
+    "flip_where",
     "dataset_info",
     "get_dataset",
     "get_ood_dataset",

@@ -30,14 +30,28 @@ def epoch_crop_offsets(n: int, batch_size: int, padding: int, generator: torch.G
     return flat[torch.stack([row, row + size])]
 
 
-def crop_at(images: torch.Tensor, padding: int, fill: float, offsets: torch.Tensor) -> torch.Tensor:
+Fill = "float | torch.Tensor"
+"""The value of padded pixels: one number, or one per channel (``[C]``: the normalised black of an RGB set)."""
+
+
+def pad_with(images: torch.Tensor, padding: int, fill: Fill) -> torch.Tensor:
+    """``images [B, C, H, W]`` padded by ``padding`` pixels of ``fill`` (a number or ``[C]``) on every side."""
+    if not isinstance(fill, torch.Tensor):
+        return F.pad(images, (padding, padding, padding, padding), value=float(fill))
+    b, c, h, w = images.shape
+    padded = fill.to(images.device, images.dtype).view(1, c, 1, 1).repeat(b, 1, h + 2 * padding, w + 2 * padding)
+    padded[:, :, padding : padding + h, padding : padding + w] = images
+    return padded
+
+
+def crop_at(images: torch.Tensor, padding: int, fill: Fill, offsets: torch.Tensor) -> torch.Tensor:
     """Crop each of ``images [B, C, H, W]`` at its ``offsets [2, B]`` after padding by ``padding``
-    pixels of value ``fill`` -> ``[B, C, H, W]`` on the images' device (the offsets may be on
-    another, e.g. drawn on the CPU for images on a GPU)."""
+    pixels of value ``fill`` (a number, or ``[C]`` one per channel) -> ``[B, C, H, W]`` on the
+    images' device (the offsets may be on another, e.g. drawn on the CPU for images on a GPU)."""
     b, c, h, w = images.shape
     device = images.device
     offsets = offsets.to(device)
-    padded = F.pad(images, (padding, padding, padding, padding), value=fill)
+    padded = pad_with(images, padding, fill)
     rows = (offsets[0, :, None] + torch.arange(h, device=device))[:, None, :, None]  # [B, 1, H, 1]
     cols = (offsets[1, :, None] + torch.arange(w, device=device))[:, None, None, :]  # [B, 1, 1, W]
     batch = torch.arange(b, device=device)[:, None, None, None]
@@ -45,8 +59,20 @@ def crop_at(images: torch.Tensor, padding: int, fill: float, offsets: torch.Tens
     return padded[batch, channels, rows, cols]
 
 
+def flip_draws(batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``[batch]`` bool: which images a random horizontal flip mirrors (probability 1/2 each), drawn
+    from ``generator`` (the global CPU torch RNG if None) on its device."""
+    device = generator.device if generator is not None else torch.device("cpu")
+    return torch.rand(batch, generator=generator, device=device) < 0.5
+
+
+def flip_where(images: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
+    """``images [B, C, H, W]`` with those where ``flips [B]`` is True mirrored left-right."""
+    return torch.where(flips.to(images.device)[:, None, None, None], images.flip(-1), images)
+
+
 def random_crop(
-    images: torch.Tensor, padding: int, fill: float = 0.0, generator: torch.Generator | None = None
+    images: torch.Tensor, padding: int, fill: Fill = 0.0, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """Random crop of each image after padding it by ``padding`` pixels on every side.
 
@@ -72,13 +98,15 @@ class InMemoryImageDataset(Dataset):
     (``fill`` = the normalised value of a black pixel); ``augment_padding=0`` serves the
     images unchanged. Tensor-only work, no PIL: cheap enough for hundreds of tiny trainings.
     ``codes`` (optional, a set read from uint8 arrays): ``(codes [N, C, H, W] uint8, levels [C, 256])``
-    with ``images[n, c] == levels[c, codes[n, c]]`` exactly; the vectorised trainer then gathers its
-    batches from the codes (a quarter of the memory traffic).
+    with ``images[n, c] == levels[c, codes[n, c]]`` exactly; the trainers then gather their
+    batches from the codes (a quarter of the memory traffic; on a GPU the set stays there as uint8).
+    ``fill`` may be ``[C]`` (per-channel black of an RGB set); ``flip``: a random horizontal flip after
+    the crop (RGB sets, as torchvision's ``RandomHorizontalFlip``).
     """
 
     def __init__(
-        self, images: torch.Tensor, labels: torch.Tensor, augment_padding: int = 0, fill: float = 0.0,
-        codes: tuple[torch.Tensor, torch.Tensor] | None = None,
+        self, images: torch.Tensor, labels: torch.Tensor, augment_padding: int = 0, fill: Fill = 0.0,
+        codes: tuple[torch.Tensor, torch.Tensor] | None = None, flip: bool = False,
     ) -> None:
         if images.ndim != 4 or labels.shape != images.shape[:1]:
             raise ValueError(
@@ -94,25 +122,53 @@ class InMemoryImageDataset(Dataset):
         self.augment_padding = augment_padding
         self.fill = fill
         self.codes = codes
+        self.flip = flip
+        self._resident: tuple[torch.device, torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
 
     def subset(self, indices: torch.Tensor) -> "InMemoryImageDataset":
         """The items ``indices`` (copies), with the same augmentation."""
         codes = None if self.codes is None else (self.codes[0][indices], self.codes[1])
-        return InMemoryImageDataset(self.images[indices], self.labels[indices], self.augment_padding, self.fill, codes)
+        return InMemoryImageDataset(self.images[indices], self.labels[indices], self.augment_padding, self.fill, codes,
+                                    self.flip)
 
     @property
     def augment(self) -> bool:
-        """Whether items are randomly cropped."""
+        """Whether items are randomly cropped (and flipped, with ``flip``)."""
         return self.augment_padding > 0
+
+    def augmented(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``images [B, C, H, W]`` (items of this set, on any device) with the set's augmentation: a crop
+        at offsets drawn from ``generator``, then, with ``flip``, a mirror drawn from it (in that order)."""
+        if not self.augment:
+            return images
+        out = crop_at(images, self.augment_padding, self.fill, crop_offsets(images.shape[0], self.augment_padding, generator))
+        return flip_where(out, flip_draws(images.shape[0], generator)) if self.flip else out
+
+    def batch(self, index: torch.Tensor, device: torch.device, generator: torch.Generator | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Items ``index [B]`` as ``(images [B, C, H, W], labels [B])`` on ``device``, augmented
+        (``augmented``). The set is copied to ``device`` once and kept there (as its uint8 codes
+        when it has them, decoded per batch to the same floats), so a GPU trainer reads no image
+        from the host."""
+        device = torch.device(device)
+        if self._resident is None or self._resident[0] != device:
+            codes = None if self.codes is None else (self.codes[0].to(device), self.codes[1].to(device))
+            images = self.images.to(device) if codes is None else None
+            self._resident = (device, images, codes, self.labels.to(device))
+        _, images, codes, labels = self._resident
+        index = index.to(device)
+        if codes is None:
+            x = images[index]
+        else:
+            channel = torch.arange(codes[1].shape[0], device=device).view(1, -1, 1, 1)
+            x = codes[1][channel, codes[0][index].long()]
+        return self.augmented(x, generator), labels[index]
 
     def __len__(self) -> int:
         return self.images.shape[0]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.images[index]
-        if self.augment:
-            image = random_crop(image[None], self.augment_padding, self.fill)[0]
-        return image, int(self.labels[index])
+        return self.augmented(self.images[index][None])[0], int(self.labels[index])
 
 
 def as_in_memory(dataset: Dataset) -> InMemoryImageDataset | None:
@@ -122,9 +178,13 @@ def as_in_memory(dataset: Dataset) -> InMemoryImageDataset | None:
     if isinstance(dataset, InMemoryImageDataset):
         return dataset
     if isinstance(dataset, Subset):
+        kept = getattr(dataset, "_in_memory", None)  # made once per Subset (its copy may live on a GPU)
+        if kept is not None:
+            return kept
         base = as_in_memory(dataset.dataset)
         if base is not None:
-            return base.subset(torch.as_tensor(list(dataset.indices), dtype=torch.long))
+            dataset._in_memory = base.subset(torch.as_tensor(list(dataset.indices), dtype=torch.long, device="cpu"))
+            return dataset._in_memory
     return None
 
 

@@ -22,25 +22,20 @@ OOD_SUBSET_SEED = 0
 VALIDATION_SEED = 0
 
 
-def memory_problem(name: str, augment: bool = False) -> str | None:
-    """Why dataset ``name`` (with ``augment``: its augmented training stream) is not served from
-    in-memory tensors, or None when it is. The one place that decides: ``get_dataset`` follows it,
+def memory_problem(name: str) -> str | None:
+    """Why dataset ``name`` (augmented or not) is not served from in-memory tensors, or None when it is. The one place that decides: ``get_dataset`` follows it,
     and whoever needs tensors (the vectorised zoo trainer) reports its reason (``in_memory_problem``).
 
     In memory: the embedded digits, and every on-disk set stored as one array (MNIST,
     FashionMNIST, CIFAR-100, SVHN: read once, normalised as a whole with the PIL path's exact
-    steps); the random crop of grey sets then runs on the tensors. Not: the sets of image files
-    (TinyImageNet, DTD), and the augmented RGB sets (the horizontal flip and the per-channel
-    black padding run through torchvision's PIL transforms).
+    steps); the random crop (with the per-channel black padding, and the horizontal flip of RGB
+    sets) then runs on the tensors, on the trainer's device. Not: the sets of image files
+    (TinyImageNet, DTD).
     """
-    info = dataset_info(name)
     if name in _EMBEDDED:
         return None
     if not has_arrays(name):
         return f"dataset {name}: {why_not_in_memory(name)}"
-    if augment and info.in_channels != 1:
-        return (f"dataset {name}: its augmentation (random crop with per-channel black padding, horizontal flip) runs "
-                "through torchvision's PIL transforms, image by image")
     return None
 
 
@@ -66,12 +61,13 @@ def get_dataset(
     if name in _EMBEDDED:
         images, labels = digits_tensors("ood" if name == "digits_ood" else split)
         return InMemoryImageDataset(images, labels, CROP_PADDING if augment else 0, black_pixel_value())
-    problem = memory_problem(name, augment)
+    problem = memory_problem(name)
     if problem is None:
         images, labels = open_arrays(name, split, data_dir, download)
-        fill = float(black_fill(info)[0]) if augment else 0.0  # augmented in memory: one channel
+        black = black_fill(info)  # the crop's zero padding of the uint8 image, normalised (per channel)
+        fill = (float(black[0]) if info.in_channels == 1 else black) if augment else 0.0
         return InMemoryImageDataset(normalised_arrays(images, info), labels, CROP_PADDING if augment else 0, fill,
-                                    codes=(images, levels(info)))
+                                    codes=(images, levels(info)), flip=augment and info.in_channels == 3)
     if split == "train":
         transform = train_transform(info, augment)
     else:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from benchmark.core.data import as_in_memory, random_crop
+from benchmark.core.data import as_in_memory
 from benchmark.core.training.recipe import Recipe, Schedule
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -156,19 +156,15 @@ def iterate_batches(
     """One shuffled epoch of ``(images [B, C, H, W], labels [B])`` on ``device``.
 
     In-memory datasets (and subsets of one) are sliced directly (no per-item Python work,
-    augmentation as one batched crop); others go through a single-process ``DataLoader`` with
+    augmentation as one batched crop and flip, the images kept on ``device``:
+    ``InMemoryImageDataset.batch``); others go through a single-process ``DataLoader`` with
     ``generator``.
     """
     memory = as_in_memory(dataset)
-    if memory is not None:
-        dataset = memory
-        order = torch.randperm(len(dataset), generator=generator)
+    if memory is not None:  # the set on the device once; crops (and flips) drawn on the CPU, applied there
+        order = torch.randperm(len(memory), generator=generator)
         for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            images = dataset.images[idx]
-            if dataset.augment:
-                images = random_crop(images, dataset.augment_padding, dataset.fill, generator=generator)
-            yield images.to(device), dataset.labels[idx].to(device)
+            yield memory.batch(order[start : start + batch_size], device, generator)
         return
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator, num_workers=0)
     for images, labels in loader:

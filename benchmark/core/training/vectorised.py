@@ -51,6 +51,8 @@ def check_stackable(train: Dataset) -> InMemoryImageDataset:
     memory = as_in_memory(train)
     if memory is None:
         raise NotStackableError(f"stacked training needs the training images in memory: {in_memory_problem(train)}")
+    if memory.flip:
+        raise NotStackableError("the stacked trainer draws no random flips (an augmented RGB set): one at a time")
     return memory
 
 
