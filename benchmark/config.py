@@ -133,8 +133,8 @@ class ZooConfig:
     """``range``: which ranges ``stage=zoo`` trains; this job trains the seeds with
     ``seed % num_shards == shard``. ``vectorize``: networks trained at once (K) by the
     vectorised trainer (``benchmark/core/training/vectorised.py``): ``auto`` = as many as fit in
-    memory, up to ``AUTO_NETWORKS`` (one at a time where the architecture or the data cannot be
-    stacked, e.g. ResNet-18's BatchNorm), an integer K (refused before any work if K networks
+    memory (on a CPU up to ``AUTO_NETWORKS``; on a GPU half its free memory's worth; one at a time
+    where the architecture or the data cannot be stacked, e.g. ResNet-18's BatchNorm), an integer K (refused before any work if K networks
     do not fit in memory, with the K that does), or 1 = one at a time (``train_network``).
     ``crosscheck``: see below."""
 
@@ -561,7 +561,10 @@ class Config:
     results/<experiment>/...); ``device`` (auto | cpu | cuda | cuda:N | per_job: in a sweep, job j on
     cuda:(j mod the visible GPUs), ``cluster=gpu_node``); ``precision`` and
     ``channels_last`` (mixed precision and NHWC memory format of the zoo's one-at-a-time training:
-    ``Precision``; channels_last null = on where precision auto would use autocast); ``threads``
+    ``Precision``; channels_last null = on where precision auto would use autocast); ``tf32``
+    (TensorFloat-32 in CUDA matmuls and convolutions: off by default, so that a GPU trains the
+    float32 networks a CPU trains, to rounding; PyTorch's own default turns it on for cuDNN
+    convolutions); ``threads``
     (torch threads per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead
     of one-line errors); ``method`` and ``mode`` (what the sample stage runs); ``analysis`` (what
     the analyze stage draws); ``reference`` (``ReferenceChoice``: what evaluate and report score
@@ -580,6 +583,7 @@ class Config:
     device: str = "auto"
     precision: Precision = Precision.auto
     channels_last: Optional[bool] = None
+    tf32: bool = False
     threads: str = "auto"
     debug: bool = False
     method: MethodChoice = MethodChoice["all"]

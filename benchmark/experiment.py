@@ -225,7 +225,16 @@ class Experiment:
     def backends(self) -> Iterator[None]:
         """Inside the block, PyTorch's native CPU convolution instead of oneDNN/NNPACK when
         ``model.cpu_native_conv`` is set on a CPU run (several times faster for OptuNet's tiny
-        convolutions); the switches are restored after."""
+        convolutions), and on CUDA TensorFloat-32 as ``tf32`` says (matmuls and cuDNN convolutions);
+        the switches are restored after."""
+        if self.device.type == "cuda":
+            saved_tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(self.config.tf32)
+            try:
+                yield
+            finally:
+                torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved_tf32
+            return
         if not (self.device.type == "cpu" and self.config.model.cpu_native_conv):
             yield
             return
@@ -300,7 +309,8 @@ class Experiment:
     @cached_property
     def zoo_trainer(self) -> ZooTrainer:
         """How the zoo trains (``zoo.vectorize``), decided once: ``auto`` stacks as many networks as
-        fit in memory, up to ``AUTO_NETWORKS``, or trains one at a time where the architecture or
+        fit in memory (on a CPU at most ``AUTO_NETWORKS``, where a larger stack is no faster; on a GPU
+        as many as half its free memory holds), or trains one at a time where the architecture or
         the data cannot be stacked (the reason is logged); an explicit K that cannot be stacked or
         does not fit raises ``ConfigError`` naming the value to use; 1 = one at a time."""
         wanted = self.config.zoo.networks_at_once
@@ -320,7 +330,7 @@ class Experiment:
         fit, per_network, available = networks_that_fit(self.model().to(self.device), shape,
                                                         self.config.train.batch_size, self.device)
         if wanted is None:
-            return ZooTrainer(True, max(1, min(AUTO_NETWORKS, fit)))
+            return ZooTrainer(True, max(1, min(AUTO_NETWORKS, fit) if self.device.type == "cpu" else fit))
         if wanted > fit:
             raise ConfigError(
                 f"zoo.vectorize={wanted}: {wanted} networks need about {wanted * per_network / 2**30:.2f} GiB on "

@@ -198,3 +198,34 @@ def test_mmd_and_symmetry_removal_on_cuda_equal_the_cpu():
     cpu_mass = min_mass(small, spec_small)[1]["mass_after"]
     gpu_mass = min_mass({k: v.cuda() for k, v in small.items()}, spec_small)[1]["mass_after"]
     torch.testing.assert_close(gpu_mass.cpu(), cpu_mass, rtol=1e-8, atol=0)
+
+
+def test_tf32_is_an_explicit_option_off_by_default_on_cuda(monkeypatch):
+    """On CUDA, ``backends()`` sets TensorFloat-32 for matmuls and cuDNN convolutions as ``tf32`` says
+    (PyTorch's own default turns it on for convolutions) and restores both after."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        for value, want in (("false", False), ("true", True)):
+            exp = Experiment(compose_config(["device=cpu", f"tf32={value}"]))
+            exp.__dict__["device"] = torch.device("cuda")  # resolved without running anything on a GPU
+            with exp.backends():
+                assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (want, want)
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (True, True)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_on_a_gpu_the_stack_is_as_large_as_its_free_memory_holds(monkeypatch):
+    """zoo.vectorize=auto: on a CPU at most AUTO_NETWORKS (a larger stack is no faster there), on a
+    GPU every network that half the free memory holds (sized as ``networks_that_fit`` does)."""
+    import benchmark.experiment as experiment
+    from benchmark.core.training.vectorised import AUTO_NETWORKS
+
+    monkeypatch.setattr(experiment, "networks_that_fit", lambda *a, **k: (5000, 1, 10_000))
+    monkeypatch.setattr(experiment, "stacked_networks", lambda model, device, *a: object())
+    cpu = Experiment(compose_config(["device=cpu"]))
+    assert cpu.zoo_trainer.networks == AUTO_NETWORKS
+    gpu = Experiment(compose_config(["device=cpu"]))
+    gpu.__dict__["device"] = torch.device("meta")  # any non-CPU device: the model moves there without memory
+    assert gpu.zoo_trainer.stacked and gpu.zoo_trainer.networks == 5000
