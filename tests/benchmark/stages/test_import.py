@@ -93,6 +93,33 @@ def test_released_float16_safetensors_of_torchuncertainty_resnet18_in_a_tgz(tmp_
         assert json.loads(meta["mapping"])["rename"][0] == {"pattern": r"^linear\.", "replacement": "fc."}
 
 
+def test_a_zoo_that_needs_a_ready_made_mapping_is_refused_naming_it(tmp_path):
+    """TorchUncertainty's ResNet-18 names imported without ``zoo_import=tu_resnet18``: every file
+    is refused, and the message names the ready-made mapping that reads them."""
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    for i, state in enumerate(nets(lambda: resnet18(num_classes=100, width=4), [0, 1])):
+        save_file({k: v.half() for k, v in tu_names(state).items()}, str(folder / f"m_{i}.safetensors"))
+    exp = experiment(tmp_path, folder, "experiment=cifar100_resnet18", "+model.kwargs.width=4")
+    with pytest.raises(import_zoo.ImportFailuresError, match=r"2 of 2 files could not be imported.*unexpected key "
+                                                             r"'layer2.0.shortcut.*the ready-made mapping zoo_import=tu_resnet18 "
+                                                             r"\(conf/zoo_import/tu_resnet18.yaml\) reads this file"):
+        import_zoo.run(exp)
+    fixed = experiment(tmp_path, folder, "experiment=cifar100_resnet18", "+model.kwargs.width=4", "zoo_import=tu_resnet18")
+    assert import_zoo.run(fixed).imported == [0, 1]  # the failure records of the first try are replaced
+
+
+def test_a_plain_file_with_a_wrong_key_names_no_ready_made_mapping(tmp_path):
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    state = nets(optunet, [0])[0]
+    state["fc3.weight"] = state.pop("fc2.weight")
+    torch.save(state, folder / "a.pt")
+    with pytest.raises(import_zoo.ImportFailuresError) as err:
+        import_zoo.run(experiment(tmp_path, folder))
+    assert "add a rename to zoo_import.mapping" in str(err.value) and "ready-made" not in str(err.value)
+
+
 def test_imported_resnet_weights_give_the_model_the_same_function(tmp_path):
     """The mapped file predicts what the original network predicts (up to float16 rounding)."""
     model = resnet18(num_classes=100).eval()
