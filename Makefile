@@ -25,7 +25,7 @@ benchmark: $(STAMP)
 	$(HYDRA_MULTI) stage=sample 'method=$(METHODS)'
 	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all
 
-# Full-batch HMC as a second reference (issue 19; README "Full-batch HMC"): make benchmark's run, then
+# Full-batch HMC as a second reference (issue 19; docs/hmc.md): make benchmark's run, then
 # HMC's multi-mode chains (the HMC reference) in $(JOBS) sample jobs that share the units' chains under
 # claims (the zoo.shard sweep only starts $(JOBS) identical jobs; the sample stage does not read it), then
 # every stage again scoring against the zoo and HMC (reference=hmc): metrics_hmc.csv, table_hmc.md, the
