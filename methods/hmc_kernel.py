@@ -36,7 +36,6 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -501,4 +500,3 @@ class StackedHMC:
             bar.update(len(live))
         bar.close()
         return chains
-
