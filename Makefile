@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 EXPERIMENT ?= digits_optunet
 STAMP := $(VENV)/.installed
 
-.PHONY: install benchmark hmc test bench verify reliability clean
+.PHONY: install benchmark hmc test test-fast bench verify reliability clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ hmc: benchmark
 TEST_JOBS ?= logical
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15 tests
+
+# The unit tests only (under a minute on 2 cores): no subprocess, no end-to-end run, no training of a zoo;
+# those are marked slow (pyproject.toml) and run by make test.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow" --durations=10 tests
 
 # Every bench/bench_*.py runs; those that record figures (bench/summary.py: record) add rows to
 # the closing table of measured ratios and goals.

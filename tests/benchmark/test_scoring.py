@@ -17,6 +17,8 @@ from benchmark.reference import Reference
 from benchmark.stages import import_zoo
 from tests.conftest import REPO, compose_config, one_thread
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 REFERENCE_SEEDS = range(6)
 
 

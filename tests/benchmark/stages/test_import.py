@@ -24,6 +24,8 @@ from benchmark.core.store.importing import check_against, natural_key
 from benchmark.core.training import seeded
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 
 def nets(factory, seeds):
     out = []
@@ -102,7 +104,7 @@ def test_a_zoo_that_needs_a_ready_made_mapping_is_refused_naming_it(tmp_path):
         save_file({k: v.half() for k, v in tu_names(state).items()}, str(folder / f"m_{i}.safetensors"))
     exp = experiment(tmp_path, folder, "experiment=cifar100_resnet18", "+model.kwargs.width=4")
     with pytest.raises(import_zoo.ImportFailuresError, match=r"2 of 2 files could not be imported.*unexpected key "
-                                                             r"'layer2.0.shortcut.*the ready-made mapping zoo_import=tu_resnet18 "
+                                                             r"'layer\d.0.shortcut.*the ready-made mapping zoo_import=tu_resnet18 "
                                                              r"\(conf/zoo_import/tu_resnet18.yaml\) reads this file"):
         import_zoo.run(exp)
     fixed = experiment(tmp_path, folder, "experiment=cifar100_resnet18", "+model.kwargs.width=4", "zoo_import=tu_resnet18")

@@ -38,6 +38,8 @@ from benchmark.stages.import_zoo import NearChanceError
 from tests.benchmark.core.data import formats
 from tests.conftest import compose_config, one_thread
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 WNIDS = ["n09256479", "n07753592", "n01443537", "n02124075"]  # line order; sorting moves every class
 COLOURS = [(200, 30, 40), (20, 180, 60), (10, 40, 220), (230, 220, 40)]
 TINYIMAGENET_STEPS = 200 * 782  # the recipe's 200 epochs of 100,000 images in batches of 128: Inf in float16

@@ -24,6 +24,8 @@ from methods.base import MethodConfigError
 from tests.conftest import one_thread
 from tests.methods.conftest import compose_config
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 
 @pytest.fixture(scope="module")
 def zoo_dir(tmp_path_factory) -> Path:
