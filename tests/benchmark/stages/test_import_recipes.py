@@ -21,7 +21,6 @@ import passes the near-chance check and the convergence rule.
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 import shlex
 import subprocess
@@ -31,8 +30,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import torchvision.datasets.cifar
-import torchvision.datasets.svhn
 from PIL import Image
 
 from benchmark.cli import run
@@ -43,7 +40,7 @@ from benchmark.experiment import Experiment
 from benchmark.inventory import repetition_stride
 from metrics.symmetries import permute, random_permutations, random_scales, rescale, spec_for_model
 from tests.benchmark.core.data import formats
-from tests.benchmark.stages.test_release_format import tu_resnet_names, write_release
+from tests.benchmark.stages.test_release_format import set_batchnorm_statistics, tu_resnet_names, write_release
 from tests.conftest import REPO, compose_config, one_thread
 
 pytestmark = pytest.mark.slow
@@ -153,12 +150,7 @@ def perfect_network(exp: Experiment) -> dict[str, torch.Tensor]:
             torch.nn.functional.cross_entropy(model(images), labels).backward()
             optimizer.step()
             with torch.no_grad():
-                for module in model.modules():
-                    if isinstance(module, torch.nn.BatchNorm2d):
-                        module.reset_running_stats()
-                        module.momentum = None
-                model(images)
-                model.eval()
+                set_batchnorm_statistics(model, images)
                 if bool((model(images).argmax(1) == labels).all()) and bool((model(test_images).argmax(1) == test_labels).all()):
                     return {k: v.detach().clone() for k, v in model.state_dict().items()}
     raise AssertionError(f"{exp.name}: no fixture network learnt the tiny data")
@@ -194,13 +186,7 @@ def write_archives(experiment: str, work: Path, members: list[dict[str, torch.Te
 
 
 @pytest.fixture
-def tiny_checksums(monkeypatch):
-    """Tiny CIFAR-100/SVHN files cannot match the official md5 sums: torchvision's check is "exists"."""
-    def exists_only(fpath, md5=None):
-        return os.path.isfile(fpath)
-
-    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", exists_only)
-    monkeypatch.setattr(torchvision.datasets.svhn, "check_integrity", exists_only)
+def restore_threads():
     saved = torch.get_num_threads()
     yield
     torch.set_num_threads(saved)
@@ -223,7 +209,7 @@ def scaled(line: str, experiment: str, data: Path, heldout: int) -> list[str]:
 
 
 @pytest.mark.parametrize("experiment", ["mnist_optunet", "cifar100_resnet18", "tinyimagenet_resnet18"])
-def test_the_readme_recipe_runs_to_table_1(experiment, tmp_path, monkeypatch, tiny_checksums, caplog):
+def test_the_readme_recipe_runs_to_table_1(experiment, tmp_path, monkeypatch, skip_md5, restore_threads, caplog):
     work, data = tmp_path / "work", tmp_path / "datasets"
     work.mkdir()
     write_data(experiment, data)

@@ -79,6 +79,17 @@ def write_release(tmp_path: Path, name: str, states: list[dict[str, torch.Tensor
     return archive
 
 
+def set_batchnorm_statistics(model: torch.nn.Module, images: torch.Tensor) -> None:
+    """BatchNorm's running statistics set to those of ``images`` (one pass, a cumulative average);
+    the model is left in eval mode."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.reset_running_stats()
+            module.momentum = None
+    model.train()(images)
+    model.eval()
+
+
 def fp16_accuracy(model: torch.nn.Module, state: dict[str, torch.Tensor], images: torch.Tensor, labels: torch.Tensor) -> float:
     """Independent expectation: accuracy of ``state`` rounded to float16 (counters left as they are)."""
     rounded = {k: v.half().float() if v.is_floating_point() else v for k, v in state.items()}
@@ -213,11 +224,7 @@ def trained_resnets(tinyimagenet_dir) -> list[dict[str, torch.Tensor]]:
                 torch.nn.functional.cross_entropy(model(images), labels).backward()
                 optimizer.step()
         with torch.no_grad():
-            for module in model.modules():
-                if isinstance(module, torch.nn.BatchNorm2d):
-                    module.reset_running_stats()
-                    module.momentum = None  # a cumulative average: one pass sets the statistics of the train images
-            model(images)
+            set_batchnorm_statistics(model, images)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         states.append({k: torch.tensor(TINYIMAGENET_STEPS) if k.endswith("num_batches_tracked") else v for k, v in state.items()})
     return states
