@@ -441,3 +441,30 @@ def test_chance_level_and_margin():
     # a few points on a full test split; 3 standard errors of a chance accuracy on a small one
     assert import_zoo.near_chance_margin(0.1, 10_000, 0.05) == 0.05
     assert import_zoo.near_chance_margin(0.25, 8, 0.05) == pytest.approx(3 * (0.25 * 0.75 / 8) ** 0.5)
+
+
+def test_an_imported_heldout_pool_short_of_seeds_asks_for_another_import_and_training_there_warns(tmp_path, caplog):
+    """Held-out networks imported into part of seeds.heldout: the sample stage names the import that
+    completes the pool, not stage=zoo (which would mix locally trained networks into it), and the zoo
+    stage, asked anyway, says in a warning that it mixes them."""
+    from benchmark.stages.sample import MissingBasesError, select_bases
+    from benchmark.stages.zoo import run_zoo
+
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    for i, state in enumerate(nets(optunet, [0, 1, 2])):
+        torch.save(state, folder / f"m_{i}.pt")
+    overrides = ("zoo_import.range=heldout", "seeds.heldout=[100000,100004]", "train.epochs=1", "train.fail_rule.epoch=1",
+                 "train.fail_rule.final_min_accuracy=null", "zoo.crosscheck=0")
+    exp = experiment(tmp_path, folder, *overrides)
+    assert import_zoo.run(exp).imported == [100000, 100001, 100002]
+    with pytest.raises(MissingBasesError) as err:
+        select_bases(exp, 2)
+    message = str(err.value)
+    assert "1 of the 4 seeds of seeds.heldout=[100000, 100004] are not in the store" in message
+    assert f"were imported (from {folder.resolve()} (3))" in message and "stage=import" in message
+    assert "zoo_import.range=heldout" in message and "mix locally trained networks into the imported pool" in message
+    assert "seeds.heldout=[100000,100003]" in message  # or the imported seeds alone, if they suffice
+    with caplog.at_level("WARNING"):
+        run_zoo(exp, exp.heldout)
+    assert "will mix locally trained networks with imported ones" in caplog.text and f"{folder.resolve()} (3)" in caplog.text
