@@ -33,8 +33,7 @@ import torch
 from PIL import Image
 
 from benchmark.cli import run
-from benchmark.core.models import build_model
-from benchmark.core.store import stack_state_dicts, unstack
+from benchmark.core.store import unstack
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.inventory import repetition_stride
