@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 EXPERIMENT ?= digits_optunet
 STAMP := $(VENV)/.installed
 
-.PHONY: install benchmark hmc test bench gpu-check wheels verify reliability clean
+.PHONY: install benchmark hmc test test-fast bench gpu-check wheels verify reliability clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ benchmark: $(STAMP)
 	$(HYDRA_MULTI) stage=sample 'method=$(METHODS)'
 	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all
 
-# Full-batch HMC as a second reference (issue 19; README "Full-batch HMC"): make benchmark's run, then
+# Full-batch HMC as a second reference (issue 19; docs/hmc.md): make benchmark's run, then
 # HMC's multi-mode chains (the HMC reference) in $(JOBS) sample jobs that share the units' chains under
 # claims (the zoo.shard sweep only starts $(JOBS) identical jobs; the sample stage does not read it), then
 # every stage again scoring against the zoo and HMC (reference=hmc): metrics_hmc.csv, table_hmc.md, the
@@ -39,6 +39,11 @@ hmc: benchmark
 TEST_JOBS ?= logical
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15 tests
+
+# The unit tests only (under a minute on 2 cores): no subprocess, no end-to-end run, no training of a zoo;
+# those are marked slow (pyproject.toml) and run by make test.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow" --durations=10 tests
 
 # Every bench/bench_*.py runs; those that record figures (bench/summary.py: record) add rows to
 # the closing table of measured ratios and goals.

@@ -696,3 +696,9 @@ def compose_config(overrides: Sequence[str] = (), config_dir: str = CONF_DIR) ->
         return compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
+
+
+def ready_mappings() -> dict[str, KeyMapping]:
+    """The ready-made key mappings of ``conf/zoo_import/`` by option name (``zoo_import=<name>``)."""
+    names = sorted(path.stem for path in (Path(CONF_DIR) / "zoo_import").glob("*.yaml"))
+    return {name: resolve_config(compose_config([f"zoo_import={name}"])).zoo_import.mapping for name in names}

@@ -36,7 +36,6 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -501,15 +500,3 @@ class StackedHMC:
             bar.update(len(live))
         bar.close()
         return chains
-
-
-def save_chains(chains: Sequence[ChainState], directory: str | os.PathLike) -> None:
-    """Save every chain to ``directory/<name>.safetensors``."""
-    for chain in chains:
-        chain.save(Path(directory) / f"{chain.name}.safetensors")
-
-
-def load_chain(directory: str | os.PathLike, name: str, device: torch.device | str = "cpu") -> ChainState | None:
-    """The chain ``name`` saved in ``directory``, or None if there is none."""
-    path = Path(directory) / f"{name}.safetensors"
-    return ChainState.load(path, device) if path.exists() else None

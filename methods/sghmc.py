@@ -21,7 +21,7 @@ uniformly WITH replacement, independently at every step and for every chain
 batches) makes the minibatch noise cancel over each epoch, so a correction for independent noise
 then removes noise that is not there (sample variance / target with that reshuffle: 0.82 and 0.92
 on a Gaussian at digits' noise level, 0.36 and 0.78 at higher noise, 0.53-0.62 on a Bayesian linear
-regression; with independent batches 0.98-1.06; ``python bench/check_sghmc.py --sections toys``).
+regression; with independent batches 0.98-1.06; ``python studies/check_sghmc.py --sections toys``).
 
 Minibatch noise correction (``noise_correction``). The minibatch gradient is the full gradient
 plus noise of variance ``V`` per coordinate; the B-step injects ``lr^2 V`` into the momentum, so
@@ -37,7 +37,7 @@ clamped fraction is a diagnostic). Limits of the correction, which the diagnosti
   OptuNets on digits (the first held-out bases 100001-100003; batches of 32, lr 0.05, friction 1)
   the per-coordinate noise is 0.09-0.17 of the target on average, while along the top eigenvector
   of the noise covariance it is 12-21x the target and 6-10 of the 355 directions exceed it
-  (``python bench/check_sghmc.py``, section "noise"): no correction can remove noise larger than
+  (``python studies/check_sghmc.py``, section "noise"): no correction can remove noise larger than
   the target, so a minibatch chain runs hot along exactly the directions of highest curvature,
   those that change the predictions most. Hence full-batch gradients on digits (1,295 images; its
   config).

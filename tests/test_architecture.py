@@ -1,5 +1,5 @@
 """The layers of ARCHITECTURE.md, checked on the import statements of every module of the
-repository: the packages, ``bench/`` and ``tests/`` (function-level imports included).
+repository: the packages, ``bench/``, ``studies/`` and ``tests/`` (function-level imports included).
 
 Each module belongs to the first rule whose prefix matches its name, and may import only the
 prefixes that rule allows. On top of the layers: no stage imports another stage; the report and
@@ -16,20 +16,22 @@ import pytest
 
 from tests.conftest import REPO
 
-PROJECT = ("benchmark", "methods", "metrics", "bench", "tests")
+PROJECT = ("benchmark", "methods", "metrics", "bench", "studies", "tests")
 CORE = ("benchmark.core",)
 METRICS = ("metrics", *CORE)  # metrics import only themselves; listed with core for the rules below
 COMPUTE = ("methods", "metrics", *CORE)
 BASE = ("benchmark.experiment", "benchmark.config", "benchmark.results")
 QUERY = ("benchmark.inventory", "benchmark.reference")
 CONFIG_LIBRARIES = ("hydra", "omegaconf")
-CONFIG_READERS = ("benchmark.cli", "benchmark.config", "benchmark.experiment", "tests", "bench")
+CONFIG_READERS = ("benchmark.cli", "benchmark.config", "benchmark.experiment", "tests", "bench", "studies")
 
 RULES: list[tuple[str, tuple[str, ...]]] = [
     # (prefix of the importing module, prefixes it may import), top of the layers first
-    ("tests", PROJECT),
-    ("bench", tuple(p for p in PROJECT if p != "tests")),
+    ("tests", tuple(p for p in PROJECT if p != "studies")),
+    ("bench", tuple(p for p in PROJECT if p not in ("tests", "studies"))),
+    ("studies", tuple(p for p in PROJECT if p not in ("tests", "studies"))),  # research scripts: nothing imports them
     ("benchmark.__main__", ("benchmark.cli",)),
+    ("benchmark.scoring", ("benchmark.reference", *BASE, *COMPUTE)),  # from benchmark import score
     ("benchmark.cli", ("benchmark.stages", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.stages", ("benchmark.stages", "benchmark.report", "benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.report", ("benchmark.report", *QUERY, *BASE, *COMPUTE)),
@@ -40,7 +42,7 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("benchmark.config", COMPUTE),
     ("benchmark.results", COMPUTE),
     ("benchmark.core", CORE),
-    ("benchmark", ()),  # the package's __init__: a docstring
+    ("benchmark", ("benchmark.scoring",)),  # the package's __init__: score, imported on first use
     ("methods", ("methods", "metrics", *CORE)),
     ("metrics", ("metrics",)),
 ]

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.config import ConfigError, ImportRange, SeedsFrom
+from benchmark.config import ConfigError, ImportRange, SeedsFrom, ready_mappings
 from benchmark.core.fingerprint import library_versions
 from benchmark.core.store import AlreadyPublishedError, CheckpointError, Claim, StoreError, read_metadata, save_checkpoint
 from benchmark.experiment import Experiment, SeedRange
@@ -179,12 +179,12 @@ def judge_against_chance(exp: Experiment, accuracies: list[float]) -> None:
     if median > chance + margin:
         return
     info = exp.info
+    order = f" ({info.name}: {info.labels})" if info.labels else ""
     raise NearChanceError(
         f"zoo_import.source={exp.config.zoo_import.source}: refused: the {len(accuracies)} imported network(s) checked first "
         f"score a median test accuracy of {median:.3f} (from {min(accuracies):.3f} to {max(accuracies):.3f}) on "
         f"{info.name}'s test split ({len(labels)} images), within {margin:.3f} of chance ({chance:.3f}): they do not "
-        f"read this data set as they were trained on it. Likely causes: the class order (TinyImageNet: class i is line "
-        f"i of wnids.txt), the input normalisation (here mean {_numbers(info.mean)}, std {_numbers(info.std)}), or another data set than "
+        f"read this data set as they were trained on it. Likely causes: the class order{order}, the input normalisation (here mean {_numbers(info.mean)}, std {_numbers(info.std)}), or another data set than "
         f"experiment={exp.name}'s. No checkpoint was written")
 
 
@@ -303,17 +303,41 @@ class _Importer:
         self.reference = exp.model().state_dict()
         self.model = exp.model().to(exp.device) if self.settings.evaluate else None
         self.check = exp.validation_tensors if self.settings.evaluate else None  # the convergence rule's split
+        self._hint: str | None = None  # ready_mapping_hint's answer, once found
+
+    def ready_mapping_hint(self, raw: Any, where: str) -> str:
+        """``; zoo_import=<name> ...`` when a ready-made mapping of ``conf/zoo_import/`` (other than
+        the one in use) maps the file ``raw`` (its loaded object) to the model; else "". Tried
+        on the first file the mapping in use refuses, then remembered (a zoo's files share a format)."""
+        if raw is None:
+            return ""
+        if self._hint is None:
+            self._hint = ""
+            in_use = self.settings.mapping.describe()
+            for name, mapping in ready_mappings().items():
+                if mapping.describe() == in_use:
+                    continue
+                try:
+                    check_against(mapping.apply(raw, where), self.reference, mapping, where)
+                except CheckpointError:
+                    continue
+                self._hint = (f"; the ready-made mapping zoo_import={name} (conf/zoo_import/{name}.yaml) reads this "
+                              f"file: add zoo_import={name} to the command line")
+                break
+        return self._hint
 
     def prepare(self, file: ForeignCheckpoint, seed: int, summary: ImportSummary) -> tuple[dict, dict] | None:
         """``(state, metadata)`` of ``file`` mapped, checked and evaluated; None (and a failure
         record with the reason) when the file cannot be used."""
         exp, settings = self.exp, self.settings
         metadata = provenance(exp, file, seed)
+        raw = None
         try:
-            loaded = settings.mapping.apply(read_checkpoint(file), file.where)
+            raw = read_checkpoint(file)
+            loaded = settings.mapping.apply(raw, file.where)
             state = check_against(loaded, self.reference, settings.mapping, file.where)
         except CheckpointError as err:
-            reason = " ".join(str(err).split())
+            reason = " ".join(str(err).split()) + self.ready_mapping_hint(raw, file.where)
             log.error("seed %d not imported: %s (recorded as failed)", seed, reason)
             exp.store.record_failure(seed, {"reason": f"{UNUSABLE}: {reason}", "kind": UNUSABLE, **_source_fields(metadata)})
             summary.unusable[seed] = reason

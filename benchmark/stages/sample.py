@@ -57,8 +57,9 @@ from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
     converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, pool_size, quarantine_and_redo,
-    repetition_stride, sample_settings_hash, unit_state,
+    repetition_stride, sample_settings_hash, unit_state, untrained_seeds,
 )
+from benchmark.core.store.importing import imported_archives
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
 from methods.modes import ModePlan, run_mode
 from metrics.mcmc import predictive_convergence
@@ -158,39 +159,70 @@ def repetition_candidates(seeds: list[int], pool: int, stride: int, repetition: 
 
 
 def select_bases(exp: Experiment, count: int) -> list[int]:
-    """All converged held-out seeds, in order, checking that every seed of ``seeds.heldout`` is
-    trained (a checkpoint or a failure record) and that at least ``count`` converged. Which bases
-    a unit uses is then fixed by the range alone, never by which seeds happen to be finished.
+    """The converged held-out seeds the repetitions may take, in seed order: those of the shortest
+    prefix of ``seeds.heldout`` holding ``sample.repetitions x repetition_stride`` converged seeds
+    (every block a repetition can read), or of the whole range when it holds fewer, with at least
+    ``count`` of them. Every seed of that prefix must be trained (a checkpoint or a failure record),
+    so which bases a unit uses is fixed by the range alone, never by which seeds happen to be
+    finished; seeds after the prefix are never read, so a pool imported with exactly the seeds the
+    repetitions need (``stage=import zoo_import.range=heldout``) is complete.
 
-    Raises ``MissingBasesError`` naming the missing count, the seed range and the zoo command
-    that trains them (a larger ``seeds.heldout`` when the range is exhausted).
+    Raises ``MissingBasesError`` naming the missing count, the seed range and the command that
+    supplies them: the zoo stage for a trained pool (a larger ``seeds.heldout`` when the range is
+    exhausted), another import for an imported one (training there would mix locally trained
+    networks into it).
     """
     heldout = exp.heldout
-    untrained = incomplete_range(exp, heldout)
-    if untrained is not None:
-        raise MissingBasesError(f"{exp.store.zoo_dir}: the sample stage takes its bases from the converged seeds of the "
-                                f"whole held-out range, so that they do not depend on which seeds are finished: {untrained}")
+    reach = exp.config.sample.repetitions * repetition_stride(exp.config.sample.per_method, exp.config.sample.modes_multi)
+    untrained = untrained_seeds(exp, heldout)
     seeds = converged(exp, heldout)
+    gap = untrained[0] if untrained else heldout.stop
+    ready = [s for s in seeds if s < gap]
+    if len(ready) >= max(count, reach):
+        return ready[:reach]
+    if untrained:
+        raise MissingBasesError(_untrained_message(exp, heldout, len(ready), max(count, reach)))
     if len(seeds) >= count:
         return seeds
     failed = sum(s in heldout for s in exp.store.failed_seeds())
-    tried = len(seeds) + failed
     missing = count - len(seeds)
     message = (
         f"{exp.store.zoo_dir}: {count} converged held-out base checkpoints needed, {len(seeds)} found in "
-        f"seeds.heldout={[heldout.start, heldout.stop]} ({failed} failed, {len(heldout) - tried} not trained yet); "
-        f"{missing} missing."
+        f"seeds.heldout={[heldout.start, heldout.stop]} ({failed} failed); {missing} missing."
     )
-    if tried < len(heldout):
-        command = f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=heldout"
-        extra = " (if that is still too few, widen seeds.heldout)"
-    else:
-        rate = len(seeds) / tried if seeds else exp.config.seeds.expected_convergence
-        new_stop = heldout.stop + math.ceil(1.25 * missing / rate)
-        override = f"'seeds.heldout=[{heldout.start},{new_stop}]'"
-        command = f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=heldout {override}"
-        extra = f", then pass {override} to the sample stage too"
-    raise MissingBasesError(f"{message} Train them with: {command}{extra}")
+    rate = len(seeds) / (len(seeds) + failed) if seeds else exp.config.seeds.expected_convergence
+    new_stop = heldout.stop + math.ceil(1.25 * missing / rate)
+    override = f"'seeds.heldout=[{heldout.start},{new_stop}]'"
+    imported = imported_archives(exp.store.checkpoint_paths(seeds))
+    if imported:
+        command = (f"python -m benchmark stage=import experiment={exp.name} zoo_import.range=heldout {override} "
+                   f"zoo_import.source={next(iter(imported))} zoo_import.skip=<files already imported> "
+                   f"zoo_import.limit={math.ceil(1.25 * missing / rate)} zoo_import.seeds_from=order")
+        raise MissingBasesError(f"{message} The held-out pool was imported: import more networks with {command}, then "
+                                f"pass {override} to the sample stage too (stage=zoo would train them here and mix "
+                                "locally trained networks into the imported pool)")
+    command = f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=heldout {override}"
+    raise MissingBasesError(f"{message} Train them with: {command}, then pass {override} to the sample stage too")
+
+
+def _untrained_message(exp: Experiment, heldout, ready: int, needed: int) -> str:
+    """Why the held-out prefix the repetitions read is not complete, and what completes it."""
+    problem = incomplete_range(exp, heldout)
+    head = (f"{exp.store.zoo_dir}: the sample stage takes its bases from the converged seeds of seeds.heldout in seed "
+            f"order, from a prefix of the range in which every seed is trained (so that they do not depend on which "
+            f"seeds are finished): {needed} converged seeds needed, {ready} before the first seed not trained yet; ")
+    imported = imported_archives(exp.store.checkpoint_paths(converged(exp, heldout)))
+    if not imported:
+        return head + problem
+    sources = ", ".join(f"{archive} ({n})" for archive, n in imported.items())
+    missing = untrained_seeds(exp, heldout)
+    return head + (
+        f"{len(missing)} of the {len(heldout)} seeds of seeds.heldout={[heldout.start, heldout.stop]} are not in the store, "
+        f"and its held-out checkpoints were imported (from {sources}). Import {needed - ready} more with stage=import "
+        f"experiment={exp.name} zoo_import.range=heldout (zoo_import.skip/zoo_import.limit past the files already "
+        f"imported), or pass 'seeds.heldout=[{heldout.start},{missing[0]}]' if those are all you have and they suffice; "
+        f"stage=zoo zoo.range=heldout would train the missing seeds here and mix locally trained networks into the "
+        f"imported pool")
 
 
 def jobs(exp: Experiment, summary: SampleSummary | None = None, check_bases: bool = True) -> list[Job]:

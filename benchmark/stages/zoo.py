@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from benchmark.config import ZooRange
 from benchmark.core.fingerprint import library_versions
+from benchmark.core.store.importing import imported_archives
 from benchmark.core.store import AlreadyPublishedError, CheckpointMetadata, Claim, read_metadata, remove_temp_files_of, save_checkpoint, CheckpointError
 from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
 from benchmark.core.training.vectorised import train_networks
@@ -259,6 +260,18 @@ def _train_claimed(exp: Experiment, claimed: dict[int, Claim], seed_range: SeedR
                    train_eval=data.train_tensors)
 
 
+def _warn_imported(exp: Experiment, seeds: SeedRange, stored: list[int], training: int) -> None:
+    """One warning when this run trains seeds of a range whose stored checkpoints were imported:
+    the pool then mixes networks trained elsewhere with networks trained here."""
+    imported = imported_archives(exp.store.checkpoint_paths(stored))
+    if imported:
+        sources = ", ".join(f"{archive} ({n})" for archive, n in imported.items())
+        log.warning("zoo %s: training %d seed(s) of seeds.%s=%s here, whose other checkpoints were imported from %s: "
+                    "the %s pool will mix locally trained networks with imported ones (to keep it imported, import "
+                    "the missing seeds with stage=import zoo_import.range=%s instead)", exp.name, training, seeds.role,
+                    [seeds.start, seeds.stop], sources, seeds.role, seeds.role)
+
+
 def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int = 1) -> ZooSummary:
     """Train the missing seeds of ``seeds`` (this shard's share: seed % num_shards == shard),
     K at a time (``Experiment.zoo_trainer``), after quarantining those whose stored checkpoint or
@@ -283,6 +296,8 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
     todo = [s for s in mine if s in problems or (s not in done and s not in failed)]
     summary.skipped_done = [s for s in mine if s not in todo]
     _warn_stale(exp, [s for s in summary.skipped_done if s in done])
+    if todo:
+        _warn_imported(exp, seeds, [s for s in summary.skipped_done if s in done], len(todo))
     trainer = exp.zoo_trainer if todo else None
     count = max(1, min(trainer.networks, len(todo))) if trainer else 1
     log.info("zoo %s %s seeds %s: %d of %d to train, %d of them to redo after failing validation (shard %d/%d), %s",

@@ -6,6 +6,8 @@ import pytest
 from tests.conftest import REPO  # noqa: F401  (puts the repository on sys.path)
 from bench import reliability
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 
 @pytest.fixture(autouse=True)
 def work(tmp_path, monkeypatch):

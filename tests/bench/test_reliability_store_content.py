@@ -5,7 +5,7 @@ import pytest
 
 from bench import reliability
 
-pytestmark = pytest.mark.usefixtures("single_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_torch_thread")]
 
 
 @pytest.mark.parametrize("name,scenario", reliability.SCENARIOS_STORE_CONTENT,

@@ -1,6 +1,8 @@
 """The closing table of make bench: figures recorded by the bench scripts, with their goals."""
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
@@ -8,6 +10,8 @@ from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 import summary  # noqa: E402  (bench/summary.py)
+
+pytestmark = pytest.mark.slow  # runs bench/summary.py in a subprocess
 
 
 def test_recorded_figures_make_one_table(tmp_path, monkeypatch):

@@ -17,6 +17,8 @@ from methods import MethodConfigError, method_names
 from tests.benchmark.core.data import formats
 from tests.conftest import REPO, TINY_TRAIN, compose_config
 
+pytestmark = pytest.mark.slow  # the command line through its stages: make test, not make test-fast
+
 
 def test_help_introduces_the_suite(cli):
     code, out = cli("--help")

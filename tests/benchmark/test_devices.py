@@ -17,7 +17,7 @@ from tests.devices import ImplicitDeviceError, available_devices, explicit_devic
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-pytestmark = pytest.mark.usefixtures("single_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_torch_thread")]  # trains zoos on each device path: make test, not make test-fast
 
 
 def tiny_images(n=8, generator_seed=0):

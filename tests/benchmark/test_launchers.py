@@ -15,6 +15,8 @@ from benchmark.core.store import ExperimentStore, load_checkpoint, load_sample_s
 from benchmark.cli import run
 from tests.conftest import REPO, compose_config
 
+pytestmark = pytest.mark.slow  # launches jobs through Hydra launchers: make test, not make test-fast
+
 COMMON = ("train.epochs=1", "train.fail_rule.epoch=null", "seeds.reference=[0,2]", "seeds.heldout=[100000,100004]",
           "sample.per_method=2", "sample.modes_multi=2", "sample.repetitions=1", "threads=1",
           "zoo.vectorize=1")  # one network at a time: no numba compilation in every job

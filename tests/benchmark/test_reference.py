@@ -16,6 +16,8 @@ from benchmark.reference import Reference
 from metrics.symmetries import canonicalize, spec_for_model
 from tests.conftest import REPO, compose_config
 
+pytestmark = pytest.mark.slow  # builds and scores a reference from a trained zoo: make test, not make test-fast
+
 
 @pytest.fixture
 def zoo(tmp_path):

@@ -21,6 +21,8 @@ from methods.bnn import BNNMethod
 from tests.conftest import one_thread
 from tests.methods.conftest import build
 
+pytestmark = pytest.mark.slow  # trains networks (bases, vBNNs, chains): make test, not make test-fast
+
 
 def tiny_bnn(exp: Experiment, elbo_samples: int = 3, **train) -> BNNMethod:
     """The experiment's vBNN with its recipe changed by ``train`` and no convergence rule (tiny runs)."""

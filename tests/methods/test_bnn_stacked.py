@@ -13,6 +13,8 @@ from methods.bnn_stacked import VariationalObjective, draw_order
 from tests.conftest import one_thread
 from tests.methods.conftest import build
 
+pytestmark = pytest.mark.slow  # trains vBNNs both ways: make test, not make test-fast
+
 SEEDS = (11, 12, 13)
 
 

@@ -21,6 +21,8 @@ from methods.bnn_skip import SkipChain, semi_orthogonal, skip_matrices
 from tests.conftest import one_thread
 from tests.methods.conftest import build
 
+pytestmark = pytest.mark.slow  # trains networks (bases, vBNNs, chains): make test, not make test-fast
+
 
 def _variant(exp, name):
     return build(exp, name, train=RecipeOverrides(epochs=1, milestones=[], fail_rule=FailRule()))

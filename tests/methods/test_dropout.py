@@ -13,6 +13,8 @@ from methods.base import MethodFitError
 from methods.dropout import DropoutMethod, DropoutSettings, draw_masks, masked_weights
 from tests.methods.conftest import build
 
+pytestmark = pytest.mark.slow  # trains networks (bases, vBNNs, chains): make test, not make test-fast
+
 
 def test_masked_weights_equal_dropping_the_inputs() -> None:
     generator = torch.Generator().manual_seed(0)

@@ -11,6 +11,8 @@ from methods.base import MethodConfigError
 from methods.modes import run_mode
 from tests.methods.conftest import build
 
+pytestmark = pytest.mark.slow  # trains networks (bases, vBNNs, chains): make test, not make test-fast
+
 
 def test_one_mode_is_refused(tiny_exp) -> None:
     method = build(tiny_exp, "ensemble")

@@ -22,6 +22,8 @@ from methods.hmc_kernel import DIVERGED, SAMPLING, ChainState, KernelSettings, S
 from metrics.mcmc import bfmi, ess, predictive_convergence, rhat
 from tests.methods.conftest import build
 
+pytestmark = pytest.mark.slow  # trains networks (bases, vBNNs, chains): make test, not make test-fast
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
     import arviz as az

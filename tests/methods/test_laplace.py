@@ -15,6 +15,8 @@ from methods.base import MethodConfigError
 from methods.laplace import LaplaceMethod, per_sample_jacobian_ggn
 from tests.methods.conftest import build
 
+pytestmark = pytest.mark.slow  # trains networks (bases, vBNNs, chains): make test, not make test-fast
+
 
 def _fitted(exp: Experiment, base: dict, mode: str = "one") -> LaplaceMethod:
     method = build(exp, "laplace")

@@ -40,6 +40,7 @@ def _load(tiny_bases):
     return dict(tiny_bases).__getitem__
 
 
+@pytest.mark.slow  # the tiny held-out zoo is trained first
 def test_a_failed_fit_moves_on_to_the_next_seed(tiny_exp, tiny_bases) -> None:
     seeds = [s for s, _ in tiny_bases]
     method = _FailingFirst(tiny_exp.model, tiny_exp.training_data, recipe=tiny_exp.recipe)
@@ -52,6 +53,7 @@ def test_a_failed_fit_moves_on_to_the_next_seed(tiny_exp, tiny_bases) -> None:
         run_mode(method, plan, _load(tiny_bases), progress=False)
 
 
+@pytest.mark.slow  # the tiny held-out zoo is trained first
 def test_non_finite_samples_are_refused(tiny_exp, tiny_bases) -> None:
     class NaNSamples(EnsembleMethod):
         def sample(self, n, generator):

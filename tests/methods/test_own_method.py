@@ -20,6 +20,8 @@ from methods import register_method
 from tests.conftest import REPO
 from tests.methods.conftest import HELDOUT, TINY_OVERRIDES
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 
 def _readme_block(language: str, first_line: str) -> str:
     text = (REPO / "README.md").read_text()

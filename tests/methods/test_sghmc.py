@@ -23,6 +23,8 @@ from methods.sghmc import (
 from tests.conftest import one_thread
 from tests.methods.conftest import build
 
+pytestmark = pytest.mark.slow  # trains bases and runs chains: make test, not make test-fast
+
 MEAN = torch.tensor([1.0, -2.0])
 COV = torch.tensor([[1.0, 0.6], [0.6, 0.5]])  # curvatures 0.71 and 10: one stiff direction
 

@@ -15,6 +15,8 @@ from methods.base import MethodConfigError
 from methods.sghmc_sa import GradientClip, ScaleAdaptedSGHMC, ScaleAdaptedSGHMCSettings, reshuffled_batches
 from tests.methods.conftest import build
 
+pytestmark = pytest.mark.slow  # trains networks (bases, vBNNs, chains): make test, not make test-fast
+
 
 def _regression(n: int, d: int, seed: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)

@@ -15,6 +15,8 @@ from methods.base import MethodConfigError
 from methods.swag import SwagMoments, SWAGMethod, swag_draw
 from tests.methods.conftest import build
 
+pytestmark = pytest.mark.slow  # trains networks (bases, vBNNs, chains): make test, not make test-fast
+
 SMALL = ("methods.swag.epochs_factor=1", "methods.swag.snapshots=4", "methods.swag.rank=3")
 
 

@@ -105,6 +105,7 @@ def _simulate(rng, reps, effect, base_sd=0.2, noise_sd=0.02, rows=4):
     return values
 
 
+@pytest.mark.slow  # Monte Carlo over thousands of simulated families
 def test_family_wise_error_is_controlled_and_pairing_gives_power():
     """Rows that share each repetition's base networks: under no difference, Holm over a claim's 3
     comparisons (row 0 against rows 1-3, dependent tests) rejects at most ~5% of the time; with a

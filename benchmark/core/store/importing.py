@@ -38,7 +38,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from benchmark.core.settings import require
-from benchmark.core.store.checkpoint import check_finite
+from benchmark.core.store.checkpoint import check_finite, read_metadata
 from benchmark.core.store.errors import CheckpointError
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt")
@@ -181,11 +181,6 @@ def scan_source(source: str | Path) -> SourceListing:
     if not listing.names:
         raise CheckpointError(f"zoo_import.source={source}: no checkpoint file ({', '.join(CHECKPOINT_SUFFIXES)}) inside")
     return listing
-
-
-def list_checkpoints(source: str | Path) -> list[str]:
-    """The checkpoint names of ``source`` in natural order (``scan_source``)."""
-    return list(scan_source(source).names)
 
 
 def iter_checkpoints(source: str | Path, names: Iterable[str]) -> Iterator[ForeignCheckpoint]:
@@ -367,6 +362,19 @@ def check_against(tensors: dict[str, torch.Tensor], reference: Mapping[str, torc
         out[key] = value.to(want.dtype) if value.dtype != want.dtype and not want.is_floating_point() else value
     check_finite(out, where)
     return out
+
+
+def imported_archives(paths: Iterable[Path]) -> dict[str, int]:
+    """The sources (archive or folder) the checkpoint files ``paths`` were imported from, with how
+    many of them each gave (``stage=import`` writes ``source: import`` and ``archive`` in the
+    metadata); files trained here, or absent, count for none."""
+    counts: Counter[str] = Counter()
+    for path in paths:
+        if path.is_file():
+            meta = read_metadata(path)
+            if meta.get("source") == "import":
+                counts[str(meta.get("archive"))] += 1
+    return dict(counts)
 
 
 def seed_from_name(name: str) -> int:

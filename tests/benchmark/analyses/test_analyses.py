@@ -31,6 +31,8 @@ from metrics.predictive import mutual_information
 from metrics.symmetries import canonicalize, min_mass_cvxpy, sort_units, spec_for_model
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 REFERENCE = list(range(8))
 TINY = ["seeds.reference=[0,8]", "seeds.heldout=[100000,100004]", "sample.repetitions=1", "threads=1",
         "analyze.toy.networks=400", "analyze.collapse.max_pairs=20", "analyze.permutation_frequency.runs=2",

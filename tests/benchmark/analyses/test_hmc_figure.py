@@ -13,6 +13,8 @@ from benchmark.stages import evaluate
 from tests.benchmark.hmc_store import OVERRIDES, fill
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 
 def test_the_hmc_figures_plot_the_zoo_hmc_and_the_method_closest_to_hmc(tmp_path):
     exp, _ = fill(tmp_path)

@@ -10,6 +10,8 @@ from benchmark.experiment import Experiment
 from benchmark.inventory import CorruptZooError
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 
 @pytest.mark.parametrize("kind", ["other_experiment", "nan"])
 def test_collapse_streamed_refuses_an_invalid_zoo_file(tmp_path, kind):

@@ -13,6 +13,8 @@ from benchmark.inventory import SAMPLE_CODE
 from methods import METHODS
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 
 @pytest.fixture
 def source_copy(tmp_path, monkeypatch) -> Path:

@@ -22,6 +22,8 @@ from metrics.predictive import predictive_metrics
 from tests.benchmark.hmc_store import OVERRIDES, draws_near, fill, write_unit
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     return fill(tmp_path_factory.mktemp("hmc_eval"))

@@ -24,6 +24,8 @@ from metrics.symmetries import canonicalize, normalize_scales, spec_for_model, w
 from metrics.uncertainty import interval
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 
 def _write_unit(exp, method, mode, repetition, samples, preds, damaged=False, base_seeds=None):
     """A unit's files as the sample stage writes them (metadata included); ``damaged``: the

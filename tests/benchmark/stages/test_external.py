@@ -18,6 +18,8 @@ from metrics.mmd import mmd
 from metrics.symmetries import canonicalize, spec_for_model
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):

@@ -26,7 +26,7 @@ TINY = ["train.epochs=1", "sample.repetitions=1", "evaluate.reference_resamples=
         "method=ensemble", "sample.per_method=3"]
 
 
-pytestmark = pytest.mark.usefixtures("single_torch_thread")  # bit-identical retraining
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_torch_thread")]  # bit-identical retraining
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,8 @@ from benchmark.core.store.importing import check_against, natural_key
 from benchmark.core.training import seeded
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 
 def nets(factory, seeds):
     out = []
@@ -91,6 +93,33 @@ def test_released_float16_safetensors_of_torchuncertainty_resnet18_in_a_tgz(tmp_
             assert torch.equal(stored[key], want), key
         assert meta["archive"] == str(archive) and meta["source_file"].endswith(f"model_{seed}.safetensors")
         assert json.loads(meta["mapping"])["rename"][0] == {"pattern": r"^linear\.", "replacement": "fc."}
+
+
+def test_a_zoo_that_needs_a_ready_made_mapping_is_refused_naming_it(tmp_path):
+    """TorchUncertainty's ResNet-18 names imported without ``zoo_import=tu_resnet18``: every file
+    is refused, and the message names the ready-made mapping that reads them."""
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    for i, state in enumerate(nets(lambda: resnet18(num_classes=100, width=4), [0, 1])):
+        save_file({k: v.half() for k, v in tu_names(state).items()}, str(folder / f"m_{i}.safetensors"))
+    exp = experiment(tmp_path, folder, "experiment=cifar100_resnet18", "+model.kwargs.width=4")
+    with pytest.raises(import_zoo.ImportFailuresError, match=r"2 of 2 files could not be imported.*unexpected key "
+                                                             r"'layer\d.0.shortcut.*the ready-made mapping zoo_import=tu_resnet18 "
+                                                             r"\(conf/zoo_import/tu_resnet18.yaml\) reads this file"):
+        import_zoo.run(exp)
+    fixed = experiment(tmp_path, folder, "experiment=cifar100_resnet18", "+model.kwargs.width=4", "zoo_import=tu_resnet18")
+    assert import_zoo.run(fixed).imported == [0, 1]  # the failure records of the first try are replaced
+
+
+def test_a_plain_file_with_a_wrong_key_names_no_ready_made_mapping(tmp_path):
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    state = nets(optunet, [0])[0]
+    state["fc3.weight"] = state.pop("fc2.weight")
+    torch.save(state, folder / "a.pt")
+    with pytest.raises(import_zoo.ImportFailuresError) as err:
+        import_zoo.run(experiment(tmp_path, folder))
+    assert "add a rename to zoo_import.mapping" in str(err.value) and "ready-made" not in str(err.value)
 
 
 def test_imported_resnet_weights_give_the_model_the_same_function(tmp_path):
@@ -412,3 +441,30 @@ def test_chance_level_and_margin():
     # a few points on a full test split; 3 standard errors of a chance accuracy on a small one
     assert import_zoo.near_chance_margin(0.1, 10_000, 0.05) == 0.05
     assert import_zoo.near_chance_margin(0.25, 8, 0.05) == pytest.approx(3 * (0.25 * 0.75 / 8) ** 0.5)
+
+
+def test_an_imported_heldout_pool_short_of_seeds_asks_for_another_import_and_training_there_warns(tmp_path, caplog):
+    """Held-out networks imported into part of seeds.heldout: the sample stage names the import that
+    completes the pool, not stage=zoo (which would mix locally trained networks into it), and the zoo
+    stage, asked anyway, says in a warning that it mixes them."""
+    from benchmark.stages.sample import MissingBasesError, select_bases
+    from benchmark.stages.zoo import run_zoo
+
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    for i, state in enumerate(nets(optunet, [0, 1, 2])):
+        torch.save(state, folder / f"m_{i}.pt")
+    overrides = ("zoo_import.range=heldout", "seeds.heldout=[100000,100004]", "train.epochs=1", "train.fail_rule.epoch=1",
+                 "train.fail_rule.final_min_accuracy=null", "zoo.crosscheck=0")
+    exp = experiment(tmp_path, folder, *overrides)
+    assert import_zoo.run(exp).imported == [100000, 100001, 100002]
+    with pytest.raises(MissingBasesError) as err:
+        select_bases(exp, 2)
+    message = str(err.value)
+    assert "1 of the 4 seeds of seeds.heldout=[100000, 100004] are not in the store" in message
+    assert f"were imported (from {folder.resolve()} (3))" in message and "stage=import" in message
+    assert "zoo_import.range=heldout" in message and "mix locally trained networks into the imported pool" in message
+    assert "seeds.heldout=[100000,100003]" in message  # or the imported seeds alone, if they suffice
+    with caplog.at_level("WARNING"):
+        run_zoo(exp, exp.heldout)
+    assert "will mix locally trained networks with imported ones" in caplog.text and f"{folder.resolve()} (3)" in caplog.text

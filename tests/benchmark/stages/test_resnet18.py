@@ -44,14 +44,9 @@ TINY_RESNET = (  # ResNet-18 at width 8: the keys, BatchNorm and residual struct
 
 
 @pytest.fixture(autouse=True)
-def exists_only_checksums(monkeypatch):
-    """Tiny CIFAR-100/SVHN files cannot match the official md5 sums: only here torchvision's
-    check_integrity is reduced to "the file exists" (as tests/benchmark/core/data/conftest.py does)."""
-    def exists_only(fpath, md5=None):
-        return os.path.isfile(fpath)
-
-    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", exists_only)
-    monkeypatch.setattr(torchvision.datasets.svhn, "check_integrity", exists_only)
+def exists_only_checksums(skip_md5):
+    """Tiny CIFAR-100/SVHN files cannot match the official md5 sums (``skip_md5``); the torch
+    threads put back after each test."""
     saved = torch.get_num_threads()
     yield
     torch.set_num_threads(saved)

@@ -24,6 +24,8 @@ from methods.base import MethodConfigError
 from tests.conftest import one_thread
 from tests.methods.conftest import compose_config
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 
 @pytest.fixture(scope="module")
 def zoo_dir(tmp_path_factory) -> Path:
@@ -239,17 +241,25 @@ def test_a_pair_mixed_from_two_writers_is_refused_and_redrawn(make_exp, caplog) 
     assert unit_state(exp, unit).problem is None
 
 
-def test_bases_are_refused_while_any_heldout_seed_is_untrained(make_exp) -> None:
-    """Enough bases converged, but one seed of the range is not trained yet (its file moved away):
-    the stage refuses rather than pick bases that depend on which seeds are finished."""
+def test_bases_are_refused_while_a_heldout_seed_they_could_read_is_untrained(make_exp) -> None:
+    """The bases come from the prefix of the range holding every block a repetition can read
+    (repetitions x stride converged seeds): a seed after it that is not trained changes nothing
+    (an imported pool of exactly the seeds needed is complete); one inside it (its file moved
+    away) makes the stage refuse rather than pick bases that depend on which seeds are finished."""
     exp = make_exp("method=ensemble", "sample.per_method=2")
     seeds = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
-    assert select_bases(exp, 2) == seeds  # the whole range trained: all converged seeds, in order
-    last = exp.store.checkpoint_path(seeds[-1])
-    last.rename(last.with_name("elsewhere"))
-    with pytest.raises(MissingBasesError, match=rf"1 of the 8 seeds of seeds.heldout=\[100000, 100008\] are not trained "
-                                                rf"yet \({seeds[-1]}\); train them with python -m benchmark stage=zoo "
-                                                r"experiment=digits_optunet zoo.range=heldout"):
+    reach = exp.config.sample.repetitions * repetition_stride(exp.config.sample.per_method, exp.config.sample.modes_multi)
+    assert 2 <= reach < len(seeds)  # the tiny zoo has converged seeds after the prefix
+    assert select_bases(exp, 2) == seeds[:reach]
+    after = exp.store.checkpoint_path(seeds[-1])
+    after.rename(after.with_name("elsewhere"))
+    assert select_bases(exp, 2) == seeds[:reach]
+    first = exp.store.checkpoint_path(seeds[0])
+    first.rename(first.with_name("elsewhere-too"))
+    with pytest.raises(MissingBasesError, match=rf"{reach} converged seeds needed, 0 before the first seed not trained "
+                                                rf"yet; 2 of the 8 seeds of seeds.heldout=\[100000, 100008\] are not "
+                                                rf"trained yet \({seeds[0]}, {seeds[-1]}\); train them with python -m "
+                                                r"benchmark stage=zoo experiment=digits_optunet zoo.range=heldout"):
         prepare_units(exp)
 
 

@@ -17,7 +17,7 @@ from benchmark.stages.zoo import run_zoo
 from benchmark.core.store import load_checkpoint, read_metadata
 from tests.benchmark.stages.test_healing import TINY, exp, healthy  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.usefixtures("single_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_torch_thread")]
 from bench.corruptions import _rewrite, _tensors_and_metadata, corrupt
 
 

@@ -17,6 +17,8 @@ from tests.benchmark.core.data import formats
 from tests.conftest import TINY_TRAIN, compose_config
 from tests.processes import Forked, forked
 
+pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
+
 FIRST_SIX = SeedRange("reference", 0, 6)
 
 

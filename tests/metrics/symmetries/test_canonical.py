@@ -131,6 +131,7 @@ def test_canonicalize_keeps_keys_shapes_dtypes_and_reports_steps():
         canonicalize(weights, spec, sort_key="median")
 
 
+@pytest.mark.slow  # every transform on a ResNet-18
 def test_resnet18_transforms_keep_the_function_and_canonical_form_is_invariant():
     """ResNet-18 in eval mode with random BatchNorm statistics: residual streams, shortcut convs
     and BatchNorm scalings; two symmetric copies share one canonical form."""

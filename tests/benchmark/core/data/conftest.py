@@ -1,14 +1,11 @@
 """Tiny copies of every on-disk dataset, written once per session in the real formats."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torchvision.datasets.cifar
-import torchvision.datasets.svhn
 
 from tests.benchmark.core.data import formats
 
@@ -53,15 +50,3 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
     formats.write_dtd(data.root, dtd)
     data.arrays["dtd"] = dtd
     return data
-
-
-@pytest.fixture
-def skip_md5(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tiny CIFAR-100/SVHN files cannot match the official md5 sums, so only here torchvision's
-    check_integrity is reduced to "the file exists"; production code keeps the md5 check."""
-
-    def exists_only(fpath: str, md5: str | None = None) -> bool:
-        return os.path.isfile(fpath)
-
-    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", exists_only)
-    monkeypatch.setattr(torchvision.datasets.svhn, "check_integrity", exists_only)

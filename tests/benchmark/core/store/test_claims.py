@@ -14,6 +14,8 @@ from benchmark.core.store import read_claim_info, try_claim
 from benchmark.core.store.claims import HOST_ENV, acquire, host_name, reap_stale
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # real processes hold and lose claims: make test, not make test-fast
+
 HOLD = """
 import sys, time
 from benchmark.core.store import try_claim

@@ -10,6 +10,8 @@ from benchmark.stages.zoo import train_seed
 from benchmark.core.training import FailRule, NonFiniteError, Recipe, RecipeOverrides, learning_rate
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.slow  # trains networks through the loop: make test, not make test-fast
+
 
 def test_recipe_from_config_and_schedules():
     r = Experiment(compose_config([])).recipe

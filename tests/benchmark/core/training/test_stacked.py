@@ -49,7 +49,7 @@ def per_network(factory, states, images, labels):
 
 @pytest.mark.parametrize("factory, shape", [
     (optunet, (1, 28, 28)),
-    (every_piece, (4, 18, 18)),
+    pytest.param(every_piece, (4, 18, 18), marks=pytest.mark.slow),  # compiles kernels for every piece (a minute)
     (lambda: mlp(12, [7, 5], 4), (3, 2, 2)),
 ])
 @pytest.mark.parametrize("implementation", ["packed", "vmap"])
@@ -217,6 +217,7 @@ print(json.dumps({"features": numba.config.CPU_FEATURES, "digest": digest.hexdig
 """
 
 
+@pytest.mark.slow  # a subprocess compiling the kernels twice
 def test_the_packed_step_is_the_same_to_the_bit_with_512_bit_vectors():
     """README "Training the zoo": on an AVX-512 CPU, NUMBA_CPU_FEATURES set to the host's features plus
     ``-prefer-256-bit`` widens the kernels' vectors without changing one bit of a training step: 32

@@ -13,6 +13,8 @@ from benchmark.core.training.stacked import NotStackableError
 from benchmark.core.training.vectorised import networks_that_fit, train_networks
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.slow  # trains zoos both ways: make test, not make test-fast
+
 
 @pytest.fixture(scope="module")
 def exp():

@@ -1,4 +1,6 @@
-"""Wall time and convergence of one HMC unit on an experiment: ``chains`` chains started as the
+"""Study: do full-batch HMC's chains on digits converge (R-hat), and do longer chains or trajectories help? Last result (docs/hmc.md): no; R-hat of the test log-likelihood 4.0 for 8 chains x 80 draws and 2.7 for 4 x 30 with trajectory length 3, and 1.5-2.1 even among 4 chains sharing a start (3.05 across 3 starts; 2026-11-26).
+
+Wall time and convergence of one HMC unit on an experiment: ``chains`` chains started as the
 sample stage starts them (seeds 100000, 100001, ...; ``start=init``), each run to ``draws`` kept
 draws under the configured ``methods.hmc.*`` settings, in one process and one thread; then each
 chain's summary, the predictive R-hat on the test split (Izmailov et al. 2021, by ArviZ) of the
@@ -11,9 +13,9 @@ descended start and ``M^-1``, each chain with a random stream of its own: seeds 
 the region they start in, apart from any differences between modes.
 
 Not run by ``make bench`` (minutes to hours). Usage:
-``OMP_NUM_THREADS=1 python bench/hmc_unit.py 10 10 [key=value ...]`` (a multi-mode unit of the
+``OMP_NUM_THREADS=1 python studies/hmc_unit.py 10 10 [key=value ...]`` (a multi-mode unit of the
 default run: 10 chains x 10 draws; ``1 100`` is a one-mode unit);
-``python bench/hmc_unit.py 3 40 --per-start 4`` (3 starts x 4 chains x 40 draws).
+``python studies/hmc_unit.py 3 40 --per-start 4`` (3 starts x 4 chains x 40 draws).
 """
 from __future__ import annotations
 

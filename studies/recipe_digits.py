@@ -1,4 +1,6 @@
-"""How the digits recipe was chosen (issue 20): train a sample of seeds under candidate recipes
+"""Study: which training recipe for the digits zoo, judged on the validation split? Last result (issue 20, conf/experiment/digits_optunet.yaml): of 9 candidates on the same 128 seeds, 60 epochs halved at 40 and 50 came within 1 point of the 90-epoch recipe (87.1% against 87.9% mean validation accuracy); the 20-minute limit took 45 epochs halved at 30 and 38 instead (85.4%).
+
+How the digits recipe was chosen (issue 20): train a sample of seeds under candidate recipes
 and compare them ON THE VALIDATION SPLIT (never the test split, never any method's results).
 
 Not part of ``make bench`` (it trains hundreds of networks; ~1-4 min per 128-seed candidate on
@@ -18,17 +20,17 @@ is the shortest whose kept networks' mean validation accuracy is within 1 point 
 candidate's (90 epochs), at most ~2x the zoo's network-epochs of before (printed per rule).
 
     # the candidates of issue 20 (seeds 0-127; the first two were also run on 0-255)
-    python bench/recipe_digits.py train --seeds 0 128 --out bench/_work/r_base30.json train.epochs=30 'train.milestones=[8,15]'
-    python bench/recipe_digits.py train --seeds 0 128 --out bench/_work/r_cos30.json train.epochs=30 train.schedule=cosine
-    python bench/recipe_digits.py train --seeds 0 128 --out bench/_work/r_lr10_30.json train.epochs=30 train.lr=0.1 'train.milestones=[10,20]'
-    python bench/recipe_digits.py train --seeds 0 128 --out bench/_work/r_ms45.json train.epochs=45 'train.milestones=[15,30]'
-    python bench/recipe_digits.py train --seeds 0 128 --out bench/_work/r_ms45late.json train.epochs=45 'train.milestones=[30,38]'
-    python bench/recipe_digits.py train --seeds 0 128 --out bench/_work/r_ms50late.json train.epochs=50 'train.milestones=[33,42]'
-    python bench/recipe_digits.py train --seeds 0 128 --out bench/_work/r_ms60.json train.epochs=60 'train.milestones=[20,40]'
-    python bench/recipe_digits.py train --seeds 0 128 --out bench/_work/r_ms60late.json train.epochs=60 'train.milestones=[40,50]'
-    python bench/recipe_digits.py train --seeds 0 128 --out bench/_work/r_ms90.json train.epochs=90 'train.milestones=[30,60]'
+    python studies/recipe_digits.py train --seeds 0 128 --out bench/_work/r_base30.json train.epochs=30 'train.milestones=[8,15]'
+    python studies/recipe_digits.py train --seeds 0 128 --out bench/_work/r_cos30.json train.epochs=30 train.schedule=cosine
+    python studies/recipe_digits.py train --seeds 0 128 --out bench/_work/r_lr10_30.json train.epochs=30 train.lr=0.1 'train.milestones=[10,20]'
+    python studies/recipe_digits.py train --seeds 0 128 --out bench/_work/r_ms45.json train.epochs=45 'train.milestones=[15,30]'
+    python studies/recipe_digits.py train --seeds 0 128 --out bench/_work/r_ms45late.json train.epochs=45 'train.milestones=[30,38]'
+    python studies/recipe_digits.py train --seeds 0 128 --out bench/_work/r_ms50late.json train.epochs=50 'train.milestones=[33,42]'
+    python studies/recipe_digits.py train --seeds 0 128 --out bench/_work/r_ms60.json train.epochs=60 'train.milestones=[20,40]'
+    python studies/recipe_digits.py train --seeds 0 128 --out bench/_work/r_ms60late.json train.epochs=60 'train.milestones=[40,50]'
+    python studies/recipe_digits.py train --seeds 0 128 --out bench/_work/r_ms90.json train.epochs=90 'train.milestones=[30,60]'
     # the validation-split comparison on the same seeds, and the zoo each rule would keep
-    python bench/recipe_digits.py compare --seeds 0 128 bench/_work/r_*.json --rule 3:0.15:0.15 --rule 3:0.15:0.6
+    python studies/recipe_digits.py compare --seeds 0 128 bench/_work/r_*.json --rule 3:0.15:0.15 --rule 3:0.15:0.6
 
 The overrides apply on top of the experiment's config (the study ran on the config before it:
 30 epochs, milestones 8/15; the lines above give every candidate in full).
