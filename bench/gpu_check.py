@@ -1,8 +1,9 @@
 """``make gpu-check``: the cluster path on one CUDA host, in one command and one closing table.
 
 1. The CUDA test lane: every test that runs on CUDA (``-k cuda``: the GPU-vs-CPU comparisons of
-   ``tests/benchmark/test_devices.py`` and ``tests/benchmark/stages/test_every_stage.py``, i.e. every stage
-   end to end on ``device=cuda`` for small digits, MNIST-format and CIFAR-format ResNet-18 runs).
+   ``tests/benchmark/test_devices.py`` and ``tests/metrics/mmd/test_distances.py``; every stage end to
+   end on ``device=cuda`` for small digits, MNIST-format and CIFAR-format ResNet-18 runs,
+   ``tests/benchmark/stages/test_every_stage.py``; the ``cluster=gpu_node`` sweep on the GPUs here).
 2. The GPU speed bench (``bench/gpu_bench.py``).
 3. One table of every figure next to its goal (``bench/summary.py``), the test lane's count first.
 Needs no network: run it with the node's own Python (``make gpu-check GPU_PYTHON=...``) and the
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from summary import record  # noqa: E402
 
-TESTS = ["tests/benchmark/test_devices.py", "tests/benchmark/stages/test_every_stage.py"]
+TESTS = ["tests"]
 
 
 class Counter:

@@ -101,3 +101,23 @@ def test_the_gpu_node_starts_one_worker_per_gpu_each_on_its_own(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(ConfigError, match="device=per_job: one worker per GPU, but this machine has no CUDA device"):
         _ = Experiment(compose_config(["cluster=gpu_node"])).device
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_gpu_node_sweep_on_cuda_gives_the_single_process_store(tmp_path):
+    """cluster=gpu_node on the GPUs here: the zoo sharded over one worker per GPU (each pinned),
+    the same checkpoints as one process on cuda:0, the jobs' logs naming their device."""
+    sweep, sharded, single = tmp_path / "sweep", tmp_path / "sharded", tmp_path / "single"
+    done = benchmark("-m", "cluster=gpu_node", f"hydra.sweep.dir={sweep}", "stage=zoo", "zoo.num_shards=2",
+                     "zoo.shard=range(2)", f"store={sharded}", *COMMON)
+    assert done.returncode == 0, done.stdout + done.stderr
+    logs = "\n".join(p.read_text() for p in sweep.rglob("*.log"))
+    assert "device cuda:0" in logs, logs
+    alone = benchmark("stage=zoo", f"store={single}", "device=cuda:0", *COMMON)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    a, b = ExperimentStore(sharded, "digits_optunet"), ExperimentStore(single, "digits_optunet")
+    assert a.completed_seeds() == b.completed_seeds() and a.completed_seeds()
+    for seed in a.completed_seeds():
+        x, y = load_checkpoint(a.checkpoint_path(seed))[0], load_checkpoint(b.checkpoint_path(seed))[0]
+        assert all(torch.equal(x[k], y[k]) for k in x), f"seed {seed}"
