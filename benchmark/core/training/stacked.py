@@ -538,15 +538,23 @@ class VmapNetworks:
         return functional_call(self.template, params, (images,))
 
     def source(self, images: torch.Tensor, device: torch.device, codes: tuple[torch.Tensor, torch.Tensor] | None = None):
-        return images.to(device)
+        # on the device once: as uint8 codes where the set has them (a quarter of the bytes), decoded per batch
+        if codes is None:
+            return images.to(device)
+        return _Coded(codes[0].to(device), codes[1].to(device, images.dtype))
 
-    def batch(self, source: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor | None, padding: int,
+    def batch(self, source: "torch.Tensor | _Coded", index: torch.Tensor, offsets: torch.Tensor | None, padding: int,
               fill: float) -> torch.Tensor:
-        images = source[index.to(source.device)]
+        if isinstance(source, _Coded):
+            index = index.to(source.codes.device)
+            channel = torch.arange(source.levels.shape[0], device=source.codes.device).view(1, 1, -1, 1, 1)
+            images = source.levels[channel, source.codes[index].long()]  # [K, B, C, H, W], the set's exact floats
+        else:
+            images = source[index.to(source.device)]
         if offsets is None:
             return images
         n_k, n_b = index.shape
-        flat = crop_at(images.flatten(0, 1), padding, fill, offsets.permute(1, 0, 2).reshape(2, n_k * n_b).to(source.device))
+        flat = crop_at(images.flatten(0, 1), padding, fill, offsets.permute(1, 0, 2).reshape(2, n_k * n_b))
         return flat.view(images.shape)
 
     def forward(self, params: Params, batch: torch.Tensor) -> torch.Tensor:

@@ -166,6 +166,10 @@ def test_batches_gathered_from_uint8_codes_equal_those_from_the_images(count, fi
     kept = packed._padding[3]  # made once per source: a second batch reuses it
     packed.batch(coded, index, offsets, 2, -0.7)
     assert packed._padding[3] is kept and isinstance(kept, type(coded)) == (count < 256 or fill_is_a_level)
+    vmapped = VmapNetworks(optunet())  # the GPU's path: the codes on the device, decoded per batch
+    plain, coded = vmapped.source(images, CPU), vmapped.source(images, CPU, (codes, levels))
+    assert torch.equal(vmapped.batch(plain, index, offsets, 2, -0.7), vmapped.batch(coded, index, offsets, 2, -0.7))
+    assert coded.codes.dtype == torch.uint8
 
 
 def test_a_batch_taken_in_parts_gives_the_whole_batch_sums_to_the_bit(monkeypatch):
