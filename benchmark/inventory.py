@@ -218,8 +218,12 @@ def heldout_shortfall(exp: Experiment, bases: int) -> str | None:
             f"use 'seeds.heldout=[{heldout.start},{stop}]' (or fewer sample.repetitions / sample.per_method)")
 
 
-SAMPLE_CODE = ("methods.modes", "benchmark.core.models.registry", "benchmark.core.models.predict")
-"""Code every method's samples and predictions go through besides the method's own module."""
+SAMPLE_CODE = ("methods.base", "methods.modes", "benchmark.core.models", "benchmark.core.data", "benchmark.core.settings",
+               "benchmark.core.store.checkpoint", "benchmark.core.store.sampleset")
+"""Code every method's samples and predictions go through besides the method's own module: the
+protocol, the modes, every model (reached through the config's model name), the data loaders
+(reached through the config's data set), the settings, and the store's readers and writers of
+checkpoints and sample sets (the bases read, the samples written). Packages count whole."""
 
 
 def expected_units(exp: Experiment) -> list[Unit]:
@@ -241,8 +245,21 @@ def sample_settings_hash(exp: Experiment, method: str) -> str:
         "method": exp.method_settings(method),
         "sample": {"per_method": exp.config.sample.per_method, "modes_multi": exp.config.sample.modes_multi},
         "heldout": [exp.heldout.start, exp.heldout.stop],
-        "code": code_fingerprint((method_class(method).__module__, *SAMPLE_CODE)),
+        "code": code_fingerprint(sample_code(method)),
     })
+
+
+def sample_code(method: str) -> tuple[str, ...]:
+    """The roots of the code a unit of ``method`` is keyed by: the method's own module (the one its
+    registered class is defined in) and ``SAMPLE_CODE``; ``code_fingerprint`` adds what they import."""
+    return (method_class(method).__module__, *SAMPLE_CODE)
+
+
+def chain_key(exp: Experiment, method: PosteriorMethod) -> str:
+    """The key the saved chains of a unit of ``method`` (``ResumableChains``) must have been run
+    under: the unit's (``sample_settings_hash``: zoo config, settings, sample counts, held-out
+    range, code) and the method's own fingerprint (its data, prior, layout: ``method.fingerprint``)."""
+    return stable_hash({"unit": sample_settings_hash(exp, method.name), "method": method.fingerprint()})
 
 
 def unit_expectations(exp: Experiment, unit: Unit) -> dict[str, str]:

@@ -8,11 +8,14 @@ full-batch HMC's multi-mode units (``method=hmc mode=multi``, every repetition),
 the same machinery (``Reference.score``: the same MMD, symmetries and predictive metrics, whose
 agreement and TV are then against HMC's predictive, as the NeurIPS 2021 competition scores).
 
-Every cache is keyed by exactly what it depends on (ARCHITECTURE.md, "Caches"): the checkpoint
-files it was made from (path, size, mtime), the settings that shape it, the code that computes
-it (``code_fingerprint`` of the modules named in ``CODE``: a fix in ``metrics/symmetries``
-rebuilds the canonical and aligned forms, not the predictive), the library versions, the device
-type and the dtype. A cache whose key differs, or that fails validation, is rebuilt.
+Every cache is keyed by everything it is made from (ARCHITECTURE.md, "Caches"): the identity of
+each file it was made from (its name in the store and its content digest: no absolute path, so a
+moved store keeps its caches), the settings that shape it, the **whole computational source**
+(``source_fingerprint``: any edit of ``metrics/``, ``methods/``, ``benchmark/core/`` or this
+module recomputes every cache: they are cheap, and no module reached only through data, such as
+the symmetry specs of ``metrics/symmetries/architectures.py``, can be left out of the key), the
+library versions, the device type and the dtype. A cache whose key differs, or that fails
+validation, is rebuilt.
 
 A zoo that fits in ``evaluate.max_in_memory_gb`` is held as one sample set; a larger one
 (ResNet-18 zoos: ~45 MB per checkpoint) is streamed: MMD reads it layer by layer in column
@@ -29,10 +32,11 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.core.fingerprint import code_fingerprint, stable_hash
+from benchmark.core.fingerprint import source_fingerprint, stable_hash
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
-    CheckpointError, CheckpointFiles, SampleSetFile, SampleSetMetadata, StoreError, Unit, check_file, iter_checkpoint_batches,
+    CheckpointError, CheckpointFiles, SampleSetFile, SampleSetMetadata, StoreError, Unit, check_file, content_digest,
+    iter_checkpoint_batches,
     load_checkpoints_as_sample_set, load_sample_set, read_metadata, save_checkpoint, save_sample_set, unstack,
     validate_tensors,
 )
@@ -48,14 +52,8 @@ from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
 log = logging.getLogger(__name__)
 SUMMARIES = ("median", "mean", "max")
 DTYPE = torch.float32  # what the forms and the predictive are computed in
-CODE = {
-    "zoo": (),  # a copy of the checkpoints: the files and the library versions only
-    "canonical": ("metrics.symmetries.canonical",),
-    "aligned": ("metrics.symmetries.rebasin", "metrics.symmetries.canonical"),
-    "predictive": ("benchmark.core.models.predict", "benchmark.core.models.registry"),
-    "numbers": ("benchmark.reference", "metrics.mmd", "metrics.predictive"),
-}
-"""The modules whose code (and what it imports) computes each cache."""
+CACHES = ("zoo", "canonical", "aligned", "predictive")
+"""The reference's caches (``Reference.key``); each keyed by the whole source (``source_fingerprint``)."""
 HMC_ROW = ("hmc", "multi")
 """The rows whose draws, pooled over the repetitions, are the HMC reference."""
 ZOO_ROW = ("zoo", "multi")
@@ -64,9 +62,22 @@ REFERENCE_METHODS = (HMC_ROW[0], ZOO_ROW[0])
 """The references' own rows: never ranked among the methods nor in the paper's claims."""
 
 
-def files_key(paths: list[Path]) -> list[tuple[str, int, int]]:
-    """What identifies the versions of ``paths``: (path, size, mtime in ns) of each."""
-    return [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+def files_key(paths: list[Path]) -> list[tuple[str, str]]:
+    """What identifies the versions of ``paths``, with no absolute path: each file's name in its
+    folder (``zoo/seed_000042.safetensors``) and its content digest (``store.content_digest`` of its
+    checksums), or its size and mtime for a file without checksums or with a damaged header (then
+    refused by the validation that follows)."""
+    out = []
+    for path in paths:
+        try:
+            digest = content_digest(read_metadata(path))
+        except CheckpointError:
+            digest = None
+        if digest is None:
+            stat = path.stat()
+            digest = f"size {stat.st_size} mtime {stat.st_mtime_ns}"
+        out.append((f"{path.parent.name}/{path.name}", digest))
+    return out
 
 
 class Reference:
@@ -113,13 +124,14 @@ class Reference:
         return len(self.seeds)
 
     def key(self, cache: str) -> str:
-        """The key of cache ``cache`` (a name of ``CODE``): the input files, the settings that shape
-        it, the code that computes it, the library versions (in the fingerprint), device and dtype."""
+        """The key of cache ``cache`` (one of ``CACHES``): the input files, the settings that shape
+        it, the whole computational source and the library versions (``source_fingerprint``), device
+        and dtype."""
         shaping = {"zoo": {}, "canonical": {"steps": self.steps},
                    "aligned": {"steps": self.steps, "anchor": self.anchor_seed},
                    "predictive": {"config": self.exp.config_hash}}
         return stable_hash({"inputs": self._inputs, "cache": cache, "settings": shaping.get(cache, {}),
-                            "code": code_fingerprint(CODE[cache]), "device": self.exp.device.type,
+                            "code": source_fingerprint(), "device": self.exp.device.type,
                             "dtype": str(DTYPE)}, length=20)
 
     def numbers_key(self, unit: Unit) -> str:
@@ -133,10 +145,10 @@ class Reference:
         settings = self.exp.config.evaluate
         return stable_hash({
             "files": files_key(paths), "against": self.name,
-            "reference": [self.key(c) for c in ("zoo", "canonical", "aligned", "predictive")],
+            "reference": [self.key(c) for c in CACHES],
             "settings": {"resamples": settings.reference_resamples, "test": settings.test_permutations,
                          "weight_matching": self.anchor_seed, "steps": self.steps},
-            "code": code_fingerprint(CODE["numbers"]), "device": self.exp.device.type,
+            "code": source_fingerprint(), "device": self.exp.device.type,
         }, length=20)
 
     def checked_paths(self) -> list[Path]:

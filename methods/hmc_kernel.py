@@ -36,7 +36,6 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -45,6 +44,7 @@ from tqdm.auto import tqdm
 
 from benchmark.core.settings import require
 from benchmark.core.store import CheckpointError, load_checkpoint
+from benchmark.core.store.chains import KEY as CHAIN_KEY
 from benchmark.core.store.checkpoint import write_safetensors
 
 Potential = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -225,7 +225,7 @@ class ChainState:
                                                           "warmup_divergences", "divergences", "restarts", "tag",
                                                           "origin")}
         write_safetensors(path, {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
-                          {"chain_state": json.dumps(scalars), "chain_format": str(FORMAT)})
+                          {"chain_state": json.dumps(scalars), "chain_format": str(FORMAT), CHAIN_KEY: self.tag})
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> "ChainState":
@@ -501,15 +501,3 @@ class StackedHMC:
             bar.update(len(live))
         bar.close()
         return chains
-
-
-def save_chains(chains: Sequence[ChainState], directory: str | os.PathLike) -> None:
-    """Save every chain to ``directory/<name>.safetensors``."""
-    for chain in chains:
-        chain.save(Path(directory) / f"{chain.name}.safetensors")
-
-
-def load_chain(directory: str | os.PathLike, name: str, device: torch.device | str = "cpu") -> ChainState | None:
-    """The chain ``name`` saved in ``directory``, or None if there is none."""
-    path = Path(directory) / f"{name}.safetensors"
-    return ChainState.load(path, device) if path.exists() else None

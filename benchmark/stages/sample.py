@@ -50,14 +50,14 @@ from benchmark.config import ConfigError
 from benchmark.core.fingerprint import library_versions
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
-    AlreadyPublishedError, CheckpointError, SampleSet, SampleSetMetadata, StoreError, Unit, load_checkpoint, load_sample_set,
+    AlreadyPublishedError, ChainFiles, CheckpointError, SampleSet, SampleSetMetadata, StoreError, Unit, load_checkpoint, load_sample_set,
     remove_temp_files_of, save_sample_set, validate_tensors,
 )
 from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
     converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, pool_size, quarantine_and_redo,
-    repetition_stride, sample_settings_hash, unit_state,
+    chain_key, repetition_stride, sample_settings_hash, unit_state,
 )
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
 from methods.modes import ModePlan, run_mode
@@ -250,18 +250,19 @@ def advance_chains(exp: Experiment, job: Job) -> bool:
     a claim was lost). Called before the unit's own claim, so jobs can share a unit's chains."""
     method, unit, plan = job.method, job.unit, job.plan
     assert isinstance(method, ResumableChains)
-    directory = exp.store.chains_dir(unit)
+    files = exp.store.chain_files(unit, chain_key(exp, method))
+    clear_stale_chains(files, unit)
     seeds = list(plan.candidates[: plan.bases])
-    method.use_chain_states(directory)
+    method.use_chain_states(files)
     while True:
-        todo = [s for s in seeds if not method.chain_finished(directory, s, plan.samples_per_base)]
+        todo = [s for s in seeds if not method.chain_finished(files, s, plan.samples_per_base)]
         if not todo:
             return True
         with contextlib.ExitStack() as stack:
             group, claims = [], []
             for seed in todo:
                 claim = stack.enter_context(exp.store.chain_claim(unit, seed))
-                if claim is None or method.chain_finished(directory, seed, plan.samples_per_base):
+                if claim is None or method.chain_finished(files, seed, plan.samples_per_base):
                     continue  # run elsewhere, or finished meanwhile
                 group.append(seed)
                 claims.append(claim)
@@ -271,9 +272,22 @@ def advance_chains(exp: Experiment, job: Job) -> bool:
                 log.info("%s: chains %s run elsewhere", unit.label, todo)
                 return False
             log.info("%s: running chains of bases %s (%d of %d unfinished)", unit.label, group, len(todo), len(seeds))
-            if not method.run_chains_in(directory, group, lambda seed: load_base(exp, seed), plan.samples_per_base,
+            if not method.run_chains_in(files, group, lambda seed: load_base(exp, seed), plan.samples_per_base,
                                         lambda: any(c.lost for c in claims)):
                 return False
+
+
+def clear_stale_chains(files: ChainFiles, unit: Unit) -> list[Path]:
+    """Remove the chain states of ``unit`` run under another key than ``files.key`` (settings,
+    code, data or zoo changed since: never resumed, never published) or unreadable, with one log
+    line; the removed files. A state of the current key (another job's, in flight) is left alone."""
+    stale = files.stale()
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if stale:
+        log.warning("%s: removed %d chain state(s) of another key or damaged (%s)", unit.label, len(stale),
+                    "; ".join(stale.values()))
+    return list(stale)
 
 
 def chain_convergence(probs: torch.Tensor, plan: ModePlan, labels: torch.Tensor) -> dict[str, float]:

@@ -9,6 +9,7 @@ from benchmark.core.store.checkpoint import (
     save_checkpoint,
     validate_tensors,
 )
+from benchmark.core.store.chains import ChainFiles
 from benchmark.core.store.checksum import ChecksumError, content_digest, file_format, sealed_json, stored_checksums, unsealed_json
 from benchmark.core.store.claims import Claim, ClaimInfo, claims_in, host_name, read_claim as read_claim_info, stale_reason, try_claim
 from benchmark.core.store.errors import CheckpointError, StoreError
@@ -34,7 +35,7 @@ from benchmark.core.store.sampleset import (
 from benchmark.core.store.sources import CheckpointFiles, SampleSetFile
 
 __all__ = [
-    "AlreadyPublishedError", "atomic_path", "atomic_write_text", "remove_temp_files_of", "temp_files_of", "check_finite", "load_checkpoint",
+    "AlreadyPublishedError", "ChainFiles", "atomic_path", "atomic_write_text", "remove_temp_files_of", "temp_files_of", "check_finite", "load_checkpoint",
     "read_metadata", "save_checkpoint", "validate_tensors", "ChecksumError", "content_digest", "file_format", "sealed_json", "stored_checksums", "unsealed_json",
     "Claim", "ClaimInfo", "claims_in", "host_name", "read_claim_info", "stale_reason", "try_claim", "CheckpointError", "StoreError", "CheckpointMetadata", "SampleSetMetadata", "encode_metadata",
     "ExperimentStore", "MAX_SEED", "MODES", "Unit", "Quarantined", "quarantine", "quarantined", "check_file", "verify_file_tensors",

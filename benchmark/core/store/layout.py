@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from benchmark.core.store.atomic import atomic_write_text, is_temp_file
+from benchmark.core.store.chains import ChainFiles
 from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S, Claim, fs_now, host_name, reap_stale, try_claim
 from benchmark.core.store.claims import litter as claim_litter
 from benchmark.core.store.errors import StoreError
@@ -94,9 +95,13 @@ class ExperimentStore:
         """The folder of the chain states of a sample unit (one file per base: ``chain_path``)."""
         return self.chains_root / self._own(unit).stem
 
+    def chain_files(self, unit: Unit, key: str = "") -> ChainFiles:
+        """The chain states of a sample unit, to be run under ``key`` (``chains.ChainFiles``)."""
+        return ChainFiles(self.chains_dir(unit), key, self._own(unit))
+
     def chain_path(self, unit: Unit, seed: int) -> Path:
         """The saved state of the chain of base ``seed`` of a sample unit."""
-        return self.chains_dir(unit) / f"{unit.chain_stem(seed)}.safetensors"
+        return self.chain_files(unit).path(seed)
 
     def chain_claim(self, unit: Unit, seed: int) -> contextlib.AbstractContextManager[Claim | None]:
         """``with store.chain_claim(unit, seed) as claim:`` the claim on one chain of a sample unit
