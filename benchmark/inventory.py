@@ -13,6 +13,7 @@ the report and the analyses share (none of them asks another stage).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import statistics
@@ -154,17 +155,104 @@ def range_state(exp: Experiment, seeds: SeedRange, strict: bool = True) -> Range
 
 
 def checkpoint_staleness(exp: Experiment, path: Path) -> str | None:
-    """Why a valid checkpoint is stale (trained with another model, data or recipe config), or
-    ``None``. A checkpoint without ``config_hash`` (imported, or written by another tool) is not
-    stale: nothing says it was trained with another config."""
+    """Why a valid checkpoint is stale (trained with another model, data or recipe config, with
+    the fields that differ), or ``None``. A checkpoint without ``config_hash`` (imported, or
+    written by another tool) is not stale: nothing says it was trained with another config."""
     try:
-        trained_with = read_metadata(path).get("config_hash")
+        meta = CheckpointMetadata.decode(read_metadata(path))
     except CheckpointError as err:
         return str(err)
-    if trained_with is not None and trained_with != exp.config_hash:
-        return (f"{path}: trained with config_hash {trained_with}, the current config's is {exp.config_hash} "
-                "(model, data or recipe changed)")
+    if meta.config_hash is not None and meta.config_hash != exp.config_hash:
+        return (f"{path}: trained with config_hash {meta.config_hash}, the current config's is {exp.config_hash} "
+                f"({recipe_differences(meta.config, exp.recipe_config)})")
     return None
+
+
+def seed_staleness(exp: Experiment, seed: int) -> str | None:
+    """Why the stored checkpoint or failure record of ``seed`` was made under another model, data
+    or recipe config than ``exp``'s (``checkpoint_staleness``), or ``None`` (same config, none
+    recorded, or nothing stored)."""
+    store = exp.store
+    path = store.checkpoint_path(seed)
+    if path.exists():
+        return checkpoint_staleness(exp, path)
+    try:
+        record = json.loads(store.failed_path(seed).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none, or damaged: seed_problem names it
+        return None
+    made_with = record.get("config_hash") if isinstance(record, dict) else None
+    if made_with is not None and made_with != exp.config_hash:
+        return (f"{store.failed_path(seed)}: failure recorded under config_hash {made_with}, the current config's is "
+                f"{exp.config_hash}")
+    return None
+
+
+def _flat(values: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def recipe_differences(recorded: dict | None, current: dict) -> str:
+    """The config fields in which a checkpoint's recorded ``config`` differs from ``current``
+    (``Experiment.recipe_config``), as ``train.epochs: 3 -> 4, ...``; what can be said when the
+    checkpoint records none."""
+    if not recorded:
+        return "its fields are not recorded in the checkpoint: model, data or recipe changed"
+    old, new = _flat(recorded), _flat(current)
+    missing = "(absent)"
+    diffs = [f"{key}: {old.get(key, missing)} -> {new.get(key, missing)}" for key in sorted(set(old) | set(new))
+             if old.get(key, missing) != new.get(key, missing)]
+    return ", ".join(diffs) or "no field differs: recorded by another version of the config schema"
+
+
+@dataclass(frozen=True)
+class ReferenceRecipe:
+    """The recipes the reference checkpoints were trained under: ``config_hashes`` (sorted;
+    ``unrecorded`` for checkpoints that record none: imported), and ``other``: seed -> the fields
+    that differ, for those trained under another config than the current one."""
+
+    config_hashes: tuple[str, ...]
+    other: dict[int, str]
+
+    def problem(self, exp: Experiment) -> str | None:
+        """The one-line refusal of a reference of another recipe (differing fields, the command that
+        retrains it, the override that accepts it), or ``None``."""
+        if not self.other:
+            return None
+        fields = sorted(set(self.other.values()))
+        shown = "; ".join(fields[:3]) + ("; ..." if len(fields) > 3 else "")
+        return (f"{len(self.other)} reference checkpoint(s) of {exp.name} in {exp.store.zoo_dir} were trained under "
+                f"another recipe than this run's (config_hash {exp.config_hash}): {shown}; retrain them with "
+                f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=reference and this run's overrides, or "
+                "pass evaluate.allow_other_recipe=true to evaluate against them (recorded in metrics.csv)")
+
+    def note(self) -> str:
+        """metrics.csv's ``reference_recipe``: empty when every checkpoint is of the current recipe,
+        else what was accepted with ``evaluate.allow_other_recipe``."""
+        if not self.other:
+            return ""
+        return (f"other recipe accepted (evaluate.allow_other_recipe=true): {len(self.other)} checkpoint(s), "
+                + "; ".join(sorted(set(self.other.values()))))
+
+
+def reference_recipe(exp: Experiment) -> ReferenceRecipe:
+    """The ``ReferenceRecipe`` of the converged reference checkpoints (their metadata only; a
+    checkpoint whose header cannot be read is left to the reference's validation, which names it)."""
+    hashes, other = set(), {}
+    for seed in reference_seeds(exp):
+        try:
+            meta = CheckpointMetadata.decode(read_metadata(exp.store.checkpoint_path(seed)))
+        except (CheckpointError, OSError):
+            continue
+        hashes.add(meta.config_hash or "unrecorded")
+        if meta.config_hash is not None and meta.config_hash != exp.config_hash:
+            other[seed] = recipe_differences(meta.config, exp.recipe_config)
+    return ReferenceRecipe(tuple(sorted(hashes)), other)
 
 
 # ---- the sample units --------------------------------------------------------------------------

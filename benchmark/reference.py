@@ -42,7 +42,8 @@ from benchmark.core.store import (
 )
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
-    MissingInputsError, corrupt_zoo_error, describe_store, pairing_problem, reference_seeds, row_units,
+    MissingInputsError, ReferenceRecipe, corrupt_zoo_error, describe_store, pairing_problem, reference_recipe,
+    reference_seeds, row_units,
 )
 from metrics.mcmc import predictive_convergence
 from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd, reference_bandwidths
@@ -105,6 +106,8 @@ class Reference:
         # WM MMD's anchor: the lowest converged reference seed (seed 002's code aligns to the first network).
         self.anchor_seed = self.seeds[0] if settings.weight_matching else None
         self._inputs = {"files": files_key(exp.store.checkpoint_paths(self.seeds)), "seeds": self.seeds}
+        self.recipe: ReferenceRecipe | None = reference_recipe(exp)
+        """The recipes the checkpoints were trained under (metrics.csv's ``reference_config_hash``)."""
 
     def _scoring(self, exp: Experiment) -> None:
         """What every reference scores with: the evaluate settings, the model and its symmetries."""
@@ -372,6 +375,7 @@ class HMCReference(Reference):
         if not self.units:
             raise ValueError(f"reference=hmc: every unit of {'/'.join(HMC_ROW)} is excluded ({[u.label for u in exclude]})")
         self.seeds = []
+        self.recipe = None  # the chains' settings are in their units' keys
         self.anchor_seed = None  # no WM columns against HMC: its draws have no anchor network
         self.in_memory = True
         self.folder = None

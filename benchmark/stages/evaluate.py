@@ -47,8 +47,8 @@ from benchmark.core.store import (
 )
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
-    MissingInputsError, StaleSamplesError, available_rows, describe_store, incomplete_range, reference_seeds,
-    reap_results_litter, require_inputs, row_label, row_units,
+    MissingInputsError, ReferenceRecipe, StaleSamplesError, available_rows, describe_store, incomplete_range,
+    reference_recipe, reference_seeds, reap_results_litter, require_inputs, row_label, row_units,
 )
 from benchmark.reference import ZOO_ROW, HMCReference, Reference, hmc_reference_problem
 from benchmark.results import (
@@ -59,6 +59,12 @@ from metrics.uncertainty import interval
 log = logging.getLogger(__name__)
 NAME = "evaluate"
 ZOO_LABEL = "Zoo (reference)"
+
+
+class OtherRecipeError(StoreError):
+    """The reference checkpoints were trained under another model, data or recipe config than this
+    run's; the message names the differing fields, the command that retrains them and the override
+    that accepts them (``evaluate.allow_other_recipe``)."""
 
 
 def needs(exp: Experiment) -> frozenset[str]:
@@ -77,6 +83,9 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
     require_inputs(exp, needs(exp) - made, f"stage={NAME}")
     if "reference" not in made:
         require_complete_reference(exp)
+        problem = reference_recipe(exp).problem(exp)
+        if problem is not None and not exp.config.evaluate.allow_other_recipe:  # the warning comes with run
+            raise OtherRecipeError(f"stage={NAME}: {problem}")
     if exp.config.reference == ReferenceChoice.hmc and not ("samples" in made and _samples_hmc(exp)):
         problem = hmc_reference_problem(exp)
         if problem is not None:
@@ -91,16 +100,34 @@ def _samples_hmc(exp: Experiment) -> bool:
 def require_complete_reference(exp: Experiment) -> None:
     """Refuse (``MissingInputsError``) a reference range with seeds not trained yet, naming how
     many and the command that trains them, unless ``evaluate.allow_partial`` (then one warning)."""
+    problem = incomplete_reference(exp)
+    if problem is not None:
+        raise MissingInputsError(problem)
+
+
+def incomplete_reference(exp: Experiment) -> str | None:
+    """Why the reference range cannot be evaluated against (seeds not trained yet, the command that
+    trains them), or ``None``; with ``evaluate.allow_partial`` one warning instead."""
     problem = incomplete_range(exp, exp.reference)
     if problem is None:
-        return
+        return None
     present = len(reference_seeds(exp))
     if exp.config.evaluate.allow_partial:
         log.warning("%s; evaluating with the %d converged checkpoints present (evaluate.allow_partial=true)",
                     problem, present)
-        return
-    raise MissingInputsError(f"stage={NAME} needs the whole reference zoo: {problem}; or pass "
-                             f"evaluate.allow_partial=true to evaluate with the {present} converged checkpoints present")
+        return None
+    return (f"stage={NAME} needs the whole reference zoo: {problem}; or pass "
+            f"evaluate.allow_partial=true to evaluate with the {present} converged checkpoints present")
+
+
+def other_recipe(exp: Experiment, recipe: ReferenceRecipe) -> str | None:
+    """Why the reference cannot be used (trained under another recipe: ``ReferenceRecipe.problem``),
+    or ``None``; with ``evaluate.allow_other_recipe`` one warning instead."""
+    problem = recipe.problem(exp)
+    if problem is not None and exp.config.evaluate.allow_other_recipe:
+        log.warning("%s; evaluating against them (evaluate.allow_other_recipe=true)", problem.split("; retrain")[0])
+        return None
+    return None if problem is None else f"stage={NAME}: {problem}"
 
 
 def combine(row: dict[str, Any], repetitions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -126,15 +153,21 @@ def run(exp: Experiment) -> pd.DataFrame:
     rows = available_rows(exp)
     if not rows:
         raise StoreError(f"nothing to evaluate for {exp.name}: no sample set with predictions; the store holds: {describe_store(exp)}")
-    require_complete_reference(exp)
-    units, stale = {}, []
-    for method, mode in rows:  # every missing or stale repetition is named before any work
+    problems: list[tuple[type[StoreError], str]] = []  # every class of problem, named before any work
+    incomplete = incomplete_reference(exp)
+    if incomplete is not None:
+        problems.append((MissingInputsError, incomplete))
+    other = other_recipe(exp, reference_recipe(exp))
+    if other is not None:
+        problems.append((OtherRecipeError, other))
+    units = {}
+    for method, mode in rows:  # every missing or stale repetition
         try:
             units[(method, mode)] = row_units(exp, method, mode)
         except StaleSamplesError as err:
-            stale.append(str(err))
-    if stale:
-        raise StaleSamplesError(" | ".join(stale))
+            problems.append((StaleSamplesError, str(err)))
+    if problems:
+        raise problems[0][0](" | ".join(message for _, message in problems))
     zoo = Reference(exp)
     frame = _score_rows(exp, units, lambda unit: zoo)
     if exp.config.reference == ReferenceChoice.hmc:
@@ -175,9 +208,12 @@ def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], refer
 
 def _row(exp: Experiment, method: str, label: str, mode: str, ref: Reference) -> dict[str, Any]:
     """The identifying columns of a metrics row scored against ``ref``."""
+    recipe = ref.recipe  # the zoo's (the HMC reference has none)
     return {"experiment": exp.name, "experiment_label": exp.display_name, "method": method, "method_label": label,
             "mode": mode, "status": "ok", "reason": "", "ns_steps": "+".join(ref.steps),
-            "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}", "n_reference": ref.size}
+            "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}", "n_reference": ref.size,
+            "reference_config_hash": " ".join(recipe.config_hashes) if recipe else "",
+            "reference_recipe": recipe.note() if recipe else ""}
 
 
 def _score_against_hmc(exp: Experiment, units: dict[tuple[str, str], list[Unit]], zoo: Reference) -> pd.DataFrame:

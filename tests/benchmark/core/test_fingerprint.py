@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 import benchmark.core.fingerprint as fingerprint
 from benchmark.core.fingerprint import closure, code_fingerprint, stable_hash
@@ -70,23 +69,6 @@ def test_the_closure_follows_reexports_to_the_defining_module_and_counts_the_pac
     assert set(closure(["benchmark.core.data"])) >= {"benchmark.core.data.loading", "benchmark.core.data.on_disk"}
     with pytest.raises(ValueError, match="not a module"):
         closure(["methods.no_such_method"])
-
-
-def test_a_symmetry_spec_edit_changes_the_keys_of_the_reference_forms(source_copy):
-    """Issue #30, item 1: ``chain_spec`` is reached through ``spec_for_model`` (data), not through
-    ``metrics.symmetries.canonical``'s imports; the canonical and aligned forms' keys saw no edit of it."""
-    from types import SimpleNamespace
-
-    from benchmark.reference import Reference
-
-    for name in ("config", "experiment", "inventory", "reference"):
-        shutil.copy(REPO / "benchmark" / f"{name}.py", source_copy / "benchmark" / f"{name}.py")
-    reference = Reference.__new__(Reference)  # only what ``key`` reads
-    reference.exp = SimpleNamespace(config_hash="c", device=torch.device("cpu"))
-    reference._inputs, reference.steps, reference.anchor_seed = {"files": [], "seeds": [0, 1]}, ["scale", "sort"], 0
-    before = {cache: reference.key(cache) for cache in ("canonical", "aligned")}
-    _edit(source_copy / "metrics" / "symmetries" / "architectures.py", "def chain_spec(", "CHANGED = 1\n\n\ndef chain_spec(")
-    assert all(reference.key(cache) != key for cache, key in before.items())
 
 
 def test_no_key_holds_a_path(source_copy, monkeypatch):
