@@ -35,7 +35,8 @@ from tqdm.auto import tqdm
 from benchmark.core.fingerprint import source_fingerprint, stable_hash
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
-    CheckpointError, CheckpointFiles, SampleSetFile, SampleSetMetadata, StoreError, Unit, check_file, content_digest,
+    CheckpointError, CheckpointFiles, SampleSetFile, SampleSetMetadata, StoreError, Unit, check_file, clear_non_file,
+    content_digest,
     iter_checkpoint_batches,
     load_checkpoints_as_sample_set, load_sample_set, read_metadata, save_checkpoint, save_sample_set, unstack,
     validate_tensors,
@@ -173,6 +174,7 @@ class Reference:
     def _cached(self, name: str, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         path = self.folder / f"{name}.safetensors"
         key = self.key(name)
+        _clear(path)
         try:
             if path.is_file() and read_metadata(path).get("key") == key:
                 return load_sample_set(path)
@@ -207,6 +209,8 @@ class Reference:
         folder = self.folder / f"{name}-{self.key(name)}"
         store = self.exp.store
         stems = {s: store.seed_unit(s).stem for s in self.seeds}
+        for seed in self.seeds:
+            _clear(folder / f"{stems[seed]}.safetensors")
         todo = [s for s in self.seeds if not (folder / f"{stems[s]}.safetensors").is_file()]
         checked = dict(zip(self.seeds, self.checked_paths()))
         paths = [checked[s] for s in todo]
@@ -215,6 +219,22 @@ class Reference:
             for i, seed in enumerate(batch_seeds):
                 save_checkpoint(folder / f"{stems[seed]}.safetensors", unstack(form, i), {"seed": seed})
         return [folder / f"{stems[s]}.safetensors" for s in self.seeds]
+
+    def _healing(self, compute: Callable[[], Any]) -> Any:
+        """``compute()`` (which reads the streamed forms), again after removing each form file it
+        finds damaged (bit flip, truncation, NaN: ``CheckpointError.path`` in a form folder, one
+        log line naming it), which ``_form_paths`` then rebuilds. A damaged reference checkpoint
+        is not a cache: its error goes on."""
+        for _ in range(len(self.seeds) + 1):
+            try:
+                return compute()
+            except CheckpointError as err:
+                path = Path(err.path) if err.path is not None else None
+                if path is None or path.parent.parent != self.folder or not path.parent.name.startswith(("canonical-", "aligned-")):
+                    raise
+                log.warning("%s; removing this cache file and rebuilding it", err)
+                path.unlink(missing_ok=True)
+        return compute()
 
     def align(self, samples: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The WM form of ``samples``: the NS steps with the permutation removed by weight matching
@@ -244,9 +264,11 @@ class Reference:
                 raise ValueError(f"shared_bandwidths: form must be 'mmd' or 'ns_mmd', got {form!r}")
             if self.in_memory:
                 zoo = self.weights() if form == "mmd" else self.canonical()
+                self._bandwidths[form] = reference_bandwidths(zoo, device=self.exp.device)
             else:
-                zoo = CheckpointFiles(self.checked_paths() if form == "mmd" else self.canonical_paths())
-            self._bandwidths[form] = reference_bandwidths(zoo, device=self.exp.device)
+                self._bandwidths[form] = self._healing(lambda: reference_bandwidths(
+                    CheckpointFiles(self.checked_paths() if form == "mmd" else self.canonical_paths()),
+                    device=self.exp.device))
         return self._bandwidths[form]
 
     def mmd(self, samples_path: Path | None, samples: dict[str, torch.Tensor], full: bool) -> dict[str, float]:
@@ -276,12 +298,12 @@ class Reference:
             try:
                 results = {"mmd": mmd(CheckpointFiles(self.checked_paths()), SampleSetFile(samples_path), **options,
                                       **shared["mmd"]),
-                           "ns_mmd": mmd(CheckpointFiles(self.canonical_paths()), SampleSetFile(canonical_path), **options,
-                                         **shared["ns_mmd"])}
+                           "ns_mmd": self._healing(lambda: mmd(CheckpointFiles(self.canonical_paths()),
+                                                               SampleSetFile(canonical_path), **options, **shared["ns_mmd"]))}
                 if self.anchor_seed is not None:
                     save_sample_set(aligned_path, self.align(samples), {"experiment": self.exp.name})
-                    results["wm_mmd"] = mmd(CheckpointFiles(self._form_paths("aligned", self.align)),
-                                            SampleSetFile(aligned_path), **wm_options)
+                    results["wm_mmd"] = self._healing(lambda: mmd(CheckpointFiles(self._form_paths("aligned", self.align)),
+                                                                  SampleSetFile(aligned_path), **wm_options))
             finally:
                 canonical_path.unlink(missing_ok=True)
                 aligned_path.unlink(missing_ok=True)
@@ -436,6 +458,14 @@ class HMCReference(Reference):
         ess = report.pop("ess_loglik")
         return {**{k: float(v) for k, v in report.items()}, "ess_loglik_min": float(ess.min()),
                 "chains": float(probs.shape[0]), "draws_per_chain": float(probs.shape[1])}
+
+
+def _clear(path: Path) -> None:
+    """Remove a directory, dangling symlink or symlink loop standing in place of cache file
+    ``path`` (``store.clear_non_file``), with one log line naming it: the cache is rebuilt."""
+    removed = clear_non_file(path)
+    if removed:
+        log.warning("%s; rebuilding this cache", removed)
 
 
 def _chunks(items: list[int], size: int) -> list[list[int]]:

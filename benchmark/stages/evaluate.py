@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 from benchmark.config import ReferenceChoice
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
-    CheckpointError, SampleSetMetadata, StoreError, Unit, atomic_write_text, load_checkpoints_as_sample_set,
+    CheckpointError, SampleSetMetadata, StoreError, Unit, atomic_write_text, clear_non_file, load_checkpoints_as_sample_set,
     read_metadata, sealed_json, unsealed_json,
 )
 from benchmark.experiment import Experiment
@@ -284,6 +284,9 @@ def _cache_path(exp: Experiment, unit: Unit, against: str) -> Path:
 
 
 def _store_numbers(path: Path, key: str, numbers: dict[str, Any]) -> None:
+    removed = clear_non_file(path)  # a directory or a dangling symlink in its place
+    if removed:
+        log.warning("%s; writing these numbers there", removed)
     payload = json.loads(json.dumps({"key": key, "numbers": numbers}, default=_jsonable))
     atomic_write_text(path, sealed_json(payload))
 

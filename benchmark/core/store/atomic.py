@@ -21,6 +21,7 @@ import contextlib
 import errno
 import logging
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -98,6 +99,24 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def clear_non_file(path: str | os.PathLike) -> str | None:
+    """Remove what stands at ``path`` in place of a regular file (a directory, a dangling
+    symlink or a symlink loop), so that a cache can be written there again; what was removed
+    (``None``: nothing there, or a regular file, or a symlink to one)."""
+    path = Path(path)
+    if path.is_symlink():
+        try:
+            path.stat()
+            return None  # a symlink to a file: followed
+        except OSError as err:
+            path.unlink()
+            return f"{path}: a symlink that leads nowhere ({err.strerror or err}); removed"
+    if path.is_dir():
+        shutil.rmtree(path)
+        return f"{path}: a directory in place of a file; removed"
+    return None
 
 
 def is_temp_file(path: Path) -> bool:

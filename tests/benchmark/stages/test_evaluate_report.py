@@ -310,6 +310,41 @@ def test_streamed_reference_gives_the_in_memory_numbers(filled, tmp_path):
     pd.testing.assert_frame_equal(in_memory[cols], streamed[cols], rtol=1e-6, atol=1e-10)
 
 
+def test_a_damaged_streamed_reference_cache_is_named_and_rebuilt(filled, tmp_path, caplog):
+    """Issue #30, items 4 and 5: a canonical form file of a streamed reference with NaN under valid
+    checksums, or a bit flip, blocked evaluate for good and the error named the folder's first
+    file; a directory or a dangling symlink in place of a cache file raised. Each is named and
+    rebuilt; the numbers are those of a sound cache."""
+    import logging
+
+    from bench.corruptions import corrupt
+
+    exp = filled[0]
+    streamed = Experiment(dataclasses.replace(exp.config, evaluate=dataclasses.replace(
+        exp.config.evaluate, max_in_memory_gb=1e-6, reference_resamples=0, test_permutations=0),
+        results=str(tmp_path / "results")))
+    first = run_evaluate(streamed)
+    folder = next(exp.store.reference_dir.glob("canonical-*"))
+    files = sorted(folder.glob("seed_*.safetensors"))
+    corrupt(files[3], "nan")
+    corrupt(files[5], "bitflip")
+    files[7].unlink()
+    files[7].mkdir()
+    files[8].unlink()
+    files[8].symlink_to(tmp_path / "nowhere")
+    numbers = sorted(exp.store.eval_dir.glob("*.json"))
+    for cached in numbers:
+        cached.unlink()
+    numbers[0].mkdir()
+    with caplog.at_level(logging.WARNING):
+        second = run_evaluate(streamed)
+    pd.testing.assert_frame_equal(first, second)
+    log = caplog.text
+    for damaged in (files[3], files[5], files[7], files[8], numbers[0]):
+        assert f"{damaged}" in log, f"{damaged.name} not named"
+    assert "NaN" in log and "checksum" in log and numbers[0].is_file()
+
+
 def test_weight_matching_off_leaves_the_wm_columns_empty(filled, tmp_path):
     exp = filled[0]
     off = dataclasses.replace(exp.config, evaluate=dataclasses.replace(exp.config.evaluate, weight_matching=False),
