@@ -23,7 +23,7 @@ from typing import Iterable
 
 from benchmark.core.fingerprint import code_fingerprint, stable_hash
 from benchmark.core.store import (
-    MODES, CheckpointError, CheckpointMetadata, ExperimentStore, SampleSetMetadata, StoreError, Unit, check_file,
+    MODES, CheckpointError, CheckpointMetadata, ExperimentStore, SampleSetMetadata, StoreError, Unit, broken_link, check_file,
     content_digest, quarantine, quarantined, read_metadata,
 )
 from benchmark.experiment import Experiment, SeedRange
@@ -93,6 +93,9 @@ def seed_problem(exp: Experiment, seed: int, shapes: dict[str, tuple[int, ...]] 
     valid or absent. Reads the checkpoint whole (``store.check_file``)."""
     store = exp.store
     path = store.checkpoint_path(seed)
+    broken = broken_link(path)
+    if broken:
+        return broken
     if path.exists():
         try:
             check_file(path, shapes or exp.shapes(), expect={"experiment": exp.name, "seed": str(seed)})

@@ -29,6 +29,7 @@ also when ``repair`` moved it.
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +38,8 @@ from tqdm.auto import tqdm
 
 from benchmark.config import CONF_DIR, ConfigError, Repair, VerifyScope, compose_config
 from benchmark.core.store import (
-    CheckpointError, ExperimentStore, StoreError, Unit, check_file, claims_in, file_format, quarantined, read_metadata,
-    remove_temp_files_of, stale_reason, stored_checksums,
+    CheckpointError, ExperimentStore, StoreError, Unit, broken_link, check_file, claims_in, file_format, quarantined,
+    read_metadata, remove_temp_files_of, stale_reason, stored_checksums,
 )
 from benchmark.core.store.atomic import is_temp_file
 from benchmark.experiment import Experiment
@@ -222,10 +223,13 @@ def check_zoo(exp: Experiment | None, store: ExperimentStore, health: Experiment
             problem = seed_problem(exp, seed, shapes)
         else:
             try:
-                check_file(path, expect={"experiment": store.experiment, "seed": str(seed)})
-                problem = None
+                problem = broken_link(path)
+                if problem is None:
+                    check_file(path, expect={"experiment": store.experiment, "seed": str(seed)})
             except CheckpointError as err:
                 problem = str(err)
+            except OSError as err:
+                problem = f"{path}: unreadable ({err.strerror or err})"
         unit = store.seed_unit(seed)
         redo = f"{zoo_command} retrains seed {seed}"
         if problem:
@@ -336,7 +340,7 @@ def fix(store: ExperimentStore, problem: Problem) -> str:
     with store.claim(problem.unit) as claim:
         if claim is None:
             return "left as is: its unit is being worked on by another process (run verify again later)"
-        if not problem.path.exists():
+        if not os.path.lexists(problem.path):
             return "already gone (another process moved or replaced it)"
         if _identity(problem.path) != problem.identity:
             return "left as is: the file was replaced since it was checked (run verify again)"
@@ -347,11 +351,15 @@ def fix(store: ExperimentStore, problem: Problem) -> str:
 
 
 def _identity(path: Path) -> tuple | None:
-    """(device, inode, size, mtime in ns) of ``path``; ``None`` when it is absent."""
+    """(device, inode, size, mtime in ns) of ``path`` (of the link itself for a symlink that leads
+    nowhere); ``None`` when it is absent."""
     try:
         st = path.stat()
-    except FileNotFoundError:
-        return None
+    except OSError:
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            return None
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -178,7 +179,7 @@ def _claim(exp: Experiment, pending: Iterator[int], count: int, held: contextlib
             summary.skipped_done.append(seed)
             continue
         if problem is not None:
-            damaged = store.checkpoint_path(seed) if store.checkpoint_path(seed).exists() else store.failed_path(seed)
+            damaged = store.checkpoint_path(seed) if os.path.lexists(store.checkpoint_path(seed)) else store.failed_path(seed)
             if quarantine_and_redo({damaged: problem}, f"seed {seed} will be trained again"):
                 summary.quarantined[seed] = problem
         claimed[seed] = claim

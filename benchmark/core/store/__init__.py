@@ -2,7 +2,7 @@
 validated reads, quarantine of files that fail validation, claims that hold across cluster
 nodes, layer-at-a-time and column-block reads for zoos too large for memory."""
 from benchmark.core.store.atomic import (
-    AlreadyPublishedError, atomic_path, atomic_write_text, clear_non_file, remove_temp_files_of, temp_files_of,
+    AlreadyPublishedError, atomic_path, atomic_write_text, broken_link, clear_non_file, remove_temp_files_of, temp_files_of,
 )
 from benchmark.core.store.checkpoint import (
     check_finite,
@@ -37,7 +37,7 @@ from benchmark.core.store.sampleset import (
 from benchmark.core.store.sources import CheckpointFiles, SampleSetFile
 
 __all__ = [
-    "AlreadyPublishedError", "ChainFiles", "atomic_path", "clear_non_file", "atomic_write_text", "remove_temp_files_of", "temp_files_of", "check_finite", "load_checkpoint",
+    "AlreadyPublishedError", "ChainFiles", "atomic_path", "broken_link", "clear_non_file", "atomic_write_text", "remove_temp_files_of", "temp_files_of", "check_finite", "load_checkpoint",
     "read_metadata", "save_checkpoint", "validate_tensors", "ChecksumError", "content_digest", "file_format", "sealed_json", "stored_checksums", "unsealed_json",
     "Claim", "ClaimInfo", "claims_in", "host_name", "read_claim_info", "stale_reason", "try_claim", "CheckpointError", "StoreError", "CheckpointMetadata", "SampleSetMetadata", "encode_metadata",
     "ExperimentStore", "MAX_SEED", "MODES", "Unit", "Quarantined", "quarantine", "quarantined", "check_file", "verify_file_tensors",

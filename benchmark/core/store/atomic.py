@@ -101,18 +101,30 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+def broken_link(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is a symlink that leads nowhere (its target missing, or a loop of links), in
+    one line naming it; ``None`` for anything else (a symlink to a file is followed)."""
+    path = Path(path)
+    if not path.is_symlink():
+        return None
+    try:
+        path.stat()
+    except OSError as err:
+        return f"{path}: a symlink that leads nowhere ({err.strerror or err})"
+    return None
+
+
 def clear_non_file(path: str | os.PathLike) -> str | None:
     """Remove what stands at ``path`` in place of a regular file (a directory, a dangling
     symlink or a symlink loop), so that a cache can be written there again; what was removed
     (``None``: nothing there, or a regular file, or a symlink to one)."""
     path = Path(path)
+    broken = broken_link(path)
+    if broken:
+        path.unlink()
+        return f"{broken}; removed"
     if path.is_symlink():
-        try:
-            path.stat()
-            return None  # a symlink to a file: followed
-        except OSError as err:
-            path.unlink()
-            return f"{path}: a symlink that leads nowhere ({err.strerror or err}); removed"
+        return None  # a symlink to a file: followed
     if path.is_dir():
         shutil.rmtree(path)
         return f"{path}: a directory in place of a file; removed"

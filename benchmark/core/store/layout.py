@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from benchmark.core.store.atomic import atomic_write_text, is_temp_file
+from benchmark.core.store.atomic import atomic_write_text, broken_link, is_temp_file
 from benchmark.core.store.chains import ChainFiles
 from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S, Claim, fs_now, host_name, reap_stale, try_claim
 from benchmark.core.store.claims import litter as claim_litter
@@ -292,7 +292,10 @@ class ExperimentStore:
         seeds = list(seeds)
         missing = [s for s in seeds if not self.checkpoint_path(s).is_file()]
         if missing:
-            raise StoreError(f"{self.zoo_dir}: no checkpoint for seeds {_compact(missing)}")
+            broken = [line for s in missing if (line := broken_link(self.checkpoint_path(s)))]
+            why = f" ({'; '.join(broken[:3])}; python -m benchmark stage=zoo experiment={self.experiment} quarantines " \
+                  "and retrains them)" if broken else ""
+            raise StoreError(f"{self.zoo_dir}: no checkpoint for seeds {_compact(missing)}{why}")
         return [self.checkpoint_path(s) for s in seeds]
 
 
