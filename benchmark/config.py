@@ -609,6 +609,12 @@ class Config:
     methods: MethodsConfig = field(default_factory=MethodsConfig)
     zoo_import: ImportConfig = field(default_factory=ImportConfig)
 
+    def __post_init__(self) -> None:
+        for key in ("store", "results"):  # an empty path would silently mean the current directory
+            value = getattr(self, key)
+            require(value is not None and str(value).strip() != "", key, value,
+                    f"a folder path (empty is refused: pass {key}=. for the current directory)")
+
 
 def build_schema() -> type[Config]:
     """``Config``; when methods were registered after this module was imported (a plugin's
@@ -647,7 +653,10 @@ def resolve_config(cfg: DictConfig) -> Any:
             raise ConfigError(f"{path}.{err}") from None
         except OmegaConfBaseException as err:
             raise ConfigError(one_line(err)) from None
-    return OmegaConf.to_object(cfg)
+    try:
+        return OmegaConf.to_object(cfg)
+    except SettingsError as err:  # the root's own checks (store, results)
+        raise ConfigError(str(err)) from None
 
 
 def _dataclass_nodes(node: Any, path: str) -> list[tuple[str, DictConfig]]:
