@@ -234,11 +234,14 @@ class SampleConfig:
     """``per_method``: weight samples per method and mode (paper: 100); ``modes_multi``:
     multi-mode base networks (paper: 10), ``per_method / modes_multi`` samples each;
     ``repetitions``: independent repetitions of every method x mode (each on its own base
-    networks, hence its own method seeds), whose spread gives the tables' error bars."""
+    networks, hence its own method seeds), whose spread gives the tables' error bars;
+    ``keep_stale``: a unit drawn under other settings or code is moved to ``quarantine/`` before
+    it is drawn again (false: removed)."""
 
     per_method: int = 100
     modes_multi: int = 10
     repetitions: int = 3
+    keep_stale: bool = True
 
     def __post_init__(self) -> None:
         require(self.per_method >= 1, "per_method", self.per_method, "a positive integer")

@@ -50,7 +50,7 @@ from benchmark.config import ConfigError
 from benchmark.core.fingerprint import library_versions
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
-    AlreadyPublishedError, ChainFiles, CheckpointError, SampleSet, SampleSetMetadata, StoreError, Unit, load_checkpoint, load_sample_set,
+    AlreadyPublishedError, ChainFiles, CheckpointError, SampleSet, quarantine, SampleSetMetadata, StoreError, Unit, load_checkpoint, load_sample_set,
     remove_temp_files_of, save_sample_set, validate_tensors,
 )
 from benchmark.core.training import NonFiniteError
@@ -318,6 +318,22 @@ def write_job(exp: Experiment, job: Job, claim=None) -> tuple[int, ...] | None:
     return seeds
 
 
+def keep_stale(exp: Experiment, unit: Unit, why: str) -> list[Path]:
+    """Move the files of a stale unit (drawn under other settings or code: ``why``) to
+    ``quarantine/`` beside them, with one log line, before it is drawn again (under its claim;
+    ``sample.keep_stale=false`` removes them instead); the new paths."""
+    moved = []
+    for path in exp.store.unit_paths(unit):
+        try:
+            moved.append(quarantine(path, f"stale: {why}"))
+        except FileNotFoundError:
+            continue
+    if moved:
+        log.info("%s: the stale files were moved to %s (sample.keep_stale=false removes them)", unit.label,
+                 ", ".join(str(p) for p in moved))
+    return moved
+
+
 def clear_unit(exp: Experiment, unit: Unit) -> None:
     """Remove a unit's stale or half-written files before it is redone (under its claim):
     fenced publication never replaces a file (``AlreadyPublishedError``)."""
@@ -376,6 +392,8 @@ def run(exp: Experiment) -> SampleSummary:
                 continue
             if quarantine_and_redo(state.corrupt, f"{unit.label} will be drawn again"):
                 summary.quarantined[unit.label] = "; ".join(state.corrupt.values())
+            elif state.stale and exp.config.sample.keep_stale:
+                keep_stale(exp, unit, state.stale)
             clear_unit(exp, unit)
             try:
                 seeds = write_job(exp, job, claim)
