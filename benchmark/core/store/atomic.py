@@ -53,16 +53,22 @@ def atomic_path(path: str | os.PathLike, exclusive: bool = False) -> Iterator[Pa
     mode = os.fstat(fd).st_mode & 0o7777
     os.close(fd)
     try:
-        yield tmp
-        with open(tmp, "rb+") as fh:
-            if os.fstat(fh.fileno()).st_mode & 0o7777 != mode:
-                os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
-        if exclusive:
-            _publish_exclusive(tmp, final)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        try:
+            yield tmp
+            with open(tmp, "rb+") as fh:
+                if os.fstat(fh.fileno()).st_mode & 0o7777 != mode:
+                    os.fchmod(fh.fileno(), mode)
+                os.fsync(fh.fileno())
+            if exclusive:
+                _publish_exclusive(tmp, final)
+            else:
+                os.replace(tmp, final)
+            _fsync_dir(final.parent)
+        except OSError as err:
+            if err.filename is not None or isinstance(err, AlreadyPublishedError):
+                raise
+            # e.g. "No space left on device" from a writer that names no file: name the one being written
+            raise type(err)(err.errno, f"{err.strerror or err} (writing {final})", str(final)) from err
     finally:
         if tmp.exists():
             tmp.unlink()
