@@ -379,6 +379,28 @@ class UnitState:
         return NOT_WRITTEN if self.missing else self.stale
 
 
+def base_digests(exp: Experiment, seeds: Iterable[int]) -> dict[str, str | None]:
+    """Base seed -> the content digest of its stored checkpoint (``store.content_digest``; ``None``
+    when it has none, or cannot be read): what a unit records of the networks it was drawn around."""
+    out: dict[str, str | None] = {}
+    for seed in seeds:
+        try:
+            out[str(int(seed))] = content_digest(read_metadata(exp.store.checkpoint_path(seed)))
+        except (CheckpointError, OSError):
+            out[str(int(seed))] = None
+    return out
+
+
+def changed_bases(exp: Experiment, recorded: dict | None) -> str | None:
+    """Which base checkpoints a unit was drawn around changed since (retrained, replaced), from its
+    recorded ``base_digests``; ``None`` when none did, or nothing was recorded."""
+    if not recorded:
+        return None
+    now = base_digests(exp, [int(s) for s in recorded])
+    changed = sorted(int(s) for s, digest in recorded.items() if digest is not None and now.get(s) != digest)
+    return f"base checkpoint(s) {changed} changed since it was drawn (retrained or replaced)" if changed else None
+
+
 def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = None) -> UnitState:
     """The ``UnitState`` of ``unit``: done when both files are written, their metadata hold
     ``expected`` (default: ``unit_expectations``), and they validate whole (``store.check_file``:
@@ -403,6 +425,8 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
             stale = [k for k, v in expected.items() if metas[path].get(k) != v]
             if stale:
                 state.stale = f"{path}: metadata {', '.join(stale)} differ from the current settings"
+            elif path == paths[0] and (moved := changed_bases(exp, SampleSetMetadata.decode(metas[path]).base_digests)):
+                state.stale = f"{path}: {moved}"
     if state.corrupt:  # the unit is redone: name the damage of its other file too (it is quarantined as well)
         _check_whole(exp, paths, metas, state)
     if state.missing or state.stale or state.corrupt:

@@ -181,7 +181,8 @@ class Reference:
         except CheckpointError as err:
             log.warning("%s; rebuilding this cache", err)
         value = build()
-        save_sample_set(path, value, {"key": key, "experiment": self.exp.name, "seeds": self.seeds})
+        inputs = {"config_hashes": list(self.recipe.config_hashes)} if self.recipe is not None else {}
+        save_sample_set(path, value, {"key": key, "experiment": self.exp.name, "seeds": self.seeds, **inputs})
         return value
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -217,7 +218,8 @@ class Reference:
         for batch_seeds, batch in zip(_chunks(todo, self.batch), iter_checkpoint_batches(paths, self.batch, validated=True)):
             form = transform(batch)
             for i, seed in enumerate(batch_seeds):
-                save_checkpoint(folder / f"{stems[seed]}.safetensors", unstack(form, i), {"seed": seed})
+                save_checkpoint(folder / f"{stems[seed]}.safetensors", unstack(form, i),
+                                {"seed": seed, "source": files_key([checked[seed]])[0][1]})
         return [folder / f"{stems[s]}.safetensors" for s in self.seeds]
 
     def _healing(self, compute: Callable[[], Any]) -> Any:

@@ -12,14 +12,19 @@ samples' metadata), go to ``results/<experiment>/repetitions.csv``: the paired c
 the findings read them. Raw and NS MMD are also measured with one bandwidth grid per layer
 shared by every row (``mmd_shared_median``, ``ns_mmd_shared_median``; ``Reference.shared_bandwidths``). A repetition that is missing or stale (settings or code changed since it was
 drawn) stops the stage with the files named and the command that redoes them: it is never mixed
-into the spread.
+into the spread. So does a reference zoo trained under another model, data or recipe config than
+this run's (``OtherRecipeError``, naming the fields that differ, the command that retrains it and
+``evaluate.allow_other_recipe=true``, which accepts it: metrics.csv's ``reference_recipe`` then
+says so; ``reference_config_hash`` always names the zoo's recipe). Every class of problem found
+(an incomplete reference, another recipe, missing or stale repetitions) is named in one error.
 
 The reference and its forms are cached by ``benchmark.reference``; each repetition's numbers are
 cached in ``store/<experiment>/eval/``, keyed by the files they were computed from, the reference's
 caches, the settings and the scoring code (``Reference.numbers_key``), so a second run recomputes
 nothing and a fix in the scoring code recomputes everything. A damaged reference checkpoint stops
 the stage with one error naming the files and the command that heals the zoo, never a table of
-failed rows. Damaged caches are recomputed.
+failed rows. Damaged caches (a number cache or a reference form: NaN, bit flip, truncation, a
+directory or a dangling symlink in its place) are named and recomputed.
 
 ``reference=hmc`` scores every row a second time, against full-batch HMC's draws
 (``benchmark.reference.HMCReference``: the chains of every repetition of ``hmc``/``multi``,

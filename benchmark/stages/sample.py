@@ -19,8 +19,10 @@ and cluster nodes (``store.claim``).
 
 Markov-chain methods (``ResumableChains``: ``hmc``) run their chains first, one chain per base,
 each under its own claim (``store.chain_claim``), up to the method's ``chains_at_once`` chains of
-a unit together, with their states saved in the unit's chain folder (``store.chains_dir``) as they
-go: a killed run resumes each chain where its last state was saved (bit for bit), and several jobs
+a unit together, with their states saved in the unit's ``ChainFiles`` (``store.chain_files``: the
+store names the files, and the states carry the unit's key, ``inventory.chain_key``: the key of its
+samples with the method's own fingerprint of its data; a state of another key, left by a run
+before a change of settings, code, data or zoo, is never resumed and is removed) as they go: a killed run resumes each chain where its last state was saved (bit for bit), and several jobs
 share a unit's chains. The job that finds every chain of a unit finished publishes the unit as any
 other (its ``fit``/``sample`` read the finished chains); the chain states stay in the store (the
 per-chain diagnostics: acceptance, energies, step sizes, divergences). A unit whose chains run
@@ -29,7 +31,9 @@ elsewhere is skipped as busy.
 Self-healing: a stored unit whose sample set or predictions fail validation (unreadable,
 truncated, checksum mismatch, NaN/Inf, wrong keys or shapes, another experiment's) has the bad
 file moved to ``quarantine/`` beside it (one log line naming it) and is redrawn. A unit whose
-metadata differ from the current settings or code is stale and redrawn in place.
+metadata differ from the current settings or code, or whose base checkpoints changed since
+(``base_digests``), is stale: its files are moved to ``quarantine/`` too (``sample.keep_stale``;
+false removes them) and it is redrawn.
 
 Every unit is built and checked (``check``) before any training. With ``method=all`` a unit that
 fails while fitting (NaN, no base converges) is logged, writes nothing, and the stage goes on,
@@ -57,7 +61,7 @@ from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
     converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, pool_size, quarantine_and_redo,
-    chain_key, repetition_stride, sample_settings_hash, unit_state,
+    base_digests, chain_key, repetition_stride, sample_settings_hash, unit_state,
 )
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
 from methods.modes import ModePlan, run_mode
@@ -131,7 +135,7 @@ def settings_metadata(exp: Experiment, job: Job, seeds: tuple[int, ...], diagnos
         experiment=exp.name, method=unit.method, label=method_class(str(unit.method)).label, mode=unit.mode,
         repetition=unit.repetition, base_seeds=list(seeds), samples_per_base=plan.samples_per_base,
         n_samples=plan.n_samples, config_hash=exp.config_hash, settings_hash=sample_settings_hash(exp, str(unit.method)),
-        diagnostics=diagnostics, versions=library_versions(),
+        diagnostics=diagnostics, versions=library_versions(), base_digests=base_digests(exp, seeds),
     )
 
 

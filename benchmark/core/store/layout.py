@@ -9,7 +9,7 @@
 <root>/<experiment>/{samples,preds}/quarantine/   sample sets and predictions that failed validation
 <root>/<experiment>/reference/                     the reference zoo's caches (benchmark/reference.py)
 <root>/<experiment>/eval/<method>_<mode>_r<k>.json the evaluate stage's numbers of one repetition
-<root>/<experiment>/chains/<method>_<mode>_r<k>/seed_000042.safetensors   resumable state of one Markov chain (hmc)
+<root>/<experiment>/chains/<method>_<mode>_r<k>/seed_000042.safetensors   resumable state of one Markov chain (hmc; chain_files)
 <root>/<experiment>/.claims/                       one claim (two names) per unit of work in progress (claims.py)
 ```
 

@@ -94,7 +94,9 @@ class SampleSetMetadata(_Metadata):
     from, checked on read so a pair from two writers is never taken for one).
     ``settings_hash``: what a registered method's samples were drawn with (``None`` for an
     external sample set); ``diagnostics``: the method's own numbers, averaged over its bases;
-    ``source`` / ``source_size``: the file an external sample set came from."""
+    ``source`` / ``source_size``: the file an external sample set came from; ``base_digests``: base
+    seed -> the content digest of the checkpoint it was drawn around (``content_digest``): a base
+    retrained since makes the unit stale."""
 
     experiment: Optional[str] = None
     method: Optional[str] = None
@@ -111,3 +113,4 @@ class SampleSetMetadata(_Metadata):
     source: Optional[str] = None
     source_size: Optional[int] = None
     samples_digest: Optional[str] = None
+    base_digests: Optional[dict] = None

@@ -131,6 +131,16 @@ def test_ensemble_unit_is_written_validated_and_resumed(make_exp) -> None:
     assert "stale: " in json.loads(kept[1].with_suffix(".json").read_text())["reason"]
     assert run_sample(make_exp("method=ensemble", "sample.per_method=3", "sample.keep_stale=false")).written == ["ensemble/multi/r0"]
     assert quarantined() - before == set(kept)
+    # issue #30: a unit records the content digests of its bases; a base retrained since makes it stale
+    from benchmark.core.store import save_checkpoint
+    from benchmark.inventory import unit_state
+
+    unit = exp.store.sample_unit("ensemble", "multi")
+    base = exp.store.checkpoint_path(seeds[1])
+    state, meta = load_checkpoint(base)
+    assert unit_state(exp, unit).problem is None
+    save_checkpoint(base, state, {**{k: v for k, v in meta.items() if k not in ("checksums", "format")}, "test_accuracy": "0.5"})
+    assert f"base checkpoint(s) [{seeds[1]}] changed since it was drawn" in unit_state(exp, unit).stale
 
 
 def test_dropout_one_mode_unit(make_exp) -> None:
