@@ -24,7 +24,7 @@ from typing import Iterable
 from benchmark.core.fingerprint import code_fingerprint, stable_hash
 from benchmark.core.store import (
     MODES, CheckpointError, CheckpointMetadata, ExperimentStore, SampleSetMetadata, StoreError, Unit, broken_link, check_file,
-    content_digest, quarantine, quarantined, read_metadata,
+    content_digest, quarantine, quarantined, read_metadata, stored_checksums,
 )
 from benchmark.experiment import Experiment, SeedRange
 from methods import MethodConfigError, PosteriorMethod, method_class, method_names, selected
@@ -380,24 +380,29 @@ class UnitState:
 
 
 def base_digests(exp: Experiment, seeds: Iterable[int]) -> dict[str, str | None]:
-    """Base seed -> the content digest of its stored checkpoint (``store.content_digest``; ``None``
-    when it has none, or cannot be read): what a unit records of the networks it was drawn around."""
+    """Base seed -> a digest of the tensors of its stored checkpoint (of their checksums, read from
+    its header; its metadata left out: a metadata edit changes no network); ``None`` when it has no
+    checksums or cannot be read. What a unit records of the networks it was drawn around."""
     out: dict[str, str | None] = {}
     for seed in seeds:
+        path = exp.store.checkpoint_path(seed)
         try:
-            out[str(int(seed))] = content_digest(read_metadata(exp.store.checkpoint_path(seed)))
+            checksums = stored_checksums(read_metadata(path), str(path))
         except (CheckpointError, OSError):
-            out[str(int(seed))] = None
+            checksums = None
+        out[str(int(seed))] = None if checksums is None else stable_hash(checksums)
     return out
 
 
 def changed_bases(exp: Experiment, recorded: dict | None) -> str | None:
-    """Which base checkpoints a unit was drawn around changed since (retrained, replaced), from its
-    recorded ``base_digests``; ``None`` when none did, or nothing was recorded."""
+    """Which base networks a unit was drawn around changed since (retrained to other weights,
+    replaced), from its recorded ``base_digests``; ``None`` when none did, or nothing was recorded.
+    A base unreadable now is not judged here: the zoo's validation names it."""
     if not recorded:
         return None
     now = base_digests(exp, [int(s) for s in recorded])
-    changed = sorted(int(s) for s, digest in recorded.items() if digest is not None and now.get(s) != digest)
+    changed = sorted(int(s) for s, digest in recorded.items()
+                     if digest is not None and now.get(s) is not None and now.get(s) != digest)
     return f"base checkpoint(s) {changed} changed since it was drawn (retrained or replaced)" if changed else None
 
 

@@ -81,3 +81,22 @@ def test_keys_follow_settings_inputs_and_device(zoo, tmp_path):
     on_cpu = ref.key("canonical")
     ref.exp.__dict__["device"] = torch.device("meta")  # a device type other than the one the caches were built on
     assert Reference(ref.exp).key("canonical") != on_cpu
+
+
+def test_the_input_files_key_holds_no_absolute_path_so_a_moved_store_keeps_its_caches(tmp_path):
+    """Issue #30, item 4: the caches' keys held absolute paths (and mtimes): a moved or copied
+    store rebuilt every cache and left the old folders behind."""
+    import shutil
+
+    from benchmark.core.store import save_checkpoint
+    from benchmark.reference import files_key
+
+    first = tmp_path / "a" / "zoo" / "seed_000001.safetensors"
+    first.parent.mkdir(parents=True)
+    save_checkpoint(first, {"w": torch.ones(3)}, {"seed": 1})
+    moved = tmp_path / "b" / "zoo" / first.name
+    moved.parent.mkdir(parents=True)
+    shutil.copyfile(first, moved)  # a copy: new mtime, same content
+    assert files_key([first]) == files_key([moved]) and str(tmp_path) not in str(files_key([first]))
+    save_checkpoint(moved, {"w": torch.zeros(3)}, {"seed": 1})
+    assert files_key([first]) != files_key([moved])

@@ -95,8 +95,8 @@ class SampleSetMetadata(_Metadata):
     ``settings_hash``: what a registered method's samples were drawn with (``None`` for an
     external sample set); ``diagnostics``: the method's own numbers, averaged over its bases;
     ``source`` / ``source_size``: the file an external sample set came from; ``base_digests``: base
-    seed -> the content digest of the checkpoint it was drawn around (``content_digest``): a base
-    retrained since makes the unit stale."""
+    seed -> a digest of the tensors of the checkpoint it was drawn around (``inventory.base_digests``):
+    a base retrained since makes the unit stale."""
 
     experiment: Optional[str] = None
     method: Optional[str] = None

@@ -139,7 +139,10 @@ def test_ensemble_unit_is_written_validated_and_resumed(make_exp) -> None:
     base = exp.store.checkpoint_path(seeds[1])
     state, meta = load_checkpoint(base)
     assert unit_state(exp, unit).problem is None
-    save_checkpoint(base, state, {**{k: v for k, v in meta.items() if k not in ("checksums", "format")}, "test_accuracy": "0.5"})
+    kept_meta = {k: v for k, v in meta.items() if k not in ("checksums", "format")}
+    save_checkpoint(base, state, {**kept_meta, "test_accuracy": "0.5"})  # metadata only: the same network
+    assert unit_state(exp, unit).problem is None
+    save_checkpoint(base, {k: v + 1e-3 for k, v in state.items()}, kept_meta)  # retrained: other weights
     assert f"base checkpoint(s) [{seeds[1]}] changed since it was drawn" in unit_state(exp, unit).stale
 
 
