@@ -222,17 +222,24 @@ class ReferenceRecipe:
     config_hashes: tuple[str, ...]
     other: dict[int, str]
 
-    def problem(self, exp: Experiment) -> str | None:
-        """The one-line refusal of a reference of another recipe (differing fields, the command that
-        retrains it, the override that accepts it), or ``None``."""
+    def describe(self, exp: Experiment) -> str | None:
+        """What is of another recipe (how many checkpoints, the fields that differ), or ``None``."""
         if not self.other:
             return None
         fields = sorted(set(self.other.values()))
         shown = "; ".join(fields[:3]) + ("; ..." if len(fields) > 3 else "")
         return (f"{len(self.other)} reference checkpoint(s) of {exp.name} in {exp.store.zoo_dir} were trained under "
-                f"another recipe than this run's (config_hash {exp.config_hash}): {shown}; retrain them with "
-                f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=reference and this run's overrides, or "
-                "pass evaluate.allow_other_recipe=true to evaluate against them (recorded in metrics.csv)")
+                f"another recipe than this run's (config_hash {exp.config_hash}): {shown}")
+
+    def problem(self, exp: Experiment) -> str | None:
+        """The one-line refusal of a reference of another recipe (``describe``, the command that
+        retrains it, the override that accepts it), or ``None``."""
+        described = self.describe(exp)
+        if described is None:
+            return None
+        return (f"{described}; retrain them with python -m benchmark stage=zoo experiment={exp.name} "
+                "zoo.range=reference and this run's overrides, or pass evaluate.allow_other_recipe=true to evaluate "
+                "against them (recorded in metrics.csv)")
 
     def note(self) -> str:
         """metrics.csv's ``reference_recipe``: empty when every checkpoint is of the current recipe,

@@ -19,8 +19,8 @@ Two kinds of key, so that no module can be missed silently:
   of ``SOURCE_PACKAGES``), so that any edit anywhere recomputes them, whatever reaches what;
 - **expensive artifacts** (samples, HMC chains) keep the narrowing of ``code_fingerprint``; a
   root may name a package, which counts every module under it (``benchmark.core.data``: what is
-  reached through data and config, not imports). ``tests/benchmark/core/test_fingerprint.py``
-  edits every module in turn and checks the narrowed keys against what a run really executes.
+  reached through data and config, not imports). ``tests/methods/test_provenance.py`` edits
+  every module in turn and checks the narrowed keys against what a run really executes.
 
 Every key names modules by their dotted name, never by a path: moving a store or a checkout
 changes no key.
@@ -40,7 +40,6 @@ from typing import Any, Iterable
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 """Where the project's packages are read from (the repository; tests point it at an edited copy)."""
 COMPUTATIONAL = ("metrics", "methods", "benchmark.core")  # packages whose code computes results
-NOT_COMPUTATIONAL: tuple[str, ...] = ()  # none: the store's readers and stacking shape what methods get
 SOURCE_PACKAGES = ("metrics", "methods", "benchmark.core", "benchmark.config", "benchmark.experiment",
                    "benchmark.inventory", "benchmark.reference")
 """The whole computational source: what ``source_fingerprint`` (the cheap caches' key) hashes."""
@@ -186,7 +185,7 @@ def closure(roots: Iterable[str], root: Path | None = None) -> list[str]:
             raise ValueError(f"code_fingerprint: {name!r} is not a module under {root} nor a loaded module")
         seen.add(name)
         todo += [d for d in dependencies(name, root)
-                 if d not in seen and _within(d, COMPUTATIONAL) and not _within(d, NOT_COMPUTATIONAL)]
+                 if d not in seen and _within(d, COMPUTATIONAL)]
     # Importing a module runs the __init__ of each package above it: counted too, by its own code
     # only (its imports are the package's re-exports, which would tie every module to every other).
     for name in list(seen):

@@ -128,10 +128,10 @@ def incomplete_reference(exp: Experiment) -> str | None:
 def other_recipe(exp: Experiment, recipe: ReferenceRecipe) -> str | None:
     """Why the reference cannot be used (trained under another recipe: ``ReferenceRecipe.problem``),
     or ``None``; with ``evaluate.allow_other_recipe`` one warning instead."""
-    problem = recipe.problem(exp)
-    if problem is not None and exp.config.evaluate.allow_other_recipe:
-        log.warning("%s; evaluating against them (evaluate.allow_other_recipe=true)", problem.split("; retrain")[0])
+    if recipe.other and exp.config.evaluate.allow_other_recipe:
+        log.warning("%s; evaluating against them (evaluate.allow_other_recipe=true)", recipe.describe(exp))
         return None
+    problem = recipe.problem(exp)
     return None if problem is None else f"stage={NAME}: {problem}"
 
 
