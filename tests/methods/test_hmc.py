@@ -428,3 +428,26 @@ def test_a_resumed_chain_does_not_redo_its_start(tmp_path, monkeypatch):
     assert method.run_chains_in(ChainFiles(tmp_path), [3, 4], lambda seed: {}, 2, should_stop=lambda: False)
     assert calls["n"] == 1  # chain 4's start only
     assert ChainState.load(tmp_path / "seed_000004.safetensors").origin == {"init_seed": init_seed(4), "attempt": 0}
+
+
+def test_saved_chains_are_keyed_by_their_unit_and_the_code_and_a_stale_one_is_never_resumed(tmp_path, monkeypatch):
+    """Issue #30, item 3: the chains' key was hand-written (settings, data size, layout): after a fix
+    to ``methods/hmc_kernel.py`` the old states were still accepted. They are named by the store
+    (``ChainFiles.path``), carry the unit's key, and the method's fingerprint holds its code and data."""
+    import methods.hmc as hmc
+
+    method = small_method(warmup=4)
+    files = ChainFiles(tmp_path, key="unit-key-a")
+    assert method.run_chains_in(files, [3], lambda seed: {}, 2, should_stop=lambda: False)
+    assert [p.name for p in files.saved()] == [files.path(3).name] and method.chain_finished(files, 3, 2)
+    assert files.stale() == {}
+    other = ChainFiles(tmp_path, key="unit-key-b")  # the unit's key changed: code, settings, data or zoo
+    assert not method.chain_finished(other, 3, 2)
+    assert list(other.stale()) == [files.path(3)] and "run under key unit-key-a" in other.stale()[files.path(3)]
+    before = method.fingerprint()
+    monkeypatch.setattr(hmc, "code_fingerprint", lambda roots: "edited")  # a fix in methods/hmc*.py
+    assert method.fingerprint() != before
+    images, labels = toy_data()
+    relabelled = HMCMethod(logistic_factory, TrainingData(train=None, train_tensors=(images, labels.roll(1)), check=None),
+                           method.settings, recipe=method.recipe)
+    assert relabelled.fingerprint() != method.fingerprint()  # same size, other data
