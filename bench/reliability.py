@@ -14,6 +14,9 @@
    a NaN with valid checksums, verify.repair=true during a concurrent heal, a code change between
    two evaluate runs, an imported store verified, a predictions/sample-set pair mixed from two
    writers.
+   Issue 30 (same form): a code edit in a module no import of the forms' code reaches (a symmetry
+   spec), a reference zoo of another recipe, a damaged streamed reference cache, a dangling
+   symlink and a loop in place of checkpoints, a stale HMC unit's chains, ``store=`` empty.
 
 5. Fenced publication and claims: a SIGSTOP'ed worker resumed after its claim was taken
    over (its late copy dropped, the new holder's file published once); takeover races of three
@@ -234,13 +237,9 @@ def _tiny_experiment(work: Path, *overrides: str):
     import torch
 
     from benchmark.config import compose_config
-    from benchmark.core.models import predict_with_weights
-    from benchmark.core.store import (
-        CheckpointMetadata, load_checkpoints_as_sample_set, save_checkpoint, save_sample_set,
-    )
+    from benchmark.core.store import CheckpointMetadata, save_checkpoint
     from benchmark.core.training import seeded
     from benchmark.experiment import Experiment
-    from benchmark.inventory import sample_settings_hash
 
     torch.set_num_threads(1)
     exp = Experiment(compose_config([f"store={work / 'store'}", f"results={work / 'results'}", "device=cpu",
@@ -252,8 +251,19 @@ def _tiny_experiment(work: Path, *overrides: str):
             with seeded(seed):
                 state = exp.model().state_dict()
             meta = CheckpointMetadata(experiment=exp.name, seed=seed, role=role, config_hash=exp.config_hash,
-                                      test_accuracy=0.1, train_accuracy=0.1, validation_accuracy=0.1, epochs=0)
+                                      config=exp.recipe_config, test_accuracy=0.1, train_accuracy=0.1,
+                                      validation_accuracy=0.1, epochs=0)
             save_checkpoint(exp.store.checkpoint_path(seed), state, meta.encode())
+    _write_ensemble(exp)
+    return exp
+
+
+def _write_ensemble(exp) -> None:
+    """The ensemble unit of the held-out seeds of ``exp``'s store, written as the sample stage writes it."""
+    from benchmark.core.models import predict_with_weights
+    from benchmark.core.store import load_checkpoints_as_sample_set, save_sample_set
+    from benchmark.inventory import sample_settings_hash
+
     unit = exp.store.sample_unit("ensemble", "multi", 0)
     members = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(list(exp.heldout)))
     model = exp.model()
@@ -263,7 +273,6 @@ def _tiny_experiment(work: Path, *overrides: str):
             "settings_hash": sample_settings_hash(exp, "ensemble")}
     digest = save_sample_set(exp.store.samples_path(unit), members, meta)
     save_sample_set(exp.store.preds_path(unit), preds, {**meta, "samples_digest": digest})
-    return exp
 
 
 def _with_verify(exp, **changes):
@@ -410,12 +419,12 @@ def scenario_code_change_between_evaluates(work: Path) -> tuple[bool, str]:
     first = evaluate.run(exp)
     caches = sorted((exp.store.base / "eval").glob("*.json"))
     before = {p: p.read_text() for p in caches}
-    real = reference.code_fingerprint
-    reference.code_fingerprint = lambda modules: real(modules) + "-edited"
+    real = reference.source_fingerprint
+    reference.source_fingerprint = lambda: real() + "-edited"
     try:
         second = evaluate.run(exp)
     finally:
-        reference.code_fingerprint = real
+        reference.source_fingerprint = real
     recomputed = sum(p.read_text() != before[p] for p in caches)
     reverted = evaluate.run(exp)  # the code back as it was: recomputed again, under the first keys
     recomputed = min(recomputed, sum(p.read_text() == before[p] for p in caches))
@@ -488,6 +497,189 @@ def scenario_mixed_pair_refused(work: Path) -> tuple[bool, str]:
     return held, (f"mixed pair (writer B's sample set, writer A's predictions): the pair as written accepted: "
                   f"{'yes' if sound else 'NO'}; the mixed pair refused as corrupt by the store: "
                   f"{'yes' if 'mixed' in problem else 'NO'}, by evaluate: {'yes' if refused else 'NO'}")
+
+
+def _edited_source(work: Path, module: str, old: str, new: str) -> Path:
+    """A copy of the computational source in ``work`` with ``old`` replaced by ``new`` in ``module``
+    (a path under the repository): what the keys read once ``fingerprint.SOURCE_ROOT`` points at it."""
+    copy = work / "source"
+    for package in ("methods", "metrics", "benchmark"):
+        shutil.copytree(REPO / package, copy / package, ignore=shutil.ignore_patterns("__pycache__", "_work"))
+    path = copy / module
+    text = path.read_text()
+    assert old in text, f"{module} no longer holds {old!r}"
+    path.write_text(text.replace(old, new, 1))
+    return copy
+
+
+def scenario_spec_edit_rebuilds_the_forms(work: Path) -> tuple[bool, str]:
+    """An edit of ``chain_spec`` (metrics/symmetries/architectures.py), reached through
+    ``spec_for_model`` and not through the imports of the canonical form's code: the canonical and
+    aligned caches must be rebuilt (issue 30, item 1)."""
+    import benchmark.core.fingerprint as fingerprint
+    from benchmark.core.store import read_metadata
+    from benchmark.reference import Reference
+
+    exp = _tiny_experiment(work)
+    Reference(exp).canonical(), Reference(exp).aligned()
+    keys = {name: read_metadata(exp.store.reference_dir / f"{name}.safetensors")["key"] for name in ("canonical", "aligned")}
+    copy = _edited_source(work, "metrics/symmetries/architectures.py", "def chain_spec(", "EDITED = 1\n\n\ndef chain_spec(")
+    real = fingerprint.SOURCE_ROOT
+    fingerprint.SOURCE_ROOT = copy
+    try:
+        again = Reference(exp)
+        again.canonical(), again.aligned()
+        rebuilt = [name for name in keys
+                   if read_metadata(exp.store.reference_dir / f"{name}.safetensors")["key"] not in (keys[name],)]
+    finally:
+        fingerprint.SOURCE_ROOT = real
+    held = rebuilt == ["canonical", "aligned"]
+    return held, (f"code edit outside every import of the forms' code (chain_spec in metrics/symmetries/architectures.py): "
+                  f"rebuilt {rebuilt or 'NOTHING'} of the canonical and aligned caches")
+
+
+def scenario_reference_of_another_recipe(work: Path) -> tuple[bool, str]:
+    """A reference zoo trained under train.epochs=3, evaluated with train.epochs=4: refused in one
+    line naming the field and the override; with evaluate.allow_other_recipe=true scored, and
+    metrics.csv records the zoo's config hash and the acceptance (issue 30, item 2)."""
+    import dataclasses
+
+    from benchmark.experiment import Experiment
+    from benchmark.stages import evaluate
+
+    older = _tiny_experiment(work, "train.epochs=3")
+    newer = Experiment(dataclasses.replace(older.config, train=dataclasses.replace(older.config.train, epochs=4)))
+    _write_ensemble(newer)  # drawn under the new recipe, as in the issue
+    try:
+        evaluate.run(newer)
+        message = ""
+    except evaluate.OtherRecipeError as err:
+        message = str(err)
+    refused = "train.epochs: 3 -> 4" in message and "evaluate.allow_other_recipe=true" in message and "\n" not in message
+    allowed = Experiment(dataclasses.replace(newer.config, evaluate=dataclasses.replace(newer.config.evaluate,
+                                                                                          allow_other_recipe=True)))
+    row = evaluate.run(allowed).iloc[0]
+    recorded = row["reference_config_hash"] == older.config_hash and "train.epochs: 3 -> 4" in row["reference_recipe"]
+    return refused and recorded, (f"reference of another recipe (zoo train.epochs=3, evaluate train.epochs=4): refused "
+                                  f"naming the field: {'yes' if refused else 'NO'}; accepted with "
+                                  f"evaluate.allow_other_recipe=true and recorded in metrics.csv: "
+                                  f"{'yes' if recorded else 'NO'}")
+
+
+def scenario_damaged_streamed_cache(work: Path) -> tuple[bool, str]:
+    """Two canonical form files of a streamed reference damaged (NaN under valid checksums, a bit
+    flip): the next evaluate must name and rebuild each, with the numbers of a sound cache (item 4)."""
+    import logging
+
+    from benchmark.core.store import check_file
+    from benchmark.stages import evaluate
+
+    exp = _tiny_experiment(work, "evaluate.max_in_memory_gb=1e-6")
+    first = evaluate.run(exp)
+    (folder,) = exp.store.reference_dir.glob("canonical-*")
+    damaged = sorted(folder.glob("seed_*.safetensors"))[1:3]
+    corrupt(damaged[0], "nan"), corrupt(damaged[1], "bitflip")
+    for cached in exp.store.eval_dir.glob("*.json"):
+        cached.unlink()
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("benchmark.reference").addHandler(handler)
+    try:
+        second = evaluate.run(exp)
+    finally:
+        logging.getLogger("benchmark.reference").removeHandler(handler)
+    named = sum(any(str(p) in line for line in lines) for p in damaged)
+    sound = all(check_file(p) is not None for p in damaged)
+    same = first.equals(second)
+    return named == 2 and sound and same, (f"damaged streamed reference cache (NaN with valid checksums, a bit flip in "
+                                           f"canonical-<key>/): {named} of 2 named exactly, rebuilt sound: "
+                                           f"{'yes' if sound else 'NO'}, metrics.csv the same: {'yes' if same else 'NO'}")
+
+
+def scenario_symlinks(work: Path) -> tuple[bool, str]:
+    """A dangling symlink and a symlink loop in place of two checkpoints: verify must report both
+    in one line each (no traceback), repair quarantine the links, and the zoo retrain both (item 5)."""
+    from benchmark.core.store import check_file
+    from benchmark.stages import verify
+    from benchmark.stages.zoo import run_zoo
+
+    exp = _tiny_experiment(work, *TINY[1:4], "train.fail_rule.final_min_accuracy=null", "train.fail_rule.epoch=null")
+    dangling, loop = exp.store.checkpoint_path(1), exp.store.checkpoint_path(2)
+    dangling.unlink(), loop.unlink()
+    dangling.symlink_to(work / "gone.safetensors")
+    loop.symlink_to(loop)
+    try:
+        verify.run(exp)
+        reported = False
+    except verify.StoreIntegrityError as err:
+        reported = "2 corrupt" in str(err)
+    except OSError:
+        reported = False
+    try:
+        verify.run(_with_verify(exp, repair=True))
+    except verify.StoreIntegrityError:
+        pass
+    summary = run_zoo(exp, exp.reference)
+    healed = sorted(summary.trained + summary.failed) == [1, 2] and all(
+        check_file(exp.store.checkpoint_path(s)) is not None for s in summary.trained)
+    return reported and healed, (f"a dangling symlink and a symlink loop in place of two checkpoints: verify reported "
+                                 f"both without a traceback: {'yes' if reported else 'NO'}; after verify.repair=true "
+                                 f"the zoo retrained both: {'yes' if healed else 'NO'}")
+
+
+def scenario_stale_hmc_unit(work: Path) -> tuple[bool, str]:
+    """Chain states of an HMC unit run before a fix to methods/hmc_kernel.py: under the new key
+    they must not count as finished, and the sample stage's clearing must remove them (item 3)."""
+    import benchmark.core.fingerprint as fingerprint
+    from benchmark.inventory import chain_key
+    from benchmark.stages.sample import clear_stale_chains, load_base
+
+    exp = _tiny_experiment(work, "methods.hmc.warmup=3", "methods.hmc.descent_steps=3", "methods.hmc.max_leapfrog_steps=3",
+                           "methods.hmc.initial_mass=identity", "methods.hmc.start_min_accuracy=null",
+                           "methods.hmc.forward=loop")
+    images, labels = exp.train_tensors
+    exp.__dict__["train_tensors"] = (images[:64], labels[:64])
+    unit = exp.store.sample_unit("hmc", "multi", 0)
+    method = exp.build_method("hmc")
+    files = exp.store.chain_files(unit, chain_key(exp, method))
+    ran = method.run_chains_in(files, [100000], lambda seed: load_base(exp, seed), 2, lambda: False)
+    finished = method.chain_finished(files, 100000, 2)
+    copy = _edited_source(work, "methods/hmc_kernel.py", "def new_chain(", "FIXED = 1\n\n\ndef new_chain(")
+    real = fingerprint.SOURCE_ROOT
+    fingerprint.SOURCE_ROOT = copy
+    try:
+        fixed = exp.build_method("hmc")
+        new_files = exp.store.chain_files(unit, chain_key(exp, fixed))
+        accepted = fixed.chain_finished(new_files, 100000, 2)
+        removed = clear_stale_chains(new_files, unit)
+    finally:
+        fingerprint.SOURCE_ROOT = real
+    held = ran and finished and not accepted and removed == [files.path(100000)] and not files.path(100000).exists()
+    return held, (f"stale HMC unit (a fix to methods/hmc_kernel.py after its chains ran): the old chain state accepted "
+                  f"under the new key: {'YES' if accepted else 'no'}; removed by the sample stage's clearing: "
+                  f"{'yes' if removed else 'NO'}")
+
+
+def scenario_empty_store_refused(work: Path) -> tuple[bool, str]:
+    """``store=`` (empty) meant the current directory: refused in one line (item 6)."""
+    from benchmark.cli import check_command_line
+
+    problem = check_command_line(["store=", "stage=verify"]) or ""
+    held = problem.startswith("store=''") and "\n" not in problem
+    return held, f"store= (empty) refused in one line: {'yes' if held else 'NO'} ({problem or 'accepted'})"
+
+
+SCENARIOS_PROVENANCE = [
+    ("spec_edit_rebuilds_the_forms", scenario_spec_edit_rebuilds_the_forms),
+    ("reference_of_another_recipe", scenario_reference_of_another_recipe),
+    ("damaged_streamed_cache", scenario_damaged_streamed_cache),
+    ("symlinks", scenario_symlinks),
+    ("stale_hmc_unit", scenario_stale_hmc_unit),
+    ("empty_store_refused", scenario_empty_store_refused),
+]
+"""Issue 30's scenarios (provenance keys, the zoo's recipe, healing caches, symlinks); in process,
+seconds each. Their behaviours are tested in the suite; ``make reliability`` runs them end to end."""
 
 
 SCENARIOS_STORE_CONTENT = [
@@ -688,6 +880,7 @@ def main() -> None:
     scenarios = [lambda: kills(reference, times, args.kills, random.Random(args.seed)), concurrency,
                  lambda: damage(store, reference),
                  *[functools.partial(store_content_scenario, name, scenario) for name, scenario in SCENARIOS_STORE_CONTENT],
+                 *[functools.partial(store_content_scenario, name, scenario) for name, scenario in SCENARIOS_PROVENANCE],
                  *SCENARIOS_17A]
     results = [held(scenario) for scenario in scenarios]
     print(f"reliability: {len(FAILURES)} failed check(s) in {time.time() - start:.0f} s")

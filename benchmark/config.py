@@ -153,6 +153,10 @@ class ZooConfig:
     # 16: about 2% of make benchmark's time on digits, a minute or two per seed on MNIST, spread over the
     # shards). 0 = off.
     crosscheck: int = 16
+    # A checkpoint or failure record of the range made under another model, data or recipe config
+    # (its config_hash) is quarantined and the seed trained again, so that a recipe change retrains
+    # the zoo; true keeps it (one warning; evaluate then refuses it unless evaluate.allow_other_recipe).
+    keep_other_recipe: bool = False
 
     def __post_init__(self) -> None:
         require(self.num_shards >= 1, "num_shards", self.num_shards, "a positive integer")
@@ -230,11 +234,14 @@ class SampleConfig:
     """``per_method``: weight samples per method and mode (paper: 100); ``modes_multi``:
     multi-mode base networks (paper: 10), ``per_method / modes_multi`` samples each;
     ``repetitions``: independent repetitions of every method x mode (each on its own base
-    networks, hence its own method seeds), whose spread gives the tables' error bars."""
+    networks, hence its own method seeds), whose spread gives the tables' error bars;
+    ``keep_stale``: a unit drawn under other settings or code is moved to ``quarantine/`` before
+    it is drawn again (false: removed)."""
 
     per_method: int = 100
     modes_multi: int = 10
     repetitions: int = 3
+    keep_stale: bool = True
 
     def __post_init__(self) -> None:
         require(self.per_method >= 1, "per_method", self.per_method, "a positive integer")
@@ -256,7 +263,10 @@ class EvaluateConfig:
     own experiments use 500; 0 = no test); ``allow_partial``: evaluate against a reference range
     with seeds not trained yet (by default the stage refuses, naming how many and the command
     that trains them, so a table never silently rests on part of the zoo; metrics.csv's
-    ``n_reference`` says how many checkpoints were used either way)."""
+    ``n_reference`` says how many checkpoints were used either way); ``allow_other_recipe``:
+    evaluate against reference checkpoints trained under another model, data or recipe config
+    than this run's (by default the stage refuses, naming the differing fields; with it, one
+    warning, and metrics.csv's ``reference_recipe`` says so)."""
 
     canonical_steps: List[CanonicalStep] = field(default_factory=lambda: [CanonicalStep.scale, CanonicalStep.sort])
     weight_matching: bool = True
@@ -265,6 +275,8 @@ class EvaluateConfig:
     test_permutations: int = 500
     # Off by default: a partial zoo gives numbers that depend on which seeds happened to finish.
     allow_partial: bool = False
+    # Off by default: numbers against a zoo of another recipe are not this config's numbers.
+    allow_other_recipe: bool = False
 
     def __post_init__(self) -> None:
         require(self.max_in_memory_gb > 0, "max_in_memory_gb", self.max_in_memory_gb, "a positive number")
@@ -605,6 +617,12 @@ class Config:
     methods: MethodsConfig = field(default_factory=MethodsConfig)
     zoo_import: ImportConfig = field(default_factory=ImportConfig)
 
+    def __post_init__(self) -> None:
+        for key in ("store", "results"):  # an empty path would silently mean the current directory
+            value = getattr(self, key)
+            require(value is not None and str(value).strip() != "", key, value,
+                    f"a folder path (empty is refused: pass {key}=. for the current directory)")
+
 
 def build_schema() -> type[Config]:
     """``Config``; when methods were registered after this module was imported (a plugin's
@@ -652,7 +670,10 @@ def resolve_config(cfg: DictConfig) -> Any:
             raise ConfigError(f"{path}.{err}") from None
         except OmegaConfBaseException as err:
             raise ConfigError(one_line(err)) from None
-    return OmegaConf.to_object(cfg)
+    try:
+        return OmegaConf.to_object(cfg)
+    except SettingsError as err:  # the root's own checks (store, results)
+        raise ConfigError(str(err)) from None
 
 
 def _dataclass_nodes(node: Any, path: str) -> list[tuple[str, DictConfig]]:

@@ -6,6 +6,7 @@ is derived from them (objects, resolved choices, checks)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from dataclasses import asdict, dataclass
@@ -202,15 +203,21 @@ class Experiment:
         return Path(self.config.results) / self.name
 
     @cached_property
-    def config_hash(self) -> str:
-        """Hash of what determines a zoo checkpoint: model, dataset (with its class numbering
-        where that changed between versions: ``DatasetInfo.labels``) and training recipe."""
+    def recipe_config(self) -> dict[str, Any]:
+        """What determines a zoo checkpoint, as plain JSON values: model, dataset (with its class
+        numbering where that changed between versions: ``DatasetInfo.labels``) and training recipe.
+        Recorded in every checkpoint (``config``), so that a zoo of another recipe is named field by field."""
         dataset = self.config.dataset
         data = {"name": dataset.name.value, "augment": dataset.augment}
         if self.info.labels:
             data["labels"] = self.info.labels
         payload = {"model": asdict(self.config.model), "dataset": data, "train": asdict(self.recipe)}
-        return stable_hash(payload)
+        return json.loads(json.dumps(payload, sort_keys=True, default=lambda v: getattr(v, "value", str(v))))
+
+    @cached_property
+    def config_hash(self) -> str:
+        """Hash of ``recipe_config``: what determines a zoo checkpoint."""
+        return stable_hash(self.recipe_config)
 
     def model(self, dropout: float = 0.0) -> nn.Module:
         """A fresh model of the experiment (initialised from torch's global RNG): the model

@@ -13,6 +13,7 @@ the report and the analyses share (none of them asks another stage).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import statistics
@@ -22,8 +23,8 @@ from typing import Iterable
 
 from benchmark.core.fingerprint import code_fingerprint, stable_hash
 from benchmark.core.store import (
-    MODES, CheckpointError, CheckpointMetadata, ExperimentStore, SampleSetMetadata, StoreError, Unit, check_file,
-    content_digest, quarantine, quarantined, read_metadata,
+    MODES, CheckpointError, CheckpointMetadata, ExperimentStore, SampleSetMetadata, StoreError, Unit, broken_link, check_file,
+    content_digest, quarantine, quarantined, read_metadata, stored_checksums,
 )
 from benchmark.experiment import Experiment, SeedRange
 from methods import MethodConfigError, PosteriorMethod, method_class, method_names, selected
@@ -92,6 +93,9 @@ def seed_problem(exp: Experiment, seed: int, shapes: dict[str, tuple[int, ...]] 
     valid or absent. Reads the checkpoint whole (``store.check_file``)."""
     store = exp.store
     path = store.checkpoint_path(seed)
+    broken = broken_link(path)
+    if broken:
+        return broken
     if path.exists():
         try:
             check_file(path, shapes or exp.shapes(), expect={"experiment": exp.name, "seed": str(seed)})
@@ -154,17 +158,111 @@ def range_state(exp: Experiment, seeds: SeedRange, strict: bool = True) -> Range
 
 
 def checkpoint_staleness(exp: Experiment, path: Path) -> str | None:
-    """Why a valid checkpoint is stale (trained with another model, data or recipe config), or
-    ``None``. A checkpoint without ``config_hash`` (imported, or written by another tool) is not
-    stale: nothing says it was trained with another config."""
+    """Why a valid checkpoint is stale (trained with another model, data or recipe config, with
+    the fields that differ), or ``None``. A checkpoint without ``config_hash`` (imported, or
+    written by another tool) is not stale: nothing says it was trained with another config."""
     try:
-        trained_with = read_metadata(path).get("config_hash")
+        meta = CheckpointMetadata.decode(read_metadata(path))
     except CheckpointError as err:
         return str(err)
-    if trained_with is not None and trained_with != exp.config_hash:
-        return (f"{path}: trained with config_hash {trained_with}, the current config's is {exp.config_hash} "
-                "(model, data or recipe changed)")
+    if meta.config_hash is not None and meta.config_hash != exp.config_hash:
+        return (f"{path}: trained with config_hash {meta.config_hash}, the current config's is {exp.config_hash} "
+                f"({recipe_differences(meta.config, exp.recipe_config)})")
     return None
+
+
+def seed_staleness(exp: Experiment, seed: int) -> str | None:
+    """Why the stored checkpoint or failure record of ``seed`` was made under another model, data
+    or recipe config than ``exp``'s (``checkpoint_staleness``), or ``None`` (same config, none
+    recorded, or nothing stored)."""
+    store = exp.store
+    path = store.checkpoint_path(seed)
+    if path.exists():
+        return checkpoint_staleness(exp, path)
+    try:
+        record = json.loads(store.failed_path(seed).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none, or damaged: seed_problem names it
+        return None
+    made_with = record.get("config_hash") if isinstance(record, dict) else None
+    if made_with is not None and made_with != exp.config_hash:
+        return (f"{store.failed_path(seed)}: failure recorded under config_hash {made_with}, the current config's is "
+                f"{exp.config_hash}")
+    return None
+
+
+def _flat(values: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def recipe_differences(recorded: dict | None, current: dict) -> str:
+    """The config fields in which a checkpoint's recorded ``config`` differs from ``current``
+    (``Experiment.recipe_config``), as ``train.epochs: 3 -> 4, ...``; what can be said when the
+    checkpoint records none."""
+    if not recorded:
+        return "its fields are not recorded in the checkpoint: model, data or recipe changed"
+    old, new = _flat(recorded), _flat(current)
+    missing = "(absent)"
+    diffs = [f"{key}: {old.get(key, missing)} -> {new.get(key, missing)}" for key in sorted(set(old) | set(new))
+             if old.get(key, missing) != new.get(key, missing)]
+    return ", ".join(diffs) or "no field differs: recorded by another version of the config schema"
+
+
+@dataclass(frozen=True)
+class ReferenceRecipe:
+    """The recipes the reference checkpoints were trained under: ``config_hashes`` (sorted;
+    ``unrecorded`` for checkpoints that record none: imported), and ``other``: seed -> the fields
+    that differ, for those trained under another config than the current one."""
+
+    config_hashes: tuple[str, ...]
+    other: dict[int, str]
+
+    def describe(self, exp: Experiment) -> str | None:
+        """What is of another recipe (how many checkpoints, the fields that differ), or ``None``."""
+        if not self.other:
+            return None
+        fields = sorted(set(self.other.values()))
+        shown = "; ".join(fields[:3]) + ("; ..." if len(fields) > 3 else "")
+        return (f"{len(self.other)} reference checkpoint(s) of {exp.name} in {exp.store.zoo_dir} were trained under "
+                f"another recipe than this run's (config_hash {exp.config_hash}): {shown}")
+
+    def problem(self, exp: Experiment) -> str | None:
+        """The one-line refusal of a reference of another recipe (``describe``, the command that
+        retrains it, the override that accepts it), or ``None``."""
+        described = self.describe(exp)
+        if described is None:
+            return None
+        return (f"{described}; retrain them with python -m benchmark stage=zoo experiment={exp.name} "
+                "zoo.range=reference and this run's overrides, or pass evaluate.allow_other_recipe=true to evaluate "
+                "against them (recorded in metrics.csv)")
+
+    def note(self) -> str:
+        """metrics.csv's ``reference_recipe``: empty when every checkpoint is of the current recipe,
+        else what was accepted with ``evaluate.allow_other_recipe``."""
+        if not self.other:
+            return ""
+        return (f"other recipe accepted (evaluate.allow_other_recipe=true): {len(self.other)} checkpoint(s), "
+                + "; ".join(sorted(set(self.other.values()))))
+
+
+def reference_recipe(exp: Experiment) -> ReferenceRecipe:
+    """The ``ReferenceRecipe`` of the converged reference checkpoints (their metadata only; a
+    checkpoint whose header cannot be read is left to the reference's validation, which names it)."""
+    hashes, other = set(), {}
+    for seed in reference_seeds(exp):
+        try:
+            meta = CheckpointMetadata.decode(read_metadata(exp.store.checkpoint_path(seed)))
+        except (CheckpointError, OSError):
+            continue
+        hashes.add(meta.config_hash or "unrecorded")
+        if meta.config_hash is not None and meta.config_hash != exp.config_hash:
+            other[seed] = recipe_differences(meta.config, exp.recipe_config)
+    return ReferenceRecipe(tuple(sorted(hashes)), other)
 
 
 # ---- the sample units --------------------------------------------------------------------------
@@ -218,8 +316,12 @@ def heldout_shortfall(exp: Experiment, bases: int) -> str | None:
             f"use 'seeds.heldout=[{heldout.start},{stop}]' (or fewer sample.repetitions / sample.per_method)")
 
 
-SAMPLE_CODE = ("methods.modes", "benchmark.core.models.registry", "benchmark.core.models.predict")
-"""Code every method's samples and predictions go through besides the method's own module."""
+SAMPLE_CODE = ("methods.base", "methods.modes", "benchmark.core.models", "benchmark.core.data", "benchmark.core.settings",
+               "benchmark.core.store.checkpoint", "benchmark.core.store.sampleset")
+"""Code every method's samples and predictions go through besides the method's own module: the
+protocol, the modes, every model (reached through the config's model name), the data loaders
+(reached through the config's data set), the settings, and the store's readers and writers of
+checkpoints and sample sets (the bases read, the samples written). Packages count whole."""
 
 
 def expected_units(exp: Experiment) -> list[Unit]:
@@ -241,8 +343,21 @@ def sample_settings_hash(exp: Experiment, method: str) -> str:
         "method": exp.method_settings(method),
         "sample": {"per_method": exp.config.sample.per_method, "modes_multi": exp.config.sample.modes_multi},
         "heldout": [exp.heldout.start, exp.heldout.stop],
-        "code": code_fingerprint((method_class(method).__module__, *SAMPLE_CODE)),
+        "code": code_fingerprint(sample_code(method)),
     })
+
+
+def sample_code(method: str) -> tuple[str, ...]:
+    """The roots of the code a unit of ``method`` is keyed by: the method's own module (the one its
+    registered class is defined in) and ``SAMPLE_CODE``; ``code_fingerprint`` adds what they import."""
+    return (method_class(method).__module__, *SAMPLE_CODE)
+
+
+def chain_key(exp: Experiment, method: PosteriorMethod) -> str:
+    """The key the saved chains of a unit of ``method`` (``ResumableChains``) must have been run
+    under: the unit's (``sample_settings_hash``: zoo config, settings, sample counts, held-out
+    range, code) and the method's own fingerprint (its data, prior, layout: ``method.fingerprint``)."""
+    return stable_hash({"unit": sample_settings_hash(exp, method.name), "method": method.fingerprint()})
 
 
 def unit_expectations(exp: Experiment, unit: Unit) -> dict[str, str]:
@@ -271,6 +386,33 @@ class UnitState:
         return NOT_WRITTEN if self.missing else self.stale
 
 
+def base_digests(exp: Experiment, seeds: Iterable[int]) -> dict[str, str | None]:
+    """Base seed -> a digest of the tensors of its stored checkpoint (of their checksums, read from
+    its header; its metadata left out: a metadata edit changes no network); ``None`` when it has no
+    checksums or cannot be read. What a unit records of the networks it was drawn around."""
+    out: dict[str, str | None] = {}
+    for seed in seeds:
+        path = exp.store.checkpoint_path(seed)
+        try:
+            checksums = stored_checksums(read_metadata(path), str(path))
+        except (CheckpointError, OSError):
+            checksums = None
+        out[str(int(seed))] = None if checksums is None else stable_hash(checksums)
+    return out
+
+
+def changed_bases(exp: Experiment, recorded: dict | None) -> str | None:
+    """Which base networks a unit was drawn around changed since (retrained to other weights,
+    replaced), from its recorded ``base_digests``; ``None`` when none did, or nothing was recorded.
+    A base unreadable now is not judged here: the zoo's validation names it."""
+    if not recorded:
+        return None
+    now = base_digests(exp, [int(s) for s in recorded])
+    changed = sorted(int(s) for s, digest in recorded.items()
+                     if digest is not None and now.get(s) is not None and now.get(s) != digest)
+    return f"base checkpoint(s) {changed} changed since it was drawn (retrained or replaced)" if changed else None
+
+
 def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = None) -> UnitState:
     """The ``UnitState`` of ``unit``: done when both files are written, their metadata hold
     ``expected`` (default: ``unit_expectations``), and they validate whole (``store.check_file``:
@@ -295,6 +437,8 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
             stale = [k for k, v in expected.items() if metas[path].get(k) != v]
             if stale:
                 state.stale = f"{path}: metadata {', '.join(stale)} differ from the current settings"
+            elif path == paths[0] and (moved := changed_bases(exp, SampleSetMetadata.decode(metas[path]).base_digests)):
+                state.stale = f"{path}: {moved}"
     if state.corrupt:  # the unit is redone: name the damage of its other file too (it is quarantined as well)
         _check_whole(exp, paths, metas, state)
     if state.missing or state.stale or state.corrupt:

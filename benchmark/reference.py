@@ -8,11 +8,14 @@ full-batch HMC's multi-mode units (``method=hmc mode=multi``, every repetition),
 the same machinery (``Reference.score``: the same MMD, symmetries and predictive metrics, whose
 agreement and TV are then against HMC's predictive, as the NeurIPS 2021 competition scores).
 
-Every cache is keyed by exactly what it depends on (ARCHITECTURE.md, "Caches"): the checkpoint
-files it was made from (path, size, mtime), the settings that shape it, the code that computes
-it (``code_fingerprint`` of the modules named in ``CODE``: a fix in ``metrics/symmetries``
-rebuilds the canonical and aligned forms, not the predictive), the library versions, the device
-type and the dtype. A cache whose key differs, or that fails validation, is rebuilt.
+Every cache is keyed by everything it is made from (ARCHITECTURE.md, "Caches"): the identity of
+each file it was made from (its name in the store and its content digest: no absolute path, so a
+moved store keeps its caches), the settings that shape it, the **whole computational source**
+(``source_fingerprint``: any edit of ``metrics/``, ``methods/``, ``benchmark/core/`` or this
+module recomputes every cache: they are cheap, and no module reached only through data, such as
+the symmetry specs of ``metrics/symmetries/architectures.py``, can be left out of the key), the
+library versions, the device type and the dtype. A cache whose key differs, or that fails
+validation, is rebuilt.
 
 A zoo that fits in ``evaluate.max_in_memory_gb`` is held as one sample set; a larger one
 (ResNet-18 zoos: ~45 MB per checkpoint) is streamed: MMD reads it layer by layer in column
@@ -29,16 +32,19 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.core.fingerprint import code_fingerprint, stable_hash
+from benchmark.core.fingerprint import source_fingerprint, stable_hash
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
-    CheckpointError, CheckpointFiles, SampleSetFile, SampleSetMetadata, StoreError, Unit, check_file, iter_checkpoint_batches,
+    CheckpointError, CheckpointFiles, SampleSetFile, SampleSetMetadata, StoreError, Unit, check_file, clear_non_file,
+    content_digest,
+    iter_checkpoint_batches,
     load_checkpoints_as_sample_set, load_sample_set, read_metadata, save_checkpoint, save_sample_set, unstack,
     validate_tensors,
 )
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
-    MissingInputsError, corrupt_zoo_error, describe_store, pairing_problem, reference_seeds, row_units,
+    MissingInputsError, ReferenceRecipe, corrupt_zoo_error, describe_store, pairing_problem, reference_recipe,
+    reference_seeds, row_units,
 )
 from metrics.mcmc import predictive_convergence
 from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd, reference_bandwidths
@@ -48,14 +54,8 @@ from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
 log = logging.getLogger(__name__)
 SUMMARIES = ("median", "mean", "max")
 DTYPE = torch.float32  # what the forms and the predictive are computed in
-CODE = {
-    "zoo": (),  # a copy of the checkpoints: the files and the library versions only
-    "canonical": ("metrics.symmetries.canonical",),
-    "aligned": ("metrics.symmetries.rebasin", "metrics.symmetries.canonical"),
-    "predictive": ("benchmark.core.models.predict", "benchmark.core.models.registry"),
-    "numbers": ("benchmark.reference", "metrics.mmd", "metrics.predictive"),
-}
-"""The modules whose code (and what it imports) computes each cache."""
+CACHES = ("zoo", "canonical", "aligned", "predictive")
+"""The reference's caches (``Reference.key``); each keyed by the whole source (``source_fingerprint``)."""
 HMC_ROW = ("hmc", "multi")
 """The rows whose draws, pooled over the repetitions, are the HMC reference."""
 ZOO_ROW = ("zoo", "multi")
@@ -64,9 +64,22 @@ REFERENCE_METHODS = (HMC_ROW[0], ZOO_ROW[0])
 """The references' own rows: never ranked among the methods nor in the paper's claims."""
 
 
-def files_key(paths: list[Path]) -> list[tuple[str, int, int]]:
-    """What identifies the versions of ``paths``: (path, size, mtime in ns) of each."""
-    return [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+def files_key(paths: list[Path]) -> list[tuple[str, str]]:
+    """What identifies the versions of ``paths``, with no absolute path: each file's name in its
+    folder (``zoo/seed_000042.safetensors``) and its content digest (``store.content_digest`` of its
+    checksums), or its size and mtime for a file without checksums or with a damaged header (then
+    refused by the validation that follows)."""
+    out = []
+    for path in paths:
+        try:
+            digest = content_digest(read_metadata(path))
+        except CheckpointError:
+            digest = None
+        if digest is None:
+            stat = path.stat()
+            digest = f"size {stat.st_size} mtime {stat.st_mtime_ns}"
+        out.append((f"{path.parent.name}/{path.name}", digest))
+    return out
 
 
 class Reference:
@@ -94,6 +107,8 @@ class Reference:
         # WM MMD's anchor: the lowest converged reference seed (seed 002's code aligns to the first network).
         self.anchor_seed = self.seeds[0] if settings.weight_matching else None
         self._inputs = {"files": files_key(exp.store.checkpoint_paths(self.seeds)), "seeds": self.seeds}
+        self.recipe: ReferenceRecipe | None = reference_recipe(exp)
+        """The recipes the checkpoints were trained under (metrics.csv's ``reference_config_hash``)."""
 
     def _scoring(self, exp: Experiment) -> None:
         """What every reference scores with: the evaluate settings, the model and its symmetries."""
@@ -113,13 +128,14 @@ class Reference:
         return len(self.seeds)
 
     def key(self, cache: str) -> str:
-        """The key of cache ``cache`` (a name of ``CODE``): the input files, the settings that shape
-        it, the code that computes it, the library versions (in the fingerprint), device and dtype."""
+        """The key of cache ``cache`` (one of ``CACHES``): the input files, the settings that shape
+        it, the whole computational source and the library versions (``source_fingerprint``), device
+        and dtype."""
         shaping = {"zoo": {}, "canonical": {"steps": self.steps},
                    "aligned": {"steps": self.steps, "anchor": self.anchor_seed},
                    "predictive": {"config": self.exp.config_hash}}
         return stable_hash({"inputs": self._inputs, "cache": cache, "settings": shaping.get(cache, {}),
-                            "code": code_fingerprint(CODE[cache]), "device": self.exp.device.type,
+                            "code": source_fingerprint(), "device": self.exp.device.type,
                             "dtype": str(DTYPE)}, length=20)
 
     def numbers_key(self, unit: Unit) -> str:
@@ -133,10 +149,10 @@ class Reference:
         settings = self.exp.config.evaluate
         return stable_hash({
             "files": files_key(paths), "against": self.name,
-            "reference": [self.key(c) for c in ("zoo", "canonical", "aligned", "predictive")],
+            "reference": [self.key(c) for c in CACHES],
             "settings": {"resamples": settings.reference_resamples, "test": settings.test_permutations,
                          "weight_matching": self.anchor_seed, "steps": self.steps},
-            "code": code_fingerprint(CODE["numbers"]), "device": self.exp.device.type,
+            "code": source_fingerprint(), "device": self.exp.device.type,
         }, length=20)
 
     def checked_paths(self) -> list[Path]:
@@ -158,13 +174,15 @@ class Reference:
     def _cached(self, name: str, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         path = self.folder / f"{name}.safetensors"
         key = self.key(name)
+        _clear(path)
         try:
             if path.is_file() and read_metadata(path).get("key") == key:
                 return load_sample_set(path)
         except CheckpointError as err:
             log.warning("%s; rebuilding this cache", err)
         value = build()
-        save_sample_set(path, value, {"key": key, "experiment": self.exp.name, "seeds": self.seeds})
+        inputs = {"config_hashes": list(self.recipe.config_hashes)} if self.recipe is not None else {}
+        save_sample_set(path, value, {"key": key, "experiment": self.exp.name, "seeds": self.seeds, **inputs})
         return value
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -192,14 +210,33 @@ class Reference:
         folder = self.folder / f"{name}-{self.key(name)}"
         store = self.exp.store
         stems = {s: store.seed_unit(s).stem for s in self.seeds}
+        for seed in self.seeds:
+            _clear(folder / f"{stems[seed]}.safetensors")
         todo = [s for s in self.seeds if not (folder / f"{stems[s]}.safetensors").is_file()]
         checked = dict(zip(self.seeds, self.checked_paths()))
         paths = [checked[s] for s in todo]
         for batch_seeds, batch in zip(_chunks(todo, self.batch), iter_checkpoint_batches(paths, self.batch, validated=True)):
             form = transform(batch)
             for i, seed in enumerate(batch_seeds):
-                save_checkpoint(folder / f"{stems[seed]}.safetensors", unstack(form, i), {"seed": seed})
+                save_checkpoint(folder / f"{stems[seed]}.safetensors", unstack(form, i),
+                                {"seed": seed, "source": files_key([checked[seed]])[0][1]})
         return [folder / f"{stems[s]}.safetensors" for s in self.seeds]
+
+    def _healing(self, compute: Callable[[], Any]) -> Any:
+        """``compute()`` (which reads the streamed forms), again after removing each form file it
+        finds damaged (bit flip, truncation, NaN: ``CheckpointError.path`` in a form folder, one
+        log line naming it), which ``_form_paths`` then rebuilds. A damaged reference checkpoint
+        is not a cache: its error goes on."""
+        for _ in range(len(self.seeds) + 1):
+            try:
+                return compute()
+            except CheckpointError as err:
+                path = Path(err.path) if err.path is not None else None
+                if path is None or path.parent.parent != self.folder or not path.parent.name.startswith(("canonical-", "aligned-")):
+                    raise
+                log.warning("%s; removing this cache file and rebuilding it", err)
+                path.unlink(missing_ok=True)
+        return compute()
 
     def align(self, samples: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The WM form of ``samples``: the NS steps with the permutation removed by weight matching
@@ -229,9 +266,11 @@ class Reference:
                 raise ValueError(f"shared_bandwidths: form must be 'mmd' or 'ns_mmd', got {form!r}")
             if self.in_memory:
                 zoo = self.weights() if form == "mmd" else self.canonical()
+                self._bandwidths[form] = reference_bandwidths(zoo, device=self.exp.device)
             else:
-                zoo = CheckpointFiles(self.checked_paths() if form == "mmd" else self.canonical_paths())
-            self._bandwidths[form] = reference_bandwidths(zoo, device=self.exp.device)
+                self._bandwidths[form] = self._healing(lambda: reference_bandwidths(
+                    CheckpointFiles(self.checked_paths() if form == "mmd" else self.canonical_paths()),
+                    device=self.exp.device))
         return self._bandwidths[form]
 
     def mmd(self, samples_path: Path | None, samples: dict[str, torch.Tensor], full: bool) -> dict[str, float]:
@@ -261,12 +300,12 @@ class Reference:
             try:
                 results = {"mmd": mmd(CheckpointFiles(self.checked_paths()), SampleSetFile(samples_path), **options,
                                       **shared["mmd"]),
-                           "ns_mmd": mmd(CheckpointFiles(self.canonical_paths()), SampleSetFile(canonical_path), **options,
-                                         **shared["ns_mmd"])}
+                           "ns_mmd": self._healing(lambda: mmd(CheckpointFiles(self.canonical_paths()),
+                                                               SampleSetFile(canonical_path), **options, **shared["ns_mmd"]))}
                 if self.anchor_seed is not None:
                     save_sample_set(aligned_path, self.align(samples), {"experiment": self.exp.name})
-                    results["wm_mmd"] = mmd(CheckpointFiles(self._form_paths("aligned", self.align)),
-                                            SampleSetFile(aligned_path), **wm_options)
+                    results["wm_mmd"] = self._healing(lambda: mmd(CheckpointFiles(self._form_paths("aligned", self.align)),
+                                                                  SampleSetFile(aligned_path), **wm_options))
             finally:
                 canonical_path.unlink(missing_ok=True)
                 aligned_path.unlink(missing_ok=True)
@@ -360,6 +399,7 @@ class HMCReference(Reference):
         if not self.units:
             raise ValueError(f"reference=hmc: every unit of {'/'.join(HMC_ROW)} is excluded ({[u.label for u in exclude]})")
         self.seeds = []
+        self.recipe = None  # the chains' settings are in their units' keys
         self.anchor_seed = None  # no WM columns against HMC: its draws have no anchor network
         self.in_memory = True
         self.folder = None
@@ -420,6 +460,14 @@ class HMCReference(Reference):
         ess = report.pop("ess_loglik")
         return {**{k: float(v) for k, v in report.items()}, "ess_loglik_min": float(ess.min()),
                 "chains": float(probs.shape[0]), "draws_per_chain": float(probs.shape[1])}
+
+
+def _clear(path: Path) -> None:
+    """Remove a directory, dangling symlink or symlink loop standing in place of cache file
+    ``path`` (``store.clear_non_file``), with one log line naming it: the cache is rebuilt."""
+    removed = clear_non_file(path)
+    if removed:
+        log.warning("%s; rebuilding this cache", removed)
 
 
 def _chunks(items: list[int], size: int) -> list[list[int]]:

@@ -17,7 +17,10 @@ whole ``seeds.reference`` range less its failed seeds, unless ``evaluate.allow_p
 in a metrics.csv written before the column existed. ``ess``: for a method whose samples are states
 of one Markov chain (the SGHMC rows: a sampler that records an ``ess`` diagnostic), the effective
 sample size of its kept states as the sampler measured it, mean over repetitions; NaN for the
-others and in older files.
+others and in older files. ``reference_config_hash``: the config hash(es) the reference
+checkpoints were trained under (``Experiment.config_hash``; ``unrecorded`` for imported ones);
+``reference_recipe``: empty, or what ``evaluate.allow_other_recipe=true`` accepted (a reference
+trained under another recipe, with the fields that differ); both empty in older files.
 
 ``mmd_shared_median``/``ns_mmd_shared_median``: MMD and NS MMD (median over the 20 kernels) with
 one bandwidth grid per layer shared by every row of the experiment, chosen from the reference
@@ -50,9 +53,10 @@ from benchmark.core.store import MODES, atomic_path
 STATUSES = ("ok", "failed")
 KEY_COLUMNS = ["experiment", "method", "mode"]
 TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "status", "reason", "ns_steps",
-                "wm_anchor"]
+                "wm_anchor", "reference_config_hash", "reference_recipe"]
 COUNT_COLUMNS = ["n_samples", "n_repetitions", "n_reference", "ess"]
 ADDED_COLUMNS = ("n_reference", "ess")  # absent from older metrics.csv files: read as NaN
+ADDED_TEXT_COLUMNS = ("reference_config_hash", "reference_recipe")  # absent from older files: read as ""
 MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max",
                "wm_mmd_median", "wm_mmd_mean", "wm_mmd_max", "mmd_shared_median", "ns_mmd_shared_median"]
 METRIC_COLUMNS = ["acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv"]
@@ -100,7 +104,8 @@ def check_metrics(frame: pd.DataFrame, source: str = "metrics.csv") -> pd.DataFr
     """Validate a metrics frame (columns, statuses, modes, unique keys, numeric values); return
     it with typed columns. Errors name ``source`` and the column."""
     if isinstance(frame, pd.DataFrame):  # columns added later: NaN in older files
-        frame = frame.assign(**{c: math.nan for c in ADDED_COLUMNS if c not in frame.columns})
+        frame = frame.assign(**{c: math.nan for c in ADDED_COLUMNS if c not in frame.columns},
+                             **{c: "" for c in ADDED_TEXT_COLUMNS if c not in frame.columns})
     return _check(frame, source, COLUMNS, TEXT_COLUMNS, KEY_COLUMNS, VALUE_COLUMNS, "COLUMNS")
 
 

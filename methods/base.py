@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, ClassVar, Optional, Sequence
 
 import torch
 from torch import nn
 
 from benchmark.core.models import predict_with_weights
-from benchmark.core.store import MODES, SampleSet
+from benchmark.core.store import MODES, ChainFiles, SampleSet
 from benchmark.core.training import Recipe, TrainingData
 
 ModelFactory = Callable[..., nn.Module]
@@ -50,9 +49,9 @@ class ResumableChains(ABC):
     """A method whose samples of each base network come from one Markov chain that is saved as it
     runs and resumed bit for bit (``methods.hmc``). The sample stage runs such chains, before
     it publishes the unit, each under its own claim (``store.chain_claim``) with its state in
-    the unit's chain folder (``store.chains_dir``): a killed run resumes, and several jobs share
-    the chains of one unit. ``fit``/``sample`` then read the finished chains from that folder
-    (``use_chain_states``)."""
+    the unit's ``ChainFiles`` (``store.chain_files``: the store names the files and gives the key
+    the states must have been run under): a killed run resumes, and several jobs share the chains
+    of one unit. ``fit``/``sample`` then read the finished chains from there (``use_chain_states``)."""
 
     @property
     @abstractmethod
@@ -60,20 +59,25 @@ class ResumableChains(ABC):
         """How many chains one process runs together (claimed as a group)."""
 
     @abstractmethod
-    def chain_finished(self, directory: Path, seed: int, draws: int) -> bool:
-        """Whether the chain of base ``seed`` saved in ``directory`` needs no more work for ``draws``
-        kept draws under the current settings (done, or diverged for good)."""
+    def fingerprint(self) -> str:
+        """What the method itself knows a saved chain depends on (its settings, data, code); the
+        sample stage folds it into the unit's key (``ChainFiles.key``)."""
 
     @abstractmethod
-    def run_chains_in(self, directory: Path, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]],
+    def chain_finished(self, files: ChainFiles, seed: int, draws: int) -> bool:
+        """Whether the chain of base ``seed`` saved in ``files`` needs no more work for ``draws``
+        kept draws under the current settings and key (done, or diverged for good)."""
+
+    @abstractmethod
+    def run_chains_in(self, files: ChainFiles, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]],
                       draws: int, should_stop: Callable[[], bool]) -> bool:
         """Run (or resume) the chains of bases ``seeds`` to ``draws`` kept draws, saving their states in
-        ``directory`` as they go (a state of other settings, or damaged, is started again). Stops
+        ``files`` as they go (a state of another key, or damaged, is started again). Stops
         early, returning False, once ``should_stop()`` (e.g. a claim lost); True when done."""
 
     @abstractmethod
-    def use_chain_states(self, directory: Path | None) -> None:
-        """Let ``fit``/``sample`` resume the chains saved in ``directory`` (None: keep nothing)."""
+    def use_chain_states(self, files: ChainFiles | None) -> None:
+        """Let ``fit``/``sample`` resume the chains saved in ``files`` (None: keep nothing)."""
 
 
 class PosteriorMethod(ABC):

@@ -24,7 +24,7 @@ Two ways to use it:
   its next ``n`` kept draws), so that the sample stage runs HMC like any method, one chain per base
   (one-mode: one chain; multi-mode: ``modes_multi`` chains);
 - the batched API for many chains at once, resumable per chain: ``start_chains(seeds, bases)``,
-  ``run_chains(chains, draws, state_dir=...)``, ``chain_samples(chain)``, ``chain_predictions``
+  ``run_chains(chains, draws, files=...)``, ``chain_samples(chain)``, ``chain_predictions``
   (the input of ``metrics.mcmc.predictive_convergence``), ``ChainState.summary()``.
   A chain ``start_chains([seed], [base])`` run to ``n`` draws gives exactly the draws of
   ``fit(base, seed)`` then ``sample(n, torch.Generator().manual_seed(seed))``.
@@ -48,7 +48,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -61,7 +60,8 @@ from tqdm.auto import tqdm
 
 from benchmark.core.models import predict_with_weights
 from benchmark.core.settings import require
-from benchmark.core.store import MAX_SEED, CheckpointError, SampleSet, Unit
+from benchmark.core.fingerprint import code_fingerprint
+from benchmark.core.store import MAX_SEED, ChainFiles, CheckpointError, SampleSet, Unit
 from benchmark.core.training import seeded
 from benchmark.core.training.stacked import NotStackableError, VmapNetworks, stacked_networks
 from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod, ResumableChains
@@ -233,7 +233,7 @@ class HMCSettings(KernelSettings, MethodSettings):
     first warm-up iterations move every weight on its own scale;
     ``chains_at_once``: chains stacked in one pass by ``run_chains`` (the CPU kernels run 16
     networks per vector; more costs proportionally); ``save_every``: iterations between saved
-    chain states in ``run_chains`` with a ``state_dir``; ``forward``: how the chains' forward passes
+    chain states in ``run_chains`` with ``files``; ``forward``: how the chains' forward passes
     run (``NetworkPotential``'s ``implementation``: auto, packed, vmap, loop).
     """
 
@@ -282,6 +282,14 @@ def chain_name(seed: int) -> str:
     return Unit.zoo("", seed).stem
 
 
+def chain_seed(name: str) -> int:
+    """The base seed of the chain named ``name`` (``chain_name``'s inverse)."""
+    unit = Unit.parse("", f"{name}.safetensors")
+    if unit is None or not unit.is_seed:
+        raise ValueError(f"method=hmc: {name!r} is not a chain name (seed_<six digits>)")
+    return int(unit.seed)
+
+
 def sampling_seed(seed: int) -> int:
     """The seed of a chain's sampling phase: the first draw of ``torch.Generator().manual_seed(seed)``,
     as ``HMCMethod.sample`` takes it from the generator the sample stage seeds with the base seed."""
@@ -316,7 +324,7 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         self._warm: ChainState | None = None
         self._sampled: ChainState | None = None
         self._cache: tuple[int, int, ChainState] | None = None
-        self._state_dir: Path | None = None
+        self._chain_files: ChainFiles | None = None
         self._pending: tuple[int, Mapping[str, torch.Tensor] | None] | None = None
 
     # -- set-up -----------------------------------------------------------------------------------
@@ -348,12 +356,26 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         return StackedHMC(self.potential, self.settings.kernel())
 
     def fingerprint(self) -> str:
-        """What a saved chain state must match to be resumed: the settings that change its
-        draws, the data size and the parameter layout."""
+        """What a saved chain state must match to be resumed, as far as the method can tell: the
+        settings that change its draws, the training data's identity (a digest of its images and
+        labels), the prior precision, the parameter layout and the code of this module and of
+        what it imports (``code_fingerprint``). The sample stage adds the unit's key (the zoo,
+        the sample counts, the held-out range: ``ChainFiles.key``)."""
         relevant = {k: v for k, v in asdict(self.settings).items() if k not in ("unavailable", "chains_at_once", "save_every")}
-        payload = {"settings": relevant, "prior_precision": self.prior_precision, "train_images": len(self.data.train_tensors[1]),
-                   "layout": list(zip(self.potential.keys, self.potential.shapes))}
+        images, labels = self.data.train_tensors
+        data = hashlib.sha256()
+        for tensor in (images, labels):
+            data.update(str((tuple(tensor.shape), tensor.dtype)).encode())
+            data.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        payload = {"settings": relevant, "prior_precision": self.prior_precision, "data": data.hexdigest()[:16],
+                   "layout": list(zip(self.potential.keys, self.potential.shapes)),
+                   "code": code_fingerprint((type(self).__module__,))}
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def _tag(self, files: ChainFiles | None) -> str:
+        """The tag a chain saved in ``files`` must carry: ``files.key`` (the unit's key, with this
+        method's ``fingerprint`` in it), or the fingerprint alone outside a store."""
+        return files.key if files is not None and files.key else self.fingerprint()
 
     def chain_start(self, seed: int, base: Mapping[str, torch.Tensor] | None = None, attempt: int = 0) -> torch.Tensor:
         """Where chain ``seed`` starts ``[D]``, before any descent: the base (``start=base``) or the
@@ -450,28 +472,29 @@ class HMCMethod(ResumableChains, PosteriorMethod):
             chains.append(chain)
         return chains
 
-    def run_chains(self, chains: Sequence[ChainState], draws: int, *, state_dir: str | os.PathLike | None = None,
+    def run_chains(self, chains: Sequence[ChainState], draws: int, *, files: ChainFiles | None = None,
                    progress: bool = True, restart_stale: bool = False,
                    should_stop: Callable[[], bool] | None = None) -> list[ChainState]:
         """Run ``chains`` until each has ``draws`` kept draws (or has diverged for good), in groups
-        of ``chains_at_once`` stacked chains. With ``state_dir``, a chain whose state
-        ``state_dir/<name>.safetensors`` exists resumes from it, and every chain's state is saved
-        there every ``save_every`` iterations and at the end. A saved state of other settings or
-        data (another fingerprint), or a damaged one, raises ``ValueError`` naming the file, or with
-        ``restart_stale`` is logged and the chain starts again (the same draws: a chain is fixed
-        by its seed). ``should_stop()``, asked after each saved iteration, ends the run early with
-        ``ChainsInterrupted`` (what was saved stays). Returns the chains' final states, in order."""
-        directory = None if state_dir is None else Path(state_dir)
-        tag = self.fingerprint()
+        of ``chains_at_once`` stacked chains. With ``files`` (the store's ``ChainFiles``), a chain
+        whose state ``files.path(seed)`` exists resumes from it, and every chain's state is saved
+        there every ``save_every`` iterations and at the end. A saved state of another tag (other
+        settings, data, code or unit key: ``_tag``), or a damaged one, raises ``ValueError`` naming
+        the file, or with ``restart_stale`` is logged and the chain starts again (the same draws: a
+        chain is fixed by its seed). ``should_stop()``, asked after each saved iteration, ends the
+        run early with ``ChainsInterrupted`` (what was saved stays). Returns the chains' final
+        states, in order."""
+        tag = self._tag(files)
         states = []
         for chain in chains:
-            path = None if directory is None else directory / f"{chain.name}.safetensors"
+            path = None if files is None else files.path(chain_seed(chain.name))
             saved = self._saved_state(path, tag, restart_stale) if path is not None and path.exists() else None
             chain = saved or chain
             chain.tag = tag
             states.append(chain)
-            if directory is not None and saved is None:  # its start (the descent) is kept from now on
-                chain.save(directory / f"{chain.name}.safetensors")
+            if path is not None and saved is None:  # its start (the descent) is kept from now on
+                path.parent.mkdir(parents=True, exist_ok=True)
+                chain.save(path)
         kernel, size = self.kernel(), self.settings.chains_at_once
         for first in range(0, len(states), size):
             group = states[first : first + size]
@@ -481,18 +504,18 @@ class HMCMethod(ResumableChains, PosteriorMethod):
 
             def save(current: Sequence[ChainState], group=group, counter=counter) -> None:
                 counter["iterations"] += 1
-                if directory is not None and counter["iterations"] % self.settings.save_every == 0:
+                if files is not None and counter["iterations"] % self.settings.save_every == 0:
                     for chain in group:
-                        chain.save(directory / f"{chain.name}.safetensors")
+                        chain.save(files.path(chain_seed(chain.name)))
                     if should_stop is not None and should_stop():
                         raise ChainsInterrupted(f"method=hmc: chains {[c.name for c in group]} stopped (their states "
-                                                f"are saved in {directory})")
+                                                f"are saved in {files.directory})")
 
             kernel.run(group, draws, on_iteration=save, progress=progress,
                        description=f"hmc chains {first + 1}-{first + len(group)} of {len(states)}")
-            if directory is not None:
+            if files is not None:
                 for chain in group:
-                    chain.save(directory / f"{chain.name}.safetensors")
+                    chain.save(files.path(chain_seed(chain.name)))
         return states
 
     def _saved_state(self, path: Path, tag: str, restart_stale: bool) -> ChainState | None:
@@ -500,8 +523,8 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         or (``restart_stale``) None after removing the file."""
         try:
             saved = ChainState.load(path, self.device)
-            problem = None if saved.tag == tag else (f"saved under other HMC settings or data (fingerprint {saved.tag}, "
-                                                     f"now {tag})")
+            problem = None if saved.tag == tag else (f"saved under other HMC settings, data, code or inputs (key "
+                                                     f"{saved.tag}, now {tag})")
         except CheckpointError as err:
             saved, problem = None, f"unreadable ({err})"
         if problem is None:
@@ -517,39 +540,38 @@ class HMCMethod(ResumableChains, PosteriorMethod):
     def chains_at_once(self) -> int:
         return self.settings.chains_at_once
 
-    def chain_finished(self, directory: Path, seed: int, draws: int) -> bool:
-        """Whether ``directory`` holds chain ``seed_<seed>`` of the current settings with ``draws``
+    def chain_finished(self, files: ChainFiles, seed: int, draws: int) -> bool:
+        """Whether ``files`` hold chain ``seed_<seed>`` of the current tag (``_tag``) with ``draws``
         kept draws, or diverged for good (unreadable or stale states count as not finished)."""
-        path = Path(directory) / f"{chain_name(seed)}.safetensors"
+        path = files.path(seed)
         if not path.exists():
             return False
         try:
             saved = ChainState.load(path, "cpu")
-        except CheckpointError:
+        except (CheckpointError, OSError):
             return False
-        return saved.tag == self.fingerprint() and (saved.phase == DIVERGED or (saved.phase == SAMPLING and len(saved.draws) >= draws))
+        return saved.tag == self._tag(files) and (saved.phase == DIVERGED or (saved.phase == SAMPLING and len(saved.draws) >= draws))
 
-    def run_chains_in(self, directory: Path, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]],
+    def run_chains_in(self, files: ChainFiles, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]],
                       draws: int, should_stop: Callable[[], bool]) -> bool:
         """``run_chains`` of the chains of bases ``seeds`` (started as ``start_chains`` does; the
-        bases are loaded only with ``start=base``), saved in ``directory``; False if stopped."""
-        Path(directory).mkdir(parents=True, exist_ok=True)
+        bases are loaded only with ``start=base``), saved in ``files``; False if stopped."""
         try:
-            self.run_chains(self.resumed_or_started(directory, seeds, load_base), draws, state_dir=directory,
+            self.run_chains(self.resumed_or_started(files, seeds, load_base), draws, files=files,
                             restart_stale=True, should_stop=should_stop)
         except ChainsInterrupted as err:
             log.warning("%s", err)
             return False
         return True
 
-    def resumed_or_started(self, directory: Path, seeds: Sequence[int],
+    def resumed_or_started(self, files: ChainFiles, seeds: Sequence[int],
                            load_base: Callable[[int], Mapping[str, torch.Tensor] | None]) -> list[ChainState]:
-        """The chains of ``seeds``: each one's saved state in ``directory`` when it is usable (the
-        current settings, readable), else a new chain (``start_chains``; a stale or damaged state is
+        """The chains of ``seeds``: each one's saved state in ``files`` when it is usable (the
+        current tag, readable), else a new chain (``start_chains``; a stale or damaged state is
         logged and removed), so that a resumed run does not redo the starts' descent."""
-        tag, saved = self.fingerprint(), {}
+        tag, saved = self._tag(files), {}
         for seed in seeds:
-            path = Path(directory) / f"{chain_name(seed)}.safetensors"
+            path = files.path(seed)
             state = self._saved_state(path, tag, restart_stale=True) if path.exists() else None
             if state is not None:
                 saved[seed] = state
@@ -558,10 +580,10 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         started = dict(zip(fresh, self.start_chains(fresh, bases)))
         return [saved.get(s) or started[s] for s in seeds]
 
-    def use_chain_states(self, directory: Path | None) -> None:
+    def use_chain_states(self, files: ChainFiles | None) -> None:
         """``fit(base, seed)`` then ``sample(n, Generator().manual_seed(seed))`` resume (or run and
-        save) chain ``seed_<seed>`` in ``directory`` instead of running it in memory."""
-        self._state_dir = None if directory is None else Path(directory)
+        save) chain ``seed_<seed>`` in ``files`` instead of running it in memory."""
+        self._chain_files = files
 
     def chain_samples(self, chain: ChainState) -> SampleSet:
         """The kept draws of ``chain`` as a sample set ``{plain key: [n, ...]}`` (CPU)."""
@@ -583,7 +605,7 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         ``use_chain_states``: deferred to ``sample``, which resumes the chain saved there)."""
         self._warm = self._sampled = self._cache = None
         self._pending = (seed, base)
-        if self._state_dir is not None:
+        if self._chain_files is not None:
             return
         chain = self._unseeded_chain(seed, base)
         self.kernel().run([chain], 0, warmup_only=True, description=f"hmc warm-up seed {seed}")
@@ -605,10 +627,9 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         if self._cache is not None and self._cache[:2] == (seed, n):  # the chain is fixed by its seed
             return self._cache[2]
         chain_seed, base = self._pending
-        if self._state_dir is not None and seed == sampling_seed(chain_seed):  # the saved chain is this one
-            self._state_dir.mkdir(parents=True, exist_ok=True)
-            chains = self.resumed_or_started(self._state_dir, [chain_seed], lambda _: base)
-            chain = self.run_chains(chains, n, state_dir=self._state_dir, progress=False, restart_stale=True)[0]
+        if self._chain_files is not None and seed == sampling_seed(chain_seed):  # the saved chain is this one
+            chains = self.resumed_or_started(self._chain_files, [chain_seed], lambda _: base)
+            chain = self.run_chains(chains, n, files=self._chain_files, progress=False, restart_stale=True)[0]
         else:
             if self._warm is None:
                 self._warm = self._unseeded_chain(chain_seed, base)

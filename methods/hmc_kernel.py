@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 
 from benchmark.core.settings import require
 from benchmark.core.store import CheckpointError, load_checkpoint
+from benchmark.core.store.chains import KEY as CHAIN_KEY
 from benchmark.core.store.checkpoint import write_safetensors
 
 Potential = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -224,7 +225,7 @@ class ChainState:
                                                           "warmup_divergences", "divergences", "restarts", "tag",
                                                           "origin")}
         write_safetensors(path, {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
-                          {"chain_state": json.dumps(scalars), "chain_format": str(FORMAT)})
+                          {"chain_state": json.dumps(scalars), "chain_format": str(FORMAT), CHAIN_KEY: self.tag})
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> "ChainState":

@@ -3,14 +3,27 @@
 A cache or a stored result is keyed by exactly what it depends on. For code that is a
 **fingerprint narrowed to the modules that compute it**: ``code_fingerprint(roots)`` hashes the
 named root modules and every module they import, transitively, within the computational
-packages (``metrics``, ``methods``, ``benchmark.core``; not the store, which moves bytes and
-does not compute them, and not the runners, which only orchestrate). Each module counts by its
+packages (``metrics``, ``methods``, ``benchmark.core``, the store included: its readers, writers
+and stacking shape what a method gets and gives; not the runners, which only orchestrate). Each module counts by its
 syntax tree without docstrings, so an edit to a docstring or a comment changes no fingerprint,
 while a change to any statement of any module on the path does. ``from package import name``
 counts only the submodule that defines ``name`` (a package's ``__init__`` re-exports are
 followed), so a fix in ``methods/swag.py`` does not touch the fingerprint of the dropout samples.
 
 The library versions (``library_versions``) go into every key beside the fingerprint.
+
+Two kinds of key, so that no module can be missed silently:
+
+- **cheap caches** (the reference's canonical, aligned and predictive forms, the evaluate
+  numbers) are keyed by the **whole computational source** (``source_fingerprint``: every module
+  of ``SOURCE_PACKAGES``), so that any edit anywhere recomputes them, whatever reaches what;
+- **expensive artifacts** (samples, HMC chains) keep the narrowing of ``code_fingerprint``; a
+  root may name a package, which counts every module under it (``benchmark.core.data``: what is
+  reached through data and config, not imports). ``tests/methods/test_provenance.py`` edits
+  every module in turn and checks the narrowed keys against what a run really executes.
+
+Every key names modules by their dotted name, never by a path: moving a store or a checkout
+changes no key.
 """
 from __future__ import annotations
 
@@ -27,7 +40,9 @@ from typing import Any, Iterable
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 """Where the project's packages are read from (the repository; tests point it at an edited copy)."""
 COMPUTATIONAL = ("metrics", "methods", "benchmark.core")  # packages whose code computes results
-NOT_COMPUTATIONAL = ("benchmark.core.store",)  # file I/O and validation: versioned by its file format
+SOURCE_PACKAGES = ("metrics", "methods", "benchmark.core", "benchmark.config", "benchmark.experiment",
+                   "benchmark.inventory", "benchmark.reference")
+"""The whole computational source: what ``source_fingerprint`` (the cheap caches' key) hashes."""
 LIBRARIES = ("torch", "torchvision", "numpy", "scipy", "safetensors", "laplace-torch", "blitz-bayesian-pytorch",
              "cvxpy", "numba")
 
@@ -76,9 +91,30 @@ def _root_file(name: str, root: Path) -> Path | None:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+def _stamp(path: Path) -> tuple[Path, int, int]:
+    """``path`` with its mtime and size: the cache key of what is read from it (an edited source
+    is read again)."""
+    stat = path.stat()
+    return path, stat.st_mtime_ns, stat.st_size
+
+
 def _parsed(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+    return _parsed_at(_stamp(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed_at(stamp: tuple[Path, int, int]) -> ast.Module:
+    return ast.parse(stamp[0].read_text(encoding="utf-8"), str(stamp[0]))
+
+
+def _module_digest(path: Path) -> str:
+    """SHA-256 of the syntax tree of ``path`` without docstrings (cached per version of the file)."""
+    return _digest_at(_stamp(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _digest_at(stamp: tuple[Path, int, int]) -> str:
+    return hashlib.sha256(_without_docstrings(_parsed_at(stamp)).encode()).hexdigest()
 
 
 def _without_docstrings(tree: ast.Module) -> str:
@@ -117,21 +153,29 @@ def dependencies(name: str, root: Path) -> set[str]:
     path = _root_file(name, root)
     if path is None:
         return set()
+    return set(_dependencies_at(name, root, _stamp(path)))
+
+
+@functools.lru_cache(maxsize=None)
+def _dependencies_at(name: str, root: Path, stamp: tuple[Path, int, int]) -> frozenset[str]:
+    path = stamp[0]
     found = set()
     for node in ast.walk(_parsed(path)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if module_file(alias.name, root))
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and module_file(node.module, root):
             found.update(_resolve(node.module, alias.name, root) for alias in node.names)
-    return found
+    return frozenset(found)
 
 
 def closure(roots: Iterable[str], root: Path | None = None) -> list[str]:
-    """``roots`` and the computational modules they import, transitively (sorted); read under
-    ``root`` (default ``SOURCE_ROOT``)."""
+    """``roots`` and the computational modules they import, transitively, with the ``__init__`` of
+    every package above them (sorted); read under ``root`` (default ``SOURCE_ROOT``). A root that
+    is a package counts every module under it."""
     root = root or SOURCE_ROOT
     seen: set[str] = set()
-    todo = list(roots)
+    todo = [m for name in roots for m in (package_modules(name, root) if module_file(name, root) is not None
+                                          and module_file(name, root).name == "__init__.py" else [name])]
     roots = set(todo)
     while todo:
         name = todo.pop()
@@ -141,28 +185,65 @@ def closure(roots: Iterable[str], root: Path | None = None) -> list[str]:
             raise ValueError(f"code_fingerprint: {name!r} is not a module under {root} nor a loaded module")
         seen.add(name)
         todo += [d for d in dependencies(name, root)
-                 if d not in seen and _within(d, COMPUTATIONAL) and not _within(d, NOT_COMPUTATIONAL)]
+                 if d not in seen and _within(d, COMPUTATIONAL)]
+    # Importing a module runs the __init__ of each package above it: counted too, by its own code
+    # only (its imports are the package's re-exports, which would tie every module to every other).
+    for name in list(seen):
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            package = ".".join(parts[:i])
+            path = module_file(package, root)
+            if path is not None and path.name == "__init__.py" and _within(package, COMPUTATIONAL):
+                seen.add(package)
     return sorted(seen)
 
 
-def code_fingerprint(roots: tuple[str, ...]) -> str:
-    """Hex digest of the code of ``roots`` (module names) and of the computational modules they
-    import, transitively (``closure``), docstrings left out; then ``library_versions``. The sources
-    are read under ``SOURCE_ROOT``, once per process."""
-    return _fingerprint(tuple(roots), SOURCE_ROOT)
+def package_modules(name: str, root: Path | None = None) -> list[str]:
+    """Every module of package ``name`` under ``root`` (default ``SOURCE_ROOT``), itself included,
+    sorted; ``[name]`` for a plain module; ``[]`` when it is neither."""
+    root = root or SOURCE_ROOT
+    base = root.joinpath(*name.split("."))
+    if (base / "__init__.py").is_file():
+        found = []
+        for path in sorted(base.rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if "__pycache__" in parts:
+                continue
+            found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        return sorted(found)
+    return [name] if module_file(name, root) is not None else []
 
 
-@functools.lru_cache(maxsize=None)
-def _fingerprint(roots: tuple[str, ...], root: Path) -> str:
+def source_fingerprint() -> str:
+    """Hex digest of every module of ``SOURCE_PACKAGES`` (docstrings left out, keyed by dotted
+    name: no path) and of ``library_versions``: the key of the cheap caches, which any edit of the
+    computational source recomputes."""
+    root = SOURCE_ROOT
     digest = hashlib.sha256()
-    for name in closure(roots, root):
+    for name in sorted({m for package in SOURCE_PACKAGES for m in package_modules(package, root)}):
         digest.update(name.encode())
-        digest.update(_without_docstrings(_parsed(_root_file(name, root))).encode())
+        digest.update(_module_digest(module_file(name, root)).encode())
+    digest.update(json.dumps(library_versions(), sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def code_fingerprint(roots: tuple[str, ...]) -> str:
+    """Hex digest of the code of ``roots`` (module or package names) and of the computational
+    modules they import, transitively (``closure``), docstrings left out, each named by its dotted
+    name (no path); then ``library_versions``. The sources are read under ``SOURCE_ROOT``, again
+    whenever one changes on disk."""
+    root = SOURCE_ROOT
+    digest = hashlib.sha256()
+    for name in closure(tuple(roots), root):
+        digest.update(name.encode())
+        digest.update(_module_digest(_root_file(name, root)).encode())
     digest.update(json.dumps(library_versions(), sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
 def forget() -> None:
-    """Drop the parsed sources and fingerprints this process remembers (tests that edit code)."""
-    _parsed.cache_clear()
-    _fingerprint.cache_clear()
+    """Drop the parsed sources this process remembers (an edited file is read again anyway: the
+    caches are keyed by its mtime and size)."""
+    _parsed_at.cache_clear()
+    _digest_at.cache_clear()
+    _dependencies_at.cache_clear()

@@ -12,14 +12,19 @@ samples' metadata), go to ``results/<experiment>/repetitions.csv``: the paired c
 the findings read them. Raw and NS MMD are also measured with one bandwidth grid per layer
 shared by every row (``mmd_shared_median``, ``ns_mmd_shared_median``; ``Reference.shared_bandwidths``). A repetition that is missing or stale (settings or code changed since it was
 drawn) stops the stage with the files named and the command that redoes them: it is never mixed
-into the spread.
+into the spread. So does a reference zoo trained under another model, data or recipe config than
+this run's (``OtherRecipeError``, naming the fields that differ, the command that retrains it and
+``evaluate.allow_other_recipe=true``, which accepts it: metrics.csv's ``reference_recipe`` then
+says so; ``reference_config_hash`` always names the zoo's recipe). Every class of problem found
+(an incomplete reference, another recipe, missing or stale repetitions) is named in one error.
 
 The reference and its forms are cached by ``benchmark.reference``; each repetition's numbers are
 cached in ``store/<experiment>/eval/``, keyed by the files they were computed from, the reference's
 caches, the settings and the scoring code (``Reference.numbers_key``), so a second run recomputes
 nothing and a fix in the scoring code recomputes everything. A damaged reference checkpoint stops
 the stage with one error naming the files and the command that heals the zoo, never a table of
-failed rows. Damaged caches are recomputed.
+failed rows. Damaged caches (a number cache or a reference form: NaN, bit flip, truncation, a
+directory or a dangling symlink in its place) are named and recomputed.
 
 ``reference=hmc`` scores every row a second time, against full-batch HMC's draws
 (``benchmark.reference.HMCReference``: the chains of every repetition of ``hmc``/``multi``,
@@ -42,13 +47,13 @@ from tqdm.auto import tqdm
 from benchmark.config import ReferenceChoice
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
-    CheckpointError, SampleSetMetadata, StoreError, Unit, atomic_write_text, load_checkpoints_as_sample_set,
+    CheckpointError, SampleSetMetadata, StoreError, Unit, atomic_write_text, clear_non_file, load_checkpoints_as_sample_set,
     read_metadata, sealed_json, unsealed_json,
 )
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
-    MissingInputsError, StaleSamplesError, available_rows, describe_store, incomplete_range, reference_seeds,
-    reap_results_litter, require_inputs, row_label, row_units,
+    MissingInputsError, ReferenceRecipe, StaleSamplesError, available_rows, describe_store, incomplete_range,
+    reference_recipe, reference_seeds, reap_results_litter, require_inputs, row_label, row_units,
 )
 from benchmark.reference import ZOO_ROW, HMCReference, Reference, hmc_reference_problem
 from benchmark.results import (
@@ -59,6 +64,12 @@ from metrics.uncertainty import interval
 log = logging.getLogger(__name__)
 NAME = "evaluate"
 ZOO_LABEL = "Zoo (reference)"
+
+
+class OtherRecipeError(StoreError):
+    """The reference checkpoints were trained under another model, data or recipe config than this
+    run's; the message names the differing fields, the command that retrains them and the override
+    that accepts them (``evaluate.allow_other_recipe``)."""
 
 
 def needs(exp: Experiment) -> frozenset[str]:
@@ -77,6 +88,9 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
     require_inputs(exp, needs(exp) - made, f"stage={NAME}")
     if "reference" not in made:
         require_complete_reference(exp)
+        problem = reference_recipe(exp).problem(exp)
+        if problem is not None and not exp.config.evaluate.allow_other_recipe:  # the warning comes with run
+            raise OtherRecipeError(f"stage={NAME}: {problem}")
     if exp.config.reference == ReferenceChoice.hmc and not ("samples" in made and _samples_hmc(exp)):
         problem = hmc_reference_problem(exp)
         if problem is not None:
@@ -91,16 +105,34 @@ def _samples_hmc(exp: Experiment) -> bool:
 def require_complete_reference(exp: Experiment) -> None:
     """Refuse (``MissingInputsError``) a reference range with seeds not trained yet, naming how
     many and the command that trains them, unless ``evaluate.allow_partial`` (then one warning)."""
+    problem = incomplete_reference(exp)
+    if problem is not None:
+        raise MissingInputsError(problem)
+
+
+def incomplete_reference(exp: Experiment) -> str | None:
+    """Why the reference range cannot be evaluated against (seeds not trained yet, the command that
+    trains them), or ``None``; with ``evaluate.allow_partial`` one warning instead."""
     problem = incomplete_range(exp, exp.reference)
     if problem is None:
-        return
+        return None
     present = len(reference_seeds(exp))
     if exp.config.evaluate.allow_partial:
         log.warning("%s; evaluating with the %d converged checkpoints present (evaluate.allow_partial=true)",
                     problem, present)
-        return
-    raise MissingInputsError(f"stage={NAME} needs the whole reference zoo: {problem}; or pass "
-                             f"evaluate.allow_partial=true to evaluate with the {present} converged checkpoints present")
+        return None
+    return (f"stage={NAME} needs the whole reference zoo: {problem}; or pass "
+            f"evaluate.allow_partial=true to evaluate with the {present} converged checkpoints present")
+
+
+def other_recipe(exp: Experiment, recipe: ReferenceRecipe) -> str | None:
+    """Why the reference cannot be used (trained under another recipe: ``ReferenceRecipe.problem``),
+    or ``None``; with ``evaluate.allow_other_recipe`` one warning instead."""
+    if recipe.other and exp.config.evaluate.allow_other_recipe:
+        log.warning("%s; evaluating against them (evaluate.allow_other_recipe=true)", recipe.describe(exp))
+        return None
+    problem = recipe.problem(exp)
+    return None if problem is None else f"stage={NAME}: {problem}"
 
 
 def combine(row: dict[str, Any], repetitions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -126,15 +158,21 @@ def run(exp: Experiment) -> pd.DataFrame:
     rows = available_rows(exp)
     if not rows:
         raise StoreError(f"nothing to evaluate for {exp.name}: no sample set with predictions; the store holds: {describe_store(exp)}")
-    require_complete_reference(exp)
-    units, stale = {}, []
-    for method, mode in rows:  # every missing or stale repetition is named before any work
+    problems: list[tuple[type[StoreError], str]] = []  # every class of problem, named before any work
+    incomplete = incomplete_reference(exp)
+    if incomplete is not None:
+        problems.append((MissingInputsError, incomplete))
+    other = other_recipe(exp, reference_recipe(exp))
+    if other is not None:
+        problems.append((OtherRecipeError, other))
+    units = {}
+    for method, mode in rows:  # every missing or stale repetition
         try:
             units[(method, mode)] = row_units(exp, method, mode)
         except StaleSamplesError as err:
-            stale.append(str(err))
-    if stale:
-        raise StaleSamplesError(" | ".join(stale))
+            problems.append((StaleSamplesError, str(err)))
+    if problems:
+        raise problems[0][0](" | ".join(message for _, message in problems))
     zoo = Reference(exp)
     frame = _score_rows(exp, units, lambda unit: zoo)
     if exp.config.reference == ReferenceChoice.hmc:
@@ -175,9 +213,12 @@ def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], refer
 
 def _row(exp: Experiment, method: str, label: str, mode: str, ref: Reference) -> dict[str, Any]:
     """The identifying columns of a metrics row scored against ``ref``."""
+    recipe = ref.recipe  # the zoo's (the HMC reference has none)
     return {"experiment": exp.name, "experiment_label": exp.display_name, "method": method, "method_label": label,
             "mode": mode, "status": "ok", "reason": "", "ns_steps": "+".join(ref.steps),
-            "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}", "n_reference": ref.size}
+            "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}", "n_reference": ref.size,
+            "reference_config_hash": " ".join(recipe.config_hashes) if recipe else "",
+            "reference_recipe": recipe.note() if recipe else ""}
 
 
 def _score_against_hmc(exp: Experiment, units: dict[tuple[str, str], list[Unit]], zoo: Reference) -> pd.DataFrame:
@@ -248,6 +289,9 @@ def _cache_path(exp: Experiment, unit: Unit, against: str) -> Path:
 
 
 def _store_numbers(path: Path, key: str, numbers: dict[str, Any]) -> None:
+    removed = clear_non_file(path)  # a directory or a dangling symlink in its place
+    if removed:
+        log.warning("%s; writing these numbers there", removed)
     payload = json.loads(json.dumps({"key": key, "numbers": numbers}, default=_jsonable))
     atomic_write_text(path, sealed_json(payload))
 

@@ -19,8 +19,10 @@ and cluster nodes (``store.claim``).
 
 Markov-chain methods (``ResumableChains``: ``hmc``) run their chains first, one chain per base,
 each under its own claim (``store.chain_claim``), up to the method's ``chains_at_once`` chains of
-a unit together, with their states saved in the unit's chain folder (``store.chains_dir``) as they
-go: a killed run resumes each chain where its last state was saved (bit for bit), and several jobs
+a unit together, with their states saved in the unit's ``ChainFiles`` (``store.chain_files``: the
+store names the files, and the states carry the unit's key, ``inventory.chain_key``: the key of its
+samples with the method's own fingerprint of its data; a state of another key, left by a run
+before a change of settings, code, data or zoo, is never resumed and is removed) as they go: a killed run resumes each chain where its last state was saved (bit for bit), and several jobs
 share a unit's chains. The job that finds every chain of a unit finished publishes the unit as any
 other (its ``fit``/``sample`` read the finished chains); the chain states stay in the store (the
 per-chain diagnostics: acceptance, energies, step sizes, divergences). A unit whose chains run
@@ -29,7 +31,9 @@ elsewhere is skipped as busy.
 Self-healing: a stored unit whose sample set or predictions fail validation (unreadable,
 truncated, checksum mismatch, NaN/Inf, wrong keys or shapes, another experiment's) has the bad
 file moved to ``quarantine/`` beside it (one log line naming it) and is redrawn. A unit whose
-metadata differ from the current settings or code is stale and redrawn in place.
+metadata differ from the current settings or code, or whose base checkpoints changed since
+(``base_digests``), is stale: its files are moved to ``quarantine/`` too (``sample.keep_stale``;
+false removes them) and it is redrawn.
 
 Every unit is built and checked (``check``) before any training. With ``method=all`` a unit that
 fails while fitting (NaN, no base converges) is logged, writes nothing, and the stage goes on,
@@ -50,14 +54,14 @@ from benchmark.config import ConfigError
 from benchmark.core.fingerprint import library_versions
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
-    AlreadyPublishedError, CheckpointError, SampleSet, SampleSetMetadata, StoreError, Unit, load_checkpoint, load_sample_set,
+    AlreadyPublishedError, ChainFiles, CheckpointError, SampleSet, quarantine, SampleSetMetadata, StoreError, Unit, load_checkpoint, load_sample_set,
     remove_temp_files_of, save_sample_set, validate_tensors,
 )
 from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
     converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, pool_size, quarantine_and_redo,
-    repetition_stride, sample_settings_hash, unit_state, untrained_seeds,
+    base_digests, chain_key, repetition_stride, sample_settings_hash, unit_state, untrained_seeds,
 )
 from benchmark.core.store.importing import imported_archives
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
@@ -132,7 +136,7 @@ def settings_metadata(exp: Experiment, job: Job, seeds: tuple[int, ...], diagnos
         experiment=exp.name, method=unit.method, label=method_class(str(unit.method)).label, mode=unit.mode,
         repetition=unit.repetition, base_seeds=list(seeds), samples_per_base=plan.samples_per_base,
         n_samples=plan.n_samples, config_hash=exp.config_hash, settings_hash=sample_settings_hash(exp, str(unit.method)),
-        diagnostics=diagnostics, versions=library_versions(),
+        diagnostics=diagnostics, versions=library_versions(), base_digests=base_digests(exp, seeds),
     )
 
 
@@ -282,18 +286,19 @@ def advance_chains(exp: Experiment, job: Job) -> bool:
     a claim was lost). Called before the unit's own claim, so jobs can share a unit's chains."""
     method, unit, plan = job.method, job.unit, job.plan
     assert isinstance(method, ResumableChains)
-    directory = exp.store.chains_dir(unit)
+    files = exp.store.chain_files(unit, chain_key(exp, method))
+    clear_stale_chains(files, unit)
     seeds = list(plan.candidates[: plan.bases])
-    method.use_chain_states(directory)
+    method.use_chain_states(files)
     while True:
-        todo = [s for s in seeds if not method.chain_finished(directory, s, plan.samples_per_base)]
+        todo = [s for s in seeds if not method.chain_finished(files, s, plan.samples_per_base)]
         if not todo:
             return True
         with contextlib.ExitStack() as stack:
             group, claims = [], []
             for seed in todo:
                 claim = stack.enter_context(exp.store.chain_claim(unit, seed))
-                if claim is None or method.chain_finished(directory, seed, plan.samples_per_base):
+                if claim is None or method.chain_finished(files, seed, plan.samples_per_base):
                     continue  # run elsewhere, or finished meanwhile
                 group.append(seed)
                 claims.append(claim)
@@ -303,9 +308,22 @@ def advance_chains(exp: Experiment, job: Job) -> bool:
                 log.info("%s: chains %s run elsewhere", unit.label, todo)
                 return False
             log.info("%s: running chains of bases %s (%d of %d unfinished)", unit.label, group, len(todo), len(seeds))
-            if not method.run_chains_in(directory, group, lambda seed: load_base(exp, seed), plan.samples_per_base,
+            if not method.run_chains_in(files, group, lambda seed: load_base(exp, seed), plan.samples_per_base,
                                         lambda: any(c.lost for c in claims)):
                 return False
+
+
+def clear_stale_chains(files: ChainFiles, unit: Unit) -> list[Path]:
+    """Remove the chain states of ``unit`` run under another key than ``files.key`` (settings,
+    code, data or zoo changed since: never resumed, never published) or unreadable, with one log
+    line; the removed files. A state of the current key (another job's, in flight) is left alone."""
+    stale = files.stale()
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if stale:
+        log.warning("%s: removed %d chain state(s) of another key or damaged (%s)", unit.label, len(stale),
+                    "; ".join(stale.values()))
+    return list(stale)
 
 
 def chain_convergence(probs: torch.Tensor, plan: ModePlan, labels: torch.Tensor) -> dict[str, float]:
@@ -334,6 +352,22 @@ def write_job(exp: Experiment, job: Job, claim=None) -> tuple[int, ...] | None:
     metadata = settings_metadata(exp, job, seeds, diagnostics).encode()
     publish_unit(exp, job.unit, samples, preds, metadata, claim)
     return seeds
+
+
+def keep_stale(exp: Experiment, unit: Unit, why: str) -> list[Path]:
+    """Move the files of a stale unit (drawn under other settings or code: ``why``) to
+    ``quarantine/`` beside them, with one log line, before it is drawn again (under its claim;
+    ``sample.keep_stale=false`` removes them instead); the new paths."""
+    moved = []
+    for path in exp.store.unit_paths(unit):
+        try:
+            moved.append(quarantine(path, f"stale: {why}"))
+        except FileNotFoundError:
+            continue
+    if moved:
+        log.info("%s: the stale files were moved to %s (sample.keep_stale=false removes them)", unit.label,
+                 ", ".join(str(p) for p in moved))
+    return moved
 
 
 def clear_unit(exp: Experiment, unit: Unit) -> None:
@@ -394,6 +428,8 @@ def run(exp: Experiment) -> SampleSummary:
                 continue
             if quarantine_and_redo(state.corrupt, f"{unit.label} will be drawn again"):
                 summary.quarantined[unit.label] = "; ".join(state.corrupt.values())
+            elif state.stale and exp.config.sample.keep_stale:
+                keep_stale(exp, unit, state.stale)
             clear_unit(exp, unit)
             try:
                 seeds = write_job(exp, job, claim)

@@ -29,6 +29,8 @@ also when ``repair`` moved it.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +39,12 @@ from tqdm.auto import tqdm
 
 from benchmark.config import CONF_DIR, ConfigError, Repair, VerifyScope, compose_config
 from benchmark.core.store import (
-    CheckpointError, ExperimentStore, StoreError, Unit, check_file, claims_in, file_format, quarantined, read_metadata,
-    remove_temp_files_of, stale_reason, stored_checksums,
+    CheckpointError, ExperimentStore, StoreError, Unit, broken_link, check_file, claims_in, file_format, quarantined,
+    read_metadata, remove_temp_files_of, stale_reason, stored_checksums, unsealed_json,
 )
 from benchmark.core.store.atomic import is_temp_file
 from benchmark.experiment import Experiment
+from benchmark.reference import Reference
 from benchmark.inventory import (
     UnitState, checkpoint_staleness, expected_units, quarantine_and_redo, quarantined_seeds, seed_problem, unit_state,
 )
@@ -82,10 +85,14 @@ class ExperimentHealth:
     temp_files: list[Path] = field(default_factory=list)
     claims: Counter = field(default_factory=Counter)
     metadata_unverified: int = 0  # valid files of store format 1: tensors checksummed, metadata not
+    caches: Counter = field(default_factory=Counter)  # "reference" / "numbers": cache files checked
+    damaged_caches: dict[Path, str] = field(default_factory=dict)  # cache file -> what is wrong
+    orphans: dict[Path, int] = field(default_factory=dict)  # cache folder of no current key -> its size in bytes
+    cache_actions: dict[Path, str] = field(default_factory=dict)  # what this run did about each of the two above
 
     @property
     def bad(self) -> bool:
-        return any(p.counts for p in self.problems)
+        return any(p.counts for p in self.problems) or bool(self.damaged_caches)
 
     def lines(self) -> list[str]:
         """The report: one summary line per part, then one line per problem."""
@@ -103,6 +110,14 @@ class ExperimentHealth:
                        "metadata not; usable, rewritten in the current format when their unit is redone)")
         out.append(f"  temp files of killed writes: {len(self.temp_files)}; claims: "
                    + counts(self.claims, ("live", "stale")))
+        out.append(f"  caches: {self.caches.get('reference', 0)} reference file(s), {self.caches.get('numbers', 0)} "
+                   f"number cache(s), {len(self.damaged_caches)} damaged; {len(self.orphans)} orphaned cache folder(s) "
+                   f"({sum(self.orphans.values()) / 2**20:.1f} MiB)")
+        for path, reason in self.damaged_caches.items():
+            out.append(f"  CORRUPT CACHE: {reason} -> {self.cache_actions.get(path, '')}")
+        for path, size in self.orphans.items():
+            out.append(f"  ORPHANED CACHE: {path} ({size / 2**20:.1f} MiB; made for a key no current config uses: other "
+                       f"code, settings or inputs) -> {self.cache_actions.get(path, '')}")
         for problem in self.problems:
             kind = problem.kind.upper() if problem.counts else f"POSSIBLY {problem.kind.upper()}"
             out.append(f"  {kind}: {problem.reason} -> {problem.action}")
@@ -158,6 +173,8 @@ def run(exp: Experiment) -> list[ExperimentHealth]:
         check_zoo(target, store, health)
         check_samples(target, store, health)
         check_leftovers(store, health, Path(exp.config.results) / name)
+        check_caches(target, store, health)
+        repair_caches(health, mode)
         current = name == exp.name
         for problem in health.problems:
             problem.counts = problem.kind == "corrupt" or current or not problem.judged
@@ -168,10 +185,10 @@ def run(exp: Experiment) -> list[ExperimentHealth]:
             health.claims["stale"] -= min(reaped, health.claims["stale"])
         for line in health.lines():
             (log.error if health.bad and line.lstrip().startswith(("CORRUPT", "STALE")) else
-             log.warning if line.lstrip().startswith("POSSIBLY") else log.info)("%s", line)
+             log.warning if line.lstrip().startswith(("POSSIBLY", "ORPHANED")) else log.info)("%s", line)
         reports.append(health)
     bad = [h for h in reports if h.bad]
-    n = sum(p.counts for h in bad for p in h.problems)
+    n = sum(p.counts for h in bad for p in h.problems) + sum(len(h.damaged_caches) for h in bad)
     if bad:
         done = {Repair.off: "run with verify.repair=true to quarantine what is corrupt (verify.repair=stale: "
                             "also what is stale in this experiment)",
@@ -222,10 +239,13 @@ def check_zoo(exp: Experiment | None, store: ExperimentStore, health: Experiment
             problem = seed_problem(exp, seed, shapes)
         else:
             try:
-                check_file(path, expect={"experiment": store.experiment, "seed": str(seed)})
-                problem = None
+                problem = broken_link(path)
+                if problem is None:
+                    check_file(path, expect={"experiment": store.experiment, "seed": str(seed)})
             except CheckpointError as err:
                 problem = str(err)
+            except OSError as err:
+                problem = f"{path}: unreadable ({err.strerror or err})"
         unit = store.seed_unit(seed)
         redo = f"{zoo_command} retrains seed {seed}"
         if problem:
@@ -304,6 +324,74 @@ def check_samples(exp: Experiment | None, store: ExperimentStore, health: Experi
     counter["quarantined"] = len(quarantined(store.samples_dir)) + len(quarantined(store.preds_dir))
 
 
+def check_caches(exp: Experiment | None, store: ExperimentStore, health: ExperimentHealth) -> None:
+    """Validate every cache file of ``reference/`` (checksums, finite values; the streamed forms'
+    folders too) and ``eval/`` (sealed JSON), and list the form folders (``canonical-<key>``,
+    ``aligned-<key>``) no current key uses, with their size (judged only with an experiment whose
+    reference can be built)."""
+    current: set[str] | None = None
+    if exp is not None:
+        try:
+            reference = Reference(exp)
+            current = {f"{name}-{reference.key(name)}" for name in ("canonical", "aligned")}
+        except (StoreError, CheckpointError, OSError):
+            current = None  # no reference to judge against: folders are not called orphaned
+    folder = store.reference_dir
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    for entry in entries:
+        if entry.name.startswith(".") or entry.name == "quarantine":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            if current is not None and entry.name.startswith(("canonical-", "aligned-")) and entry.name not in current:
+                health.orphans[entry] = sum(p.lstat().st_size for p in entry.rglob("*"))
+                continue
+            files = sorted(p for p in entry.iterdir() if not p.name.startswith("."))
+        else:
+            files = [entry]
+        for path in files:
+            health.caches["reference"] += 1
+            problem = _cache_problem(path, lambda p: check_file(p, expect={}))
+            if problem:
+                health.damaged_caches[path] = problem
+    numbers = sorted(p for p in store.eval_dir.iterdir() if not p.name.startswith(".")) if store.eval_dir.is_dir() else []
+    for path in numbers:
+        health.caches["numbers"] += 1
+        problem = _cache_problem(path, lambda p: unsealed_json(p.read_text(encoding="utf-8"), str(p)))
+        if problem:
+            health.damaged_caches[path] = problem
+
+
+def _cache_problem(path: Path, read) -> str | None:
+    """What is wrong with cache file ``path`` (``read(path)`` raising, a directory or a symlink
+    that leads nowhere in its place), or ``None``."""
+    broken = broken_link(path)
+    if broken:
+        return broken
+    if path.is_dir():
+        return f"{path}: a directory in place of a cache file"
+    try:
+        read(path)
+    except CheckpointError as err:
+        return str(err)
+    except (OSError, ValueError) as err:
+        return f"{path}: unreadable ({getattr(err, 'strerror', None) or err})"
+    return None
+
+
+def repair_caches(health: ExperimentHealth, mode: Repair) -> None:
+    """With ``verify.repair``, remove each damaged cache file and orphaned cache folder (a cache
+    is rebuilt by the next evaluate run: nothing to keep); say what was or would be done."""
+    for path in [*health.damaged_caches, *health.orphans]:
+        if mode is Repair.off:
+            health.cache_actions[path] = "python -m benchmark stage=verify verify.repair=true removes it"
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            Path(path).unlink(missing_ok=True)
+        health.cache_actions[path] = "removed (the next evaluate run rebuilds what it needs)"
+
+
 def _integrity_only(store: ExperimentStore, unit: Unit) -> UnitState:
     paths = store.unit_paths(unit)
     state = UnitState(missing=not all(p.is_file() for p in paths))
@@ -336,7 +424,7 @@ def fix(store: ExperimentStore, problem: Problem) -> str:
     with store.claim(problem.unit) as claim:
         if claim is None:
             return "left as is: its unit is being worked on by another process (run verify again later)"
-        if not problem.path.exists():
+        if not os.path.lexists(problem.path):
             return "already gone (another process moved or replaced it)"
         if _identity(problem.path) != problem.identity:
             return "left as is: the file was replaced since it was checked (run verify again)"
@@ -347,11 +435,15 @@ def fix(store: ExperimentStore, problem: Problem) -> str:
 
 
 def _identity(path: Path) -> tuple | None:
-    """(device, inode, size, mtime in ns) of ``path``; ``None`` when it is absent."""
+    """(device, inode, size, mtime in ns) of ``path`` (of the link itself for a symlink that leads
+    nowhere); ``None`` when it is absent."""
     try:
         st = path.stat()
-    except FileNotFoundError:
-        return None
+    except OSError:
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            return None
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -32,7 +33,9 @@ from benchmark.core.store import AlreadyPublishedError, CheckpointMetadata, Clai
 from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
 from benchmark.core.training.vectorised import train_networks
 from benchmark.experiment import Experiment, SeedRange
-from benchmark.inventory import RangeState, heldout_shortfall, quarantine_and_redo, range_state, seed_problem
+from benchmark.inventory import (
+    RangeState, heldout_shortfall, quarantine_and_redo, range_state, seed_problem, seed_staleness,
+)
 
 log = logging.getLogger(__name__)
 NAME = "zoo"
@@ -120,7 +123,7 @@ def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: s
         model = exp.model().to(exp.device)
     model.load_state_dict(result.state_dict)
     return CheckpointMetadata(
-        experiment=exp.name, seed=seed, role=role, config_hash=exp.config_hash,
+        experiment=exp.name, seed=seed, role=role, config_hash=exp.config_hash, config=exp.recipe_config,
         train_accuracy=result.train_accuracy, validation_accuracy=result.check_accuracy,
         test_accuracy=accuracy(model, *exp.test_tensors), epochs=result.epochs_run, trainer=trainer,
         crosscheck=crosscheck, versions=library_versions(),
@@ -172,12 +175,12 @@ def _claim(exp: Experiment, pending: Iterator[int], count: int, held: contextlib
             summary.skipped_busy.append(seed)
             continue
         remove_temp_files_of(store.checkpoint_path(seed))  # left by a writer killed mid-write
-        problem = seed_problem(exp, seed, shapes)  # again, under the claim
+        problem = seed_problem(exp, seed, shapes) or _other_recipe(exp, seed)  # again, under the claim
         if problem is None and (store.checkpoint_path(seed).exists() or store.failed_path(seed).exists()):
             summary.skipped_done.append(seed)
             continue
         if problem is not None:
-            damaged = store.checkpoint_path(seed) if store.checkpoint_path(seed).exists() else store.failed_path(seed)
+            damaged = store.checkpoint_path(seed) if os.path.lexists(store.checkpoint_path(seed)) else store.failed_path(seed)
             if quarantine_and_redo({damaged: problem}, f"seed {seed} will be trained again"):
                 summary.quarantined[seed] = problem
         claimed[seed] = claim
@@ -285,11 +288,13 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
     summary = ZooSummary()
     mine = [s for s in seeds if s % num_shards == shard]
     shapes = exp.shapes()
-    stored = sorted(set(mine) & (set(store.completed_seeds()) | set(store.unreadable_failure_records())))
+    recorded = set(store.failed_seeds())  # valid failure records: checked for their recipe only
+    stored = sorted(set(mine) & (set(store.completed_seeds()) | set(store.unreadable_failure_records()) | recorded))
     problems = {}
     for seed in tqdm(stored, desc=f"validate zoo {exp.name} {seeds.role}", unit="file", dynamic_ncols=True,
                      disable=len(stored) < 50):
-        problem = seed_problem(exp, seed, shapes)
+        valid = seed in recorded and not store.checkpoint_path(seed).exists()
+        problem = (None if valid else seed_problem(exp, seed, shapes)) or _other_recipe(exp, seed)
         if problem:
             problems[seed] = problem
     done, failed = set(store.completed_seeds()), set(store.failed_seeds())
@@ -321,6 +326,12 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
     return summary
 
 
+def _other_recipe(exp: Experiment, seed: int) -> str | None:
+    """Why the stored checkpoint or failure record of ``seed`` is to be trained again: made under
+    another config (``inventory.seed_staleness``), unless ``zoo.keep_other_recipe``."""
+    return None if exp.config.zoo.keep_other_recipe else seed_staleness(exp, seed)
+
+
 def _warn_stale(exp: Experiment, seeds: list[int]) -> None:
     """One line when checkpoints of the range were trained with another model/data/recipe config."""
     stale = []
@@ -333,5 +344,5 @@ def _warn_stale(exp: Experiment, seeds: list[int]) -> None:
             stale.append(seed)
     if stale:
         log.warning("%d checkpoint(s) of %s (seeds %s) were trained with another config (config_hash differs from "
-                    "%s); kept. python -m benchmark stage=verify lists them", len(stale), exp.store.zoo_dir,
+                    "%s); kept (zoo.keep_other_recipe=true). python -m benchmark stage=verify lists them", len(stale), exp.store.zoo_dir,
                     stale[:5] + (["..."] if len(stale) > 5 else []), exp.config_hash)

@@ -47,6 +47,8 @@ def test_help_introduces_the_suite(cli):
         (["seeds.heldout=[100,300]"], "seeds.reference=[0, 1450] and seeds.heldout=[100, 300] overlap"),
         (["-m", "method=swag,mcmc"], "method: Invalid value 'mcmc', expected one of [all, dropout, bnn"),
         (["-m", "zoo.num_shards=2", "zoo.shard=range(3)"], "zoo.shard=2: expected an integer in [0, num_shards=2)"),
+        (["store="], "store='': expected a folder path (empty is refused: pass store=. for the current directory)"),
+        (["results="], "results='': expected a folder path"),
     ],
 )
 def test_bad_values_are_refused_in_one_line(argv, message):

@@ -35,7 +35,11 @@ def _cache_key(exp: Experiment, name: str) -> str:
     return read_metadata(exp.store.reference_dir / f"{name}.safetensors")["key"]
 
 
-def test_a_code_change_in_metrics_symmetries_makes_the_canonical_cache_stale(zoo, tmp_path, monkeypatch):
+def test_an_edit_of_a_symmetry_spec_makes_every_reference_cache_stale(zoo, tmp_path, monkeypatch):
+    """Issue #30, item 1: ``metrics/symmetries/architectures.py`` is reached through
+    ``spec_for_model`` (data), not through the imports of ``metrics.symmetries.canonical``; an
+    edit of ``chain_spec`` kept the canonical and aligned caches. Every cache is now keyed by the
+    whole computational source."""
     ref = Reference(zoo)
     ref.canonical()
     ref.predictive()
@@ -44,14 +48,12 @@ def test_a_code_change_in_metrics_symmetries_makes_the_canonical_cache_stale(zoo
     copy = tmp_path / "source"
     for package in ("methods", "metrics", "benchmark/core", "benchmark"):
         shutil.copytree(REPO / package, copy / package, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
-    sorting = copy / "metrics" / "symmetries" / "sorting.py"
-    sorting.write_text(sorting.read_text().replace("import torch\n", "import torch\nFIXED_IN_A_LATER_VERSION = True\n", 1))
+    spec = copy / "metrics" / "symmetries" / "architectures.py"
+    spec.write_text(spec.read_text().replace("def chain_spec(", "FIXED_IN_A_LATER_VERSION = True\n\n\ndef chain_spec(", 1))
     monkeypatch.setattr(fingerprint, "SOURCE_ROOT", copy)
-    fingerprint.forget()
     try:
         again = Reference(zoo)
-        assert again.key("canonical") != keys["canonical"] and again.key("aligned") != keys["aligned"]
-        assert again.key("predictive") == keys["predictive"] and again.key("zoo") == keys["zoo"]
+        assert all(again.key(name) != key for name, key in keys.items())
         again.canonical()  # rebuilt under the new key
         assert _cache_key(zoo, "canonical") == again.key("canonical")
     finally:
@@ -81,3 +83,22 @@ def test_keys_follow_settings_inputs_and_device(zoo, tmp_path):
     on_cpu = ref.key("canonical")
     ref.exp.__dict__["device"] = torch.device("meta")  # a device type other than the one the caches were built on
     assert Reference(ref.exp).key("canonical") != on_cpu
+
+
+def test_the_input_files_key_holds_no_absolute_path_so_a_moved_store_keeps_its_caches(tmp_path):
+    """Issue #30, item 4: the caches' keys held absolute paths (and mtimes): a moved or copied
+    store rebuilt every cache and left the old folders behind."""
+    import shutil
+
+    from benchmark.core.store import save_checkpoint
+    from benchmark.reference import files_key
+
+    first = tmp_path / "a" / "zoo" / "seed_000001.safetensors"
+    first.parent.mkdir(parents=True)
+    save_checkpoint(first, {"w": torch.ones(3)}, {"seed": 1})
+    moved = tmp_path / "b" / "zoo" / first.name
+    moved.parent.mkdir(parents=True)
+    shutil.copyfile(first, moved)  # a copy: new mtime, same content
+    assert files_key([first]) == files_key([moved]) and str(tmp_path) not in str(files_key([first]))
+    save_checkpoint(moved, {"w": torch.zeros(3)}, {"seed": 1})
+    assert files_key([first]) != files_key([moved])

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmark.core.settings import SettingsError
+from benchmark.core.store import ChainFiles
 from benchmark.core.training import Recipe, TrainingData, seeded
 from methods.base import MethodConfigError
 from methods.base import MethodFitError
@@ -282,18 +283,18 @@ def test_a_killed_chain_resumes_bit_for_bit(tmp_path, monkeypatch):
 
     monkeypatch.setattr(StackedHMC, "iterate", iterate_then_die)
     with pytest.raises(Killed):
-        method.run_chains(method.start_chains([3, 4]), 6, state_dir=tmp_path, progress=False)
+        method.run_chains(method.start_chains([3, 4]), 6, files=ChainFiles(tmp_path), progress=False)
     monkeypatch.setattr(StackedHMC, "iterate", original)
     saved = ChainState.load(tmp_path / "seed_000003.safetensors")
     assert saved.phase == SAMPLING and 0 < len(saved.draws) < 6, "killed mid-sampling"
-    resumed = method.run_chains(method.start_chains([3, 4]), 6, state_dir=tmp_path, progress=False)
+    resumed = method.run_chains(method.start_chains([3, 4]), 6, files=ChainFiles(tmp_path), progress=False)
     for a, b in zip(uninterrupted, resumed):
         assert torch.equal(a.draws, b.draws) and torch.equal(a.position, b.position)
         assert a.accept_probs == b.accept_probs and a.energies == b.energies and a.step_size == b.step_size
         assert torch.equal(a.inverse_mass, b.inverse_mass) and a.n_leapfrog == b.n_leapfrog
     other = small_method(trajectory_length=0.5)
     with pytest.raises(ValueError, match="seed_000003.safetensors: saved under other HMC settings"):
-        other.run_chains(other.start_chains([3]), 6, state_dir=tmp_path, progress=False)
+        other.run_chains(other.start_chains([3]), 6, files=ChainFiles(tmp_path), progress=False)
 
 
 def test_a_chain_does_not_depend_on_the_chains_beside_it_and_matches_the_sample_protocol():
@@ -341,25 +342,25 @@ def test_the_forward_implementations_agree():
 def test_the_sample_protocol_resumes_saved_chains_and_restarts_stale_or_damaged_ones(tmp_path, caplog):
     method = small_method()
     expected = method.run_chains(method.start_chains([4]), 4, progress=False)[0]
-    method.use_chain_states(tmp_path)
-    assert not method.chain_finished(tmp_path, 4, 4)
+    method.use_chain_states(ChainFiles(tmp_path))
+    assert not method.chain_finished(ChainFiles(tmp_path), 4, 4)
     with torch.random.fork_rng():
         method.fit({}, 4)
         first = method.sample(4, torch.Generator().manual_seed(4))
-    assert method.chain_finished(tmp_path, 4, 4) and not method.chain_finished(tmp_path, 4, 5)
+    assert method.chain_finished(ChainFiles(tmp_path), 4, 4) and not method.chain_finished(ChainFiles(tmp_path), 4, 5)
     assert torch.equal(ChainState.load(tmp_path / "seed_000004.safetensors").draws, expected.draws)
     assert all(torch.equal(first[k], v) for k, v in method.chain_samples(expected).items())
     other = small_method(trajectory_length=0.5)  # other settings: the saved chain is stale
-    assert not other.chain_finished(tmp_path, 4, 4)
-    assert other.run_chains_in(tmp_path, [4], lambda seed: {}, 4, should_stop=lambda: False)
-    assert "saved under other HMC settings" in caplog.text and other.chain_finished(tmp_path, 4, 4)
+    assert not other.chain_finished(ChainFiles(tmp_path), 4, 4)
+    assert other.run_chains_in(ChainFiles(tmp_path), [4], lambda seed: {}, 4, should_stop=lambda: False)
+    assert "saved under other HMC settings" in caplog.text and other.chain_finished(ChainFiles(tmp_path), 4, 4)
     path = tmp_path / "seed_000004.safetensors"
     path.write_bytes(path.read_bytes()[:-8])  # truncated
-    assert not other.chain_finished(tmp_path, 4, 4)
-    assert other.run_chains_in(tmp_path, [4], lambda seed: {}, 4, should_stop=lambda: False)
-    assert "unreadable" in caplog.text and other.chain_finished(tmp_path, 4, 4)
+    assert not other.chain_finished(ChainFiles(tmp_path), 4, 4)
+    assert other.run_chains_in(ChainFiles(tmp_path), [4], lambda seed: {}, 4, should_stop=lambda: False)
+    assert "unreadable" in caplog.text and other.chain_finished(ChainFiles(tmp_path), 4, 4)
     stopped = small_method(warmup=30)
-    assert not stopped.run_chains_in(tmp_path / "b", [5], lambda seed: {}, 4, should_stop=lambda: True)  # a lost claim
+    assert not stopped.run_chains_in(ChainFiles(tmp_path / "b"), [5], lambda seed: {}, 4, should_stop=lambda: True)  # a lost claim
     assert ChainState.load(tmp_path / "b" / "seed_000005.safetensors").iteration == 1  # saved, then stopped
 
 
@@ -417,7 +418,7 @@ def test_init_starts_descend_and_a_start_below_the_accuracy_floor_is_drawn_again
 
 def test_a_resumed_chain_does_not_redo_its_start(tmp_path, monkeypatch):
     method = small_method(descent_steps=20)
-    assert method.run_chains_in(tmp_path, [3], lambda seed: {}, 2, should_stop=lambda: False)
+    assert method.run_chains_in(ChainFiles(tmp_path), [3], lambda seed: {}, 2, should_stop=lambda: False)
     calls = {"n": 0}
     original = HMCMethod.descend
 
@@ -426,6 +427,29 @@ def test_a_resumed_chain_does_not_redo_its_start(tmp_path, monkeypatch):
         return original(self, q, progress)
 
     monkeypatch.setattr(HMCMethod, "descend", counted)
-    assert method.run_chains_in(tmp_path, [3, 4], lambda seed: {}, 2, should_stop=lambda: False)
+    assert method.run_chains_in(ChainFiles(tmp_path), [3, 4], lambda seed: {}, 2, should_stop=lambda: False)
     assert calls["n"] == 1  # chain 4's start only
     assert ChainState.load(tmp_path / "seed_000004.safetensors").origin == {"init_seed": init_seed(4), "attempt": 0}
+
+
+def test_saved_chains_are_keyed_by_their_unit_and_the_code_and_a_stale_one_is_never_resumed(tmp_path, monkeypatch):
+    """Issue #30, item 3: the chains' key was hand-written (settings, data size, layout): after a fix
+    to ``methods/hmc_kernel.py`` the old states were still accepted. They are named by the store
+    (``ChainFiles.path``), carry the unit's key, and the method's fingerprint holds its code and data."""
+    import methods.hmc as hmc
+
+    method = small_method(warmup=4)
+    files = ChainFiles(tmp_path, key="unit-key-a")
+    assert method.run_chains_in(files, [3], lambda seed: {}, 2, should_stop=lambda: False)
+    assert [p.name for p in files.saved()] == [files.path(3).name] and method.chain_finished(files, 3, 2)
+    assert files.stale() == {}
+    other = ChainFiles(tmp_path, key="unit-key-b")  # the unit's key changed: code, settings, data or zoo
+    assert not method.chain_finished(other, 3, 2)
+    assert list(other.stale()) == [files.path(3)] and "run under key unit-key-a" in other.stale()[files.path(3)]
+    before = method.fingerprint()
+    monkeypatch.setattr(hmc, "code_fingerprint", lambda roots: "edited")  # a fix in methods/hmc*.py
+    assert method.fingerprint() != before
+    images, labels = toy_data()
+    relabelled = HMCMethod(logistic_factory, TrainingData(train=None, train_tensors=(images, labels.roll(1)), check=None),
+                           method.settings, recipe=method.recipe)
+    assert relabelled.fingerprint() != method.fingerprint()  # same size, other data

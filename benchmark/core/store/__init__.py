@@ -1,7 +1,9 @@
 """The checkpoint store: safetensors files with metadata and content checksums, atomic writes,
 validated reads, quarantine of files that fail validation, claims that hold across cluster
 nodes, layer-at-a-time and column-block reads for zoos too large for memory."""
-from benchmark.core.store.atomic import AlreadyPublishedError, atomic_path, atomic_write_text, remove_temp_files_of, temp_files_of
+from benchmark.core.store.atomic import (
+    AlreadyPublishedError, atomic_path, atomic_write_text, broken_link, clear_non_file, remove_temp_files_of, temp_files_of,
+)
 from benchmark.core.store.checkpoint import (
     check_finite,
     load_checkpoint,
@@ -9,6 +11,7 @@ from benchmark.core.store.checkpoint import (
     save_checkpoint,
     validate_tensors,
 )
+from benchmark.core.store.chains import ChainFiles
 from benchmark.core.store.checksum import ChecksumError, content_digest, file_format, sealed_json, stored_checksums, unsealed_json
 from benchmark.core.store.claims import Claim, ClaimInfo, claims_in, host_name, read_claim as read_claim_info, stale_reason, try_claim
 from benchmark.core.store.errors import CheckpointError, StoreError
@@ -34,7 +37,7 @@ from benchmark.core.store.sampleset import (
 from benchmark.core.store.sources import CheckpointFiles, SampleSetFile
 
 __all__ = [
-    "AlreadyPublishedError", "atomic_path", "atomic_write_text", "remove_temp_files_of", "temp_files_of", "check_finite", "load_checkpoint",
+    "AlreadyPublishedError", "ChainFiles", "atomic_path", "broken_link", "clear_non_file", "atomic_write_text", "remove_temp_files_of", "temp_files_of", "check_finite", "load_checkpoint",
     "read_metadata", "save_checkpoint", "validate_tensors", "ChecksumError", "content_digest", "file_format", "sealed_json", "stored_checksums", "unsealed_json",
     "Claim", "ClaimInfo", "claims_in", "host_name", "read_claim_info", "stale_reason", "try_claim", "CheckpointError", "StoreError", "CheckpointMetadata", "SampleSetMetadata", "encode_metadata",
     "ExperimentStore", "MAX_SEED", "MODES", "Unit", "Quarantined", "quarantine", "quarantined", "check_file", "verify_file_tensors",

@@ -21,6 +21,7 @@ import contextlib
 import errno
 import logging
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -52,16 +53,22 @@ def atomic_path(path: str | os.PathLike, exclusive: bool = False) -> Iterator[Pa
     mode = os.fstat(fd).st_mode & 0o7777
     os.close(fd)
     try:
-        yield tmp
-        with open(tmp, "rb+") as fh:
-            if os.fstat(fh.fileno()).st_mode & 0o7777 != mode:
-                os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
-        if exclusive:
-            _publish_exclusive(tmp, final)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        try:
+            yield tmp
+            with open(tmp, "rb+") as fh:
+                if os.fstat(fh.fileno()).st_mode & 0o7777 != mode:
+                    os.fchmod(fh.fileno(), mode)
+                os.fsync(fh.fileno())
+            if exclusive:
+                _publish_exclusive(tmp, final)
+            else:
+                os.replace(tmp, final)
+            _fsync_dir(final.parent)
+        except OSError as err:
+            if err.filename is not None or isinstance(err, AlreadyPublishedError):
+                raise
+            # e.g. "No space left on device" from a writer that names no file: name the one being written
+            raise type(err)(err.errno, f"{err.strerror or err} (writing {final})", str(final)) from err
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -98,6 +105,36 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def broken_link(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is a symlink that leads nowhere (its target missing, or a loop of links), in
+    one line naming it; ``None`` for anything else (a symlink to a file is followed)."""
+    path = Path(path)
+    if not path.is_symlink():
+        return None
+    try:
+        path.stat()
+    except OSError as err:
+        return f"{path}: a symlink that leads nowhere ({err.strerror or err})"
+    return None
+
+
+def clear_non_file(path: str | os.PathLike) -> str | None:
+    """Remove what stands at ``path`` in place of a regular file (a directory, a dangling
+    symlink or a symlink loop), so that a cache can be written there again; what was removed
+    (``None``: nothing there, or a regular file, or a symlink to one)."""
+    path = Path(path)
+    broken = broken_link(path)
+    if broken:
+        path.unlink()
+        return f"{broken}; removed"
+    if path.is_symlink():
+        return None  # a symlink to a file: followed
+    if path.is_dir():
+        shutil.rmtree(path)
+        return f"{path}: a directory in place of a file; removed"
+    return None
 
 
 def is_temp_file(path: Path) -> bool:

@@ -199,8 +199,8 @@ class Claim:
 
     def _beat(self, interval: float) -> None:
         while not self._stop.wait(interval):
-            if self.lost:
-                log.warning("%s: this claim was taken over by another process; its unit is stopped", self.path)
+            if self.lost:  # the stage that holds it says so, once, naming its unit
+                log.debug("%s: this claim was taken over by another process; its unit is stopped", self.path)
                 return
             with contextlib.suppress(OSError):
                 os.utime(_unique(self.path, self.token))

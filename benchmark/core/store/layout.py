@@ -9,7 +9,7 @@
 <root>/<experiment>/{samples,preds}/quarantine/   sample sets and predictions that failed validation
 <root>/<experiment>/reference/                     the reference zoo's caches (benchmark/reference.py)
 <root>/<experiment>/eval/<method>_<mode>_r<k>.json the evaluate stage's numbers of one repetition
-<root>/<experiment>/chains/<method>_<mode>_r<k>/seed_000042.safetensors   resumable state of one Markov chain (hmc)
+<root>/<experiment>/chains/<method>_<mode>_r<k>/seed_000042.safetensors   resumable state of one Markov chain (hmc; chain_files)
 <root>/<experiment>/.claims/                       one claim (two names) per unit of work in progress (claims.py)
 ```
 
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from benchmark.core.store.atomic import atomic_write_text, is_temp_file
+from benchmark.core.store.atomic import atomic_write_text, broken_link, is_temp_file
+from benchmark.core.store.chains import ChainFiles
 from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S, Claim, fs_now, host_name, reap_stale, try_claim
 from benchmark.core.store.claims import litter as claim_litter
 from benchmark.core.store.errors import StoreError
@@ -94,9 +95,13 @@ class ExperimentStore:
         """The folder of the chain states of a sample unit (one file per base: ``chain_path``)."""
         return self.chains_root / self._own(unit).stem
 
+    def chain_files(self, unit: Unit, key: str = "") -> ChainFiles:
+        """The chain states of a sample unit, to be run under ``key`` (``chains.ChainFiles``)."""
+        return ChainFiles(self.chains_dir(unit), key, self._own(unit))
+
     def chain_path(self, unit: Unit, seed: int) -> Path:
         """The saved state of the chain of base ``seed`` of a sample unit."""
-        return self.chains_dir(unit) / f"{unit.chain_stem(seed)}.safetensors"
+        return self.chain_files(unit).path(seed)
 
     def chain_claim(self, unit: Unit, seed: int) -> contextlib.AbstractContextManager[Claim | None]:
         """``with store.chain_claim(unit, seed) as claim:`` the claim on one chain of a sample unit
@@ -287,7 +292,10 @@ class ExperimentStore:
         seeds = list(seeds)
         missing = [s for s in seeds if not self.checkpoint_path(s).is_file()]
         if missing:
-            raise StoreError(f"{self.zoo_dir}: no checkpoint for seeds {_compact(missing)}")
+            broken = [line for s in missing if (line := broken_link(self.checkpoint_path(s)))]
+            why = f" ({'; '.join(broken[:3])}; python -m benchmark stage=zoo experiment={self.experiment} quarantines " \
+                  "and retrains them)" if broken else ""
+            raise StoreError(f"{self.zoo_dir}: no checkpoint for seeds {_compact(missing)}{why}")
         return [self.checkpoint_path(s) for s in seeds]
 
 

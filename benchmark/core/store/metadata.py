@@ -62,7 +62,8 @@ class _Metadata:
 class CheckpointMetadata(_Metadata):
     """A zoo checkpoint's metadata. Accuracies are fractions (NaN: not measured). ``config_hash``:
     the model, data and recipe config it was trained with (``None``: imported or written by
-    another tool, never stale for that); ``trainer``: how it was trained; ``crosscheck``: for a seed
+    another tool, never stale for that), and ``config`` that config itself (``Experiment.recipe_config``:
+    what names the fields of a zoo trained under another recipe); ``trainer``: how it was trained; ``crosscheck``: for a seed
     the zoo also trained with the other trainer (``zoo.crosscheck``), that trainer and its outcome
     (``trainer``, ``verdict``: converged / failed / diverged, ``validation_accuracy``,
     ``max_weight_difference``); ``source`` ... ``mapping``: the provenance of an imported checkpoint."""
@@ -71,6 +72,7 @@ class CheckpointMetadata(_Metadata):
     seed: Optional[int] = None
     role: Optional[str] = None
     config_hash: Optional[str] = None
+    config: Optional[dict] = None
     train_accuracy: float = math.nan
     validation_accuracy: float = math.nan
     test_accuracy: float = math.nan
@@ -92,7 +94,9 @@ class SampleSetMetadata(_Metadata):
     from, checked on read so a pair from two writers is never taken for one).
     ``settings_hash``: what a registered method's samples were drawn with (``None`` for an
     external sample set); ``diagnostics``: the method's own numbers, averaged over its bases;
-    ``source`` / ``source_size``: the file an external sample set came from."""
+    ``source`` / ``source_size``: the file an external sample set came from; ``base_digests``: base
+    seed -> a digest of the tensors of the checkpoint it was drawn around (``inventory.base_digests``):
+    a base retrained since makes the unit stale."""
 
     experiment: Optional[str] = None
     method: Optional[str] = None
@@ -109,3 +113,4 @@ class SampleSetMetadata(_Metadata):
     source: Optional[str] = None
     source_size: Optional[int] = None
     samples_digest: Optional[str] = None
+    base_digests: Optional[dict] = None

@@ -58,7 +58,7 @@ def _move_to_free_name(path: Path, folder: Path) -> Path:
         if _record_path(dest).exists():
             continue
         try:
-            os.link(path, dest)
+            os.link(path, dest, follow_symlinks=False)  # a symlink is moved as itself, even one leading nowhere
         except FileExistsError:
             continue
         except OSError as err:

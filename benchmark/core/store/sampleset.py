@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 import os
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
 from benchmark.core.store.blocks import FileReader, read_header
 from benchmark.core.store.checkpoint import (
-    ShapeSpec, check_finite, plain_tensors, validate_tensors, write_safetensors,
+    ShapeSpec, all_finite, check_finite, plain_tensors, validate_tensors, write_safetensors,
 )
 from benchmark.core.store.checksum import content_digest, verify_tensors
 from benchmark.core.store.errors import CheckpointError
@@ -192,9 +193,11 @@ def iter_layer_column_chunks(
     if not paths:
         raise ValueError("iter_layer_column_chunks: no checkpoint paths given")
     handles = _Handles()
+    current = paths[0]
     try:
         shape = handles.get(paths[0]).header.location(paths[0], key).shape
         for p in paths:
+            current = p
             reader = handles.get(p)
             other = reader.header.location(p, key).shape
             if other != shape:
@@ -203,11 +206,22 @@ def iter_layer_column_chunks(
         rows = 1 if len(shape) == 0 else shape[0]
         step = 1 if len(shape) == 0 else _rows_per_block(shape[1:], max_columns)
         for start in range(0, rows, step):
+            current = paths[0]
             if len(shape) == 0:
                 block = torch.stack([handles.get(p).tensor(key) for p in paths]).reshape(len(paths), 1)
             else:
                 block = torch.stack([handles.get(p).rows(key, 0, start, start + step).reshape(-1) for p in paths])
-            yield _finite(block, paths[0], key, validated)
+            if not validated and not all_finite(block):
+                for row, p in enumerate(paths):  # name the file whose rows hold NaN/Inf, not the first one
+                    current = p
+                    check_finite({key: block[row]}, str(p))
+            yield block
+    except CheckpointError as err:
+        if err.path is None:
+            err.path = Path(current)
+        raise
+    except OSError as err:
+        raise CheckpointError(f"{current}: unreadable ({err.strerror or err})", path=Path(current)) from err
     finally:
         handles.close()
 

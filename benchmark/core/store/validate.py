@@ -10,7 +10,7 @@ from typing import Iterable, Mapping
 import torch
 
 from benchmark.core.store.blocks import FileReader, Header, read_range
-from benchmark.core.store.checkpoint import _all_finite, check_metadata
+from benchmark.core.store.checkpoint import all_finite, check_metadata
 from benchmark.core.store.checksum import (
     CHUNK_BYTES, ChecksumError, digest_chunks, is_verified, mismatch, remember, stored_checksums,
 )
@@ -132,7 +132,7 @@ def _scan_tensor(fd: int, path, header: Header, key: str, finite: bool) -> str:
             size = min(len(buffer), total - at)
             view = memoryview(buffer)[:size]
             read_range(fd, path, view, location.begin + at)
-            if check and not _all_finite(torch.frombuffer(buffer, dtype=location.dtype, count=size // location.itemsize)):
+            if check and not all_finite(torch.frombuffer(buffer, dtype=location.dtype, count=size // location.itemsize)):
                 raise CheckpointError(f"{path}: tensor {key!r} contains NaN or Inf values")
             yield view
             at += size

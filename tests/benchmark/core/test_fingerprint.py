@@ -9,7 +9,7 @@ import pytest
 
 import benchmark.core.fingerprint as fingerprint
 from benchmark.core.fingerprint import closure, code_fingerprint, stable_hash
-from benchmark.inventory import SAMPLE_CODE
+from benchmark.inventory import sample_code
 from methods import METHODS
 from tests.conftest import REPO
 
@@ -30,7 +30,7 @@ def source_copy(tmp_path, monkeypatch) -> Path:
 
 def _sample_fingerprints() -> dict[str, str]:
     """What every registered method's samples are keyed by (``inventory.sample_settings_hash``)."""
-    return {name: code_fingerprint((cls.__module__, *SAMPLE_CODE)) for name, cls in METHODS.items()}
+    return {name: code_fingerprint(sample_code(name)) for name in METHODS}
 
 
 def _edit(path: Path, old: str, new: str) -> None:
@@ -62,13 +62,26 @@ def test_a_change_to_shared_training_code_reaches_every_method_that_trains(sourc
     assert {"dropout", "bnn", "swag", "bnn_ordered", "bnn_skip"} <= changed
 
 
-def test_the_closure_follows_reexports_to_the_defining_module_and_leaves_the_store_out():
+def test_the_closure_follows_reexports_to_the_defining_module_and_counts_the_packages_above():
     modules = closure(["methods.dropout"])
     assert "benchmark.core.training.loop" in modules and "benchmark.core.models.predict" in modules
-    assert not any(m.startswith("benchmark.core.store") for m in modules)  # I/O, not computation
+    assert "benchmark.core.store.sampleset" in modules  # stack_state_dicts shapes the samples
+    assert {"methods", "benchmark.core", "benchmark.core.store"} <= set(modules)  # the __init__s run on import
     assert "methods.swag" not in modules and "methods.registry" not in modules
+    assert set(closure(["benchmark.core.data"])) >= {"benchmark.core.data.loading", "benchmark.core.data.on_disk"}
     with pytest.raises(ValueError, match="not a module"):
         closure(["methods.no_such_method"])
+
+
+def test_no_key_holds_a_path(source_copy, monkeypatch):
+    before = code_fingerprint(("methods.swag",))
+    moved = source_copy.parent / "moved"
+    source_copy.rename(moved)
+    monkeypatch.setattr(fingerprint, "SOURCE_ROOT", moved)
+    try:
+        assert code_fingerprint(("methods.swag",)) == before
+    finally:
+        moved.rename(source_copy)
 
 
 def test_stable_hash_is_key_order_free_and_hashes_enums_by_value():

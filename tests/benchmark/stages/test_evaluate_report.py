@@ -312,6 +312,41 @@ def test_streamed_reference_gives_the_in_memory_numbers(filled, tmp_path):
     pd.testing.assert_frame_equal(in_memory[cols], streamed[cols], rtol=1e-6, atol=1e-10)
 
 
+def test_a_damaged_streamed_reference_cache_is_named_and_rebuilt(filled, tmp_path, caplog):
+    """Issue #30, items 4 and 5: a canonical form file of a streamed reference with NaN under valid
+    checksums, or a bit flip, blocked evaluate for good and the error named the folder's first
+    file; a directory or a dangling symlink in place of a cache file raised. Each is named and
+    rebuilt; the numbers are those of a sound cache."""
+    import logging
+
+    from bench.corruptions import corrupt
+
+    exp = filled[0]
+    streamed = Experiment(dataclasses.replace(exp.config, evaluate=dataclasses.replace(
+        exp.config.evaluate, max_in_memory_gb=1e-6, reference_resamples=0, test_permutations=0),
+        results=str(tmp_path / "results")))
+    first = run_evaluate(streamed)
+    folder = next(exp.store.reference_dir.glob("canonical-*"))
+    files = sorted(folder.glob("seed_*.safetensors"))
+    corrupt(files[3], "nan")
+    corrupt(files[5], "bitflip")
+    files[7].unlink()
+    files[7].mkdir()
+    files[8].unlink()
+    files[8].symlink_to(tmp_path / "nowhere")
+    numbers = sorted(exp.store.eval_dir.glob("*.json"))
+    for cached in numbers:
+        cached.unlink()
+    numbers[0].mkdir()
+    with caplog.at_level(logging.WARNING):
+        second = run_evaluate(streamed)
+    pd.testing.assert_frame_equal(first, second)
+    log = caplog.text
+    for damaged in (files[3], files[5], files[7], files[8], numbers[0]):
+        assert f"{damaged}" in log, f"{damaged.name} not named"
+    assert "NaN" in log and "checksum" in log and numbers[0].is_file()
+
+
 def test_weight_matching_off_leaves_the_wm_columns_empty(filled, tmp_path):
     exp = filled[0]
     off = dataclasses.replace(exp.config, evaluate=dataclasses.replace(exp.config.evaluate, weight_matching=False),
@@ -416,3 +451,46 @@ def test_a_markov_chain_rows_effective_sample_size_reaches_metrics_csv(tmp_path)
     assert df.loc["sghmc", "ess"] == pytest.approx(50.5) and math.isnan(df.loc["swag", "ess"])
     diagnostics = collect_diagnostics(exp).set_index("method")  # diagnostics.md's ESS column: the same number
     assert diagnostics.loc["sghmc", "ess"] == pytest.approx(50.5) and math.isnan(diagnostics.loc["swag", "ess"])
+
+
+def test_a_reference_of_another_recipe_is_refused_naming_the_fields_unless_allowed_and_recorded(filled, tmp_path):
+    """Issue #30, item 2: a zoo trained with ``train.epochs=3`` and evaluate run with
+    ``train.epochs=4`` exited 0 with nothing said. Refused, naming the field, the command and the
+    override, in the same message as every other class of problem (a missing repetition);
+    ``evaluate.allow_other_recipe=true`` scores it and metrics.csv records it."""
+    import shutil
+
+    from benchmark.core.store import read_metadata
+    from benchmark.stages.evaluate import OtherRecipeError
+    from benchmark.stages.evaluate import check as check_evaluate
+
+    exp = filled[0]
+    shutil.copytree(exp.store.base, tmp_path / "store" / exp.name)
+    overrides = {"store": str(tmp_path / "store"), "results": str(tmp_path / "results"),
+                 "evaluate": dataclasses.replace(exp.config.evaluate, reference_resamples=0, test_permutations=0,
+                                                 weight_matching=False)}
+    older = Experiment(dataclasses.replace(exp.config, train=dataclasses.replace(exp.config.train, epochs=3), **overrides))
+    for seed in range(12):  # the reference trained under train.epochs=3, as the zoo stage records it
+        path = older.store.checkpoint_path(seed)
+        state = load_checkpoints_as_sample_set([path])
+        meta = {**read_metadata(path), "config_hash": older.config_hash, "config": older.recipe_config}
+        save_checkpoint(path, {k: v[0] for k, v in state.items()}, {k: v for k, v in meta.items() if k not in ("checksums", "format")})
+    current = dataclasses.replace(exp.config, train=dataclasses.replace(exp.config.train, epochs=4),
+                                  sample=dataclasses.replace(exp.config.sample, repetitions=3), **overrides)
+    members = [s for s in older.store.completed_seeds() if s >= 100000]
+    for r, (ensemble, preds) in enumerate(filled[1]):  # drawn under train.epochs=4, as in the issue
+        _write_unit(Experiment(current), "ensemble", "multi", r, ensemble, preds, base_seeds=members[3 * r : 3 * r + 3])
+    with pytest.raises(OtherRecipeError, match=r"12 reference checkpoint\(s\) of digits_optunet .* trained under another "
+                                               r"recipe .*: train\.epochs: 3 -> 4; retrain them with python -m benchmark "
+                                               r"stage=zoo experiment=digits_optunet zoo.range=reference .*evaluate\.allow_other_recipe=true"):
+        check_evaluate(Experiment(current))
+    with pytest.raises(OtherRecipeError) as refused:
+        run_evaluate(Experiment(current))
+    assert "train.epochs: 3 -> 4" in str(refused.value) and "ensemble/multi: repetition 2: not written yet" in str(refused.value)
+    allowed = dataclasses.replace(current, sample=exp.config.sample, evaluate=dataclasses.replace(
+        current.evaluate, allow_other_recipe=True))
+    row = run_evaluate(Experiment(allowed)).iloc[0]
+    assert row["reference_config_hash"] == older.config_hash
+    assert row["reference_recipe"].startswith("other recipe accepted (evaluate.allow_other_recipe=true): 12 checkpoint(s), "
+                                              "train.epochs: 3 -> 4")
+    assert run_evaluate(exp)["reference_config_hash"].iloc[0] == "unrecorded"  # imported-like: no recipe recorded

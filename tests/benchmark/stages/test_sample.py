@@ -120,9 +120,32 @@ def test_ensemble_unit_is_written_validated_and_resumed(make_exp) -> None:
     assert preds_path.stat().st_mtime_ns == mtime
     preds_path.write_bytes(preds_path.read_bytes()[:100])  # truncated: redone
     assert run_sample(exp).written == ["ensemble/multi/r0"]
+    def quarantined() -> set:
+        return {p for d in (exp.store.samples_dir, exp.store.preds_dir) for p in d.glob("quarantine/*.safetensors")}
+
+    before = quarantined()
     changed = make_exp("method=ensemble", "sample.per_method=2")  # other settings: redone
     assert run_sample(changed).written == ["ensemble/multi/r0"]
     assert load_sample_set(preds_path)["id"].shape[0] == 2
+    # issue #30, item 7: the stale unit was quarantined, not deleted (sample.keep_stale=false: removed)
+    kept = sorted(quarantined() - before)
+    assert len(kept) == 2 and load_sample_set(kept[0])["id"].shape[0] == 3  # preds/ sorts first
+    assert "stale: " in json.loads(kept[1].with_suffix(".json").read_text())["reason"]
+    assert run_sample(make_exp("method=ensemble", "sample.per_method=3", "sample.keep_stale=false")).written == ["ensemble/multi/r0"]
+    assert quarantined() - before == set(kept)
+    # issue #30: a unit records the content digests of its bases; a base retrained since makes it stale
+    from benchmark.core.store import save_checkpoint
+    from benchmark.inventory import unit_state
+
+    unit = exp.store.sample_unit("ensemble", "multi")
+    base = exp.store.checkpoint_path(seeds[1])
+    state, meta = load_checkpoint(base)
+    assert unit_state(exp, unit).problem is None
+    kept_meta = {k: v for k, v in meta.items() if k not in ("checksums", "format")}
+    save_checkpoint(base, state, {**kept_meta, "test_accuracy": "0.5"})  # metadata only: the same network
+    assert unit_state(exp, unit).problem is None
+    save_checkpoint(base, {k: v + 1e-3 for k, v in state.items()}, kept_meta)  # retrained: other weights
+    assert f"base checkpoint(s) [{seeds[1]}] changed since it was drawn" in unit_state(exp, unit).stale
 
 
 def test_dropout_one_mode_unit(make_exp) -> None:

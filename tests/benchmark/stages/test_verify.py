@@ -214,3 +214,79 @@ def test_verify_counts_litter_of_killed_processes_without_calling_it_an_error(tm
     assert f"exp: 2 temp file(s) of killed writers in {results}" in caplog.text
     assert sorted(store.results_litter(results)) == sorted(killed)
     assert not health.bad and all(r.levelno == logging.INFO for r in caplog.records)
+
+
+def test_a_dangling_symlink_and_a_loop_in_place_of_checkpoints_are_named_repaired_and_retrained(exp, caplog):
+    """Issue #30, item 5: a dangling symlink in place of a checkpoint made ``stage=zoo`` exit 0
+    and leave it, evaluate say "no checkpoint", and verify's repair say "already gone"; a symlink
+    loop made verify crash with ``OSError: [Errno 40]``. Each is one line naming it; repair
+    quarantines the link itself; the zoo retrains the seed."""
+    from benchmark.stages.evaluate import run as run_evaluate
+
+    dangling, loop = exp.store.checkpoint_path(1), exp.store.checkpoint_path(100001)
+    original = dangling.read_bytes()
+    dangling.unlink()
+    dangling.symlink_to(exp.store.zoo_dir / "gone.safetensors")
+    loop.unlink()
+    loop.symlink_to(loop)
+    with pytest.raises(Exception, match=r"seed_000001.safetensors: a symlink that leads nowhere"):
+        run_evaluate(exp)
+    with caplog.at_level(logging.INFO, logger="benchmark.stages.verify"):
+        with pytest.raises(verify.StoreIntegrityError, match=r"2 corrupt or stale file\(s\)"):
+            verify.run(exp)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"CORRUPT: {dangling}: a symlink that leads nowhere" in text
+    assert f"CORRUPT: {loop}: a symlink that leads nowhere" in text and "Too many levels of symbolic links" in text
+    with pytest.raises(verify.StoreIntegrityError, match="quarantined"):
+        verify.run(_with(exp, repair=True))
+    assert not dangling.is_symlink() and not loop.is_symlink()
+    assert sorted(p.name for p in exp.store.zoo_dir.glob("quarantine/*.safetensors")) == [dangling.name, loop.name]
+    run_zoo(exp, exp.reference), run_zoo(exp, exp.heldout)
+    assert dangling.read_bytes() == original
+    (health,) = verify.run(exp)
+    assert not health.bad
+
+
+def test_the_zoo_stage_retrains_a_seed_whose_checkpoint_is_a_dangling_symlink(exp):
+    path = exp.store.checkpoint_path(0)
+    original = path.read_bytes()
+    path.unlink()
+    path.symlink_to(exp.store.zoo_dir / "gone.safetensors")
+    summary = run_zoo(exp, exp.reference)
+    assert summary.trained == [0] and "symlink that leads nowhere" in summary.quarantined[0]
+    assert path.read_bytes() == original
+
+
+def test_verify_checks_the_reference_and_number_caches_and_removes_orphaned_folders(exp, tmp_path, caplog):
+    """Issue #30, item 4: ``stage=verify`` did not check ``reference/``, and old ``canonical-<key>/``
+    folders stayed for good. Damaged caches are named (bad), orphaned form folders reported with
+    their size; ``verify.repair=true`` removes both; evaluate then rebuilds what it needs."""
+    import shutil
+
+    from bench.corruptions import corrupt
+    from benchmark.stages.evaluate import run as run_evaluate
+
+    streamed = Experiment(dataclasses.replace(exp.config, evaluate=dataclasses.replace(exp.config.evaluate,
+                                                                                         max_in_memory_gb=1e-6)))
+    first = run_evaluate(streamed)
+    (form,) = exp.store.reference_dir.glob("canonical-*")
+    old = form.with_name("canonical-0123456789abcdef0123")  # a key of an older version of the code
+    shutil.copytree(form, old)
+    corrupt(sorted(form.glob("seed_*"))[1], "bitflip")
+    (number,) = sorted(exp.store.eval_dir.glob("*.json"))[:1]
+    number.write_text(number.read_text().replace('"key"', '"kee"'))
+    with caplog.at_level(logging.INFO, logger="benchmark.stages.verify"):
+        with pytest.raises(verify.StoreIntegrityError, match=r"2 corrupt or stale file\(s\)"):
+            verify.run(streamed)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "1 orphaned cache folder(s)" in text and f"ORPHANED CACHE: {old} (" in text
+    assert f"CORRUPT CACHE: {sorted(form.glob('seed_*'))[1]}: checksum mismatch" in text
+    assert f"CORRUPT CACHE: {number}" in text
+    with pytest.raises(verify.StoreIntegrityError):
+        verify.run(_with(streamed, repair=True))
+    assert not old.exists() and not number.exists() and len(list(form.glob("seed_*"))) == 1
+    pd_first = first.drop(columns=[c for c in first.columns if c.endswith("_hw")])
+    again = run_evaluate(streamed)
+    assert pd_first.equals(again.drop(columns=[c for c in again.columns if c.endswith("_hw")]))
+    (health,) = verify.run(streamed)
+    assert not health.bad and not health.orphans

@@ -303,3 +303,31 @@ def test_the_zoo_summary_counts_trainers_and_the_crosschecked_verdicts_that_diff
     if failed < 4:
         text = write_zoo_summary(exp, tmp_path / "zoo.md").read_text()
         assert f"differ on {len(set(differ) | {failed})} of 4 seeds" in text and str(failed) in text
+
+
+def test_a_recipe_change_retrains_the_zoo_unless_kept(tiny_cfg):
+    """Issue #30, item 2: the zoo stage kept checkpoints trained under another recipe, so a recipe
+    change never retrained the reference. They are quarantined and trained again, their config
+    recorded; ``zoo.keep_other_recipe=true`` keeps them."""
+    import dataclasses
+
+    from benchmark.core.store import quarantined, read_metadata
+
+    two = SeedRange("reference", 0, 2)
+    exp = Experiment(tiny_cfg)
+    first = run_zoo(exp, two)
+    assert sorted(first.trained + first.failed) == [0, 1]
+    for seed in first.trained:
+        assert json.loads(read_metadata(exp.store.checkpoint_path(seed))["config"])["train"]["epochs"] == 2
+    kept = dataclasses.replace(exp.config, train=dataclasses.replace(exp.config.train, epochs=1, milestones=[]),
+                               zoo=dataclasses.replace(exp.config.zoo, keep_other_recipe=True))
+    assert sorted(run_zoo(Experiment(kept), two).skipped_done) == [0, 1]
+    other = Experiment(dataclasses.replace(kept, zoo=exp.config.zoo))
+    again = run_zoo(other, two)
+    assert sorted(again.trained + again.failed) == [0, 1] and sorted(again.quarantined) == [0, 1]
+    if first.trained:  # a failure record holds the config hash, a checkpoint the fields too
+        assert "train.epochs: 2 -> 1" in " ".join(again.quarantined.values())
+    assert len(quarantined(exp.store.zoo_dir) + quarantined(exp.store.failed_dir, suffix=".json")) == 2
+    for seed in again.trained:
+        assert read_metadata(other.store.checkpoint_path(seed))["config_hash"] == other.config_hash
+    assert sorted(run_zoo(other, two).skipped_done) == [0, 1]

@@ -79,13 +79,18 @@ def test_another_hosts_claim_is_taken_over_only_after_the_timeout(tmp_path, monk
         assert claim is not None and read_claim_info(path).host == "node-b"
 
 
-def test_a_claimant_whose_claim_was_taken_over_knows_it(tmp_path):
+def test_a_claimant_whose_claim_was_taken_over_knows_it_and_leaves_the_one_line_to_its_stage(tmp_path, caplog):
+    """Issue #30, item 7: a lost claim logged a line from the heartbeat and another from the stage."""
+    import logging
+
     path = tmp_path / "x.claim"
-    with try_claim(path, timeout_s=1.0, heartbeat_s=0.5) as claim:
+    with caplog.at_level(logging.INFO), try_claim(path, timeout_s=1.0, heartbeat_s=0.05) as claim:
         path.unlink()
         _fake_claim(path, "node-z", 123)
         assert claim.lost
+        time.sleep(0.3)  # heartbeats see it lost
     assert read_claim_info(path).host == "node-z"  # release left the new owner's claim alone
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO and "taken over" in r.getMessage()]
 
 
 def _race(path, host, results):
