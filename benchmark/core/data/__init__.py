@@ -8,7 +8,7 @@
 """
 from benchmark.core.data.errors import DatasetNotFoundError
 from benchmark.core.data.in_memory import (
-    InMemoryImageDataset, as_in_memory, crop_at, crop_offsets, epoch_crop_offsets, flip_draws, flip_where,
+    InMemoryImageDataset, as_in_memory, crop_at, crop_offsets, decode, epoch_crop_offsets, flip_draws, flip_where,
     in_memory_problem, random_crop,
 )
 from benchmark.core.data.info import DATASET_NAMES, DatasetInfo, dataset_info
@@ -32,6 +32,7 @@ __all__ = [
     "TrainSplit",
     "crop_at",
     "crop_offsets",
+    "decode",
     "epoch_crop_offsets",
     "flip_draws",
     "flip_where",

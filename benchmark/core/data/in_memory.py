@@ -59,6 +59,13 @@ def crop_at(images: torch.Tensor, padding: int, fill: Fill, offsets: torch.Tenso
     return padded[batch, channels, rows, cols]
 
 
+def decode(codes: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """Images from uint8 ``codes [..., C, H, W]`` and per-channel ``levels [C, L]``:
+    ``out[..., c, h, w] = levels[c, codes[..., c, h, w]]`` (the set's exact floats), on the codes' device."""
+    channel = torch.arange(levels.shape[0], device=codes.device).view(levels.shape[0], 1, 1)
+    return levels.to(codes.device)[channel, codes.long()]
+
+
 def flip_draws(batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """``[batch]`` bool: which images a random horizontal flip mirrors (probability 1/2 each), drawn
     from ``generator`` (the global CPU torch RNG if None) on its device."""
@@ -141,7 +148,7 @@ class InMemoryImageDataset(Dataset):
         at offsets drawn from ``generator``, then, with ``flip``, a mirror drawn from it (in that order)."""
         if not self.augment:
             return images
-        out = crop_at(images, self.augment_padding, self.fill, crop_offsets(images.shape[0], self.augment_padding, generator))
+        out = random_crop(images, self.augment_padding, self.fill, generator)
         return flip_where(out, flip_draws(images.shape[0], generator)) if self.flip else out
 
     def batch(self, index: torch.Tensor, device: torch.device, generator: torch.Generator | None = None
@@ -157,11 +164,7 @@ class InMemoryImageDataset(Dataset):
             self._resident = (device, images, codes, self.labels.to(device))
         _, images, codes, labels = self._resident
         index = index.to(device)
-        if codes is None:
-            x = images[index]
-        else:
-            channel = torch.arange(codes[1].shape[0], device=device).view(1, -1, 1, 1)
-            x = codes[1][channel, codes[0][index].long()]
+        x = images[index] if codes is None else decode(codes[0][index], codes[1])
         return self.augmented(x, generator), labels[index]
 
     def __len__(self) -> int:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from benchmark.core.data import crop_at
+from benchmark.core.data import crop_at, decode
 from benchmark.core.training.kernels import (
     average_positions, conv_kernels, cross_entropy, dense_backward, dense_forward, gather_batch, input_grad_kernel,
     spread_positions,
@@ -339,8 +339,7 @@ def _padded(source: "torch.Tensor | _Coded", padding: int, fill: float) -> "torc
     if levels.shape[1] < 256:
         levels = torch.cat([levels, levels.new_full((levels.shape[0], 1), fill)], dim=1)
         return _Coded(F.pad(source.codes, (padding,) * 4, value=levels.shape[1] - 1), levels)
-    channel = torch.arange(levels.shape[0]).view(1, -1, 1, 1).expand_as(source.codes)
-    return F.pad(levels[channel, source.codes.long()], (padding,) * 4, value=fill)
+    return F.pad(decode(source.codes, levels), (padding,) * 4, value=fill)
 
 
 @dataclass(frozen=True)
@@ -547,8 +546,7 @@ class VmapNetworks:
               fill: float) -> torch.Tensor:
         if isinstance(source, _Coded):
             index = index.to(source.codes.device)
-            channel = torch.arange(source.levels.shape[0], device=source.codes.device).view(1, 1, -1, 1, 1)
-            images = source.levels[channel, source.codes[index].long()]  # [K, B, C, H, W], the set's exact floats
+            images = decode(source.codes[index], source.levels)  # [K, B, C, H, W], the set's exact floats
         else:
             images = source[index.to(source.device)]
         if offsets is None:
