@@ -86,6 +86,16 @@ class Precision(str, Enum):
     """``torch.autocast`` with float16 and a ``GradScaler`` (CUDA only)."""
 
 
+class BaselineChoice(str, Enum):
+    """A reference row of ``evaluate.baselines`` (what each draws: ``benchmark.baselines``)."""
+
+    prior = "prior"
+    init = "init"
+    gaussian = "gaussian"
+    gaussian_ns = "gaussian_ns"
+    second_zoo = "second_zoo"
+
+
 class ReferenceChoice(str, Enum):
     """What the evaluate and report stages score against: the zoo (the paper's reference), or the
     zoo and full-batch HMC's draws (``hmc``: ``metrics_hmc.csv``, ``table_hmc.md``, the HMC claims
@@ -266,7 +276,11 @@ class EvaluateConfig:
     ``n_reference`` says how many checkpoints were used either way); ``allow_other_recipe``:
     evaluate against reference checkpoints trained under another model, data or recipe config
     than this run's (by default the stage refuses, naming the differing fields; with it, one
-    warning, and metrics.csv's ``reference_recipe`` says so)."""
+    warning, and metrics.csv's ``reference_recipe`` says so); ``baselines``: the reference rows scored
+    beside the methods (``benchmark.baselines``: prior, untrained initialisations, Gaussians fitted to
+    the raw and the symmetry-free zoo, a second zoo of the same recipe; ``[]`` for none);
+    ``potential_checkpoints``: how many converged reference checkpoints (the first in seed order; 0 =
+    all) the zoo's training potential is measured on (``Reference.training_potential``)."""
 
     canonical_steps: List[CanonicalStep] = field(default_factory=lambda: [CanonicalStep.scale, CanonicalStep.sort])
     weight_matching: bool = True
@@ -277,6 +291,12 @@ class EvaluateConfig:
     allow_partial: bool = False
     # Off by default: numbers against a zoo of another recipe are not this config's numbers.
     allow_other_recipe: bool = False
+    # Every reference row by default (benchmark/baselines.py): what a score means needs them.
+    baselines: List[BaselineChoice] = field(default_factory=lambda: list(BaselineChoice))
+    # The zoo's training potential (its spread says how far the SGD ensemble is from a T = 1 posterior) is
+    # measured on the first potential_checkpoints converged reference seeds: a full pass over the training split
+    # per checkpoint, which for a 1,000-checkpoint ResNet-18 zoo would cost more than the rest of the stage.
+    potential_checkpoints: int = 256
 
     def __post_init__(self) -> None:
         require(self.max_in_memory_gb > 0, "max_in_memory_gb", self.max_in_memory_gb, "a positive number")
@@ -284,6 +304,10 @@ class EvaluateConfig:
                 self.reference_resamples, "0 or an integer >= 2")
         require(self.test_permutations == 0 or self.test_permutations >= 100, "test_permutations",
                 self.test_permutations, "0 or an integer >= 100")
+        names = [BaselineChoice(b).value for b in self.baselines]
+        require(len(set(names)) == len(names), "baselines", names, "each baseline at most once")
+        require(self.potential_checkpoints >= 0, "potential_checkpoints", self.potential_checkpoints,
+                "0 (every checkpoint) or a positive integer")
 
 
 @dataclass

@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from benchmark.core.fingerprint import source_fingerprint, stable_hash
-from benchmark.core.models import predict_with_weights
+from benchmark.core.models import fit_with_weights, predict_with_weights
 from benchmark.core.store import (
     CheckpointError, CheckpointFiles, SampleSetFile, SampleSetMetadata, StoreError, Unit, check_file, clear_non_file,
     content_digest,
@@ -55,7 +55,9 @@ log = logging.getLogger(__name__)
 SUMMARIES = ("median", "mean", "max")
 DTYPE = torch.float32  # what the forms and the predictive are computed in
 CACHES = ("zoo", "canonical", "aligned", "predictive")
-"""The reference's caches (``Reference.key``); each keyed by the whole source (``source_fingerprint``)."""
+"""The reference's caches that a row's numbers are computed from (``Reference.key``, ``numbers_key``);
+each keyed by the whole source (``source_fingerprint``). ``potential`` (``training_potential``) is
+keyed the same way but describes the reference, not a row."""
 HMC_ROW = ("hmc", "multi")
 """The rows whose draws, pooled over the repetitions, are the HMC reference."""
 ZOO_ROW = ("zoo", "multi")
@@ -119,6 +121,7 @@ class Reference:
         self.test = PermutationTestConfig(b1=settings.test_permutations, b2=settings.test_permutations) \
             if settings.test_permutations else None
         self._bandwidths: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
+        self._description: dict[str, float] | None = None
         self.model = exp.model().to(exp.device)
         self.spec = spec_for_model(exp.model())
 
@@ -133,7 +136,9 @@ class Reference:
         and dtype."""
         shaping = {"zoo": {}, "canonical": {"steps": self.steps},
                    "aligned": {"steps": self.steps, "anchor": self.anchor_seed},
-                   "predictive": {"config": self.exp.config_hash}}
+                   "predictive": {"config": self.exp.config_hash},
+                   "potential": {"config": self.exp.config_hash,
+                                 "checkpoints": self.exp.config.evaluate.potential_checkpoints}}
         return stable_hash({"inputs": self._inputs, "cache": cache, "settings": shaping.get(cache, {}),
                             "code": source_fingerprint(), "device": self.exp.device.type,
                             "dtype": str(DTYPE)}, length=20)
@@ -257,6 +262,46 @@ class Reference:
             return {"id": (total / len(self.seeds))[None]}
         return self._cached("predictive", build)["id"][0]
 
+    def training_potential(self) -> dict[str, torch.Tensor]:
+        """How far the reference is from a T = 1 posterior: for each of the first
+        ``evaluate.potential_checkpoints`` converged reference checkpoints (0: all), its training
+        potential ``U = sum_i CE(f_w(x_i), y_i) + (N weight_decay / 2) |w|^2`` over the parameters
+        (nats, the un-augmented training split of N images: HMC's potential at T = 1) and its
+        training accuracy (fraction); ``{"potential": [R'], "train_acc": [R']}`` (float64), cached.
+        Under the posterior exp(-U) a spread of hundreds of nats would put nearly all the mass on
+        one checkpoint: the zoo is an SGD ensemble, not draws from that posterior."""
+        def build():
+            count = self.exp.config.evaluate.potential_checkpoints
+            paths = self.checked_paths()[: count or None]
+            images, labels = self.exp.train_tensors
+            parameters = {name for name, _ in self.exp.model().named_parameters()}
+            precision = len(labels) * float(self.exp.recipe.weight_decay)
+            potentials, accuracies = [], []
+            batches = iter_checkpoint_batches(paths, self.batch, validated=True)
+            for batch in tqdm(batches, desc=f"training potential of the {self.exp.name} zoo", unit="batch",
+                              total=math.ceil(len(paths) / self.batch), dynamic_ncols=True, disable=len(paths) < 200):
+                nll, correct = fit_with_weights(self.model, batch, images, labels)
+                square = sum(batch[k].double().flatten(1).pow(2).sum(1) for k in batch if k in parameters)
+                potentials.append(nll + 0.5 * precision * square)
+                accuracies.append(correct.double() / len(labels))
+            return {"potential": torch.cat(potentials)[None], "train_acc": torch.cat(accuracies)[None]}
+        return {k: v[0] for k, v in self._cached("potential", build).items()}
+
+    def description(self) -> dict[str, float]:
+        """What the reference is, for metrics.csv's ``REFERENCE_COLUMNS``: the 5th/50th/95th
+        percentiles of its checkpoints' training potential (nats; ``training_potential``), their
+        median training accuracy (fraction) and how many checkpoints were measured; computed once."""
+        if self._description is None:
+            measured = self.training_potential()
+            potential = measured["potential"].double()
+            levels = torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64, device="cpu")
+            low, median, high = (float(q) for q in torch.quantile(potential, levels))
+            self._description = {"reference_potential_p05": low, "reference_potential_median": median,
+                                 "reference_potential_p95": high,
+                                 "reference_train_acc": float(measured["train_acc"].double().median()),
+                                 "reference_potential_n": float(len(potential))}
+        return self._description
+
     def shared_bandwidths(self, form: str) -> dict[str, dict[str, torch.Tensor]]:
         """The bandwidth grid per layer shared by every row (``metrics.mmd.reference_bandwidths``)
         of the raw zoo (``form="mmd"``) or the symmetry-free one (``"ns_mmd"``), computed once per
@@ -360,11 +405,20 @@ class Reference:
 
     def score_samples(self, samples: dict[str, torch.Tensor], preds: dict[str, torch.Tensor], full: bool
                       ) -> dict[str, Any]:
-        """The numbers of an in-memory sample set and its predictions, as ``score`` gives those of a
-        stored unit (e.g. a block of zoo checkpoints scored against the HMC reference)."""
-        if not self.in_memory:
-            raise ValueError(f"score_samples: the {self.name} reference is streamed from disk; score stored units instead")
-        return self.predictive_numbers(samples, preds) | self.mmd(None, samples, full=full)
+        """The numbers of an in-memory sample set ``{key: [S, ...]}`` and its predictions
+        (``{"id": [S, N, C], "ood": [S, M, C]}``), as ``score`` gives those of a stored unit (e.g. a
+        block of zoo checkpoints scored against the HMC reference, a baseline's draws)."""
+        numbers = self.predictive_numbers(samples, preds)
+        if self.in_memory:
+            return numbers | self.mmd(None, samples, full=full)
+        # A streamed reference reads the samples from a file in column blocks: a private one, removed after.
+        path = self.exp.store.eval_dir / f".scored-{uuid.uuid4().hex[:12]}.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_sample_set(path, samples, {"experiment": self.exp.name})
+        try:
+            return numbers | self.mmd(path, samples, full=full)
+        finally:
+            path.unlink(missing_ok=True)
 
 
 def hmc_reference_problem(exp: Experiment) -> str | None:
@@ -406,6 +460,10 @@ class HMCReference(Reference):
         self._memory: dict[str, dict[str, torch.Tensor]] = {}
         paths = [p for u in self.units for p in exp.store.unit_paths(u)]
         self._inputs = {"files": files_key(paths), "units": [u.label for u in self.units]}
+
+    def description(self) -> dict[str, float]:
+        """None of the zoo's columns: HMC's draws are the posterior's, not an SGD ensemble."""
+        return {}
 
     @property
     def size(self) -> int:

@@ -21,6 +21,16 @@ others and in older files. ``reference_config_hash``: the config hash(es) the re
 checkpoints were trained under (``Experiment.config_hash``; ``unrecorded`` for imported ones);
 ``reference_recipe``: empty, or what ``evaluate.allow_other_recipe=true`` accepted (a reference
 trained under another recipe, with the fields that differ); both empty in older files.
+``reference_potential_p05``/``_median``/``_p95``: the 5th, 50th and 95th percentiles over the zoo's
+checkpoints of their training potential (summed training cross-entropy plus the recipe's L2 prior
+term, nats; ``Reference.training_potential``), ``reference_train_acc`` their median training
+accuracy and ``reference_potential_n`` how many checkpoints these describe: what kind of reference
+the zoo is (an SGD ensemble whose members differ by hundreds of nats, not draws from the T = 1
+posterior); the same on every row scored against the zoo, NaN against HMC and in older files.
+
+Rows of ``mode`` ``baseline`` are reference rows (``benchmark.baselines``: the prior, untrained
+networks, Gaussians fitted to the zoo, a second zoo), scored like a method's samples over the same
+repetitions and never ranked among the methods.
 
 ``mmd_shared_median``/``ns_mmd_shared_median``: MMD and NS MMD (median over the 20 kernels) with
 one bandwidth grid per layer shared by every row of the experiment, chosen from the reference
@@ -51,11 +61,15 @@ import pandas as pd
 from benchmark.core.store import MODES, atomic_path
 
 STATUSES = ("ok", "failed")
+RESULT_MODES = (*MODES, "baseline")
+"""A row's ``mode``: a method's (``one``, ``multi``) or ``baseline`` (a reference row, ``benchmark.baselines``)."""
 KEY_COLUMNS = ["experiment", "method", "mode"]
 TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "status", "reason", "ns_steps",
                 "wm_anchor", "reference_config_hash", "reference_recipe"]
 COUNT_COLUMNS = ["n_samples", "n_repetitions", "n_reference", "ess"]
-ADDED_COLUMNS = ("n_reference", "ess")  # absent from older metrics.csv files: read as NaN
+REFERENCE_COLUMNS = ["reference_potential_p05", "reference_potential_median", "reference_potential_p95",
+                     "reference_train_acc", "reference_potential_n"]
+ADDED_COLUMNS = ("n_reference", "ess", *REFERENCE_COLUMNS)  # absent from older metrics.csv files: read as NaN
 ADDED_TEXT_COLUMNS = ("reference_config_hash", "reference_recipe")  # absent from older files: read as ""
 MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max",
                "wm_mmd_median", "wm_mmd_mean", "wm_mmd_max", "mmd_shared_median", "ns_mmd_shared_median"]
@@ -84,7 +98,7 @@ def reference_sd(column: str) -> str:
     return f"{column}_ref_sd"
 
 
-COLUMNS: list[str] = TEXT_COLUMNS + COUNT_COLUMNS + MEASURED + [half_width(c) for c in MEASURED] + TEST_COLUMNS
+COLUMNS: list[str] = TEXT_COLUMNS + COUNT_COLUMNS + REFERENCE_COLUMNS + MEASURED + [half_width(c) for c in MEASURED] + TEST_COLUMNS
 VALUE_COLUMNS = [c for c in COLUMNS if c not in TEXT_COLUMNS]
 
 REPETITION_KEY_COLUMNS = KEY_COLUMNS + ["repetition"]
@@ -197,7 +211,7 @@ def _check(frame: pd.DataFrame, source: str, columns: list[str], text: list[str]
     frame = frame[columns].copy()
     for column in text:
         frame[column] = frame[column].fillna("").astype(str)
-    for column, allowed in (("mode", MODES), ("status", STATUSES)):
+    for column, allowed in (("mode", RESULT_MODES), ("status", STATUSES)):
         bad = sorted(set(frame[column]) - set(allowed))
         if bad:
             raise ValueError(f"{source}: column {column!r} expects values in {list(allowed)}, got {bad}")

@@ -24,10 +24,12 @@ import pandas as pd
 
 from benchmark.results import check_metrics, half_width
 from benchmark.core.store import atomic_write_text
+from benchmark.baselines import BASELINE_MODE, BASELINES
 from methods import method_class, method_names
 from methods.bnn import BNNMethod
 
-GROUP_LABELS = {"one": "One Mode", "multi": "Multi Mode"}
+GROUP_LABELS = {"one": "One Mode", "multi": "Multi Mode", BASELINE_MODE: "Baselines"}
+"""Table groups in order; the baselines (reference rows, never ranked) come last."""
 
 INDEX_NAMES = ["Experiment", "Group", "Method"]
 
@@ -44,8 +46,12 @@ TABLE1_SOURCES = {
     "FPR95": "fpr95",
     "ID MI": "id_mi",
     "OOD MI": "ood_mi",
+    "Agree": "agreement",
+    "TV": "tv",
 }
-"""Table 1 column -> metrics.csv column (MMD = the median over kernels, as the paper reports)."""
+"""Table 1 column -> metrics.csv column (MMD = the median over kernels, as the paper reports); after
+the paper's columns, the function-space check (agreement and TV with the reference's predictive),
+so that a row close in weight marginals but wrong in function space shows."""
 
 TEST_SOURCES = {"MMD rej.": "mmd_reject", "NS rej.": "ns_mmd_reject"}
 """Table 1's test columns (percent of layers rejected; no interval)."""
@@ -104,6 +110,11 @@ VARIANT_NOTES = {
         "fair comparison. Only hidden Linear layers with a bias can be ordered: on OptuNet that is fc1's 3 units "
         "(3! = 6 orderings), and the permutations of conv1 and conv2 (no biases) remain."
     ),
+    "ensemble": (
+        "{label}: its members are held-out networks trained with the reference's own recipe, the networks of the "
+        "Second zoo baseline: its weight-space scores are the measure's noise floor by construction, not a method's "
+        "achievement."
+    ),
     "sghmc_sa": (
         "{label}: the paper's SGHMC, the scale-adapted sampler of the Bayesian-Neural-Networks code base with its "
         "settings (one chain from a random initialisation, per-weight preconditioning adapted during a 20-epoch "
@@ -151,8 +162,43 @@ def reference_text(df: pd.DataFrame) -> str:
         counts = sorted({int(n) for n in rows["n_reference"].dropna()})
         parts[label or experiment] = "/".join(map(str, counts)) or "an unrecorded number of"
     if len(set(parts.values())) == 1:
-        return f"the reference zoo of {next(iter(parts.values()))} converged checkpoints"
-    return "the reference zoo (" + "; ".join(f"{name}: {n} converged checkpoints" for name, n in parts.items()) + ")"
+        return f"the reference zoo (an SGD ensemble) of {next(iter(parts.values()))} converged checkpoints"
+    return ("the reference zoo, an SGD ensemble (" + "; ".join(f"{name}: {n} converged checkpoints" for name, n in parts.items())
+            + ")")
+
+
+def reference_kind_text(df: pd.DataFrame) -> str:
+    """What kind of reference the zoo is, per experiment, from metrics.csv's ``reference_potential_*``
+    columns: the spread of its checkpoints' training potential and their median training accuracy;
+    empty when no row records them."""
+    parts = []
+    for (experiment, label), rows in df.groupby(["experiment", "experiment_label"], sort=False):
+        known = rows.dropna(subset=["reference_potential_median"]) if "reference_potential_median" in rows else rows.iloc[:0]
+        if known.empty:
+            continue
+        row = known.iloc[0]
+        parts.append(f"{label or experiment}: {row.reference_potential_p05:.0f} to {row.reference_potential_p95:.0f} "
+                     f"nats (median {row.reference_potential_median:.0f}; {int(row.reference_potential_n)} "
+                     f"checkpoints), median training accuracy {100 * row.reference_train_acc:.1f}{{pct}}")
+    if not parts:
+        return ""
+    return (" The reference is an SGD ensemble (independently trained checkpoints of one recipe), not draws from the "
+            "T = 1 posterior: the training potential U (summed training cross-entropy plus the recipe's L2 prior term) "
+            "of its checkpoints spans, 5th to 95th percentile, " + "; ".join(parts)
+            + "; under exp(-U) the lowest checkpoint would carry nearly all the mass.")
+
+
+def baseline_text(df: pd.DataFrame) -> str:
+    """How to read the Baselines group (``benchmark.baselines``), for the captions; empty without
+    baseline rows."""
+    present = [BASELINES[name] for name in BASELINES if name in set(df.loc[df["mode"] == BASELINE_MODE, "method"])]
+    if not present:
+        return ""
+    return (" Baselines (not ranked): reference rows, scored exactly as a method's samples are over the same "
+            "repetitions, to read the scale of each column by: " + "; ".join(f"{b.label}: {b.about}" for b in present)
+            + ". A method that scores no better than the prior or the untrained networks is no closer to the "
+            "reference by that column than they are; the second zoo is what a method sampling the reference exactly "
+            "scores.")
 
 
 def _mmd_text(df: pd.DataFrame, statistic: str) -> str:
@@ -190,11 +236,14 @@ def captions(df: pd.DataFrame) -> tuple[str, str]:
         + _uncertainty_text(df)
         + " MMD rej. and NS rej.: {pct} of layers where MMDAgg's aggregated test (the 20 kernels, level 0.05) "
         "rejects \"same distribution\" (first repetition" + _chain_text(df) + ")."
+        + " Agree and TV: the function-space check, agreement and total variation of the row's predictive with "
+        "the reference's (as in Table 3), {pct}."
         + " The accuracies of each row's base networks are in diagnostics.md."
+        + reference_kind_text(df) + baseline_text(df)
         + _variant_text(df)
     )
     table2_caption = ("Table 2: Full MMD table. " + _mmd_text(df, "the median, mean or max") + " " + SHARED_TEXT + " "
-                      + _uncertainty_text(df) + _variant_text(df))
+                      + _uncertainty_text(df) + baseline_text(df) + _variant_text(df))
     return table1_caption, table2_caption
 
 
@@ -232,8 +281,10 @@ def table3_caption(df: pd.DataFrame) -> str:
         "anchor network, one layer's linear assignment at a time) every network, zoo checkpoints and samples, to "
         "one fixed anchor instead of sorting; the anchor is the converged reference checkpoint with the lowest seed "
         f"(seed 002's code aligns to the first network of its list); {_anchor_text(df)}. MMD columns {{times}}. "
-        "NS rank / WM rank: the row's rank by NS MMD / WM MMD within its experiment (1 = closest to the zoo). "
+        "NS rank / WM rank: the row's rank by NS MMD / WM MMD among the experiment's methods (1 = closest to the zoo; "
+        "baselines are not ranked). "
         + _uncertainty_text(df)
+        + baseline_text(df)
         + _variant_text(df)
     )
 
@@ -245,7 +296,7 @@ def table3(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
     table = display_cells(rows, TABLE3_SOURCES, separate)
     experiment = rows.index.get_level_values(0)
     for label, column in RANK_SOURCES.items():
-        values = rows[column].where(rows["status"] != "failed")
+        values = rows[column].where((rows["status"] != "failed") & (rows["mode"] != BASELINE_MODE))
         ranks = values.groupby(experiment).rank(method="min")
         table[label] = [MISSING if np.isnan(r) else f"{int(r)}" for r in ranks]
     return table
@@ -357,7 +408,7 @@ def _ordered(df: pd.DataFrame, value_columns) -> pd.DataFrame:
     labels and sorted in the paper's order."""
     rows = check_metrics(df)
     experiments = list(dict.fromkeys(rows["experiment"]))
-    registered = list(method_names())
+    registered = [*method_names(), *BASELINES]
     methods = registered + sorted(set(rows["method"]) - set(registered))
     rows = rows.assign(
         _e=rows["experiment"].map(experiments.index),
@@ -374,7 +425,7 @@ def _ordered(df: pd.DataFrame, value_columns) -> pd.DataFrame:
     )
     value_columns = list(value_columns)
     widths = [half_width(c) for c in value_columns if half_width(c) in rows.columns]
-    return rows[["status", "reason", *value_columns, *widths]]
+    return rows[["status", "reason", "mode", *value_columns, *widths]]
 
 
 def display_cells(rows: pd.DataFrame, sources: dict, separate: bool = False, with_half_widths: bool = True) -> pd.DataFrame:

@@ -44,7 +44,9 @@ from typing import Any, Callable
 import pandas as pd
 from tqdm.auto import tqdm
 
-from benchmark.config import ReferenceChoice
+from benchmark.baselines import BASELINE_MODE, BASELINES, baseline_samples, second_zoo_seeds
+from benchmark.config import BaselineChoice, ReferenceChoice
+from benchmark.core.fingerprint import stable_hash
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
     CheckpointError, SampleSetMetadata, StoreError, Unit, atomic_write_text, clear_non_file, load_checkpoints_as_sample_set,
@@ -174,10 +176,62 @@ def run(exp: Experiment) -> pd.DataFrame:
     if problems:
         raise problems[0][0](" | ".join(message for _, message in problems))
     zoo = Reference(exp)
-    frame = _score_rows(exp, units, lambda unit: zoo)
+    frame = _score_rows(exp, units, lambda unit: zoo, _baseline_rows(exp, zoo, zoo))
     if exp.config.reference == ReferenceChoice.hmc:
         _score_against_hmc(exp, units, zoo)
     return frame
+
+
+def _baseline_rows(exp: Experiment, zoo: Reference, against: Reference
+                   ) -> list[tuple[dict[str, Any], list[dict[str, Any]], list[int], list[list[int] | None]]]:
+    """The reference rows of ``evaluate.baselines`` (``benchmark.baselines``), drawn from ``zoo`` and
+    scored against ``against`` over the ``sample.repetitions`` (the first in full), each as
+    ``(row, numbers per repetition, repetitions, seeds)``; a baseline the store cannot supply
+    (``second_zoo`` without its held-out networks) is left out with one warning."""
+    out = []
+    names = [BaselineChoice(b).value for b in exp.config.evaluate.baselines]
+    repetitions = range(exp.config.sample.repetitions)
+    bar = tqdm(total=len(names) * len(repetitions), desc=f"evaluate {exp.name}: baselines against the {against.name}",
+               unit="repetition", dynamic_ncols=True, disable=not names)
+    for name in names:
+        numbers, seeds = [], []
+        try:
+            for k in repetitions:
+                got, used = _baseline_numbers(exp, zoo, against, name, k, full=k == 0)
+                numbers.append(got)
+                seeds.append(used)
+                bar.update()
+        except ValueError as err:
+            log.warning("%s; the row is left out", err)
+            continue
+        row = _row(exp, name, BASELINES[name].label, BASELINE_MODE, against)
+        out.append((row, numbers, list(repetitions), seeds))
+    bar.close()
+    return out
+
+
+def _baseline_numbers(exp: Experiment, zoo: Reference, against: Reference, name: str, repetition: int, full: bool
+                      ) -> tuple[dict[str, Any], list[int] | None]:
+    """Repetition ``repetition`` of baseline ``name`` scored against ``against`` (cached, keyed by the
+    baseline, the repetition, its size, the networks it reads and the scoring key), and the seeds
+    of the networks it holds (None for draws)."""
+    per_method = exp.config.sample.per_method
+    networks = second_zoo_seeds(exp, repetition, per_method) if name == "second_zoo" else []
+    inputs = {"baseline": name, "repetition": repetition, "n": per_method, "full": full,
+              "zoo": [zoo.key(c) for c in ("zoo", "canonical")], "recipe": exp.config_hash}
+    key = stable_hash({"numbers": against.files_numbers_key(exp.store.checkpoint_paths(networks)), "inputs": inputs},
+                      length=20)
+    cached = exp.store.baseline_eval_path(name, repetition, against.name)
+    hit = _cached_numbers(cached, key)
+    if hit is None:
+        samples, _ = baseline_samples(exp, zoo, name, repetition)
+        preds = {"id": predict_with_weights(exp.model(), samples, exp.test_tensors[0]),
+                 "ood": predict_with_weights(exp.model(), samples, exp.ood_tensors[0])}
+        hit = against.score_samples(samples, preds, full=full)
+        _store_numbers(cached, key, hit)
+    if name == "second_zoo":
+        return hit, networks
+    return hit, None
 
 
 def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], reference_of: Callable[[Unit], Reference],
@@ -212,9 +266,10 @@ def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], refer
 
 
 def _row(exp: Experiment, method: str, label: str, mode: str, ref: Reference) -> dict[str, Any]:
-    """The identifying columns of a metrics row scored against ``ref``."""
+    """The identifying columns of a metrics row scored against ``ref`` (and what the reference is:
+    ``Reference.description``)."""
     recipe = ref.recipe  # the zoo's (the HMC reference has none)
-    return {"experiment": exp.name, "experiment_label": exp.display_name, "method": method, "method_label": label,
+    return {**ref.description(), "experiment": exp.name, "experiment_label": exp.display_name, "method": method, "method_label": label,
             "mode": mode, "status": "ok", "reason": "", "ns_steps": "+".join(ref.steps),
             "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}", "n_reference": ref.size,
             "reference_config_hash": " ".join(recipe.config_hashes) if recipe else "",
@@ -236,7 +291,8 @@ def _score_against_hmc(exp: Experiment, units: dict[tuple[str, str], list[Unit]]
         numbers.append(_zoo_block_numbers(exp, pool, zoo, k, block, full=k == 0))
         seeds.append(block)
     row = _row(exp, ZOO_ROW[0], ZOO_LABEL, ZOO_ROW[1], pool)
-    return _score_rows(exp, units, lambda unit: own.get(unit, pool), [(row, numbers, list(range(len(blocks))), seeds)])
+    extra = [(row, numbers, list(range(len(blocks))), seeds), *_baseline_rows(exp, zoo, pool)]
+    return _score_rows(exp, units, lambda unit: own.get(unit, pool), extra)
 
 
 def zoo_blocks(exp: Experiment, zoo: Reference) -> list[list[int]]:

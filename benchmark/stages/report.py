@@ -22,6 +22,7 @@ import pandas as pd
 from benchmark.core.store import CheckpointMetadata, atomic_write_text, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, range_state, reap_results_litter, require_inputs
+from benchmark.baselines import BASELINE_MODE
 from benchmark.config import ReferenceChoice
 from benchmark.report import diagnostics, findings, hmc, write_tables
 from benchmark.results import metrics_path, read_metrics, read_repetitions, repetitions_path
@@ -67,7 +68,9 @@ def run(exp: Experiment) -> list[Path]:
         against_hmc = (read_metrics(metrics_path(exp.results_dir, "hmc")),
                        read_repetitions(repetitions_path(exp.results_dir, "hmc")))
         written += hmc.write(exp, metrics, against_hmc[0], exp.results_dir)
-    atomic_write_text(exp.results_dir / "findings.md", findings.render(metrics, repetitions, hmc=against_hmc))
+    claims_hmc = None if against_hmc is None else tuple(_methods_only(frame) for frame in against_hmc)
+    atomic_write_text(exp.results_dir / "findings.md",
+                      findings.render(_methods_only(metrics), _methods_only(repetitions), hmc=claims_hmc))
     written.append(exp.results_dir / "findings.md")
     results = exp.results_dir.parent
     others = [p for p in sorted(results.glob("*/metrics.csv")) if p.parent.name != "all"]
@@ -76,6 +79,11 @@ def run(exp: Experiment) -> list[Path]:
     for path in written:
         log.info("wrote %s", path)
     return written
+
+
+def _methods_only(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a metrics or repetitions frame that are not baselines (the paper's claims compare methods)."""
+    return frame[frame["mode"] != BASELINE_MODE]
 
 
 def write_zoo_summary(exp: Experiment, path: Path) -> Path:

@@ -58,7 +58,7 @@ def test_repetition_rows_round_trip_through_repetitions_csv(tmp_path):
     (lambda f: f.assign(repetition=[0, -1]), r"'repetition' expects integers >= 0, got \['-1'\]"),
     (lambda f: f.assign(repetition=[0, 0]), r"duplicate \(experiment, method, mode, repetition\) rows"),
     (lambda f: f.assign(base_seeds=["1 2", "1,2"]), r"'base_seeds' expects space-separated integers, got \['1,2'\]"),
-    (lambda f: f.assign(mode="single"), r"'mode' expects values in \['one', 'multi'\]"),
+    (lambda f: f.assign(mode="single"), r"'mode' expects values in \['one', 'multi', 'baseline'\]"),
     (lambda f: f.assign(acc="high"), r"'acc' expects numbers"),
 ])
 def test_bad_repetitions_are_refused_naming_the_file_and_column(tmp_path, change, match):

@@ -146,6 +146,14 @@ class ExperimentStore:
         """The evaluate stage's number cache of a sample unit."""
         return self.eval_dir / f"{self._own(unit).cache_name}.json"
 
+    def baseline_eval_path(self, baseline: str, repetition: int, against: str = "zoo") -> Path:
+        """The evaluate stage's number cache of repetition ``repetition`` of reference row ``baseline``
+        (``benchmark.baselines``) scored against reference ``against``."""
+        if not baseline.isidentifier() or int(repetition) < 0:
+            raise ValueError(f"baseline_eval_path: expected an identifier and a repetition >= 0, got {baseline!r}, {repetition}")
+        suffix = "" if against == "zoo" else f".{against}"
+        return self.eval_dir / f"baseline_{baseline}_r{int(repetition)}{suffix}.json"
+
     def sample_units(self) -> list[Unit]:
         """Every sample unit with a sample set or a predictions file in the store (sorted)."""
         units = set()

@@ -66,7 +66,8 @@ PAPER_ORDER = [
 
 def test_table1_values_scaled_and_rounded_like_the_paper():
     t = table1(pd.DataFrame(paper_rows()))
-    assert list(t.columns) == ["MMD", "NS MMD", "Acc", "ECE", "Brier", "AUPR", "FPR95", "ID MI", "OOD MI", "MMD rej.", "NS rej."]
+    assert list(t.columns) == ["MMD", "NS MMD", "Acc", "ECE", "Brier", "AUPR", "FPR95", "ID MI", "OOD MI", "Agree", "TV",
+                               "MMD rej.", "NS rej."]
     assert list(t.loc[("MNIST - OptuNet", "One Mode", "Dropout")])[:9] == [v + SINGLE for v in DROPOUT_ONE_TABLE1]
     bnn = t.loc[("MNIST - OptuNet", "One Mode", "BNN")]
     assert values([bnn["Acc"], bnn["ECE"], bnn["ID MI"], bnn["MMD"]]) == ["12.3", "12.4", "n/a", "1.0"]
@@ -117,7 +118,7 @@ def test_several_experiments_stack_as_blocks_in_order_of_appearance():
     ("change", "match"),
     [
         (lambda df: df.drop(columns=["acc", "ns_mmd_median"]), r"missing columns \['ns_mmd_median', 'acc'\]"),
-        (lambda df: df.assign(mode=["single"] + list(df["mode"][1:])), r"'mode'.*\['one', 'multi'\].*single"),
+        (lambda df: df.assign(mode=["single"] + list(df["mode"][1:])), r"'mode'.*\['one', 'multi', 'baseline'\].*single"),
         (lambda df: df.assign(status="done"), r"'status'.*done"),
         (lambda df: pd.concat([df, df.iloc[:1]]), r"duplicate.*ensemble"),
         (lambda df: df.assign(acc="high"), r"'acc' expects numbers"),
@@ -159,7 +160,7 @@ def test_write_tables_round_trips_through_files(tmp_path):
     assert re.search(r"\\caption\{Table 1:.*\$\\times 100\$.*in \\%", tex)
     assert not re.search(r"(?<!\\)%", tex)  # an unescaped % would comment out the rest of a line
     assert r"\multirow" in tex and r"\label{tab:table1}" in tex
-    assert " & ".join(v + r" $\pm$ n/a" for v in DROPOUT_ONE_TABLE1) + " & 1.0 & 1.0" in tex
+    assert " & ".join(v + r" $\pm$ n/a" for v in [*DROPOUT_ONE_TABLE1, "90.0", "10.0"]) + " & 1.0 & 1.0" in tex
     assert tex.count("failed") >= 2 * 9 and "Failed runs:" in tex
     assert r"\multicolumn{3}{c}{NS MMD}" in (out / "table2.tex").read_text()
 

@@ -104,7 +104,7 @@ def test_metrics_csv_matches_independent_computation(filled):
     mean, hw = interval(by_rep, float(halves.std()))
     assert row.wm_mmd_median == pytest.approx(mean, rel=1e-6) and row.wm_mmd_median_hw == pytest.approx(hw, rel=1e-6)
     on_disk = pd.read_csv(exp.results_dir / "metrics.csv")
-    assert len(on_disk) == 1
+    assert list(on_disk["mode"]) == ["multi", *["baseline"] * 4]  # second_zoo left out: 6 held-out networks, not 100
 
 
 def test_repetitions_csv_and_shared_bandwidth_columns_match_independent_computation(filled):
@@ -406,8 +406,8 @@ def test_a_reference_range_with_untrained_seeds_is_refused_unless_partial_is_all
     assert set(df["n_reference"]) == {12}
     tables = run_report(Experiment(partial))
     table1 = (tables[0].parent / "table1.md").read_text()
-    assert "the reference zoo of 12 converged checkpoints" in table1
-    assert "the reference zoo of 12 converged checkpoints" in (tables[0].parent / "table3.md").read_text()
+    assert "the reference zoo (an SGD ensemble) of 12 converged checkpoints" in table1
+    assert "the reference zoo (an SGD ensemble) of 12 converged checkpoints" in (tables[0].parent / "table3.md").read_text()
 
 
 def test_an_older_metrics_csv_without_n_reference_still_reads(filled, tmp_path):
