@@ -276,8 +276,10 @@ def t_power(mean: float, sd_a: float, sd_b: float, paired: bool, level: float, n
         df = (va + vb) ** 2 / (va ** 2 / (n[0] - 1) + vb ** 2 / (n[1] - 1)) if se > 0 else n[0] + n[1] - 2
     if se == 0.0:
         return level if mean == 0.0 else 1.0
-    critical, nc = stats.t.ppf(1 - level / 2, df), mean / se
-    return float(stats.nct.sf(critical, df, nc) + stats.nct.cdf(-critical, df, nc))
+    critical, nc = stats.t.ppf(1 - level / 2, df), abs(mean) / se
+    # the far tail P(T < -critical) as sf(critical) at -nc: scipy's cdf there is NaN for large nc
+    near, far = stats.nct.sf(critical, df, nc), stats.nct.sf(critical, df, -nc)
+    return float(min(1.0, near + (0.0 if math.isnan(far) else far)))
 
 
 def repetitions_for_power(test: RowTest, level: float, target: float = POWER_TARGET,
