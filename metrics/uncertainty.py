@@ -27,6 +27,7 @@ probability of a wrong direction, for independent tests).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -145,10 +146,12 @@ MAX_REPETITIONS = 10_000
 """The largest number of repetitions ``repetitions_for_power`` searches; above it: ``math.inf``."""
 
 
-def _two_sided(null: np.ndarray, observed: float, exact: bool) -> float:
-    """scipy's two-sided p-value of ``observed`` under the ``null`` distribution (with the
-    observed arrangement counted once more when the null was drawn at random)."""
-    gamma = abs(observed) * np.finfo(np.float64).eps * 100
+def _two_sided(null: np.ndarray, observed: float, scale: float, exact: bool) -> float:
+    """scipy's two-sided p-value of ``observed`` under the ``null`` distribution: twice the smaller
+    one-sided p, at most 1 (the observed arrangement counted once more when the null was drawn
+    at random). Values within 100 ulp of ``scale`` (the data's magnitude) of ``observed`` count
+    as ties: a sum in another order can differ from it by rounding alone."""
+    gamma = np.finfo(np.float64).eps * 100 * max(abs(observed), scale)
     less, greater = np.count_nonzero(null <= observed + gamma), np.count_nonzero(null >= observed - gamma)
     if exact:
         p_less, p_greater = less / null.size, greater / null.size
@@ -166,12 +169,25 @@ def sign_flip_p(differences: Sequence[float], seed: int = 0) -> float:
     if d.size < 2:
         return math.nan
     exact = 2 ** d.size <= EXACT_LIMIT
-    if exact:
+    if exact:  # pattern 0 (no flip) is the observed arrangement
         patterns = (np.arange(2 ** d.size)[:, None] >> np.arange(d.size)) & 1
     else:
-        patterns = np.random.default_rng(seed).integers(0, 2, (RANDOM_DRAWS, d.size))
-    null = ((1 - 2 * patterns) * d).mean(axis=1)
-    return _two_sided(null, float(d.mean()), exact)
+        patterns = np.random.default_rng(seed).integers(0, 2, (RANDOM_DRAWS + 1, d.size))
+        patterns[0] = 0
+    null = (1 - 2 * patterns) @ d / d.size
+    return _two_sided(null[1:] if not exact else null, float(null[0]), float(np.abs(d).max()), exact)
+
+
+@functools.lru_cache(maxsize=8)
+def _splits(total: int, n: int) -> np.ndarray:
+    """``[C(total, n), total]`` bool: every way to pick ``n`` of ``total`` values (the first: the first ``n``)."""
+    count = math.comb(total, n)
+    chosen = np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(total), n)), dtype=np.int64,
+                         count=count * n).reshape(count, n)
+    mask = np.zeros((count, total), dtype=bool)
+    mask[np.arange(count)[:, None], chosen] = True
+    mask.flags.writeable = False
+    return mask
 
 
 def permutation_p(a: Sequence[float], b: Sequence[float], seed: int = 0) -> float:
@@ -186,17 +202,15 @@ def permutation_p(a: Sequence[float], b: Sequence[float], seed: int = 0) -> floa
         return math.nan
     pooled, n = np.concatenate([x, y]), x.size
     exact = math.comb(pooled.size, n) <= EXACT_LIMIT
-    if exact:
-        in_a = np.zeros((math.comb(pooled.size, n), pooled.size), dtype=bool)
-        for row, chosen in enumerate(itertools.combinations(range(pooled.size), n)):
-            in_a[row, list(chosen)] = True
+    if exact:  # split 0 (the first n values to a) is the observed one
+        in_a = _splits(pooled.size, n)
     else:
         rng = np.random.default_rng(seed)
-        in_a = np.argsort(rng.random((RANDOM_DRAWS, pooled.size)), axis=1) < n
-    total = pooled.sum()
-    sums = in_a.astype(np.float64) @ pooled
-    null = sums / n - (total - sums) / y.size
-    return _two_sided(null, float(x.mean() - y.mean()), exact)
+        in_a = np.argsort(rng.random((RANDOM_DRAWS + 1, pooled.size)), axis=1) < n
+        in_a[0] = np.arange(pooled.size) < n
+    sums = in_a @ pooled
+    null = sums / n - (pooled.sum() - sums) / y.size
+    return _two_sided(null if exact else null[1:], float(null[0]), float(np.abs(pooled).max()), exact)
 
 
 def min_exact_p(n_a: int, n_b: int | None = None) -> float:
