@@ -1,5 +1,9 @@
 """Error bars of the tables and the tests behind the findings: the spread over repetitions of
-one row, and paired comparisons of two rows with Holm's multiplicity control.
+one row; comparisons of two rows, paired or not, by t-tests and by exact tests that need no
+normality (``compare_rows``: sign-flip, permutation; below), with Holm's multiplicity control;
+the smallest p-value an exact test allows and the repetitions at which it can reach a level
+(``min_exact_p``, ``repetitions_to_reach``, ``reachable``); the t-tests' power and the
+repetitions for 80% (``t_power``, ``repetitions_for_power``).
 
 One row (``interval``). For a metric measured in R independent repetitions with values
 v_1..v_R, the table reports their mean and the half-width of a 95% interval:

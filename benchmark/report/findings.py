@@ -222,7 +222,7 @@ def design(a: pd.DataFrame, b: pd.DataFrame, methods: tuple[str, str],
     else:
         why = shared
     if shared == REUSED:
-        why += f"; {REUSED}: approximate"
+        why = f"{why}: approximate" if why == REUSED else f"{why}; {REUSED}: approximate"
     return False, f"unpaired: {why}"
 
 

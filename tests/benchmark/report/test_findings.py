@@ -215,7 +215,7 @@ def test_pairing_from_base_seeds():
     members = {("ensemble", "multi"): [list(range(100000 + 100 * k, 100100 + 100 * k)) for k in range(R)]}
     text = render(*_frames(_paper_values(), bases=members))
     assert _cells(text, "| Deep Ensembles (multi) < Laplace (one)")[5] == (
-        "unpaired: bases reused across pairs; bases reused across pairs: approximate")
+        "unpaired: bases reused across pairs: approximate")
     assert _cells(text, "| Deep Ensembles (multi) < Dropout (one)")[5] == (
         "unpaired: dropout not from the base; bases reused across pairs: approximate")
     assert _cells(text, "| Laplace (multi) < Laplace (one)")[5] == "paired, shared bases"
