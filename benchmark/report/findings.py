@@ -453,12 +453,12 @@ def _power(power: float) -> str:
 
 
 def _reps(n: float, span: tuple[float, float]) -> str:
-    """``8 (5-40)``: repetitions at the observed difference (and over its 95% interval)."""
+    """``8 (5 to 40)``: repetitions at the observed difference (and over its 95% interval)."""
     def one(x: float) -> str:
         return "n/a" if math.isnan(x) else f">{MAX_REPETITIONS}" if math.isinf(x) else f"{x:.0f}"
     if math.isnan(n):
         return "n/a"
-    return f"{one(n)} ({one(span[0])}-{one(span[1])})"
+    return f"{one(n)} ({one(span[0])} to {one(span[1])})"
 
 
 def _cell(value: float, width: float) -> str:
