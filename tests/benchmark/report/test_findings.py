@@ -354,7 +354,9 @@ def test_methods_against_baselines_are_unpaired_tests_with_holm_per_column():
     assert "### acc (higher is better)" in text and "### nll (lower is better)" in text
     grid = _cells(text, "| Laplace (one) ")
     assert grid[1:] == ["beats", "worse"]
-    assert "| acc      | Laplace (one)" in text or "| acc | Laplace (one)" in text.replace("  ", " ")
+    detail = _cells(text, "| acc | Laplace (one) | init (baseline)")
+    assert detail[4:6] == ["unpaired: init not from the base", "8 + 8"] and detail[-2:] == ["worse", "worse"]
+    assert detail[8] == f"{acc.loc[('laplace', 'init'), 'exact_p']:.4f}"
 
 
 def test_few_baseline_repetitions_are_underpowered_and_bad_names_are_refused():
