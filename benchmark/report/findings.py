@@ -43,7 +43,7 @@ from benchmark.results import check_metrics, check_repetitions, half_width, pars
 from metrics.kendall import BOOTSTRAP_DRAWS
 from methods import METHODS
 from metrics.uncertainty import (
-    ALPHA, LEVEL, MAX_REPETITIONS, POWER_TARGET, RowTest, compare_rows, holm, min_exact_p, reachable,
+    ALPHA, MAX_REPETITIONS, POWER_TARGET, RowTest, compare_rows, holm, min_exact_p, reachable,
     repetitions_for_power,
 )
 
@@ -316,11 +316,12 @@ def _claim_section(claim: Claim, frame: pd.DataFrame, per_row: dict, alpha: floa
     """The lines of one claim's section (its comparisons checked), appending its summary entry."""
     labels = {key: f"{frame.loc[key, 'method_label']} ({key[1]})" for key in frame.index}
     outcomes = check_claim(claim, per_row, alpha)
-    rows = [{"Comparison": f"{labels[o.comparison.a]} {'<' if o.comparison.lower else '>'} {labels[o.comparison.b]}",
-             "Column": o.comparison.column,
-             "A": _cell(frame.loc[o.comparison.a, o.comparison.column], frame.loc[o.comparison.a, half_width(o.comparison.column)]),
-             "B": _cell(frame.loc[o.comparison.b, o.comparison.column], frame.loc[o.comparison.b, half_width(o.comparison.column)]),
-             **outcome_cells(o)} for o in outcomes]
+    rows = []
+    for o in outcomes:
+        c = o.comparison
+        rows.append({"Comparison": f"{labels[c.a]} {'<' if c.lower else '>'} {labels[c.b]}", "Column": c.column,
+                     "A": _cell(frame.loc[c.a, c.column], frame.loc[c.a, half_width(c.column)]),
+                     "B": _cell(frame.loc[c.b, c.column], frame.loc[c.b, half_width(c.column)]), **outcome_cells(o)})
     result = verdict([o.outcome for o in outcomes])
     summary.append(_summary_entry(claim.text, outcomes))
     return [f"## {claim.text} **{result}**", "", pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), ""]

@@ -2,7 +2,6 @@
 both rows start from the base network), decided by exact tests with Holm's control, underpowered
 where no data could decide them; what each claim needs; methods against baselines; the note on
 how to read the vBNN rows. p-values are checked against scipy and statsmodels."""
-import math
 import re
 
 import numpy as np
