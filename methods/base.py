@@ -87,6 +87,16 @@ class PosteriorMethod(ABC):
     deriving from ``MethodSettings``) and ``modes`` (and ``samples_per_base`` if fixed), and
     implement ``fit``, ``sample`` and ``predict_own``; ``check`` refuses combinations that
     cannot work before any training.
+
+    A method whose ``fit`` starts from the trained base network it is given (its weights are
+    the approximation's starting point or centre: SWAG, Laplace, Deep Ensembles, SGHMC) sets the
+    class attribute ``starts_from_base = True``; repetition k of two such rows then shares its
+    base network and ``findings.md`` compares them paired. A method that does not set it (read
+    with ``getattr(cls, "starts_from_base", False)``) trains its own network, at most under the
+    base's seed (dropout, the vBNNs, the scale-adapted SGHMC), and is compared as an independent
+    sample. (Stated here, not as a class default, so that the declaration leaves the cache key of
+    every method that does not set it unchanged: the sample sets are keyed by their modules'
+    syntax trees, docstrings left out.)
     """
 
     name: ClassVar[str]

@@ -19,6 +19,7 @@ class EnsembleMethod(PosteriorMethod):
     label = "Deep Ensembles"
     modes = ("multi",)
     samples_per_base = 1
+    starts_from_base = True  # the members are the repetition's base networks
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

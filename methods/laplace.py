@@ -133,6 +133,7 @@ class LaplaceMethod(PosteriorMethod):
     name = "laplace"
     label = "Laplace"
     Settings = LaplaceSettings
+    starts_from_base = True  # the approximation is centred at the repetition's base network
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

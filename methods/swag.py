@@ -149,6 +149,7 @@ class SWAGMethod(PosteriorMethod):
     name = "swag"
     label = "SWAG"
     Settings = SWAGSettings
+    starts_from_base = True  # repetition k continues training the repetition's base network
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

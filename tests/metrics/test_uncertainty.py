@@ -1,6 +1,7 @@
-"""Error bars and paired comparisons: the one-row interval, Student's paired t-test against scipy
+"""Error bars and comparisons: the one-row interval, Student's paired t-test against scipy
 and R's published numbers, Holm's procedure against statsmodels, and their size and power on
-simulated repetitions that share base networks."""
+simulated repetitions that share base networks; the exact sign-flip and permutation tests and
+Welch's test against scipy, the t-tests' power against statsmodels and a simulation."""
 import math
 
 import numpy as np
@@ -126,3 +127,127 @@ def test_family_wise_error_is_controlled_and_pairing_gives_power():
         (a, ha), (b, hb) = interval(values[0]), interval(values[1])
         separated.append(a + math.hypot(ha, hb) < b)
     assert np.mean(found) > 0.9 and np.mean(separated) < 0.1, (np.mean(found), np.mean(separated))
+
+
+# --- distribution-free tests, unpaired comparisons, power -------------------------------------
+
+from statsmodels.stats.power import TTestPower  # noqa: E402
+
+from metrics.uncertainty import (  # noqa: E402
+    compare_rows, min_exact_p, permutation_p, reachable, repetitions_for_power, repetitions_to_reach, sign_flip_p,
+    t_power,
+)
+
+
+def _mean_difference(x, y, axis=-1):
+    return np.mean(x, axis=axis) - np.mean(y, axis=axis)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_sign_flip_p_equals_scipy_permutation_test_of_pairs(n):
+    rng = np.random.default_rng(n)
+    for shift in (0.0, 0.4, 2.0):
+        a, b = rng.normal(shift, 1, n), rng.normal(0, 1, n)
+        expected = stats.permutation_test((a, b), _mean_difference, permutation_type="samples", vectorized=True,
+                                          n_resamples=10 ** 6).pvalue
+        assert sign_flip_p(a - b) == pytest.approx(expected, rel=1e-12), (n, shift)
+        assert compare_rows(a, b, paired=True).exact_p == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("sizes", [(2, 3), (4, 4), (5, 5), (3, 7)])
+def test_permutation_p_equals_scipy_permutation_test_of_independent_samples(sizes):
+    rng = np.random.default_rng(sum(sizes))
+    for shift in (0.0, 0.7, 3.0):
+        a, b = rng.normal(shift, 1, sizes[0]), rng.normal(0, 1, sizes[1])
+        expected = stats.permutation_test((a, b), _mean_difference, permutation_type="independent", vectorized=True,
+                                          n_resamples=10 ** 6).pvalue
+        assert permutation_p(a, b) == pytest.approx(expected, rel=1e-12), (sizes, shift)
+
+
+@pytest.mark.slow  # scipy's exact null over 2^20 sign patterns
+def test_random_draws_above_the_exact_limit_agree_with_scipy_within_monte_carlo_error():
+    rng = np.random.default_rng(3)
+    d = rng.normal(0.3, 1, 20)  # 2^20 sign patterns > EXACT_LIMIT: drawn at random
+    exact = stats.permutation_test((d, np.zeros(20)), _mean_difference, permutation_type="samples", vectorized=True,
+                                   n_resamples=2 ** 20).pvalue
+    assert sign_flip_p(d) == pytest.approx(exact, abs=4 * math.sqrt(exact * (1 - exact) / 100_000) + 1e-5)
+    a, b = rng.normal(0.8, 1, 12), rng.normal(0, 1, 12)  # C(24, 12) splits: drawn at random
+    expected = stats.permutation_test((a, b), _mean_difference, permutation_type="independent", vectorized=True,
+                                      n_resamples=400_000, random_state=1).pvalue
+    assert permutation_p(a, b) == pytest.approx(expected, abs=4 * math.sqrt(expected * (1 - expected) / 100_000) + 1e-4)
+
+
+def test_the_smallest_exact_p_values_and_the_repetitions_that_reach_a_level():
+    """5 pairs cannot give p < 0.0625 (all differences one sign: 2 of 32 patterns as extreme);
+    5 + 5 independent values can give 2 / 252; 6 pairs reach 0.05, 9 reach 0.05 / 12."""
+    assert min_exact_p(5) == 2 / 32 and min_exact_p(5, 5) == 2 / 252 and min_exact_p(1) == 1.0
+    assert sign_flip_p([0.1, 0.2, 0.3, 0.4, 0.5]) == pytest.approx(0.0625)
+    assert permutation_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(2 / 252)
+    assert repetitions_to_reach(0.05, paired=True) == 6 and repetitions_to_reach(0.05 / 12, paired=True) == 9
+    assert repetitions_to_reach(0.05, paired=False) == 4 and repetitions_to_reach(0.05 / 12, paired=False) == 6
+    for level in (0.05, 0.01, 0.05 / 20):
+        n = repetitions_to_reach(level, paired=True)
+        assert 2 / 2 ** n <= level < 2 / 2 ** (n - 1)
+        m = repetitions_to_reach(level, paired=False)
+        assert 2 / math.comb(2 * m, m) <= level < 2 / math.comb(2 * m - 2, m - 1)
+    with pytest.raises(ValueError, match="level"):
+        repetitions_to_reach(0.0, paired=True)
+
+
+def test_reachable_applies_holm_to_the_smallest_p_values():
+    """One paired comparison of 5 repetitions cannot reach 0.05; a family of 12 unpaired 5 + 5
+    comparisons cannot either (Holm's first threshold 0.05 / 12 < 2 / 252), a family of 6 can."""
+    assert not reachable([min_exact_p(5)]).any()
+    assert not reachable([min_exact_p(5, 5)] * 12).any() and reachable([min_exact_p(5, 5)] * 6).all()
+    assert list(reachable([min_exact_p(6), min_exact_p(5)])) == [False, False]  # 2 x 2/64 > 0.05 at Holm's first step
+    assert list(reachable([min_exact_p(8), min_exact_p(5, 5)])) == [True, True]
+
+
+def test_compare_rows_paired_is_ttest_rel_and_unpaired_is_welch():
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(0, 1, 6), rng.normal(0.5, 2, 6)
+    paired, unpaired = compare_rows(a, b, paired=True), compare_rows(a, b, paired=False)
+    rel, welch = stats.ttest_rel(a, b), stats.ttest_ind(a, b, equal_var=False)
+    assert paired.paired and paired.t_p == pytest.approx(rel.pvalue, rel=1e-10)
+    assert paired.statistic == pytest.approx(rel.statistic, rel=1e-10) and paired.df == 5
+    assert not unpaired.paired and unpaired.t_p == pytest.approx(welch.pvalue, rel=1e-10)
+    assert unpaired.statistic == pytest.approx(welch.statistic, rel=1e-10)
+    assert unpaired.df == pytest.approx(welch.df, rel=1e-10)
+    low, high = welch.confidence_interval(0.95)
+    assert unpaired.half_width == pytest.approx((high - low) / 2, rel=1e-10)
+    assert unpaired.mean == pytest.approx(a.mean() - b.mean())
+    assert compare_rows([1.0, np.nan, 3.0], [2.0, 2.0, 4.0], paired=False).n_a == 2
+    lonely = compare_rows([1.0], [2.0, 3.0], paired=False)
+    assert not lonely.testable and math.isnan(lonely.exact_p)
+    with pytest.raises(ValueError, match="shapes"):
+        compare_rows([1.0, 2.0], [1.0, 2.0, 3.0], paired=True)
+
+
+def test_t_power_equals_statsmodels_and_a_simulation():
+    """Paired: statsmodels' TTestPower (one-sample t on the differences); Welch: a simulation of
+    scipy's ttest_ind(equal_var=False)."""
+    for effect, n, level in ((0.5, 5, 0.05), (1.2, 8, 0.01), (2.0, 4, 0.05 / 12), (0.0, 10, 0.05)):
+        expected = TTestPower().power(effect_size=effect, nobs=n, alpha=level, alternative="two-sided")
+        assert t_power(effect * 0.3, 0.3, 0.3, True, level, (n, n)) == pytest.approx(expected, rel=1e-8)
+    rng = np.random.default_rng(11)
+    mean, sd_a, sd_b, n, level = 1.0, 0.8, 1.6, 6, 0.05
+    draws = 20_000
+    x, y = rng.normal(mean, sd_a, (draws, n)), rng.normal(0.0, sd_b, (draws, n))
+    simulated = np.mean(stats.ttest_ind(x, y, axis=1, equal_var=False).pvalue <= level)
+    # the noncentral-t form is an approximation for Welch's test (df estimated): within 0.02
+    assert t_power(mean, sd_a, sd_b, False, level, (n, n)) == pytest.approx(simulated, abs=0.02)
+
+
+def test_repetitions_for_power_is_the_first_n_with_enough_power_and_a_reachable_exact_test():
+    rng = np.random.default_rng(5)
+    base = rng.normal(0, 1, 5)
+    test = compare_rows(base + rng.normal(-0.6, 0.5, 5), base, paired=True)
+    effect = abs(test.mean) / test.sd_a
+    n = repetitions_for_power(test, 0.05)
+    by_statsmodels = TTestPower().solve_power(effect_size=effect, alpha=0.05, power=0.8, alternative="two-sided")
+    assert n == max(math.ceil(by_statsmodels), 6)
+    assert test.power(0.05, n=int(n)) >= 0.8 and (n == 6 or test.power(0.05, n=int(n) - 1) < 0.8)
+    assert repetitions_for_power(test, 0.05, mean=0.0) == math.inf
+    huge = compare_rows(base - 10.0 + rng.normal(0, 0.01, 5), base, paired=True)
+    assert repetitions_for_power(huge, 0.05) == 6  # power is ~1 at 2 pairs: the sign-flip floor decides
+    assert repetitions_for_power(huge, 0.05 / 12) == 9

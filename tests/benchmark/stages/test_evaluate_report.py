@@ -144,8 +144,9 @@ def test_repetitions_csv_and_shared_bandwidth_columns_match_independent_computat
 
 
 def test_findings_test_the_repetitions_the_evaluate_stage_wrote(filled, tmp_path):
-    """Two rows end to end: findings.md's paired t-test of Deep Ensembles against a second row is
-    scipy's ttest_rel on the two rows' per-repetition MMD."""
+    """Two rows end to end: findings.md's tests of Deep Ensembles against a second row (dropout, which
+    trains its own networks: independent samples) are scipy's Welch test and permutation test on the
+    two rows' per-repetition MMD."""
     exp, reps = filled
     other = Experiment(dataclasses.replace(exp.config, results=str(tmp_path / "results")))
     members = [s for s in exp.store.completed_seeds() if s >= 100000]
@@ -163,15 +164,18 @@ def test_findings_test_the_repetitions_the_evaluate_stage_wrote(filled, tmp_path
             exp.store.preds_path(exp.store.sample_unit("dropout", "one", r)).unlink()
     per_rep = read_repetitions(other.results_dir / "repetitions.csv").set_index(["method", "mode", "repetition"])
     a, b = per_rep.loc[("ensemble", "multi")]["mmd_median"], per_rep.loc[("dropout", "one")]["mmd_median"]
-    expected = stats.ttest_rel(a.to_numpy(), b.to_numpy())
+    expected = stats.ttest_ind(a.to_numpy(), b.to_numpy(), equal_var=False)
+    exact = stats.permutation_test((a.to_numpy(), b.to_numpy()), lambda x, y, axis: x.mean(axis) - y.mean(axis),
+                                   permutation_type="independent", vectorized=True).pvalue
     text = (other.results_dir / "findings.md").read_text()
-    assert "Student's paired t-test" in text and "Holm" in text
+    assert "Welch's t-test" in text and "sign-flip" in text and "Holm" in text
     line = next(line for line in text.splitlines() if line.startswith("| Deep Ensembles (multi) <"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[1] == "mmd_median" and cells[5] == "2, shared bases"
-    assert float(cells[6]) == pytest.approx(expected.pvalue, abs=5e-5)  # one comparison: Holm p = p
-    assert float(cells[7]) == pytest.approx(expected.pvalue, abs=5e-5)
-    diff = (a.to_numpy() - b.to_numpy()).mean() * 100
+    assert cells[1] == "mmd_median" and cells[5:7] == ["unpaired: dropout not from the base", "2 + 2"]
+    assert float(cells[7]) == pytest.approx(expected.pvalue, abs=5e-5)  # one comparison: Holm p = p
+    assert float(cells[8]) == pytest.approx(expected.pvalue, abs=5e-5)
+    assert float(cells[9]) == float(cells[10]) == pytest.approx(exact, abs=5e-5) and cells[-1] == "underpowered"
+    diff = (a.to_numpy().mean() - b.to_numpy().mean()) * 100
     assert cells[4].startswith(f"{diff:.1f} ± ")
 
 
