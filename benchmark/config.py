@@ -278,7 +278,8 @@ class EvaluateConfig:
     than this run's (by default the stage refuses, naming the differing fields; with it, one
     warning, and metrics.csv's ``reference_recipe`` says so); ``baselines``: the reference rows scored
     beside the methods (``benchmark.baselines``: prior, untrained initialisations, Gaussians fitted to
-    the raw and the symmetry-free zoo, a second zoo of the same recipe; ``[]`` for none);
+    the raw and the symmetry-free zoo, a second zoo of the same recipe; ``[]`` for none), over
+    ``baseline_repetitions`` repetitions (null: ``sample.repetitions``; the second zoo's at most that);
     ``potential_checkpoints``: how many converged reference checkpoints (the first in seed order; 0 =
     all) the zoo's training potential is measured on (``Reference.training_potential``)."""
 
@@ -297,6 +298,10 @@ class EvaluateConfig:
     # measured on the first potential_checkpoints converged reference seeds: a full pass over the training split
     # per checkpoint, which for a 1,000-checkpoint ResNet-18 zoo would cost more than the rest of the stage.
     potential_checkpoints: int = 256
+    # The baselines cost no training: more repetitions than the methods' let an exact test tell a method from a
+    # baseline at 5 method repetitions (an unpaired 5 + 5 permutation test cannot go below p = 2/252). null: as
+    # many as sample.repetitions; the second zoo never has more than sample.repetitions (its held-out blocks).
+    baseline_repetitions: Optional[int] = None
 
     def __post_init__(self) -> None:
         require(self.max_in_memory_gb > 0, "max_in_memory_gb", self.max_in_memory_gb, "a positive number")
@@ -306,6 +311,8 @@ class EvaluateConfig:
                 self.test_permutations, "0 or an integer >= 100")
         names = [BaselineChoice(b).value for b in self.baselines]
         require(len(set(names)) == len(names), "baselines", names, "each baseline at most once")
+        require(self.baseline_repetitions is None or self.baseline_repetitions >= 1, "baseline_repetitions",
+                self.baseline_repetitions, "null (sample.repetitions) or a positive integer")
         require(self.potential_checkpoints >= 0, "potential_checkpoints", self.potential_checkpoints,
                 "0 (every checkpoint) or a positive integer")
 

@@ -190,11 +190,12 @@ def _baseline_rows(exp: Experiment, zoo: Reference, against: Reference
     (``second_zoo`` without its held-out networks) is left out with one warning."""
     out = []
     names = [BaselineChoice(b).value for b in exp.config.evaluate.baselines]
-    repetitions = range(exp.config.sample.repetitions)
-    bar = tqdm(total=len(names) * len(repetitions), desc=f"evaluate {exp.name}: baselines against the {against.name}",
+    count = baseline_repetitions(exp)
+    bar = tqdm(total=sum(count(name) for name in names), desc=f"evaluate {exp.name}: baselines against the {against.name}",
                unit="repetition", dynamic_ncols=True, disable=not names)
     for name in names:
         numbers, seeds = [], []
+        repetitions = range(count(name))
         try:
             for k in repetitions:
                 got, used = _baseline_numbers(exp, zoo, against, name, k, full=k == 0)
@@ -208,6 +209,14 @@ def _baseline_rows(exp: Experiment, zoo: Reference, against: Reference
         out.append((row, numbers, list(repetitions), seeds))
     bar.close()
     return out
+
+
+def baseline_repetitions(exp: Experiment) -> Callable[[str], int]:
+    """How many repetitions each baseline gets: ``evaluate.baseline_repetitions`` (null:
+    ``sample.repetitions``), the second zoo at most ``sample.repetitions`` (one held-out block each)."""
+    methods = exp.config.sample.repetitions
+    wanted = exp.config.evaluate.baseline_repetitions or methods
+    return lambda name: min(wanted, methods) if name == BaselineChoice.second_zoo.value else wanted
 
 
 def _baseline_numbers(exp: Experiment, zoo: Reference, against: Reference, name: str, repetition: int, full: bool

@@ -69,8 +69,8 @@ def run(exp: Experiment) -> list[Path]:
                        read_repetitions(repetitions_path(exp.results_dir, "hmc")))
         written += hmc.write(exp, metrics, against_hmc[0], exp.results_dir)
     claims_hmc = None if against_hmc is None else tuple(_methods_only(frame) for frame in against_hmc)
-    atomic_write_text(exp.results_dir / "findings.md",
-                      findings.render(_methods_only(metrics), _methods_only(repetitions), hmc=claims_hmc))
+    text = findings.render(_methods_only(metrics), _methods_only(repetitions), hmc=claims_hmc)
+    atomic_write_text(exp.results_dir / "findings.md", text + against_baselines(metrics, repetitions))
     written.append(exp.results_dir / "findings.md")
     results = exp.results_dir.parent
     others = [p for p in sorted(results.glob("*/metrics.csv")) if p.parent.name != "all"]
@@ -79,6 +79,20 @@ def run(exp: Experiment) -> list[Path]:
     for path in written:
         log.info("wrote %s", path)
     return written
+
+
+def against_baselines(metrics: pd.DataFrame, repetitions: pd.DataFrame) -> str:
+    """findings.md's section of every method row against every baseline row (``findings.baseline_comparisons``,
+    the rows that did not fail); empty without both."""
+    ok = metrics[metrics["status"] == "ok"]
+    is_baseline = ok["mode"] == BASELINE_MODE
+    baselines = list(zip(ok.loc[is_baseline, "method"], ok.loc[is_baseline, "mode"]))
+    methods = list(zip(ok.loc[~is_baseline, "method"], ok.loc[~is_baseline, "mode"]))
+    if not baselines or not methods:
+        return ""
+    labels = dict(zip(ok["method"], ok["method_label"]))
+    table = findings.baseline_comparisons(repetitions[repetitions["status"] == "ok"], baselines, methods)
+    return "\n" + findings.render_baselines(table, labels)
 
 
 def _methods_only(frame: pd.DataFrame) -> pd.DataFrame:

@@ -23,6 +23,7 @@ from benchmark.reference import Reference
 from benchmark.report.tables import table1, table3
 from benchmark.results import read_metrics, read_repetitions
 from benchmark.stages.evaluate import run as run_evaluate
+from benchmark.stages.report import run as run_report
 from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import canonicalize, spec_for_model
@@ -40,7 +41,8 @@ def store(tmp_path_factory):
     exp = Experiment(compose_config([
         f"store={root / 'store'}", f"results={root / 'results'}", "seeds.reference=[0,10]",
         "seeds.heldout=[100000,100008]", "sample.repetitions=2", "sample.per_method=4", "sample.modes_multi=2",
-        "evaluate.reference_resamples=4", "evaluate.test_permutations=100", "evaluate.weight_matching=false"]))
+        "evaluate.reference_resamples=4", "evaluate.test_permutations=100", "evaluate.weight_matching=false",
+        "evaluate.baseline_repetitions=3"]))
     exp.store.ensure_writable()
     for seed in [*range(10), *range(100000, 100008)]:
         with seeded(seed):
@@ -136,6 +138,8 @@ def test_evaluate_scores_each_baseline_as_its_draws_score_and_the_report_groups_
     zoo = load_checkpoints_as_sample_set(store.store.checkpoint_paths(range(10)))
     images, labels = store.test_tensors
     per_rep = read_repetitions(store.results_dir / "repetitions.csv").set_index(["method", "mode", "repetition"])
+    assert rows.loc[("prior", BASELINE_MODE), "n_repetitions"] == 3  # evaluate.baseline_repetitions
+    assert rows.loc[("second_zoo", BASELINE_MODE), "n_repetitions"] == 2  # one held-out block per method repetition
     for name in BASELINES:
         for k in range(2):
             samples, _ = baseline_samples(store, ref, name, k)
@@ -167,3 +171,9 @@ def test_evaluate_scores_each_baseline_as_its_draws_score_and_the_report_groups_
     ranks = table3(frame).xs("Baselines", level="Group")
     assert set(ranks["NS rank"]) == {"n/a"}
     assert not math.isnan(rows.loc[("prior", BASELINE_MODE), "mmd_median"])
+    # findings: the paper's claims see no baseline; the methods-against-baselines section sees each
+    run_report(store)
+    text = (store.results_dir / "findings.md").read_text()
+    section = text[text.index("## Methods against baselines"):]
+    assert all(BASELINES[name].label in section for name in BASELINES)
+    assert "Deep Ensembles" in section
