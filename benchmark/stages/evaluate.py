@@ -18,6 +18,12 @@ this run's (``OtherRecipeError``, naming the fields that differ, the command tha
 says so; ``reference_config_hash`` always names the zoo's recipe). Every class of problem found
 (an incomplete reference, another recipe, missing or stale repetitions) is named in one error.
 
+Beside the methods, the reference rows of ``evaluate.baselines`` (``benchmark.baselines``: the
+prior, untrained networks, Gaussians fitted to the raw and the symmetry-free zoo, a second zoo of
+the same recipe) are drawn and scored the same way over ``evaluate.baseline_repetitions``
+repetitions, as rows of mode ``baseline`` (cached in ``eval/baseline_<name>_r<k>.json``); every row
+carries what the zoo is (``Reference.description``: the spread of its training potential).
+
 The reference and its forms are cached by ``benchmark.reference``; each repetition's numbers are
 cached in ``store/<experiment>/eval/``, keyed by the files they were computed from, the reference's
 caches, the settings and the scoring code (``Reference.numbers_key``), so a second run recomputes
