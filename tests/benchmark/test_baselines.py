@@ -27,7 +27,7 @@ from benchmark.stages.report import run as run_report
 from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import canonicalize, spec_for_model
-from tests.benchmark.stages.test_evaluate_report import _write_unit as write_unit
+from tests.benchmark.units import write_unit
 from tests.conftest import compose_config
 
 pytestmark = pytest.mark.slow  # builds a store and runs the evaluate stage: make test, not make test-fast

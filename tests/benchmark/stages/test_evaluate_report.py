@@ -5,7 +5,6 @@ import math
 import pandas as pd
 import pytest
 import torch
-from safetensors.torch import save_file
 from scipy import stats
 
 from benchmark.experiment import Experiment
@@ -22,26 +21,10 @@ from metrics.mmd import ReferenceResampling, mmd, reference_bandwidths
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import canonicalize, normalize_scales, spec_for_model, weight_matching
 from metrics.uncertainty import interval
+from tests.benchmark.units import write_unit as _write_unit
 from tests.conftest import compose_config
 
 pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
-
-
-def _write_unit(exp, method, mode, repetition, samples, preds, damaged=False, base_seeds=None):
-    """A unit's files as the sample stage writes them (metadata included); ``damaged``: the
-    predictions hold a NaN (written directly: the store refuses NaN)."""
-    store = exp.store
-    n = next(iter(samples.values())).shape[0]
-    meta = {"experiment": exp.name, "method": method, "mode": mode, "repetition": repetition, "n_samples": n,
-            "settings_hash": settings_hash(exp, method)}
-    if base_seeds is not None:
-        meta["base_seeds"] = list(base_seeds)
-    save_sample_set(store.samples_path(store.sample_unit(method, mode, repetition)), samples, meta)
-    if damaged:
-        save_file({k: v.contiguous() for k, v in preds.items()}, str(store.preds_path(store.sample_unit(method, mode, repetition))),
-                  metadata={k: str(v) for k, v in meta.items()})
-    else:
-        save_sample_set(store.preds_path(store.sample_unit(method, mode, repetition)), preds, meta)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,24 @@
+"""Sample units written as the sample stage writes them, for tests of the stages that read them."""
+from __future__ import annotations
+
+from safetensors.torch import save_file
+
+from benchmark.core.store import save_sample_set
+from benchmark.inventory import sample_settings_hash as settings_hash
+
+
+def write_unit(exp, method, mode, repetition, samples, preds, damaged=False, base_seeds=None):
+    """A unit's files as the sample stage writes them (metadata included); ``damaged``: the
+    predictions hold a NaN (written directly: the store refuses NaN)."""
+    store = exp.store
+    n = next(iter(samples.values())).shape[0]
+    meta = {"experiment": exp.name, "method": method, "mode": mode, "repetition": repetition, "n_samples": n,
+            "settings_hash": settings_hash(exp, method)}
+    if base_seeds is not None:
+        meta["base_seeds"] = list(base_seeds)
+    save_sample_set(store.samples_path(store.sample_unit(method, mode, repetition)), samples, meta)
+    if damaged:
+        save_file({k: v.contiguous() for k, v in preds.items()}, str(store.preds_path(store.sample_unit(method, mode, repetition))),
+                  metadata={k: str(v) for k, v in meta.items()})
+    else:
+        save_sample_set(store.preds_path(store.sample_unit(method, mode, repetition)), preds, meta)
