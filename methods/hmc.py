@@ -661,7 +661,8 @@ class HMCMethod(ResumableChains, PosteriorMethod):
     def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         """Of the last sampled chain: ``start_attempts`` (initialisations tried), ``step_size``,
         ``accept_prob`` (mean Metropolis probability over the sampling iterations), ``leapfrog_per_draw`` (all its leapfrog steps, warm-up and restarts
-        included, per kept draw: the cost), ``warmup_divergences``, ``divergences`` (after warm-up)
+        included, per kept draw: the cost), ``truncated_fraction`` (the share of its sampling
+        iterations whose trajectory ``max_leapfrog_steps`` cut short), ``warmup_divergences``, ``divergences`` (after warm-up)
         and ``restarts``. The predictive R-hat and ESS come from the stored predictions
         (``metrics.mcmc``), not from here: methods do not import metrics."""
         chain = self._sampled
@@ -671,5 +672,6 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         return {"start_attempts": float(summary["origin"].get("attempt", 0) + 1),
                 "step_size": summary["step_size"], "accept_prob": summary["accept_prob"],
                 "leapfrog_per_draw": summary["n_leapfrog"] / max(1, summary["kept"]),
+                "truncated_fraction": summary["truncated_fraction"],
                 "warmup_divergences": float(summary["warmup_divergences"]),
                 "divergences": float(len(summary["divergences"])), "restarts": float(summary["restarts"])}

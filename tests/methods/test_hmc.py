@@ -453,3 +453,70 @@ def test_saved_chains_are_keyed_by_their_unit_and_the_code_and_a_stale_one_is_ne
     relabelled = HMCMethod(logistic_factory, TrainingData(train=None, train_tensors=(images, labels.roll(1)), check=None),
                            method.settings, recipe=method.recipe)
     assert relabelled.fingerprint() != method.fingerprint()  # same size, other data
+
+
+class PerStepSyncHMC(StackedHMC):
+    """The leapfrog loop as it was before issue 31: the host asks ``alive.any()`` after every step."""
+
+    def _leapfrog(self, q, p, grad, u, inverse_mass, step, steps, start_energy):
+        from methods.hmc_kernel import _kinetic
+        threshold = self.settings.divergence_threshold
+        half = step[:, None] / 2
+        alive = steps > 0
+        taken = torch.zeros_like(steps)
+        worst = torch.zeros(len(q), dtype=torch.float64, device=q.device)
+        for _ in range(int(steps.max())):
+            live = alive[:, None]
+            p_half = torch.where(live, p - half * grad, p)
+            q_new = torch.where(live, q + step[:, None] * (inverse_mass * p_half), q)
+            u_new, g_new = self.potential(q_new)
+            p_new = torch.where(live, p_half - half * g_new, p)
+            q, p = q_new, p_new
+            grad, u = torch.where(live, g_new, grad), torch.where(alive, u_new.to(u.dtype), u)
+            error = u.double() + _kinetic(p, inverse_mass) - start_energy
+            error = torch.where(torch.isnan(error), torch.full_like(error, math.inf), error)
+            worst = torch.where(alive, torch.maximum(worst, error), worst)
+            taken = taken + alive.long()
+            alive = alive & (taken < steps) & (error <= threshold)
+            if not bool(alive.any()):
+                break
+        return q, p, grad, u, worst, taken
+
+
+@pytest.mark.parametrize("threshold", [1000.0, 2.0])  # 2.0: divergences (restarts) in the sampling phase too
+def test_the_leapfrog_without_per_step_synchronisation_gives_the_same_draws_bit_for_bit(threshold):
+    """Chains of step counts 1-40 (not multiples of SYNC_EVERY), some stopping early by divergence:
+    the same draws, energies, step sizes and leapfrog counts as the loop that synchronised every step."""
+    mean = torch.tensor([1.0, -2.0, 0.5])
+    precision = torch.diag(torch.tensor([1.0, 30.0, 400.0]))
+    settings = KernelSettings(trajectory_length=0.7, warmup=15, max_leapfrog_steps=40, divergence_threshold=threshold,
+                              max_restarts=5)
+    runs = []
+    for kernel_type in (StackedHMC, PerStepSyncHMC):
+        states = [new_chain(f"c{i}", torch.full((3,), 0.1 * i), i, inverse_mass=torch.tensor([1.0, 1.0, 0.05 * (i + 1)]))
+                  for i in range(5)]
+        kernel_type(gaussian_potential(mean, precision), settings).run(states, 25)
+        runs.append(states)
+    steps = [s.n_leapfrog for s in runs[0]]
+    assert len(set(steps)) > 1
+    for new, old in zip(*runs):
+        assert torch.equal(new.draws, old.draws) and new.energies == old.energies
+        assert (new.step_size, new.n_leapfrog, new.restarts, new.truncated) == (old.step_size, old.n_leapfrog,
+                                                                                old.restarts, old.truncated)
+    if threshold < 10:
+        assert sum(s.warmup_divergences + len(s.divergences) for s in runs[0]) > 0
+
+
+def test_iterations_the_leapfrog_cap_cuts_short_are_counted(tmp_path):
+    """A trajectory of length 20 on a unit Gaussian (adapted steps ~1) needs ~20 leapfrog steps: a
+    cap of 4 cuts every sampling iteration short, a cap of 1000 none; saved and loaded, the count stays."""
+    potential = gaussian_potential(torch.zeros(2), torch.eye(2))
+    for cap, expected in ((4, 1.0), (1000, 0.0)):
+        states = [new_chain("c", torch.zeros(2), 0)]
+        StackedHMC(potential, KernelSettings(trajectory_length=20.0, warmup=20, max_leapfrog_steps=cap)).run(states, 12)
+        summary = states[0].summary()
+        assert 20.0 / states[0].step_size > 4
+        assert summary["truncated"] == round(expected * summary["sampling_iterations"])
+        assert summary["truncated_fraction"] == expected
+        states[0].save(tmp_path / "c.safetensors")
+        assert ChainState.load(tmp_path / "c.safetensors").truncated == summary["truncated"]
