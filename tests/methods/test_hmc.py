@@ -18,7 +18,7 @@ from benchmark.core.store import ChainFiles
 from benchmark.core.training import Recipe, TrainingData, seeded
 from methods.base import MethodConfigError
 from methods.base import MethodFitError
-from methods.hmc import HMCMethod, HMCSettings, NetworkPotential, init_seed, sampling_seed
+from methods.hmc import HMCMethod, HMCSettings, NetworkPotential, init_seed, sampling_seed, start_seed
 from methods.hmc_kernel import DIVERGED, SAMPLING, ChainState, KernelSettings, StackedHMC, new_chain
 from metrics.mcmc import bfmi, ess, predictive_convergence, rhat
 from tests.methods.conftest import build
@@ -520,3 +520,22 @@ def test_iterations_the_leapfrog_cap_cuts_short_are_counted(tmp_path):
         assert summary["truncated_fraction"] == expected
         states[0].save(tmp_path / "c.safetensors")
         assert ChainState.load(tmp_path / "c.safetensors").truncated == summary["truncated"]
+
+
+def test_chains_per_start_share_a_start_and_mass_but_not_their_random_streams():
+    """chains_per_start=2: seeds 4 and 5 start where seed 4 alone starts (its descended
+    initialisation and M^-1), seeds 6 and 7 where seed 6 does; each chain draws on its own stream."""
+    alone = small_method().start_chains([4, 6])
+    method = small_method(chains_per_start=2)
+    chains = method.start_chains([4, 5, 6, 7])
+    for pair, single in zip((chains[:2], chains[2:]), alone):
+        for chain in pair:
+            assert torch.equal(chain.start, single.start)
+            assert torch.equal(chain.initial_inverse_mass, single.initial_inverse_mass)
+            assert chain.origin["start_seed"] == int(single.name.removeprefix("seed_"))
+    assert not torch.equal(chains[2].start, chains[0].start)
+    run = method.run_chains(chains, 4, progress=False)
+    assert not torch.equal(run[0].draws, run[1].draws)
+    assert start_seed(7, 2) == 6 and start_seed(7, 1) == 7 and start_seed(9, 5) == 5
+    with pytest.raises(SettingsError, match="chains_per_start=2: expected 1 with start=base"):
+        HMCSettings(chains_per_start=2, start="base")
