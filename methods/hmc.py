@@ -39,8 +39,10 @@ accuracy is then below ``start_min_accuracy`` (a network with dead units, in a r
 negligible posterior mass that no chain leaves in practice: the zoo's convergence rule refuses
 such networks too) is drawn again from the next initialisation seed, up to ``start_attempts``
 times. ``start=base``: the base network itself (no descent: it is trained already), so a
-one-mode chain explores the base's mode. ``M^-1`` starts at the inverse of the curvature at the
-start (``initial_mass=fisher``).
+one-mode chain explores the base's mode. ``chains_per_start`` k > 1 (``start=init``): the chains
+whose seeds share ``seed // k`` share the start of the group's first seed (``start_seed``), each on
+its own random stream. ``M^-1`` starts at the inverse of the curvature at the start
+(``initial_mass=fisher``).
 """
 from __future__ import annotations
 
