@@ -1,4 +1,4 @@
-"""Study: do full-batch HMC's chains on digits converge (R-hat), and do longer chains or trajectories help? Last result (docs/hmc.md): no; R-hat of the test log-likelihood 4.0 for 8 chains x 80 draws and 2.7 for 4 x 30 with trajectory length 3, and 1.5-2.1 even among 4 chains sharing a start (3.05 across 3 starts; 2026-11-26).
+"""Study: do full-batch HMC's chains on digits converge (R-hat), and do longer chains or trajectories help? Last result (docs/hmc.md): no; R-hat of the test log-likelihood 4.0 for 8 chains x 80 draws and 2.7 for 4 x 30 with trajectory length 3, 1.5-2.1 even among 4 chains sharing a start (3.05 across 3 starts; 2026-11-26), and 1.62 among 8 chains of one start with un-truncated trajectories of length 1 and a windowed mass (100 warm-up, 100 draws; 2026-11-27).
 
 Wall time and convergence of one HMC unit on an experiment: ``chains`` chains started as the
 sample stage starts them (seeds 100000, 100001, ...; ``start=init``), each run to ``draws`` kept
