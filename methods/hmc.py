@@ -39,8 +39,10 @@ accuracy is then below ``start_min_accuracy`` (a network with dead units, in a r
 negligible posterior mass that no chain leaves in practice: the zoo's convergence rule refuses
 such networks too) is drawn again from the next initialisation seed, up to ``start_attempts``
 times. ``start=base``: the base network itself (no descent: it is trained already), so a
-one-mode chain explores the base's mode. ``M^-1`` starts at the inverse of the curvature at the
-start (``initial_mass=fisher``).
+one-mode chain explores the base's mode. ``chains_per_start`` k > 1 (``start=init``): the chains
+whose seeds share ``seed // k`` share the start of the group's first seed (``start_seed``), each on
+its own random stream. ``M^-1`` starts at the inverse of the curvature at the start
+(``initial_mass=fisher``).
 """
 from __future__ import annotations
 
@@ -227,6 +229,10 @@ class HMCSettings(KernelSettings, MethodSettings):
     steps: none); ``start_min_accuracy``: a ``start=init`` start whose accuracy on the training
     split after the descent is below it is drawn again (null: every start is kept);
     ``start_attempts``: initialisations a chain tries before it stops with ``MethodFitError``;
+    ``chains_per_start``: ``start=init`` chains whose seeds share ``seed // chains_per_start`` share one
+    start (``start_seed``: the descended initialisation of the group's first seed, and its ``M^-1``),
+    each with its own random stream, so that the chains of one start can be compared (the R-hat
+    within a start, apart from the differences between modes; ``benchmark/report/hmc.py``);
     ``initial_mass``: where ``M^-1`` starts before its warm-up adaptation: ``identity``, or
     ``fisher``, the inverse of the curvature guessed at the chain's start (the likelihood's Fisher
     diagonal plus the prior precision: ``NetworkPotential.curvature_inverse_mass``), so that the
@@ -252,6 +258,7 @@ class HMCSettings(KernelSettings, MethodSettings):
     descent_lr: float = 0.03
     start_min_accuracy: Optional[float] = 0.5
     start_attempts: int = 4
+    chains_per_start: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the kernel's own range checks
@@ -262,6 +269,9 @@ class HMCSettings(KernelSettings, MethodSettings):
         require(self.start_min_accuracy is None or 0 <= self.start_min_accuracy < 1, "start_min_accuracy",
                 self.start_min_accuracy, "a fraction in [0, 1) or null (keep every start)")
         require(self.start_attempts >= 1, "start_attempts", self.start_attempts, "a positive integer")
+        require(self.chains_per_start >= 1, "chains_per_start", self.chains_per_start, "a positive integer")
+        require(self.chains_per_start == 1 or self.start == "init", "chains_per_start", self.chains_per_start,
+                "1 with start=base (chains sharing a start need start=init)")
         require(self.forward in FORWARDS, "forward", self.forward, f"one of {', '.join(FORWARDS)}")
         require(self.start in STARTS, "start", self.start, f"one of {', '.join(STARTS)}")
         require(math.isfinite(self.temperature) and self.temperature > 0, "temperature", self.temperature,
@@ -294,6 +304,12 @@ def sampling_seed(seed: int) -> int:
     """The seed of a chain's sampling phase: the first draw of ``torch.Generator().manual_seed(seed)``,
     as ``HMCMethod.sample`` takes it from the generator the sample stage seeds with the base seed."""
     return int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(seed)))
+
+
+def start_seed(seed: int, chains_per_start: int = 1) -> int:
+    """The seed whose initialisation chain ``seed`` starts from: ``seed`` rounded down to a multiple
+    of ``chains_per_start`` (``HMCSettings.chains_per_start``; 1: the chain's own seed)."""
+    return int(seed) - int(seed) % int(chains_per_start)
 
 
 def init_seed(seed: int, attempt: int = 0) -> int:
@@ -422,11 +438,24 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         ``start=base`` the base; ``start=init``
         the first of attempts 0, 1, ... (``init_seed``) whose descended start reaches
         ``start_min_accuracy`` on the training split, two attempts per chain descended at once
-        (each row on its own: a chain's start does not depend on the others). ``MethodFitError``
-        naming the chain when all ``start_attempts`` fail."""
+        (each row on its own: a chain's start does not depend on the others); with
+        ``chains_per_start`` > 1, that of ``start_seed(seed)``, descended once for the chains sharing
+        it (``origin`` adds ``start_seed``). ``MethodFitError`` naming the chain when all
+        ``start_attempts`` fail."""
         s = self.settings
         if s.start == "base":
             return [(self.chain_start(seed, base), {"base": int(seed)}) for seed, base in zip(seeds, bases)]
+        if s.chains_per_start > 1:  # one descent per shared start; each chain records the seed it starts from
+            leaders = sorted({start_seed(seed, s.chains_per_start) for seed in seeds})
+            begun = dict(zip(leaders, self._init_starts(leaders, progress)))
+            return [(begun[start_seed(seed, s.chains_per_start)][0].clone(),
+                     {**begun[start_seed(seed, s.chains_per_start)][1], "start_seed": start_seed(seed, s.chains_per_start)})
+                    for seed in seeds]
+        return self._init_starts(list(seeds), progress)
+
+    def _init_starts(self, seeds: Sequence[int], progress: bool) -> list[tuple[torch.Tensor, dict[str, int]]]:
+        """``chain_starts`` of ``start=init`` for the initialisations of ``seeds``."""
+        s = self.settings
         found: dict[int, tuple[torch.Tensor, dict[str, int]]] = {}
         next_attempt = {i: 0 for i in range(len(seeds))}
         while next_attempt:
@@ -661,7 +690,8 @@ class HMCMethod(ResumableChains, PosteriorMethod):
     def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         """Of the last sampled chain: ``start_attempts`` (initialisations tried), ``step_size``,
         ``accept_prob`` (mean Metropolis probability over the sampling iterations), ``leapfrog_per_draw`` (all its leapfrog steps, warm-up and restarts
-        included, per kept draw: the cost), ``warmup_divergences``, ``divergences`` (after warm-up)
+        included, per kept draw: the cost), ``truncated_fraction`` (the share of its sampling
+        iterations whose trajectory ``max_leapfrog_steps`` cut short), ``warmup_divergences``, ``divergences`` (after warm-up)
         and ``restarts``. The predictive R-hat and ESS come from the stored predictions
         (``metrics.mcmc``), not from here: methods do not import metrics."""
         chain = self._sampled
@@ -671,5 +701,6 @@ class HMCMethod(ResumableChains, PosteriorMethod):
         return {"start_attempts": float(summary["origin"].get("attempt", 0) + 1),
                 "step_size": summary["step_size"], "accept_prob": summary["accept_prob"],
                 "leapfrog_per_draw": summary["n_leapfrog"] / max(1, summary["kept"]),
+                "truncated_fraction": summary["truncated_fraction"],
                 "warmup_divergences": float(summary["warmup_divergences"]),
                 "divergences": float(len(summary["divergences"])), "restarts": float(summary["restarts"])}

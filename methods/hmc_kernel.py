@@ -4,7 +4,7 @@ thinning, divergence handling, and a per-chain state that can be saved and resum
 
 Each iteration of a chain is one HMC transition (Neal 2011) with a diagonal mass matrix ``M``:
 momenta ``p ~ N(0, M)``, ``L = ceil(trajectory_length / step)`` leapfrog steps (at most
-``max_leapfrog_steps``), accepted with probability ``min(1, exp(H_0 - H_L))``, ``H = U(q) + p' M^-1 p / 2``.
+``max_leapfrog_steps``: an iteration the cap cuts short is counted in the chain's ``truncated``), accepted with probability ``min(1, exp(H_0 - H_L))``, ``H = U(q) + p' M^-1 p / 2``.
 ``M^-1`` starts from a chain's ``initial_inverse_mass`` (the identity unless the caller gives a
 guess, e.g. the inverse of the likelihood's Fisher diagonal plus the prior precision) and
 (``adapt_mass``) becomes each coordinate's posterior variance estimated during warm-up, as Stan does, so that ``trajectory_length`` is in units of the posterior's own scales. The chains share the leapfrog
@@ -54,6 +54,11 @@ WARMUP, SAMPLING, DIVERGED = "warmup", "sampling", "diverged"
 FIND_THRESHOLD = math.log(0.8)  # the initial step search aims at one step's acceptance 0.8 (Pyro's)
 MIN_STEP, MAX_STEP = 1e-10, 1e10  # Pyro's bounds on the step size (a chain that rejects everything stays finite)
 FORMAT = 2  # version of the saved chain-state layout (2: initial_inverse_mass)
+SYNC_EVERY = 16
+"""Leapfrog steps between the host's checks that some chain is still integrating: the loop asks
+the device (``alive.any()``, a host synchronisation) once per ``SYNC_EVERY`` steps, not after each;
+the extra steps after every chain has stopped leave every chain frozen (``torch.where``), so the
+draws are the same bit for bit (``tests/methods/test_hmc.py``)."""
 
 
 @dataclass
@@ -142,7 +147,10 @@ class ChainState:
     ``inverse_mass [D]``: the diagonal of ``M^-1``; ``welford``: the running count, mean and sum of
     squared deviations of the positions in the current mass-adaptation window;
     ``initial_inverse_mass [D]``: where ``M^-1`` starts (and restarts after a divergence);
-    ``origin``: where the caller says the start came from (e.g. ``{"init_seed": ...}``), for the record.
+    ``origin``: where the caller says the start came from (e.g. ``{"init_seed": ...}``), for the record;
+    ``truncated``: sampling iterations whose trajectory ``max_leapfrog_steps`` cut short (fewer than
+    ``ceil(trajectory_length / step_size)`` steps: the chain then moves less than the trajectory
+    length asks, and the run reports it rather than hiding it).
     """
 
     name: str
@@ -170,6 +178,7 @@ class ChainState:
     welford: dict[str, torch.Tensor] = field(default_factory=dict)
     initial_inverse_mass: torch.Tensor = None  # type: ignore[assignment]
     origin: dict[str, Any] = field(default_factory=dict)
+    truncated: int = 0
 
     def __post_init__(self) -> None:
         if self.draws is None:
@@ -193,7 +202,7 @@ class ChainState:
             self.step_cap, dict(self.adaptation), self.draws.clone(), list(self.accept_probs), list(self.energies),
             self.accepted, self.n_leapfrog, self.warmup_divergences, [dict(d) for d in self.divergences], self.restarts,
             self.tag, self.inverse_mass.clone(), {k: v.clone() for k, v in self.welford.items()},
-            self.initial_inverse_mass.clone(), dict(self.origin),
+            self.initial_inverse_mass.clone(), dict(self.origin), self.truncated,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -205,7 +214,8 @@ class ChainState:
             "sampling_iterations": n, "accept_prob": sum(self.accept_probs) / n if n else math.nan,
             "accepted_fraction": self.accepted / n if n else math.nan, "n_leapfrog": self.n_leapfrog,
             "warmup_divergences": self.warmup_divergences, "divergences": [dict(d) for d in self.divergences],
-            "restarts": self.restarts, "origin": dict(self.origin),
+            "restarts": self.restarts, "origin": dict(self.origin), "truncated": self.truncated,
+            "truncated_fraction": self.truncated / n if n else math.nan,
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -223,7 +233,7 @@ class ChainState:
         scalars = {key: getattr(self, key) for key in ("name", "sampling_seed", "potential", "phase", "iteration",
                                                           "step_size", "step_cap", "adaptation", "accepted", "n_leapfrog",
                                                           "warmup_divergences", "divergences", "restarts", "tag",
-                                                          "origin")}
+                                                          "origin", "truncated")}
         write_safetensors(path, {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
                           {"chain_state": json.dumps(scalars), "chain_format": str(FORMAT), CHAIN_KEY: self.tag})
 
@@ -246,7 +256,7 @@ class ChainState:
             tensors["accept_probs"].tolist(), tensors["energies"].tolist(), scalars["accepted"], scalars["n_leapfrog"],
             scalars["warmup_divergences"], scalars["divergences"], scalars["restarts"], scalars["tag"],
             on("inverse_mass"), {k.removeprefix("welford."): on(k) for k in tensors if k.startswith("welford.")},
-            on("initial_inverse_mass"), scalars["origin"],
+            on("initial_inverse_mass"), scalars["origin"], scalars.get("truncated", 0),
         )
 
 
@@ -317,7 +327,7 @@ class StackedHMC:
             worst = torch.where(alive, torch.maximum(worst, error), worst)
             taken = taken + alive.long()
             alive = alive & (taken < steps) & (error <= threshold)
-            if not bool(alive.any()):
+            if (s + 1) % SYNC_EVERY == 0 and not bool(alive.any()):  # no per-step host synchronisation
                 break
         return q, p, grad, u, worst, taken
 
@@ -380,14 +390,15 @@ class StackedHMC:
         u = torch.tensor([c.potential for c in chains], dtype=torch.float64, device=q.device)
         mass = torch.stack([c.inverse_mass for c in chains])
         step = torch.tensor([c.step_size for c in chains], dtype=q.dtype, device=q.device)
-        steps = torch.tensor([max(1, min(s.max_leapfrog_steps, math.ceil(s.trajectory_length / c.step_size)))
-                              for c in chains], dtype=torch.long, device=q.device)
+        wanted = [max(1, math.ceil(s.trajectory_length / c.step_size)) for c in chains]
+        steps = torch.tensor([min(s.max_leapfrog_steps, w) for w in wanted], dtype=torch.long, device=q.device)
         p = self._momenta(chains)
         energy = u + _kinetic(p, mass)
         q1, p1, g1, u1, worst, taken = self._leapfrog(q, p, grad, u, mass, step, steps, energy)
         end_energy = u1.double() + _kinetic(p1, mass)
         for i, chain in enumerate(chains):
             chain.n_leapfrog += int(taken[i])
+            chain.truncated += chain.phase == SAMPLING and wanted[i] > s.max_leapfrog_steps
             diverged = not (float(worst[i]) <= s.divergence_threshold)
             log_ratio = -math.inf if diverged else float(energy[i] - end_energy[i])
             accept_prob = math.exp(min(0.0, log_ratio))
@@ -461,7 +472,7 @@ class StackedHMC:
         chain.phase, chain.iteration, chain.step_size, chain.adaptation = WARMUP, 0, math.nan, {}
         chain.inverse_mass, chain.welford = chain.initial_inverse_mass.clone(), {}
         chain.draws = chain.draws[:0]
-        chain.accept_probs, chain.energies, chain.accepted = [], [], 0
+        chain.accept_probs, chain.energies, chain.accepted, chain.truncated = [], [], 0, 0
 
     # -- runs ------------------------------------------------------------------------------------
     def finished(self, chain: ChainState, draws: int, warmup_only: bool = False) -> bool:

@@ -15,15 +15,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
-from benchmark.core.store import SampleSetMetadata, atomic_write_text, read_metadata
+from benchmark.core.store import SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import row_units
 from benchmark.reference import HMC_ROW, REFERENCE_METHODS, ZOO_ROW, HMCReference
 from benchmark.report.tables import GROUP_LABELS, INDEX_NAMES, MISSING, display_cells, render_csv, render_markdown
 from benchmark.results import check_metrics, check_repetitions, half_width
 from methods import method_names
+from methods.hmc import start_seed
 from metrics.kendall import RankAgreement, rank_agreement
+from metrics.mcmc import RHAT_CONVERGED, predictive_convergence
 
 REFERENCES = {"zoo": "zoo", "hmc": "HMC"}
 """Rows outside the ranks and Kendall's tau: the references themselves."""
@@ -36,14 +39,21 @@ SOURCES = {
     "Agreement with HMC": "hmc:agreement", "TV to HMC": "hmc:tv",
 }
 """table_hmc column -> ``<reference>:<metrics column>``."""
-CONVERGENCE_KEYS = {
-    "rhat_loglik": "R-hat test log-lik.", "rhat_softmax_median": "R-hat softmax median",
-    "rhat_softmax_max": "R-hat softmax max", "softmax_converged": "softmax R-hat < 1.1",
-    "ess_loglik_min": "ESS log-lik. (min chain)", "accept_prob": "acceptance", "step_size": "step size",
-    "leapfrog_per_draw": "leapfrog steps per draw", "divergences": "divergences", "restarts": "restarts",
+START_KEYS = {
+    "within_rhat_loglik": "R-hat log-lik. within a start (median over starts)",
+    "within_softmax_converged": "softmax R-hat < 1.1 within a start",
+    "ess_chain_min": "bulk ESS log-lik. per chain (min)", "ess_chain_median": "bulk ESS log-lik. per chain (median)",
+    "across_rhat_loglik": "R-hat log-lik. across starts (spread between modes)",
+    "across_softmax_median": "softmax R-hat median across starts",
 }
-"""Per chain group: the diagnostics the sample stage recorded (``metrics.mcmc.predictive_convergence``,
-``HMCMethod.diagnostics``, averaged over a unit's chains) and what the table calls them."""
+"""Per chain group, from its stored predictions (``start_convergence``) and what the table calls them."""
+CONVERGENCE_KEYS = {
+    "accept_prob": "acceptance", "step_size": "step size", "leapfrog_per_draw": "leapfrog steps per draw",
+    "truncated_fraction": "trajectories cut by the leapfrog cap", "divergences": "divergences", "restarts": "restarts",
+}
+"""Per chain group: the diagnostics the sample stage recorded (``HMCMethod.diagnostics``, averaged
+over a unit's chains) and what the table calls them."""
+PERCENT_KEYS = ("within_softmax_converged", "truncated_fraction")
 
 
 def merged(zoo: pd.DataFrame, hmc: pd.DataFrame) -> pd.DataFrame:
@@ -119,26 +129,94 @@ def agreement(zoo_repetitions: pd.DataFrame, hmc_repetitions: pd.DataFrame, rank
     return rank_agreement(values["zoo"], values["hmc"])
 
 
+def start_groups(seeds: list[int], chains_per_start: int) -> list[list[int]]:
+    """The chains (indices into ``seeds``, the chains' base seeds in order) grouped by the start they
+    share (``methods.hmc.start_seed``; ``chains_per_start`` 1: one group per chain), in order of first
+    appearance."""
+    groups: dict[int, list[int]] = {}
+    for i, seed in enumerate(seeds):
+        groups.setdefault(start_seed(seed, chains_per_start), []).append(i)
+    return list(groups.values())
+
+
+def start_convergence(probs, labels, groups: list[list[int]]) -> dict[str, float]:
+    """Convergence of chains ``probs [chains, draws, N, classes]`` (softmax outputs on the test split,
+    ``labels [N]``) grouped by start (``groups``: chain indices per start), all ArviZ's
+    (``metrics.mcmc.predictive_convergence``):
+
+    - within a start: the R-hat of the test log-likelihood among the start's chains (a start with
+      one chain: that chain's two halves, which detects drift only), its median over the starts
+      (``within_rhat_loglik``), and the share of softmax outputs whose R-hat within their start is
+      below 1.1, averaged over the starts (``within_softmax_converged``, a fraction);
+    - per chain: the bulk ESS of its test log-likelihood, smallest and median (``ess_chain_min``,
+      ``ess_chain_median``);
+    - across starts: the R-hat of the test log-likelihood among the first chains of the starts
+      (``across_rhat_loglik``) and the median softmax R-hat (``across_softmax_median``): how far
+      apart the modes the starts sit in are, not a failure of the sampler (NaN with one start);
+    - ``starts`` and ``chains_per_start`` (the largest group)."""
+    within = [predictive_convergence(probs[group], labels) for group in groups]
+    return summarised(probs, labels, groups, within)
+
+
+def summarised(probs, labels, groups: list[list[int]], within: list[dict]) -> dict[str, float]:
+    """``start_convergence`` from ``within``, each start's ``predictive_convergence`` (whose
+    ``ess_loglik`` is each of its chains' own ESS) already computed."""
+    ess = np.concatenate([np.asarray(w["ess_loglik"], dtype=np.float64) for w in within])
+    out = {"within_rhat_loglik": float(np.median([w["rhat_loglik"] for w in within])),
+           "within_softmax_converged": float(np.mean([w["softmax_converged"] for w in within])),
+           "ess_chain_min": float(ess.min()), "ess_chain_median": float(np.median(ess)),
+           "across_rhat_loglik": math.nan, "across_softmax_median": math.nan,
+           "starts": float(len(groups)), "chains_per_start": float(max(len(g) for g in groups))}
+    if len(groups) > 1:
+        across = predictive_convergence(probs[[g[0] for g in groups]], labels)
+        out |= {"across_rhat_loglik": across["rhat_loglik"], "across_softmax_median": across["rhat_softmax_median"]}
+    return out
+
+
+def _unit_chains(exp: Experiment, unit) -> tuple[torch.Tensor, list[int], SampleSetMetadata]:
+    """A chain unit's test-split predictions ``[chains, draws, N, C]``, its chains' base seeds, its metadata."""
+    path = exp.store.preds_path(unit)
+    meta = SampleSetMetadata.decode(read_metadata(exp.store.samples_path(unit)))
+    seeds = [int(s) for s in (meta.base_seeds or ())] or [0]
+    probs = load_sample_set(path, ["id"])["id"]
+    return probs.reshape(len(seeds), len(probs) // len(seeds), *probs.shape[1:]), seeds, meta
+
+
 def convergence(exp: Experiment) -> pd.DataFrame:
     """One row per HMC chain group: each repetition of each HMC mode in the store (one-mode: one
-    chain, judged by its two halves; multi-mode: its chains), then the pooled chains of the HMC
-    reference. Columns: group, chains, draws per chain, then ``CONVERGENCE_KEYS``."""
-    rows = []
+    chain, judged by its two halves; multi-mode: its chains, grouped by the start they share,
+    ``methods.hmc.chains_per_start``), then the pooled chains of the HMC reference (within-start
+    numbers over every start of every repetition; across starts: ``HMCReference.convergence``).
+    Columns: group, starts, chains per start, draws per chain, ``START_KEYS``, ``CONVERGENCE_KEYS``."""
+    rows, per_start = [], exp.config.methods.hmc.chains_per_start
+    labels = exp.test_tensors[1]
+    pooled_within: dict[str, list[float]] = {"rhat": [], "softmax": [], "ess": []}
     for mode in ("one", "multi"):
         path = exp.store.samples_path(exp.store.sample_unit("hmc", mode, 0))
         if not path.is_file():
             continue
         for unit in row_units(exp, "hmc", mode):
-            meta = SampleSetMetadata.decode(read_metadata(exp.store.samples_path(unit)))
-            chains = len(meta.base_seeds or ()) or 1
-            row = {"group": f"HMC {mode}-mode, repetition {unit.repetition}", "chains": chains,
-                   "draws_per_chain": meta.n_samples // chains}
-            rows.append(row | {k: float((meta.diagnostics or {}).get(k, math.nan)) for k in CONVERGENCE_KEYS})
-    pool = HMCReference(exp)
-    pooled = pool.convergence()
-    rows.append({"group": f"HMC reference: the {'/'.join(HMC_ROW)} chains of every repetition, pooled",
-                 "chains": int(pooled["chains"]), "draws_per_chain": int(pooled["draws_per_chain"])}
-                | {k: pooled.get(k, math.nan) for k in CONVERGENCE_KEYS})
+            probs, seeds, meta = _unit_chains(exp, unit)
+            groups = start_groups(seeds, per_start)
+            within = [predictive_convergence(probs[group], labels) for group in groups]
+            found = summarised(probs, labels, groups, within)
+            if mode == "multi":
+                pooled_within["rhat"] += [w["rhat_loglik"] for w in within]
+                pooled_within["softmax"] += [w["softmax_converged"] for w in within]
+                pooled_within["ess"] += [float(e) for w in within for e in w["ess_loglik"]]
+            row = {"group": f"HMC {mode}-mode, repetition {unit.repetition}", "draws_per_chain": probs.shape[1]}
+            rows.append(row | found | {k: float((meta.diagnostics or {}).get(k, math.nan)) for k in CONVERGENCE_KEYS})
+    pooled = HMCReference(exp).convergence()
+    row = {"group": f"HMC reference: the {'/'.join(HMC_ROW)} chains of every repetition, pooled",
+           "draws_per_chain": int(pooled["draws_per_chain"]), "starts": math.nan, "chains_per_start": float(per_start),
+           "across_rhat_loglik": pooled["rhat_loglik"], "across_softmax_median": pooled["rhat_softmax_median"]}
+    if pooled_within["rhat"]:
+        row |= {"starts": float(len(pooled_within["rhat"])),
+                "within_rhat_loglik": float(np.median(pooled_within["rhat"])),
+                "within_softmax_converged": float(np.mean(pooled_within["softmax"])),
+                "ess_chain_min": float(np.min(pooled_within["ess"])),
+                "ess_chain_median": float(np.median(pooled_within["ess"]))}
+    rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -161,8 +239,8 @@ def caption(zoo: pd.DataFrame, hmc: pd.DataFrame, settings: dict) -> str:
         "Table HMC: each row's distance to the two references. MMD and NS MMD as in Table 1 (median over the 20 "
         f"kernels, mean over layers weighted by parameter count; {{times}}), against the zoo ({'/'.join(map(str, zoo_n))} "
         f"converged checkpoints) and against full-batch HMC: the pooled draws ({pool}) of every chain of the HMC "
-        f"multi-mode units, {settings['repetitions']} repetitions x {settings['chains']} chains from independent "
-        f"starts (start={settings['start']}), each chain {settings['draws']} draws after {settings['warmup']} warm-up "
+        f"multi-mode units, {settings['repetitions']} repetitions x {settings['chains']} chains ({settings['chains_per_start']} "
+        f"chain(s) per start, the starts independent; start={settings['start']}), each chain {settings['draws']} draws after {settings['warmup']} warm-up "
         f"iterations (thinning {settings['thinning']}, trajectory length {settings['trajectory_length']} in the "
         f"units of the mass matrix ({mass_text(settings)}), at most "
         f"{settings['max_leapfrog_steps']} leapfrog steps per iteration), temperature {settings['temperature']}: "
@@ -176,25 +254,43 @@ def caption(zoo: pd.DataFrame, hmc: pd.DataFrame, settings: dict) -> str:
         "approximate methods (the references' own rows and failed rows are not ranked), under the zoo / under HMC; "
         "Kendall's tau between the two rankings, with its interval, is in findings.md. Values are means over the "
         "repetitions ± the half-width of the 95{pct} t-interval (for MMD including the reference's standard error "
-        "from its halves), as in Table 1. Convergence of every chain group below the table."
+        "from its halves), as in Table 1. Convergence of every chain group below the table. "
+        + reading(settings.get("within_rhat", math.nan))
     )
+
+
+def reading(within_rhat: float) -> str:
+    """How to read the HMC reference, from the median within-start R-hat of its test log-likelihood."""
+    if np.isfinite(within_rhat) and within_rhat < RHAT_CONVERGED:
+        return (f"Within a start the chains agree (R-hat of the test log-likelihood {within_rhat:.2f}, median over "
+                "the starts, below 1.1): each start's region is sampled; the spread between starts is between modes.")
+    shown = "not measured" if not np.isfinite(within_rhat) else f"{within_rhat:.2f}"
+    return (f"These chains are a local, unconverged reference (R-hat of the test log-likelihood within a start "
+            f"{shown}, median over the starts, not below 1.1): many short explorations from independent starts, not "
+            "a converged posterior; docs/hmc.md gives the settings meant to converge (the GPU override set).")
 
 
 def render_convergence(frame: pd.DataFrame) -> str:
     """Markdown of ``convergence``: one line per chain group."""
-    text = pd.DataFrame({"Chain group": frame["group"], "Chains x draws": [f"{int(c)} x {int(d)}" for c, d in
-                                                                        zip(frame["chains"], frame["draws_per_chain"])]})
-    for key, label in CONVERGENCE_KEYS.items():
-        values = frame[key] * (100 if key == "softmax_converged" else 1)
-        text[label + (" (%)" if key == "softmax_converged" else "")] = [
-            MISSING if not np.isfinite(v) else f"{v:.3g}" for v in values]
+    shape = [MISSING if not np.isfinite(s) else f"{int(s)} x {int(c)} x {int(d)}"
+             for s, c, d in zip(frame["starts"], frame["chains_per_start"], frame["draws_per_chain"])]
+    text = pd.DataFrame({"Chain group": frame["group"], "Starts x chains per start x draws": shape})
+    for key, label in (START_KEYS | CONVERGENCE_KEYS).items():
+        values = frame[key] * (100 if key in PERCENT_KEYS else 1) if key in frame else pd.Series([math.nan] * len(frame))
+        text[label + (" (%)" if key in PERCENT_KEYS else "")] = [MISSING if not np.isfinite(v) else f"{v:.3g}" for v in values]
     return (
         "Convergence of the HMC chains (Izmailov et al. 2021's predictive R-hat, ArviZ's rank-normalised split R-hat: "
-        "below 1.1 counts as converged): R-hat of the test log-likelihood (mean over the test images of log p(y | x, "
-        "w)) across a group's chains, and of every softmax output (median, maximum, share below 1.1); a one-mode "
-        "group is one chain, judged by its two halves (it detects drift only). ESS: the smallest per-chain bulk ESS "
-        "of the test log-likelihood. Acceptance, step size, leapfrog steps per kept draw (warm-up included), "
-        "divergences after warm-up and restarts: means over a group's chains (HMCMethod.diagnostics).\n\n"
+        "below 1.1 counts as converged). Within a start: the R-hat of the test log-likelihood (mean over the test "
+        "images of log p(y | x, w)) among the chains that share a start (methods.hmc.chains_per_start; a start with "
+        "one chain is judged by its two halves, which detects drift only), median over the starts, and the share of "
+        "softmax outputs whose R-hat within their start is below 1.1 (mean over the starts): whether the sampler has "
+        "converged in the region it explores. Bulk ESS of each chain's test log-likelihood (smallest, median). Across "
+        "starts: the R-hat among the starts (their first chains; pooled: every chain of the reference): the spread "
+        "between the modes the starts sit in, expected far above 1.1 for independent starts on a multi-modal "
+        "posterior, not a failure of the sampler. Acceptance, step size, leapfrog steps per kept draw (warm-up "
+        "included), the share of sampling iterations whose trajectory the leapfrog cap cut short, divergences "
+        "after warm-up and restarts: means over a group's chains (HMCMethod.diagnostics; — where the run did not "
+        "record it).\n\n"
         + text.to_markdown(index=False) + "\n"
     )
 
@@ -205,7 +301,10 @@ def write(exp: Experiment, zoo: pd.DataFrame, hmc: pd.DataFrame, out_dir: Path) 
     settings = exp.config.methods.hmc
     sample = exp.config.sample
     chains = sample.modes_multi
+    chain_groups = convergence(exp)
+    within_rhat = float(chain_groups["within_rhat_loglik"].iloc[-1]) if "within_rhat_loglik" in chain_groups else math.nan
     text = caption(zoo, hmc, {"repetitions": sample.repetitions, "chains": chains, "draws": sample.per_method // chains,
+                              "chains_per_start": settings.chains_per_start, "within_rhat": within_rhat,
                               "start": settings.start, "warmup": settings.warmup, "thinning": settings.thinning,
                               "trajectory_length": settings.trajectory_length,
                               "max_leapfrog_steps": settings.max_leapfrog_steps, "temperature": settings.temperature,
@@ -213,7 +312,7 @@ def write(exp: Experiment, zoo: pd.DataFrame, hmc: pd.DataFrame, out_dir: Path) 
     rows = merged(zoo, hmc)
     failed = rows[rows["status"] == "failed"]
     reasons = {label: reason or "no reason recorded" for label, reason in zip(failed.index, failed["reason"])}
-    markdown = render_markdown(table(zoo, hmc), text, reasons) + "\n" + render_convergence(convergence(exp))
+    markdown = render_markdown(table(zoo, hmc), text, reasons) + "\n" + render_convergence(chain_groups)
     paths = {"md": out_dir / "table_hmc.md", "csv": out_dir / "table_hmc.csv"}
     atomic_write_text(paths["md"], markdown)
     atomic_write_text(paths["csv"], render_csv(table(zoo, hmc, separate=True), reasons))

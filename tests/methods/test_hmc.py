@@ -18,7 +18,7 @@ from benchmark.core.store import ChainFiles
 from benchmark.core.training import Recipe, TrainingData, seeded
 from methods.base import MethodConfigError
 from methods.base import MethodFitError
-from methods.hmc import HMCMethod, HMCSettings, NetworkPotential, init_seed, sampling_seed
+from methods.hmc import HMCMethod, HMCSettings, NetworkPotential, init_seed, sampling_seed, start_seed
 from methods.hmc_kernel import DIVERGED, SAMPLING, ChainState, KernelSettings, StackedHMC, new_chain
 from metrics.mcmc import bfmi, ess, predictive_convergence, rhat
 from tests.methods.conftest import build
@@ -453,3 +453,126 @@ def test_saved_chains_are_keyed_by_their_unit_and_the_code_and_a_stale_one_is_ne
     relabelled = HMCMethod(logistic_factory, TrainingData(train=None, train_tensors=(images, labels.roll(1)), check=None),
                            method.settings, recipe=method.recipe)
     assert relabelled.fingerprint() != method.fingerprint()  # same size, other data
+
+
+class PerStepSyncHMC(StackedHMC):
+    """The leapfrog loop as it was before issue 31: the host asks ``alive.any()`` after every step."""
+
+    def _leapfrog(self, q, p, grad, u, inverse_mass, step, steps, start_energy):
+        from methods.hmc_kernel import _kinetic
+        threshold = self.settings.divergence_threshold
+        half = step[:, None] / 2
+        alive = steps > 0
+        taken = torch.zeros_like(steps)
+        worst = torch.zeros(len(q), dtype=torch.float64, device=q.device)
+        for _ in range(int(steps.max())):
+            live = alive[:, None]
+            p_half = torch.where(live, p - half * grad, p)
+            q_new = torch.where(live, q + step[:, None] * (inverse_mass * p_half), q)
+            u_new, g_new = self.potential(q_new)
+            p_new = torch.where(live, p_half - half * g_new, p)
+            q, p = q_new, p_new
+            grad, u = torch.where(live, g_new, grad), torch.where(alive, u_new.to(u.dtype), u)
+            error = u.double() + _kinetic(p, inverse_mass) - start_energy
+            error = torch.where(torch.isnan(error), torch.full_like(error, math.inf), error)
+            worst = torch.where(alive, torch.maximum(worst, error), worst)
+            taken = taken + alive.long()
+            alive = alive & (taken < steps) & (error <= threshold)
+            if not bool(alive.any()):
+                break
+        return q, p, grad, u, worst, taken
+
+
+@pytest.mark.parametrize("threshold", [1000.0, 2.0])  # 2.0: divergences (restarts) in the sampling phase too
+def test_the_leapfrog_without_per_step_synchronisation_gives_the_same_draws_bit_for_bit(threshold):
+    """Chains of step counts 1-40 (not multiples of SYNC_EVERY), some stopping early by divergence:
+    the same draws, energies, step sizes and leapfrog counts as the loop that synchronised every step."""
+    mean = torch.tensor([1.0, -2.0, 0.5])
+    precision = torch.diag(torch.tensor([1.0, 30.0, 400.0]))
+    settings = KernelSettings(trajectory_length=0.7, warmup=15, max_leapfrog_steps=40, divergence_threshold=threshold,
+                              max_restarts=5)
+    runs = []
+    for kernel_type in (StackedHMC, PerStepSyncHMC):
+        states = [new_chain(f"c{i}", torch.full((3,), 0.1 * i), i, inverse_mass=torch.tensor([1.0, 1.0, 0.05 * (i + 1)]))
+                  for i in range(5)]
+        kernel_type(gaussian_potential(mean, precision), settings).run(states, 25)
+        runs.append(states)
+    steps = [s.n_leapfrog for s in runs[0]]
+    assert len(set(steps)) > 1
+    for new, old in zip(*runs):
+        assert torch.equal(new.draws, old.draws) and new.energies == old.energies
+        assert (new.step_size, new.n_leapfrog, new.restarts, new.truncated) == (old.step_size, old.n_leapfrog,
+                                                                                old.restarts, old.truncated)
+    if threshold < 10:
+        assert sum(s.warmup_divergences + len(s.divergences) for s in runs[0]) > 0
+
+
+def test_iterations_the_leapfrog_cap_cuts_short_are_counted(tmp_path):
+    """A trajectory of length 20 on a unit Gaussian (adapted steps ~1) needs ~20 leapfrog steps: a
+    cap of 4 cuts every sampling iteration short, a cap of 1000 none; saved and loaded, the count stays."""
+    potential = gaussian_potential(torch.zeros(2), torch.eye(2))
+    for cap, expected in ((4, 1.0), (1000, 0.0)):
+        states = [new_chain("c", torch.zeros(2), 0)]
+        StackedHMC(potential, KernelSettings(trajectory_length=20.0, warmup=20, max_leapfrog_steps=cap)).run(states, 12)
+        summary = states[0].summary()
+        assert 20.0 / states[0].step_size > 4
+        assert summary["truncated"] == round(expected * summary["sampling_iterations"])
+        assert summary["truncated_fraction"] == expected
+        states[0].save(tmp_path / "c.safetensors")
+        assert ChainState.load(tmp_path / "c.safetensors").truncated == summary["truncated"]
+
+
+def test_chains_per_start_share_a_start_and_mass_but_not_their_random_streams():
+    """chains_per_start=2: seeds 4 and 5 start where seed 4 alone starts (its descended
+    initialisation and M^-1), seeds 6 and 7 where seed 6 does; each chain draws on its own stream."""
+    alone = small_method().start_chains([4, 6])
+    method = small_method(chains_per_start=2)
+    chains = method.start_chains([4, 5, 6, 7])
+    for pair, single in zip((chains[:2], chains[2:]), alone):
+        for chain in pair:
+            assert torch.equal(chain.start, single.start)
+            assert torch.equal(chain.initial_inverse_mass, single.initial_inverse_mass)
+            assert chain.origin["start_seed"] == int(single.name.removeprefix("seed_"))
+    assert not torch.equal(chains[2].start, chains[0].start)
+    run = method.run_chains(chains, 4, progress=False)
+    assert not torch.equal(run[0].draws, run[1].draws)
+    assert start_seed(7, 2) == 6 and start_seed(7, 1) == 7 and start_seed(9, 5) == 5
+    with pytest.raises(SettingsError, match="chains_per_start=2: expected 1 with start=base"):
+        HMCSettings(chains_per_start=2, start="base")
+
+
+def test_the_gpu_override_set_samples_the_logistic_posterior_as_pyros_nuts():
+    """conf/methods/hmc_gpu.yaml's settings as they are (Stan's 1000-iteration windowed mass warm-up,
+    un-truncated trajectories, thinning 20, two chains per start), only the descent shortened, on
+    the toy logistic regression: no trajectory cut by the cap, the chains agree (R-hat < 1.1), and the posterior means and standard deviations are Pyro's NUTS's within Monte
+    Carlo error (bulk ESS of each side by ArviZ)."""
+    from dataclasses import fields
+
+    from omegaconf import OmegaConf
+    from pyro.infer.mcmc import MCMC, NUTS
+
+    from tests.conftest import compose_config
+
+    node = OmegaConf.to_container(compose_config(["methods@methods.hmc=hmc_gpu"]).methods.hmc, resolve=True)
+    settings = HMCSettings(**({f.name: node[f.name] for f in fields(HMCSettings) if f.name in node} | {"descent_steps": 100}))
+    assert (settings.warmup, settings.max_leapfrog_steps, settings.adapt_mass, settings.chains_per_start) == (1000, 1024, True, 2)
+    images, labels = toy_data()
+    data = TrainingData(train=None, train_tensors=(images, labels), check=None)
+    method = HMCMethod(logistic_factory, data, settings, recipe=Recipe(epochs=1, batch_size=8, lr=0.1, weight_decay=0.05))
+    with torch.random.fork_rng():
+        chains = method.run_chains(method.start_chains(list(range(8))), 20, progress=False)
+    assert all(c.truncated == 0 and c.summary()["sampling_iterations"] == 400 for c in chains)
+    ours = torch.stack([c.draws for c in chains])  # [8, 20, D]
+    assert float(rhat(ours).max()) < 1.1  # 4 starts x 2 chains of 20 draws: converged (2 x 20 alone is too noisy)
+    with seeded(0):
+        mcmc = MCMC(NUTS(potential_fn=pyro_potential(method), adapt_mass_matrix=True), num_samples=400, warmup_steps=200,
+                    initial_params={"w": chains[0].start.clone()}, disable_progbar=True)
+        mcmc.run()
+    reference = mcmc.get_samples()["w"][None]
+    ours_ess, reference_ess = torch.from_numpy(ess(ours)), torch.from_numpy(ess(reference))
+    flat_ours, flat_ref = ours.reshape(-1, ours.shape[-1]).double(), reference[0].double()
+    sd = flat_ref.std(0)
+    error = (sd**2 / ours_ess + sd**2 / reference_ess).sqrt()
+    assert (flat_ours.mean(0) - flat_ref.mean(0)).abs().le(4 * error).all(), (flat_ours.mean(0), flat_ref.mean(0), error)
+    ratio = flat_ours.std(0) / sd
+    assert ((ratio - 1).abs() < 4 * (1 / (2 * ours_ess) + 1 / (2 * reference_ess)).sqrt()).all(), ratio

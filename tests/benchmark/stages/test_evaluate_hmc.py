@@ -87,6 +87,8 @@ def test_report_writes_table_hmc_and_the_hmc_claims(store):
     report.run(exp)
     text = (exp.results_dir / "table_hmc.md").read_text()
     assert "Zoo (reference)" in text and " ref. |" in text and "Chain group" in text
+    assert "R-hat log-lik. within a start" in text and "across starts (spread between modes)" in text
+    assert "local, unconverged reference" in text or "the chains agree" in text
     table = pd.read_csv(exp.results_dir / "table_hmc.csv")
     zoo_row = table[table["Method"] == "Zoo (reference)"].iloc[0]
     hmc = read_metrics(exp.results_dir / "metrics_hmc.csv").set_index(["method", "mode"])
