@@ -6,7 +6,8 @@ group. Built from the two metrics frames (``metrics.csv``: against the zoo; ``me
 against HMC; ``benchmark.results``) and, for the convergence, the HMC units' metadata.
 
 Ranks and Kendall's tau (``agreement``) are over the approximate methods: every row but HMC's own
-and the zoo's (the two references), and rows that failed under either reference.
+and the zoo's (the two references), the baselines (``benchmark.baselines``: shown, never ranked),
+and rows that failed under either reference.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from benchmark.baselines import BASELINE_MODE
 from benchmark.core.store import SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import row_units
@@ -89,8 +91,8 @@ def merged(zoo: pd.DataFrame, hmc: pd.DataFrame) -> pd.DataFrame:
 
 
 def ranked(frame: pd.DataFrame) -> pd.Series:
-    """Which rows of a ``merged`` frame are ranked: not a reference's own row, not failed."""
-    return ~frame["method"].isin(REFERENCE_METHODS) & frame["status"].eq("ok")
+    """Which rows of a ``merged`` frame are ranked: not a reference's own row, not a baseline, not failed."""
+    return ~frame["method"].isin(REFERENCE_METHODS) & frame["mode"].ne(BASELINE_MODE) & frame["status"].eq("ok")
 
 
 def table(zoo: pd.DataFrame, hmc: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
