@@ -318,15 +318,19 @@ class Reference:
                     device=self.exp.device))
         return self._bandwidths[form]
 
-    def mmd(self, samples_path: Path | None, samples: dict[str, torch.Tensor], full: bool) -> dict[str, float]:
+    def mmd(self, samples_path: Path | None, samples: dict[str, torch.Tensor], full: bool,
+            weight_matching: bool = True) -> dict[str, float]:
         """Raw and NS MMD of a method's samples: ``{mmd_median, ..., ns_mmd_max}``, and their
         medians with the bandwidths shared by every row (``mmd_shared_median``,
         ``ns_mmd_shared_median``; ``shared_bandwidths``); with ``full`` also the standard errors
         due to the reference (``<column>_ref_sd``, from its halves) and the fraction of layers
         MMDAgg's test rejects (``mmd_reject``, ``ns_mmd_reject``). ``samples_path``: the file
         ``samples`` were read from (a streamed reference reads it again in column blocks; None
-        for a reference held in memory)."""
+        for a reference held in memory). ``weight_matching=False`` leaves the WM columns NaN even
+        where the reference has an anchor (the baselines: matching 100 noise draws to the anchor
+        costs more than the rest of their numbers, and they are not ranked by it)."""
         options: dict[str, Any] = {"device": self.exp.device}
+        matching = self.anchor_seed is not None and weight_matching
         if full:
             options |= {"resampling": self.resampling, "permutation_test": self.test}
         canonical = self.canonicalize(samples)
@@ -335,7 +339,7 @@ class Reference:
         if self.in_memory:
             results = {"mmd": mmd(self.weights(), samples, **options, **shared["mmd"]),
                        "ns_mmd": mmd(self.canonical(), canonical, **options, **shared["ns_mmd"])}
-            if self.anchor_seed is not None:
+            if matching:
                 results["wm_mmd"] = mmd(self.aligned(), self.align(samples), **wm_options)
         else:
             private = uuid.uuid4().hex[:12]  # two evaluate runs on one store never share these files
@@ -347,7 +351,7 @@ class Reference:
                                       **shared["mmd"]),
                            "ns_mmd": self._healing(lambda: mmd(CheckpointFiles(self.canonical_paths()),
                                                                SampleSetFile(canonical_path), **options, **shared["ns_mmd"]))}
-                if self.anchor_seed is not None:
+                if matching:
                     save_sample_set(aligned_path, self.align(samples), {"experiment": self.exp.name})
                     results["wm_mmd"] = self._healing(lambda: mmd(CheckpointFiles(self._form_paths("aligned", self.align)),
                                                                   SampleSetFile(aligned_path), **wm_options))
@@ -403,20 +407,21 @@ class Reference:
         return numbers | predictive_metrics(preds["id"], self.exp.test_tensors[1], preds["ood"],
                                             reference_id=self.predictive())
 
-    def score_samples(self, samples: dict[str, torch.Tensor], preds: dict[str, torch.Tensor], full: bool
-                      ) -> dict[str, Any]:
+    def score_samples(self, samples: dict[str, torch.Tensor], preds: dict[str, torch.Tensor], full: bool,
+                      weight_matching: bool = True) -> dict[str, Any]:
         """The numbers of an in-memory sample set ``{key: [S, ...]}`` and its predictions
         (``{"id": [S, N, C], "ood": [S, M, C]}``), as ``score`` gives those of a stored unit (e.g. a
-        block of zoo checkpoints scored against the HMC reference, a baseline's draws)."""
+        block of zoo checkpoints scored against the HMC reference, a baseline's draws);
+        ``weight_matching``: as ``mmd``'s."""
         numbers = self.predictive_numbers(samples, preds)
         if self.in_memory:
-            return numbers | self.mmd(None, samples, full=full)
+            return numbers | self.mmd(None, samples, full=full, weight_matching=weight_matching)
         # A streamed reference reads the samples from a file in column blocks: a private one, removed after.
         path = self.exp.store.eval_dir / f".scored-{uuid.uuid4().hex[:12]}.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
         save_sample_set(path, samples, {"experiment": self.exp.name})
         try:
-            return numbers | self.mmd(path, samples, full=full)
+            return numbers | self.mmd(path, samples, full=full, weight_matching=weight_matching)
         finally:
             path.unlink(missing_ok=True)
 

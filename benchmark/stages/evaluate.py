@@ -242,7 +242,7 @@ def _baseline_numbers(exp: Experiment, zoo: Reference, against: Reference, name:
         samples, _ = baseline_samples(exp, zoo, name, repetition)
         preds = {"id": predict_with_weights(exp.model(), samples, exp.test_tensors[0]),
                  "ood": predict_with_weights(exp.model(), samples, exp.ood_tensors[0])}
-        hit = against.score_samples(samples, preds, full=full)
+        hit = against.score_samples(samples, preds, full=full, weight_matching=False)
         _store_numbers(cached, key, hit)
     if name == "second_zoo":
         return hit, networks
