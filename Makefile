@@ -18,12 +18,15 @@ install: $(STAMP)
 # launcher (one torch thread each); the final run finds that work done and does the rest.
 # The method list comes from the registry (methods/registry.py: those in the default run).
 JOBS ?= 2
+# Extra overrides for every command of make benchmark / make hmc, e.g. on a GPU node
+# make hmc ARGS='device=cuda methods@methods.hmc=hmc_gpu' (docs/hmc.md: the GPU preset).
+ARGS ?=
 METHODS = $(shell $(PY) -c 'import methods; print(",".join(methods.default_run_names()))')
-HYDRA_MULTI := $(PY) -m benchmark -m experiment=$(EXPERIMENT) cluster.parallel_jobs=$(JOBS)
+HYDRA_MULTI := $(PY) -m benchmark -m experiment=$(EXPERIMENT) cluster.parallel_jobs=$(JOBS) $(ARGS)
 benchmark: $(STAMP)
 	$(HYDRA_MULTI) stage=zoo zoo.num_shards=$(JOBS) 'zoo.shard=range($(JOBS))'
 	$(HYDRA_MULTI) stage=sample 'method=$(METHODS)'
-	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all
+	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all $(ARGS)
 
 # Full-batch HMC as a second reference (issue 19; docs/hmc.md): make benchmark's run, then
 # HMC's multi-mode chains (the HMC reference) in $(JOBS) sample jobs that share the units' chains under
@@ -32,7 +35,7 @@ benchmark: $(STAMP)
 # HMC claims of findings.md, figures/hmc*.png. Nothing already in the store is redone.
 hmc: benchmark
 	$(HYDRA_MULTI) stage=sample method=hmc mode=multi zoo.num_shards=$(JOBS) 'zoo.shard=range($(JOBS))'
-	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all method=hmc mode=multi reference=hmc
+	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all method=hmc mode=multi reference=hmc $(ARGS)
 
 # One pytest-xdist worker per core (tests/conftest.py pins each to its core); TEST_JOBS=0 runs in this process.
 # The 15 slowest tests are listed at the end of every run.
