@@ -408,7 +408,7 @@ class SGHMCSettings(MethodSettings):
     (null = the recipe's weight decay); ``full_batch``: gradients on the whole train split (no
     minibatch noise; an epoch is then one step, so burn-in and thinning count steps); ``batch_size``:
     minibatch size otherwise (null = the recipe's), drawn with replacement; ``chains``: independent
-    chains from the base, kept states taken round-robin (see the module doc; 10 by default, so that
+    chains from the base, kept states stored chain after chain (see the module doc; 10 by default, so that
     a non-stackable ResNet-18 costs 10 x (10 + 10 x 2) = 300 epochs per repetition where one chain
     of 100 states 2 epochs apart cost 210; digits runs 10 minibatch chains); ``burn_in_epochs``: steps discarded after the base checkpoint, in epochs
     of the train set; ``thinning_epochs``: steps between a chain's kept states, in epochs (any
@@ -483,7 +483,7 @@ class SGHMCMethod(PosteriorMethod):
     ``fit(base, seed)`` runs every chain's burn-in from ``base`` (noise and batches from ``seed``)
     and keeps the burnt-in states. ``sample(n, generator)`` continues a copy of them under one
     seed drawn from ``generator`` for ``ceil(n / chains)`` thinning intervals and returns the
-    states round-robin (kept state i: chain i mod chains); ``predict_own`` re-runs the same
+    states chain after chain (``_kept_states``); ``predict_own`` re-runs the same
     continuation (deterministic given the seed) and predicts with each kept state, so the two
     correspond for same-seeded generators. The network runs in eval mode: BatchNorm uses the
     base's running statistics, which stay fixed, so the target is the posterior of the network as

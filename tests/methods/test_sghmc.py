@@ -396,9 +396,9 @@ def test_diagnostics_of_a_stacked_minibatch_run(fitted):
 
 
 def test_full_batch_chains_have_no_minibatch_noise(tiny_exp, tiny_bases):
-    configured = build(tiny_exp, "sghmc").plan()  # digits' config: 10 minibatch chains, batches of 32, 150 + 10 x 10 epochs
+    configured = build(tiny_exp, "sghmc").plan()  # digits' config: 10 minibatch chains, batches of 32, 100 + 10 x 8 epochs
     assert configured.batch_size == 32 and configured.chains == 10 and not configured.noise_correction
-    assert (configured.burn_in, configured.thinning) == (150 * 41, 10 * 41)  # 41 batches of 32 per epoch of 1,295
+    assert (configured.burn_in, configured.thinning) == (100 * 41, 8 * 41)  # 41 batches of 32 per epoch of 1,295
     seed, base = tiny_bases[0]
     method = build(tiny_exp, "sghmc", full_batch=True, burn_in_epochs=3, thinning_epochs=1, chains=4)
     plan = method.plan()

@@ -24,10 +24,10 @@ def test_the_markov_chain_section_shows_total_and_per_chain_figures_and_stationa
     row = {c: math.nan for c in BASE_COLUMNS} | {
         "method": "sghmc", "method_label": "SGHMC", "mode": "one", "n_samples": 100, "sample_acc_min": 0.7,
         "sample_acc_median": 0.8, "sample_acc_max": 0.9, "ensemble_acc": 0.85, "ess": 11.3, "n_bases": 1,
-        "chains": 10.0, "draws_per_chain": 10.0, "chain_ess_total": 11.3, "chain_ess_min_chain": 4.1,
+        "chains": 10.0, "draws_per_chain": 10.0, "chain_ess_total": 55.9, "chain_ess_of_mean": 11.3, "chain_ess_min_chain": 4.1,
         "chain_split_rhat_test_loglik": 1.7, "spread_growth": 2.0, "split_rhat_loglik": 1.73, "stationary": 0.0}
     text = render(pd.DataFrame([row]), "Digits")
     section = text[text.index("## Markov chains"):]
-    for figure in ("chain_ess_total", "chain_ess_min_chain", "chain_split_rhat_test_loglik", "spread_growth", "stationary"):
+    for figure in ("chain_ess_total", "chain_ess_of_mean", "chain_ess_min_chain", "chain_split_rhat_test_loglik", "spread_growth", "stationary"):
         assert figure in section
     assert "| SGHMC" in section and "1.7" in section and "4.1" in section
