@@ -376,10 +376,11 @@ def top_noise_variance(target: Any, params: Params, batches: Iterator[torch.Tens
         _, g2 = target.value_and_grad(params, indices[..., n1:])
         scale = math.sqrt(n1 * (size - n1)) / size
         diff = {k: (g1[k] - g2[k]) * scale for k in g1}
-        rows += [torch.cat([v.reshape(-1) for v in target.unpack(diff, c).values()]).double().cpu()
+        rows += [torch.cat([v.reshape(-1) for v in target.unpack(diff, c).values()]).float().cpu()
                  for c in range(target.count(params))]
-    draws = torch.stack(rows)  # [draws, d]
-    return float(torch.linalg.eigvalsh(draws @ draws.T / len(rows)).max())
+    draws = torch.stack(rows)  # [draws, d] (float32: 10 draws of a ResNet-18's 11M weights take 440 MB)
+    gram = (draws @ draws.T).double() / len(rows)  # the draws' Gram matrix: the covariance's nonzero eigenvalues
+    return float(torch.linalg.eigvalsh(gram).max())
 
 
 def noise_share_at(lr: float, friction: float, temperature: float, variance: float) -> float:
