@@ -180,7 +180,7 @@ class StackedNetworkTarget:
     def log_likelihood(self, params: Params) -> torch.Tensor:
         """Mean log-likelihood over the whole data set of each chain ``[chains]`` (float64, CPU; no prior)."""
         chains, n = self.count(params), len(self.labels)
-        total = torch.zeros(chains, dtype=torch.float64)
+        total = torch.zeros(chains, dtype=torch.float64, device="cpu")
         for part in _chunks(n, self.images[0].numel() * chains):
             logits = self.stacked.predict(params, self.images[part])  # [chains, b, classes]
             nll = F.cross_entropy(logits.flatten(0, 1), self.labels[part].expand(chains, -1).flatten(), reduction="none")
@@ -229,7 +229,7 @@ class NetworkTarget:
         for part in _chunks(n, self.images[0].numel()):
             logits = functional_call(self.model, {**params, **self.buffers}, (self.images[part],))
             total -= float(F.cross_entropy(logits, self.labels[part], reduction="sum"))
-        return torch.tensor([total / n], dtype=torch.float64)
+        return torch.tensor([total / n], dtype=torch.float64, device="cpu")
 
 
 def _with_prior(value: float, grads: Params, params: Params, weight_decay: float) -> tuple[float, Params]:
