@@ -19,43 +19,48 @@ the chain is plain BAOA Langevin dynamics. Otherwise minibatches of ``batch_size
 uniformly WITH replacement, independently at every step and for every chain
 (``independent_batches``). Independence matters: a per-epoch reshuffle (the training loop's
 batches) makes the minibatch noise cancel over each epoch, so a correction for independent noise
-then removes noise that is not there (sample variance / target with that reshuffle: 0.82 and 0.92
-on a Gaussian at digits' noise level, 0.36 and 0.78 at higher noise, 0.53-0.62 on a Bayesian linear
-regression; with independent batches 0.98-1.06; ``python studies/check_sghmc.py --sections toys``).
+then removes noise that is not there (``python studies/check_sghmc.py --sections toys``).
 
-Minibatch noise correction (``noise_correction``). The minibatch gradient is the full gradient
-plus noise of variance ``V`` per coordinate; the B-step injects ``lr^2 V`` into the momentum, so
-the O-step injects only what keeps the momentum variance at ``T``: ``(1 - c^2) T - c^2 lr^2 V``
-(the exact balance of the step above; the continuous-time form ``(1 - c^2)(T - lr V / (2
-friction))`` of Chen et al. over-subtracts by a factor ``~1 + friction * lr``, 5% at lr 0.05).
-``V`` is estimated every step from the gradients of the two halves of the batch (independent
-draws, so ``E[(g1 - g2)^2] n1 n2 / n^2 = V`` exactly) and averaged over the chain. Where the
-minibatch noise alone exceeds the target, nothing is injected and the chain runs hot there (the
-clamped fraction is a diagnostic). Limits of the correction, which the diagnostics cannot show:
+Minibatch noise: the step (``noise_margin``). The minibatch gradient is the full gradient plus
+noise of covariance ``V``; the B-step brings ``c^2 lr^2 V`` into the momentum, against the
+O-step's intended ``(1 - c^2) T`` (the share ``noise_share_at``, about ``lr V / (2 friction T)``).
+No correction can remove noise above the target, and at trained OptuNets on digits (batches of
+32, lr 0.05, friction 1) the noise is 12-21x the target along the top eigenvector of ``V``
+while 0.09-0.17 per coordinate on average (``python studies/check_sghmc.py``, section "noise").
+So before the burn-in the method measures the top eigenvalue of ``V`` at the base
+(``top_noise_variance``, from the two halves of ``noise_pilot_steps`` batches) and lowers the
+step until the share along that direction is at most ``noise_margin`` (``step_for_noise``):
+then the chain is hot by at most about that share along the noisiest direction and less
+elsewhere. On a Bayesian linear regression at digits' noise level (N = 1,295, batches of 32 from
+``independent_batches``, top share 28 at lr 0.05 and friction 1; friction 9) margin 0.1 gives
+1.00-1.03 of the exact variance, the unlowered step 1.56-1.79x (tests/methods/test_sghmc.py;
+``python studies/check_sghmc.py --sections regression``).
 
-- it is per coordinate, but minibatch noise is concentrated in a few directions. At trained
-  OptuNets on digits (the first held-out bases 100001-100003; batches of 32, lr 0.05, friction 1)
-  the per-coordinate noise is 0.09-0.17 of the target on average, while along the top eigenvector
-  of the noise covariance it is 12-21x the target and 6-10 of the 355 directions exceed it
-  (``python studies/check_sghmc.py``, section "noise"): no correction can remove noise larger than
-  the target, so a minibatch chain runs hot along exactly the directions of highest curvature,
-  those that change the predictions most. Hence full-batch gradients on digits (1,295 images; its
-  config).
-- the estimate ``V`` is a running mean over the chain, so it lags where the noise changes along
-  the chain, and a clamped coordinate stays hot.
-- ``kinetic_temperature`` measures the momenta, not where the weights sit: with the correction
-  the per-coordinate momentum variance is at ``T`` by construction even where the positions are
-  hot along the noisy directions (or have not yet spread along the flat ones).
+Per-coordinate correction (``noise_correction``, off by default). It estimates the per-coordinate
+``V_ii`` from the two halves of every batch and injects ``(1 - c^2) T - c^2 lr^2 V_ii`` instead
+(the exact balance of the step above for noise that is independent across coordinates). Minibatch
+noise is not: concentrated along a few directions, its diagonal spreads each coordinate's share
+of the top direction's noise over every direction, and the correction removes it from all of
+them: on that regression it runs cold, 0.96-0.98x at margin 0.1, 0.93-0.96x at 0.25, 0.77-0.91x
+at 0.5 (uncorrected: 1.00-1.03x, 0.99-1.09x, 1.01-1.05x), and at the unlowered step 0.69-1.08x with
+40% of the coordinates clamped (``studies/check_sghmc.py --sections regression``).
+It is exact where the noise is spread over the coordinates (the Gaussian toys of the tests). Where
+the noise alone exceeds the target, the correction clamps and the chain runs hot there (the clamped
+fraction is a diagnostic). ``kinetic_temperature`` measures the momenta, not where the weights sit.
+The step is set from the noise at the base; where the chains reach regions of larger noise, the
+share grows past the margin (a lag no diagnostic shows).
 
 Chains. ``chains`` independent chains start at the base checkpoint, each with its own noise and
-batches; kept state ``i`` is chain ``i mod chains`` after ``burn_in + (i div chains + 1) *
-thinning`` steps. With as many chains as kept states (digits) the kept states are independent
-draws given the base (ESS = their number), which the MMD permutation test assumes; with fewer,
-each chain's states are correlated (the ``ess`` diagnostic, computed as the report does, says how
-much). Independence given the base is not convergence: no chain count
-makes a short chain converge: directions flatter than about ``friction / (lr * steps)`` keep
-spreading from the base (``spread_growth`` in the diagnostics says how much). Stackable models
-(OptuNet) run all chains as one stack (``benchmark.core.training.stacked``); others (ResNet-18 with
+batches; the kept states are stored chain after chain: sample ``i`` is chain ``i div
+states_per_chain`` after ``burn_in + (i mod states_per_chain + 1) * thinning`` steps
+(``states_per_chain = ceil(n / chains)``). The ``ess`` diagnostic reads them as chains
+(``metrics.mcmc.chain_ess``: the ESS of the mean from the chain means, which holds at any number
+of states per chain; ArviZ's per-chain bulk ESS beside it), so storage order plays no part.
+Independence given the base is not convergence: directions flatter than about ``friction /
+(lr * steps)`` keep spreading from the base (``spread_growth``), and ``stationary`` (split R-hat
+of the kept states' train log-likelihood below 1.05) says whether the chains have settled; a row
+whose chains have not is marked so (``stationary`` 0), not run longer. Stackable models (OptuNet)
+run all chains as one stack (``benchmark.core.training.stacked``); others (ResNet-18 with
 BatchNorm) one chain after another.
 """
 from __future__ import annotations
@@ -65,7 +70,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Optional, Protocol
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -78,7 +82,7 @@ from benchmark.core.store import SampleSet, stack_state_dicts
 from benchmark.core.training import NonFiniteError, seeded
 from benchmark.core.training.stacked import NotStackableError, StackedNetworks, stacked_networks
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
-from metrics.mcmc import effective_sample_size
+from metrics.mcmc import RHAT_STATIONARY, chain_ess, split_rhat
 
 log = logging.getLogger(__name__)
 Params = dict[str, torch.Tensor]
@@ -172,6 +176,17 @@ class StackedNetworkTarget:
             grads = {k: -g for k, g in zip(leaves, torch.autograd.grad(nll, list(leaves.values())))}
         return _with_prior(value, grads, params, self.weight_decay)
 
+    @torch.no_grad()
+    def log_likelihood(self, params: Params) -> torch.Tensor:
+        """Mean log-likelihood over the whole data set of each chain ``[chains]`` (float64, CPU; no prior)."""
+        chains, n = self.count(params), len(self.labels)
+        total = torch.zeros(chains, dtype=torch.float64, device="cpu")
+        for part in _chunks(n, self.images[0].numel() * chains):
+            logits = self.stacked.predict(params, self.images[part])  # [chains, b, classes]
+            nll = F.cross_entropy(logits.flatten(0, 1), self.labels[part].expand(chains, -1).flatten(), reduction="none")
+            total -= nll.view(chains, -1).sum(1).double().cpu()
+        return total / n
+
 
 class NetworkTarget:
     """One chain of any network (run in eval mode with the fixed ``buffers``, e.g. BatchNorm's
@@ -206,6 +221,15 @@ class NetworkTarget:
                 grads[k] -= g
             value -= float(nll.detach())
         return _with_prior(value, grads, params, self.weight_decay)
+
+    @torch.no_grad()
+    def log_likelihood(self, params: Params) -> torch.Tensor:
+        """Mean log-likelihood over the whole data set ``[1]`` (float64, CPU; no prior)."""
+        n, total = len(self.labels), 0.0
+        for part in _chunks(n, self.images[0].numel()):
+            logits = functional_call(self.model, {**params, **self.buffers}, (self.images[part],))
+            total -= float(F.cross_entropy(logits, self.labels[part], reduction="sum"))
+        return torch.tensor([total / n], dtype=torch.float64, device="cpu")
 
 
 def _with_prior(value: float, grads: Params, params: Params, weight_decay: float) -> tuple[float, Params]:
@@ -336,6 +360,48 @@ class Chain:
             yield {k: v.detach().clone() for k, v in state.params.items()}
 
 
+def top_noise_variance(target: Any, params: Params, batches: Iterator[torch.Tensor], steps: int) -> float:
+    """The largest eigenvalue of the covariance of the minibatch gradient noise (per-example-mean
+    units, as ``Chain``'s ``V``) at ``params`` (one or several chains of ``target``, all at the same
+    point or near it), from ``steps`` batches of ``batches``: each batch's two halves give one
+    noise draw per chain, ``(g1 - g2) sqrt(n1 n2) / n`` (covariance exactly the minibatch noise's),
+    pooled over steps and chains. From few draws the top eigenvalue is over- rather than
+    under-estimated (Marchenko-Pastur), which errs towards a smaller step."""
+    rows = []
+    for _ in range(steps):
+        indices = next(batches)
+        size = indices.shape[-1]
+        n1 = size // 2
+        _, g1 = target.value_and_grad(params, indices[..., :n1])
+        _, g2 = target.value_and_grad(params, indices[..., n1:])
+        scale = math.sqrt(n1 * (size - n1)) / size
+        diff = {k: (g1[k] - g2[k]) * scale for k in g1}
+        rows += [torch.cat([v.reshape(-1) for v in target.unpack(diff, c).values()]).float().cpu()
+                 for c in range(target.count(params))]
+    draws = torch.stack(rows)  # [draws, d] (float32: 10 draws of a ResNet-18's 11M weights take 440 MB)
+    gram = (draws @ draws.T).double() / len(rows)  # the draws' Gram matrix: the covariance's nonzero eigenvalues
+    return float(torch.linalg.eigvalsh(gram).max())
+
+
+def noise_share_at(lr: float, friction: float, temperature: float, variance: float) -> float:
+    """The share ``c^2 lr^2 V / ((1 - c^2) T)`` of the O-step's intended noise that minibatch noise
+    of variance ``variance`` brings by itself at step ``lr`` (``c = exp(-friction lr)``); increases with ``lr``."""
+    c2 = math.exp(-2 * friction * lr)
+    return c2 * lr**2 * variance / ((1 - c2) * temperature)
+
+
+def step_for_noise(lr: float, friction: float, temperature: float, variance: float, margin: float) -> float:
+    """The largest step ``<= lr`` at which minibatch noise of variance ``variance`` brings at most
+    ``margin`` of the intended noise (``noise_share_at``; bisection to 0.1%)."""
+    if noise_share_at(lr, friction, temperature, variance) <= margin:
+        return lr
+    low, high = 0.0, lr
+    while high - low > 1e-3 * high:
+        mid = (low + high) / 2
+        low, high = (mid, high) if noise_share_at(mid, friction, temperature, variance) <= margin else (low, mid)
+    return low
+
+
 @dataclass
 class SGHMCSettings(MethodSettings):
     """SGHMC settings. ``lr``: step size; ``friction``: alpha; ``temperature`` of the target
@@ -343,15 +409,21 @@ class SGHMCSettings(MethodSettings):
     (null = the recipe's weight decay); ``full_batch``: gradients on the whole train split (no
     minibatch noise; an epoch is then one step, so burn-in and thinning count steps); ``batch_size``:
     minibatch size otherwise (null = the recipe's), drawn with replacement; ``chains``: independent
-    chains from the base, kept states taken round-robin (see the module doc; 10 by default, so that
+    chains from the base, kept states stored chain after chain (see the module doc; 10 by default, so that
     a non-stackable ResNet-18 costs 10 x (10 + 10 x 2) = 300 epochs per repetition where one chain
-    of 100 states 2 epochs apart cost 210; digits runs 100 full-batch chains); ``burn_in_epochs``: steps discarded after the base checkpoint, in epochs
+    of 100 states 2 epochs apart cost 210; digits runs 10 minibatch chains); ``burn_in_epochs``: steps discarded after the base checkpoint, in epochs
     of the train set; ``thinning_epochs``: steps between a chain's kept states, in epochs (any
-    positive fraction); ``noise_correction``: remove the estimated minibatch gradient noise from the
-    injected noise (false = plain SGHMC, which runs hot); ``step_halvings``: when the burn-in
+    positive fraction); ``noise_correction``: remove the estimated per-coordinate minibatch gradient noise
+    from the injected noise (off by default: with noise concentrated in a few directions it runs
+    cold, module doc; ``noise_margin`` bounds the noise instead); ``step_halvings``: when the burn-in
     diverges (a step too large for the curvature at the base, e.g. a barely trained ResNet-18
     whose BatchNorm statistics are far off), restart it with half the step, at most this many
-    times (the step used is in the diagnostics).
+    times (the step used is in the diagnostics); ``noise_margin``: with minibatches, the step is lowered
+    below ``lr`` until the minibatch noise along its top direction at the base (measured over
+    ``noise_pilot_steps`` batches before the burn-in, ``top_noise_variance``) brings at most this
+    share of the intended noise, so that the correction never clamps and the noise the
+    per-coordinate correction cannot see (its off-diagonal part) is at most this share of the
+    target along any direction (null: keep ``lr``).
     """
 
     lr: float = 0.05
@@ -363,11 +435,16 @@ class SGHMCSettings(MethodSettings):
     chains: int = 10
     burn_in_epochs: float = 10.0
     thinning_epochs: float = 2.0
-    noise_correction: bool = True
+    noise_correction: bool = False
     step_halvings: int = 2
+    noise_margin: Optional[float] = 0.1
+    noise_pilot_steps: int = 10
 
     def __post_init__(self) -> None:
         require(self.step_halvings >= 0, "step_halvings", self.step_halvings, "an integer >= 0")
+        require(self.noise_margin is None or 0 < self.noise_margin < 1, "noise_margin", self.noise_margin,
+                "a number in (0, 1) or null (= keep lr whatever the minibatch noise)")
+        require(self.noise_pilot_steps >= 1, "noise_pilot_steps", self.noise_pilot_steps, "a positive integer")
         require(self.chains >= 1, "chains", self.chains, "a positive integer")
         for key in ("lr", "friction", "temperature", "thinning_epochs"):
             value = getattr(self, key)
@@ -407,7 +484,7 @@ class SGHMCMethod(PosteriorMethod):
     ``fit(base, seed)`` runs every chain's burn-in from ``base`` (noise and batches from ``seed``)
     and keeps the burnt-in states. ``sample(n, generator)`` continues a copy of them under one
     seed drawn from ``generator`` for ``ceil(n / chains)`` thinning intervals and returns the
-    states round-robin (kept state i: chain i mod chains); ``predict_own`` re-runs the same
+    states chain after chain (``_kept_states``); ``predict_own`` re-runs the same
     continuation (deterministic given the seed) and predicts with each kept state, so the two
     correspond for same-seeded generators. The network runs in eval mode: BatchNorm uses the
     base's running statistics, which stay fixed, so the target is the posterior of the network as
@@ -424,6 +501,8 @@ class SGHMCMethod(PosteriorMethod):
         self._groups: list[ChainState] | None = None
         self._targets: list[Any] = []
         self._lr_factor = 1.0
+        self._noise_lr = math.inf  # the step the minibatch noise allows (noise_margin), from the pilot at the base
+        self._noise_top = math.nan  # the pilot's top eigenvalue of the minibatch noise covariance
         self._buffers: dict[str, torch.Tensor] = {}
         self._model: nn.Module | None = None
         self._train: InMemoryImageDataset | None = None
@@ -462,7 +541,7 @@ class SGHMCMethod(PosteriorMethod):
         return self._train
 
     def _chain(self, plan: ChainPlan, target: Any) -> Chain:
-        return Chain(target, lr=plan.lr * self._lr_factor, friction=plan.friction,
+        return Chain(target, lr=min(plan.lr, self._noise_lr) * self._lr_factor, friction=plan.friction,
                      temperature=plan.temperature / len(self._train_data()), noise_correction=plan.noise_correction)
 
     def _batches(self, plan: ChainPlan, seed: int, chains: int) -> Iterator[Optional[torch.Tensor]]:
@@ -502,11 +581,19 @@ class SGHMCMethod(PosteriorMethod):
         start = {k: v.detach() for k, v in model.named_parameters()}
         groups = self._make_targets(plan)
         self._targets = [target for target, _ in groups]
+        self._noise_lr, self._noise_top = math.inf, math.nan
+        if plan.batch_size is not None and self.settings.noise_margin is not None:
+            target, chains = groups[0]
+            pilot = independent_batches(len(self._train_data()), plan.batch_size, chains,
+                                        torch.Generator().manual_seed(chain_seed(seed, -1)))
+            self._noise_top = top_noise_variance(target, target.pack(start, chains), pilot, self.settings.noise_pilot_steps)
+            self._noise_lr = step_for_noise(plan.lr, plan.friction, plan.temperature / len(self._train_data()),
+                                            self._noise_top, self.settings.noise_margin)
         # The chains' spread half-way to the first kept state (for spread_growth).
         early = min(plan.burn_in, (plan.burn_in + plan.thinning) // 2)
         for halvings in range(self.settings.step_halvings + 1):
             self._lr_factor = 0.5**halvings
-            where = f"{self.name} seed {seed}, burn-in at lr {plan.lr * self._lr_factor:g}"
+            where = f"{self.name} seed {seed}, burn-in at lr {min(plan.lr, self._noise_lr) * self._lr_factor:g}"
             try:
                 states, snapshots = [], []
                 for g, (target, chains) in enumerate(groups):
@@ -535,8 +622,9 @@ class SGHMCMethod(PosteriorMethod):
         return rows.double()
 
     def _kept_states(self, n: int, generator: torch.Generator) -> list[dict[str, torch.Tensor]]:
-        """The ``n`` kept plain state dicts of the continuation seeded from ``generator``
-        (round-robin over chains), and the diagnostics of that continuation."""
+        """The ``n`` kept plain state dicts of the continuation seeded from ``generator``, chain
+        after chain (sample ``i`` is state ``i mod states_per_chain`` of chain ``i div
+        states_per_chain``, ``states_per_chain = ceil(n / chains)``), and the diagnostics of that continuation."""
         if self._groups is None:
             raise RuntimeError(f"method={self.name}: call fit() before sample() or predict_own()")
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -546,6 +634,7 @@ class SGHMCMethod(PosteriorMethod):
         chains = sum(t.count(s.params) for t, s in zip(self._targets, self._groups))
         rounds = math.ceil(n / chains)
         per_round: list[list[torch.Tensor]] = [[] for _ in range(rounds)]  # [round][group] -> [chains_g, d]
+        loglik: list[list[torch.Tensor]] = [[] for _ in range(rounds)]  # [round][group] -> [chains_g]
         kept: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(rounds)]
         kinetic = clamped = steps = 0.0
         noise_share = []
@@ -559,6 +648,7 @@ class SGHMCMethod(PosteriorMethod):
             with seeded(chain_seed(seed, g)):
                 for r, params in enumerate(chain.thinned(state, batches, rounds, plan.thinning, f"{self.name} sampling")):
                     per_round[r].append(self._flat(target, params))
+                    loglik[r].append(target.log_likelihood(params))
                     kept[r].extend(target.unpack(params, c) for c in range(target.count(params)))
             kinetic += state.kinetic_sum
             clamped += state.clamped_sum
@@ -567,49 +657,65 @@ class SGHMCMethod(PosteriorMethod):
             self._sampled.append(state)
         buffers = {k: v.cpu() for k, v in self._buffers.items()}
         keys = list(self._model.state_dict())
-        states = [{k: {**sd, **buffers}[k] for k in keys} for row in kept for sd in row][:n]
-        self._diagnostics = self._describe(plan, chains, rounds, n, per_round, kinetic / steps, clamped / steps,
+        chain_major = [kept[r][c] for c in range(chains) for r in range(rounds)]
+        states = [{k: {**sd, **buffers}[k] for k in keys} for sd in chain_major][:n]
+        values = torch.stack([torch.cat(groups) for groups in loglik]).T  # [chains, rounds]
+        self._diagnostics = self._describe(plan, chains, rounds, n, per_round, values, kinetic / steps, clamped / steps,
                                            torch.cat(noise_share))
         return states
 
     def _describe(self, plan: ChainPlan, chains: int, rounds: int, n: int, per_round: list[list[torch.Tensor]],
-                  kinetic: float, clamped: float, noise_share: torch.Tensor) -> dict[str, float]:
+                  loglik: torch.Tensor, kinetic: float, clamped: float, noise_share: torch.Tensor) -> dict[str, float]:
         draws = torch.stack([torch.cat(groups) for groups in per_round])  # [rounds, chains, d]
-        kept = draws.reshape(-1, draws.shape[-1])[:n]  # the n kept states in the order sample() returns them
-        moving = kept.std(0) > 0
-        # As the report's diagnostics compute it (benchmark/report/diagnostics.py): one sequence of
-        # the kept states in their stored order, median over weights.
-        ess = float(np.median(effective_sample_size(kept[:, moving].numpy()))) if n >= 4 and bool(moving.any()) else math.nan
+        complete = min(chains, n // rounds)  # the chains whose every state is among the n kept
+        by_chain = draws[:, :complete].transpose(0, 1)  # [chains, rounds, d]
+        moving = by_chain.reshape(-1, by_chain.shape[-1]).std(0) > 0
+        ess = (chain_ess(by_chain[:, :, moving].numpy()) if complete and bool(moving.any())
+               else {"total": math.nan, "chain_min": math.nan, "of_mean": math.nan})
+        rhat = split_rhat(loglik[:complete]) if complete else math.nan
         growth = math.nan
         if self._early_spread is not None and chains > 1:
             late, early = draws[0].var(0), self._early_spread
             ok = early > 0
             growth = float((late[ok] / early[ok]).median()) if bool(ok.any()) else math.nan
         return {
-            "lr": plan.lr * self._lr_factor,
+            "lr": min(plan.lr, self._noise_lr) * self._lr_factor,
             "chains": float(chains),
             "states_per_chain": float(rounds),
             "full_batch": float(plan.batch_size is None),
-            "ess": ess,
+            "ess": ess["of_mean"] if complete > 1 else ess["total"],
+            "ess_chain_min": ess["chain_min"],
+            "ess_arviz_total": ess["total"],
             "spread_growth": growth,
+            "split_rhat_loglik": rhat,
+            "stationary": math.nan if math.isnan(rhat) else float(rhat < RHAT_STATIONARY),
             "kinetic_temperature": kinetic,
             "clamped_fraction": clamped,
             "noise_to_target": float(noise_share.mean()) if plan.noise_correction else 0.0,
+            "noise_top_to_target": (noise_share_at(min(plan.lr, self._noise_lr) * self._lr_factor, plan.friction,
+                                                   plan.temperature / len(self._train_data()), self._noise_top)
+                                    if plan.batch_size is not None else 0.0),
         }
 
     def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-        """Of the last ``sample`` call: ``lr`` (the step used, after any halvings), ``chains``,
-        ``states_per_chain``, ``full_batch`` (1: full-batch gradients), ``ess`` (median over the weights
-        that move of ``metrics.mcmc.effective_sample_size`` of the kept states in the order
-        ``sample`` returns them, as the report computes it: about their number when each comes from its
-        own chain; NaN below 4 states), ``spread_growth`` (median over weights of
-        the across-chain variance at the first kept states over that half-way there: ~1 when the
-        chains have stopped spreading, ~2 where they still diffuse away from the base as a free
-        particle does), ``kinetic_temperature`` (mean over steps of mean(m^2) / T: the momenta, not
-        where the weights sit), ``clamped_fraction`` (coordinates where the minibatch noise alone
-        exceeded the target), ``noise_to_target`` (mean over coordinates of the share of the
-        intended noise that the minibatch gradients bring by themselves, at the step used; 0 for
-        full batches). None of them sees minibatch noise concentrated in a few directions (module doc)."""
+        """Of the last ``sample`` call: ``lr`` (the step used: ``lr`` lowered by ``noise_margin``, after
+        any halvings), ``chains``, ``states_per_chain``, ``full_batch`` (1: full-batch gradients),
+        ``ess`` and ``ess_chain_min`` (``metrics.mcmc.chain_ess`` of the weights that move, chains as
+        chains, so storage order plays no part: the median over weights of the sum over chains of
+        each chain's bulk ESS, and the smallest chain's median; NaN below 4 states per chain),
+        ``spread_growth`` (median over weights of the across-chain variance at the first kept
+        states over that half-way there: ~1 when the chains have stopped spreading, ~2 where they
+        still diffuse away from the base as a free particle does), ``split_rhat_loglik``
+        (``metrics.mcmc.split_rhat`` of the kept states' mean train log-likelihood ``[chains,
+        states_per_chain]``: every chain's halves against each other and the other chains') and
+        ``stationary`` (1 when it is below ``RHAT_STATIONARY`` = 1.05, else 0: the row's chains
+        have not settled; NaN below 4 states per chain), ``kinetic_temperature`` (mean over steps
+        of mean(m^2) / T: the momenta, not where the weights sit), ``clamped_fraction``
+        (coordinates where the minibatch noise alone exceeded the target), ``noise_to_target``
+        (mean over coordinates of the share of the intended noise that the minibatch gradients
+        bring by themselves, at the step used; 0 for full batches), ``noise_top_to_target`` (that
+        share along the top direction of the noise covariance measured at the base, at the step
+        used: at most ``noise_margin``; 0 for full batches)."""
         return dict(self._diagnostics)
 
     def sample(self, n: int, generator: torch.Generator) -> SampleSet:

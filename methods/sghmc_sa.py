@@ -54,7 +54,7 @@ from benchmark.core.settings import require
 from benchmark.core.store import SampleSet, stack_state_dicts
 from benchmark.core.training import NonFiniteError, seeded
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
-from metrics.mcmc import effective_sample_size
+from metrics.mcmc import chain_ess
 
 log = logging.getLogger(__name__)
 EPS = 1e-6  # the code base's eps in the preconditioner and the adaptation
@@ -290,10 +290,12 @@ class ScaleAdaptedSGHMCMethod(PosteriorMethod):
         """Of the last fit: ``steps`` (updates run), ``clipped_fraction`` (steps whose gradient was
         clipped), ``prior_std_mean`` (mean over tensors of the last prior standard deviation
         ``1 / sqrt(lambda)``), and ``ess`` (median over the weights that move of
-        ``metrics.mcmc.effective_sample_size`` of the kept states, in chain order; NaN below 4)."""
+        ``metrics.mcmc.chain_ess`` of the kept states as the one chain they are; NaN below 4) and
+        ``ess_chain_min`` (the same: one chain)."""
         out = dict(self._diagnostics)
         if len(self._kept) >= 4:
             rows = torch.stack([torch.cat([sd[k].reshape(-1) for k in self._param_keys]) for sd in self._kept]).double()
             moving = rows.std(0) > 0
-            out["ess"] = float(np.median(effective_sample_size(rows[:, moving].numpy()))) if bool(moving.any()) else math.nan
+            ess = chain_ess(rows[None, :, moving].numpy()) if bool(moving.any()) else {"total": math.nan, "chain_min": math.nan}
+            out["ess"], out["ess_chain_min"] = ess["total"], ess["chain_min"]
         return out

@@ -1,4 +1,4 @@
-"""Study: does SGHMC sample the right variance with minibatches, and can it on digits? Last result: with independent batches the noise correction gives 0.98-1.06 of the target variance on closed-form targets (0.36-0.92 with a per-epoch reshuffle); at digits' batches of 32 the minibatch noise is 12-21x the target along its top direction, so the digits experiment uses full-batch gradients (ESS 96.5 of 100 at the first held-out base; methods/sghmc.py, conf/experiment/digits_optunet.yaml).
+"""Study: does SGHMC sample the right variance with minibatches, and can it on digits? Last result (issue 31): at digits' noise level (top direction 12-21x the target at batches of 32, lr 0.05) a regression gets 1.00-1.03x the exact variance with the step lowered until the top direction's noise is 0.1 of the target (per-coordinate correction: 0.96-0.98x, cold); on digits (base 100001) that step (0.0057 at friction 20) with 10 chains x 10 states costs 64 s per repetition and the chains are not stationary (split R-hat of the train log-likelihood 1.65, ESS of the mean 11.1 of 100; conf/experiment/digits_optunet.yaml).
 
 Checks of SGHMC (``methods/sghmc.py``) too heavy for the unit tests; prints the numbers.
 
@@ -20,10 +20,18 @@ Checks of SGHMC (``methods/sghmc.py``) too heavy for the unit tests; prints the 
    effective_sample_size``, median over the weights that move, as the report's diagnostics), the
    test accuracy of the kept states, and the new method's diagnostics.
 
-4. ``per_step`` (needs the zoo; not in the default sections): the per-step cost of both timed in
+4. ``regression``: sample variance / exact variance on a Bayesian linear regression at digits'
+   noise level (N 1,295, batches of 32 from ``independent_batches``, top noise 28x the target at lr
+   0.05, friction 1) at the step ``noise_margin`` 0.1 / 0.25 / 0.5 sets and at the unlowered one,
+   with and without the per-coordinate correction.
+5. ``minibatch``: one repetition of the one-mode row as configured on
+   the first held-out base (trained here with the recipe, seed 100000, when the store has no zoo):
+   wall time, the step, the chain diagnostics (ESS chains as chains, split R-hat, stationary).
+
+6. ``per_step`` (needs the zoo; not in the default sections): the per-step cost of both timed in
    alternation, scaled to a repetition (less sensitive to a changing load than 3).
 
-Usage: ``python studies/check_sghmc.py [--store store] [--sections toys,noise,digits,per_step]``. Timings
+Usage: ``python studies/check_sghmc.py [--store store] [--sections toys,regression,noise,digits,minibatch,per_step]``. Timings
 on a busy machine are noisy: compare the ratio only, and re-measure on an idle one.
 """
 from __future__ import annotations
@@ -234,15 +242,128 @@ def per_step(exp, seed: int, rounds: int = 5) -> None:
           f"{nw * 1e3:.0f} ms per step ({plan.chains} chains, full batch) -> {full_new:.0f} s; ratio {full_new / full_before:.2f}")
 
 
+class NoisyRegression:
+    """The regression of tests/methods/test_sghmc.py (``_NoisyRegression``): ``chains`` Bayesian
+    linear regressions ``w [C, 3]`` on N = 1,295 points, correlated features x 10, residual sd 0.3,
+    prior 0.5, analytic gradients; minibatch noise at batches of 32 ~28x the target along its top
+    direction at lr 0.05, friction 1 (digits' OptuNets: 12-21x)."""
+
+    def __init__(self, n: int = 1295) -> None:
+        g = torch.Generator().manual_seed(0)
+        mixing = torch.tensor([[1.0, 0, 0], [0.8, 0.6, 0], [0.3, 0.2, 0.5]], dtype=torch.float64)
+        self.x = 10 * torch.randn(n, 3, generator=g, dtype=torch.float64) @ mixing.T
+        self.y = self.x @ torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64) + 0.3 * torch.randn(
+            n, generator=g, dtype=torch.float64)
+        self.prior, self.n = 0.5, n
+        self.cov = torch.linalg.inv(self.x.T @ self.x + n * self.prior * torch.eye(3, dtype=torch.float64))
+        self.mean = self.cov @ self.x.T @ self.y
+
+    def value_and_grad(self, params, indices):
+        w, x = params["w"], self.x[indices]
+        residual = self.y[indices] - (x * w[:, None, :]).sum(-1)
+        value = float((-0.5 * (residual**2).mean(1) - 0.5 * self.prior * (w**2).sum(-1)).sum())
+        return value, {"w": (x * residual[..., None]).mean(1) - self.prior * w}
+
+    def unpack(self, params, chain):
+        return {k: v[chain] for k, v in params.items()}
+
+    def count(self, params):
+        return next(iter(params.values())).shape[0]
+
+
+def regression(chains: int = 400, friction: float = 9.0) -> None:
+    """Sample variance / exact variance on ``NoisyRegression`` under ``independent_batches`` (32
+    per batch) at the step ``step_for_noise`` sets for each margin, with and without the
+    per-coordinate correction (2 time units of burn-in from the mean, 3 states 0.5 apart)."""
+    from methods.sghmc import noise_share_at, step_for_noise, top_noise_variance
+
+    target = NoisyRegression()
+    temperature = 1.0 / target.n
+    start = {"w": target.mean.expand(chains, -1).clone()}
+    top = top_noise_variance(target, start, independent_batches(target.n, 32, chains, torch.Generator().manual_seed(9)), 10)
+    print(f"== regression: N {target.n}, batches of 32 (independent_batches), friction {friction}; top noise share "
+          f"at lr 0.05, friction 1: {noise_share_at(0.05, 1.0, temperature, top):.1f}")
+    for margin in (0.1, 0.25, 0.5, None):
+        lr = 0.05 if margin is None else step_for_noise(0.05, friction, temperature, top, margin)
+        for correction in (False, True):
+            chain = Chain(target, lr=lr, friction=friction, temperature=temperature, noise_correction=correction)
+            stream = independent_batches(target.n, 32, chains, torch.Generator().manual_seed(1))
+            unit = math.ceil(1 / lr)
+            with seeded(2):
+                state = chain.run(chain.start({k: v.clone() for k, v in start.items()}), stream, 2 * unit, "burn-in")
+                kept = torch.cat([p["w"] for p in chain.thinned(state, stream, 3, unit // 2, "kept")])
+            ratio = (kept.var(0) / target.cov.diagonal()).tolist()
+            print(f"margin {margin}, lr {lr:.4g}, correction {'on ' if correction else 'off'}: variance ratio "
+                  f"{[round(r, 3) for r in ratio]}, clamped {state.clamped_sum / state.steps:.3f}")
+
+
+def train_base(exp, first: int = 100000) -> tuple[int, dict]:
+    """The first held-out seed from ``first`` that converges under the recipe and its rule, trained
+    here as the zoo stage trains it (``benchmark.stages.zoo.train_seed``), when the store has no zoo."""
+    from benchmark.stages.zoo import train_seed
+
+    for seed in range(first, first + 20):
+        result = train_seed(exp, seed, role="heldout")
+        if result.failure is None:
+            print(f"base {seed}: trained here, train accuracy {result.train_accuracy:.3f}")
+            return seed, {k: v.detach().clone() for k, v in result.state_dict.items()}
+    raise RuntimeError(f"no converged seed in [{first}, {first + 20})")
+
+
+def minibatch(exp, seed: int, base: dict, overrides: list[dict], n: int = 100) -> None:
+    """SGHMC as configured (``conf/experiment/digits_optunet.yaml``) and with ``overrides``, on
+    base ``seed``: wall time of fit + sample(n), the step the noise margin set, the chain
+    diagnostics, the kept states' test accuracy."""
+    from benchmark.core.models import predict_with_weights
+    from methods.sghmc import SGHMCMethod
+
+    images, labels = exp.test_tensors
+    configured = exp.method_settings("sghmc")
+    print(f"== minibatch: SGHMC one-mode on base {seed}, {n} kept states")
+    for override in [{}, *overrides]:
+        settings = dataclasses.replace(configured, **override)
+        method = SGHMCMethod(exp.model, exp.training_data, settings, recipe=exp.recipe, device=exp.device)
+        start = time.perf_counter()
+        method.fit(base, seed)
+        samples = method.sample(n, torch.Generator().manual_seed(seed))
+        wall = time.perf_counter() - start
+        d = method.diagnostics(images, labels)
+        acc = (predict_with_weights(exp.model(), samples, images).argmax(-1) == labels).double().mean(1)
+        plan = method.plan()
+        print(f"{override or 'as configured'}: {wall:.0f} s, {plan.burn_in + plan.thinning * math.ceil(n / plan.chains)} "
+              f"steps of {plan.chains} chains; test accuracy {float(acc.min()):.3f}/{float(acc.median()):.3f}/"
+              f"{float(acc.max()):.3f}; top noise share at lr 0.05, friction 1: "
+              f"{noise_share_at_base(method, plan):.1f}")
+        print(f"  diagnostics { {k: round(v, 4) for k, v in d.items()} }")
+
+
+def noise_share_at_base(method, plan) -> float:
+    from methods.sghmc import noise_share_at
+
+    return noise_share_at(0.05, 1.0, plan.temperature / len(method._train_data()), method._noise_top)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", default="store", help="store holding the digits_optunet zoo (default: store)")
-    parser.add_argument("--sections", default="toys,noise,digits")
+    parser.add_argument("--sections", default="toys,regression,noise,digits,minibatch")
     args = parser.parse_args()
     torch.set_num_threads(1)
     sections = args.sections.split(",")
     if "toys" in sections:
         toys()
+    if "regression" in sections:
+        regression()
+    if "minibatch" in sections:  # trains its base when the store has none
+        exp = experiment(args.store)
+        try:
+            seed = heldout_bases(exp, 1)[0]
+            from benchmark.stages.sample import load_base
+            base = load_base(exp, seed)
+        except Exception:
+            print(f"minibatch: no zoo in --store {args.store}: training a held-out base with the recipe here")
+            seed, base = train_base(exp)
+        minibatch(exp, seed, base, [])
     if {"noise", "digits", "per_step"} & set(sections):
         exp = experiment(args.store)
         try:

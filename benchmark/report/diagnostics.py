@@ -15,6 +15,19 @@ import pandas as pd
 from benchmark.core.store import CheckpointMetadata, SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import available_rows, row_units
+from metrics.mcmc import chain_ess, split_rhat
+
+CHAIN_METHODS = ("sghmc", "sghmc_sa", "hmc")  # rows whose samples are Markov-chain states
+CHAIN_COORDINATES = 2_000  # weights (a fixed random subset of larger models) behind the chain figures
+CHAIN_TEXT = (
+    "Chain figures of the Markov-chain rows, from the first repetition's stored samples read as their "
+    "chains (storage order plays no part): chain_ess_total, the median over weights of the sum over chains of "
+    "each chain's bulk ESS (ArviZ; with few draws per chain it overstates correlated chains: 55 where the ESS of the "
+    "mean is 11 for AR(1) chains at rho 0.97, 10 x 10 draws); chain_ess_of_mean, the ESS of the mean from the chain "
+    "means (independent chains; holds at any chain length); chain_ess_min_chain, the smallest chain's ArviZ ESS; "
+    "chain_split_rhat_test_loglik, the split R-hat of the test log-likelihood of the kept states over every "
+    "chain's two halves (about 1: settled; above 1.05: some chain still drifts or the chains disagree); "
+    "chains and draws_per_chain, the layout read. NaN below 4 states per chain.")
 
 BASE_COLUMNS = ["method", "method_label", "mode", "repetitions", "n_samples", "sample_acc_min", "sample_acc_median",
                 "sample_acc_max", "ensemble_acc", "ess", "base_acc_min", "base_acc_median", "base_acc_max", "n_bases"]
@@ -33,7 +46,13 @@ EXPLANATIONS = {
     "sghmc": ("SGHMC: kinetic temperature mean(m^2)/T of the sampling segment (1 = at the configured temperature), "
               "fraction of coordinates where the minibatch gradient noise alone exceeded the target (there the chain "
               "runs hot), that noise as a share of the target, and the effective sample size of the kept states "
-              "(median over weights; ess as the sampler measured it). chains: independent chains from the base, "
+              "(ess: the ESS of the mean from the chain means, chains as chains, median over weights; ess_arviz_total: the "
+              "sum over chains of each chain's ArviZ bulk ESS, which overstates short correlated chains; ess_chain_min: the "
+              "smallest chain's). "
+              "split_rhat_loglik: split R-hat of the kept states' train log-likelihood over every chain's halves; stationary: "
+              "1 when it is below 1.05, 0 when the chains have not settled (the row is not converged). noise_top_to_target: "
+              "the minibatch noise along its top direction at the base as a share of the target, at the step used (the step is "
+              "lowered until it is at most noise_margin). chains: independent chains from the base, "
               "states_per_chain: kept states of each, full_batch: 1 for full-batch gradients (no minibatch noise), "
               "spread_growth: the chains' spread at the first kept states over their spread half-way there (about 1: "
               "settled; about 2: still spreading from the base, as free diffusion does)."),
@@ -66,6 +85,8 @@ def collect(exp: Experiment) -> pd.DataFrame:
         # The mean of the repetitions that recorded a number (as metrics.csv's ess): NaN only when none did.
         row |= {key: float(np.mean(known)) if (known := [v for v in values if not math.isnan(v)]) else math.nan
                 for key, values in diagnostics.items()}
+        if method in CHAIN_METHODS:
+            row |= chain_figures(exp, units[0], method, preds, labels)
         known = [a for a in bases if not math.isnan(a)]
         row |= {"n_bases": len(bases), "base_acc_min": min(known, default=math.nan),
                 "base_acc_median": float(np.median(known)) if known else math.nan, "base_acc_max": max(known, default=math.nan)}
@@ -73,6 +94,46 @@ def collect(exp: Experiment) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     extra = sorted(c for c in frame.columns if c not in BASE_COLUMNS)
     return frame.reindex(columns=BASE_COLUMNS + extra)
+
+
+def chain_layout(method: str, meta: SampleSetMetadata, n: int) -> tuple[int, int] | None:
+    """``(chains, draws per chain)`` of a unit's ``n`` stored samples, which every chain method
+    stores chain after chain: SGHMC its ``chains`` x ``states_per_chain`` diagnostics (the chains
+    whose every state is stored), the scale-adapted SGHMC one chain, HMC one chain per base
+    (``samples_per_base`` each). None when the metadata do not say."""
+    diagnostics = meta.diagnostics or {}
+    if method == "sghmc_sa":
+        return 1, n
+    if method == "hmc" and meta.base_seeds and meta.samples_per_base and len(meta.base_seeds) * meta.samples_per_base == n:
+        return len(meta.base_seeds), int(meta.samples_per_base)
+    if method == "sghmc" and diagnostics.get("states_per_chain") and not math.isnan(float(diagnostics["states_per_chain"])):
+        per = int(diagnostics["states_per_chain"])
+        return min(int(diagnostics["chains"]), n // per), per
+    return None
+
+
+def chain_figures(exp: Experiment, unit, method: str, preds: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """The chain figures of ``CHAIN_TEXT`` for ``unit``'s samples and their test predictions
+    ``preds [n, N, C]`` (labels ``[N]``); empty when the layout is unknown."""
+    path = exp.store.samples_path(unit)
+    layout = chain_layout(method, SampleSetMetadata.decode(read_metadata(path)), len(preds))
+    if layout is None:
+        return {}
+    chains, per = layout
+    samples = load_sample_set(path)
+    flat = np.concatenate([v.reshape(len(v), -1).double().numpy() for v in samples.values() if v.is_floating_point()], 1)
+    flat = flat[: chains * per]
+    if flat.shape[1] > CHAIN_COORDINATES:
+        keep = np.sort(np.random.default_rng(0).permutation(flat.shape[1])[:CHAIN_COORDINATES])
+        flat = flat[:, keep]
+    flat = flat[:, flat.std(0) > 0]
+    picked = np.take_along_axis(preds[: chains * per], labels[None, :, None], axis=2)[..., 0]
+    loglik = np.log(np.clip(picked, 1e-30, None)).mean(1).reshape(chains, per)
+    ess = (chain_ess(flat.reshape(chains, per, -1)) if flat.shape[1]
+           else {"total": math.nan, "chain_min": math.nan, "of_mean": math.nan})
+    return {"chains": float(chains), "draws_per_chain": float(per), "chain_ess_total": ess["total"],
+            "chain_ess_of_mean": ess["of_mean"],
+            "chain_ess_min_chain": ess["chain_min"], "chain_split_rhat_test_loglik": split_rhat(loglik)}
 
 
 def base_accuracy(exp: Experiment, seed: int) -> float:
@@ -88,8 +149,9 @@ def render(frame: pd.DataFrame, experiment: str) -> str:
     """Markdown: the samples' accuracy spread for every row, then each method's diagnostics."""
     lines = [f"# Diagnostics of {experiment}", "",
              "Accuracy (%) on the ID test set of each weight sample (first repetition), and of their ensemble; ESS: "
-             "effective sample size of the kept states of the Markov-chain methods (as the sampler measured it: median over weights, "
-             "mean over repetitions, the ess column of metrics.csv); base networks: the test accuracy of the held-out zoo "
+             "effective sample size of the kept states of the Markov-chain methods as the sampler measured it (SGHMC: chains as "
+             "chains, the ESS of the mean from its chain means, median over weights; the scale-adapted SGHMC: ArviZ's on its one chain; "
+             "mean over repetitions, the ess column of metrics.csv; the per-chain figures are in the Markov-chains section); base networks: the test accuracy of the held-out zoo "
              "networks of the row's base seeds over all repetitions (the networks SWAG, Laplace and SGHMC start from; "
              "MC Dropout and the vBNNs train their own networks under those seeds, the scale-adapted SGHMC starts its chain "
              "from the initialisation under the first; for Deep Ensembles, the "
@@ -107,6 +169,15 @@ def render(frame: pd.DataFrame, experiment: str) -> str:
             for n, a, b, c in zip(frame["n_bases"], frame["base_acc_min"], frame["base_acc_median"], frame["base_acc_max"])],
     })
     lines += [table.to_markdown(index=False), ""]
+    chain_rows = frame[frame["method"].isin(CHAIN_METHODS)] if "chain_ess_total" in frame.columns else frame.iloc[:0]
+    if not chain_rows.empty:
+        columns = ["chains", "draws_per_chain", "chain_ess_total", "chain_ess_of_mean", "chain_ess_min_chain",
+                   "chain_split_rhat_test_loglik",
+                   *[c for c in ("spread_growth", "split_rhat_loglik", "stationary") if c in frame.columns]]
+        body = chain_rows[["method_label", "mode", *columns]].rename(columns={"method_label": "Method", "mode": "Mode"})
+        lines += ["## Markov chains", "", CHAIN_TEXT + " spread_growth, split_rhat_loglik (train log-likelihood) and "
+                  "stationary (1: split_rhat_loglik below 1.05) are the sampler's own, where it records them.", "",
+                  body.to_markdown(index=False, floatfmt=".4g"), ""]
     for method, explanation in EXPLANATIONS.items():
         rows = frame[frame["method"] == method]
         if rows.empty:

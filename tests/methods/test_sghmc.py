@@ -135,6 +135,86 @@ def test_the_noise_correction_samples_a_bayesian_linear_regression_with_the_meth
     assert (hot.var(0) / cov.diagonal() > 1.25).all(), hot.var(0) / cov.diagonal()
 
 
+class _NoisyRegression:
+    """A ``Target`` (analytic gradients) of ``chains`` Bayesian linear regressions ``w [C, 3]`` on
+    N = 1,295 points: per-example log posterior ``-(y - x w)^2 / 2 - prior / 2 |w|^2``. The data's
+    residuals (sd ``residual_sd``) and correlated features put the minibatch noise at batches of 32
+    at digits' level along its top direction (top noise / target ~28 at lr 0.05, friction 1; digits'
+    OptuNets: 12-21) and concentrate it there, as at digits' bases; features scaled by 10 (per-example
+    curvatures 18-190) so that the chains relax in a fraction of a time unit and the test runs in seconds."""
+
+    def __init__(self, residual_sd: float = 0.3, prior: float = 0.5, n: int = 1295) -> None:
+        g = torch.Generator().manual_seed(0)
+        mixing = torch.tensor([[1.0, 0, 0], [0.8, 0.6, 0], [0.3, 0.2, 0.5]], dtype=torch.float64)
+        self.x = 10 * torch.randn(n, 3, generator=g, dtype=torch.float64) @ mixing.T
+        noise = residual_sd * torch.randn(n, generator=g, dtype=torch.float64)
+        self.y = self.x @ torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64) + noise
+        self.prior, self.n = prior, n
+        self.cov = torch.linalg.inv(self.x.T @ self.x + n * prior * torch.eye(3, dtype=torch.float64))
+        self.mean = self.cov @ self.x.T @ self.y
+
+    def value_and_grad(self, params, indices):
+        w = params["w"]
+        x = self.x[indices]  # [C, B, 3]
+        residual = self.y[indices] - (x * w[:, None, :]).sum(-1)
+        value = float((-0.5 * (residual**2).mean(1) - 0.5 * self.prior * (w**2).sum(-1)).sum())
+        return value, {"w": (x * residual[..., None]).mean(1) - self.prior * w}
+
+    def unpack(self, params, chain):
+        return {k: v[chain] for k, v in params.items()}
+
+    def count(self, params):
+        return next(iter(params.values())).shape[0]
+
+
+def _regression_at_digits_noise(lr: float, noise_correction: bool, chains: int = 400):
+    """The kept states (3 per chain, 0.5 time units apart after 2 units of burn-in from the
+    posterior mean) of ``chains`` chains at friction 9 (about critical for the softest direction)
+    on ``_NoisyRegression`` with the method's batches (``independent_batches``, 32 per batch)."""
+    target = _NoisyRegression()
+    chain = Chain(target, lr=lr, friction=9.0, temperature=1.0 / target.n, noise_correction=noise_correction)
+    stream = _method_batches(target.n, 32, chains, seed=1)
+    unit = math.ceil(1 / lr)
+    with seeded(2):
+        state = chain.run(chain.start({"w": target.mean.expand(chains, -1).clone()}), stream, 2 * unit, "burn-in")
+        kept = torch.cat([s["w"] for s in chain.thinned(state, stream, 3, unit // 2, "regression")])
+    return kept, target
+
+
+def test_the_noise_margin_step_samples_a_regression_at_digits_noise_level():
+    """The step the method takes (``step_for_noise`` of the top eigenvalue ``top_noise_variance``
+    measures at the start, margin 0.1, as ``SGHMCMethod.fit``), without the per-coordinate
+    correction (digits' setting), gives the exact posterior variance within 10% under the
+    method's own batches; the same chain at the unlowered step runs hot, and with the
+    per-coordinate correction at a looser margin (0.5) it runs cold: the correction removes each
+    coordinate's share of the top direction's noise from every direction."""
+    from methods.sghmc import noise_share_at, step_for_noise, top_noise_variance
+
+    target, chains = _NoisyRegression(), 400
+    start = {"w": target.mean.expand(chains, -1).clone()}
+    top = top_noise_variance(target, start, _method_batches(target.n, 32, chains, seed=9), 10)
+    temperature = 1.0 / target.n
+    assert 15 < noise_share_at(0.05, 1.0, temperature, top) < 40  # digits' level (12-21 at its bases)
+    lr = step_for_noise(0.05, 9.0, temperature, top, 0.1)
+    assert noise_share_at(lr, 9.0, temperature, top) == pytest.approx(0.1, rel=0.01)
+    kept, _ = _regression_at_digits_noise(lr, noise_correction=False)
+    ratio = kept.var(0) / target.cov.diagonal()
+    assert ((ratio - 1).abs() < 0.1).all(), f"sample variance / posterior variance = {ratio.tolist()}"
+    assert ((kept.mean(0) - target.mean).abs() < 0.1 * target.cov.diagonal().sqrt()).all()
+    hot, _ = _regression_at_digits_noise(0.05, noise_correction=False, chains=100)  # the configured lr, unlowered
+    assert (hot.var(0) / target.cov.diagonal()).max() > 1.3, hot.var(0) / target.cov.diagonal()
+    cold, _ = _regression_at_digits_noise(step_for_noise(0.05, 9.0, temperature, top, 0.5), noise_correction=True)
+    assert (cold.var(0) / target.cov.diagonal()).min() < 0.9, cold.var(0) / target.cov.diagonal()
+
+
+def test_step_for_noise_is_the_largest_step_within_the_margin():
+    from methods.sghmc import noise_share_at, step_for_noise
+
+    lr = step_for_noise(0.05, 1.0, 1e-3, 2.0, 0.1)
+    assert noise_share_at(lr, 1.0, 1e-3, 2.0) <= 0.1 < noise_share_at(lr * 1.01, 1.0, 1e-3, 2.0)
+    assert step_for_noise(0.05, 1.0, 1e-3, 1e-9, 0.1) == 0.05  # noise below the margin: the step stays
+
+
 def test_the_gradient_noise_estimate_is_the_minibatch_variance():
     """Independent draws with replacement: the variance of a batch mean is the per-example
     (population) variance / B, which the half-batch estimate recovers."""
@@ -275,41 +355,50 @@ def test_samples_are_keyed_like_the_plain_model_and_predict_like_predict_own(fit
     assert not torch.equal(other["fc2.weight"], samples["fc2.weight"])
 
 
-def test_kept_states_are_round_robin_over_the_chains(fitted):
-    """Sample i is chain i mod 3: a longer request shares the shorter one's states, and sample 3
-    is chain 0 one thinning interval after sample 0 (close to it; the chains are apart)."""
-    short = fitted.sample(2, torch.Generator().manual_seed(8))
-    long = fitted.sample(7, torch.Generator().manual_seed(8))
-    assert all(torch.equal(long[k][:2], short[k]) for k in short)
+def test_kept_states_are_stored_chain_after_chain(fitted):
+    """Sample i is state i mod 3 of chain i div 3 (3 chains x 3 states): sample 1 is chain 0 one
+    thinning interval after sample 0 (close to it; the chains are apart)."""
+    long = fitted.sample(9, torch.Generator().manual_seed(8))
     diagnostics = fitted.diagnostics(torch.empty(0), torch.empty(0))
     assert diagnostics["chains"] == 3 and diagnostics["states_per_chain"] == 3
     w = long["fc1.weight"].flatten(1)
-    same_chain = (w[3] - w[0]).norm()
-    assert same_chain < (w[1] - w[0]).norm() and same_chain < (w[2] - w[0]).norm()
+    same_chain = (w[1] - w[0]).norm()
+    assert same_chain < (w[3] - w[0]).norm() and same_chain < (w[6] - w[0]).norm()
 
 
-def test_the_ess_diagnostic_is_the_reports_on_the_kept_states(fitted):
-    """The ``ess`` diagnostic is ``metrics.mcmc.effective_sample_size`` of the kept states in the
-    order ``sample`` returns them (as benchmark/report/diagnostics.py computes it), median over weights."""
-    from metrics.mcmc import effective_sample_size
+def test_the_ess_diagnostic_reads_the_chains_as_chains_whatever_the_storage_order(fitted):
+    """``ess`` is ``chain_ess(...)["of_mean"]`` and ``ess_chain_min`` its ``chain_min``, of the
+    kept states read as their chains: stored shuffled (with each state's chain and position), the
+    same numbers."""
+    from metrics.mcmc import as_chains, chain_ess
 
-    samples = fitted.sample(6, torch.Generator().manual_seed(2))  # 3 chains x 2 states, round-robin
-    draws = torch.cat([v.reshape(6, -1) for v in samples.values() if v.is_floating_point()], 1).double().numpy()
-    expected = float(np.median(effective_sample_size(draws[:, draws.std(0) > 0])))
-    assert fitted.diagnostics(torch.empty(0), torch.empty(0))["ess"] == pytest.approx(expected, rel=1e-9)
+    samples = fitted.sample(12, torch.Generator().manual_seed(2))  # 3 chains x 4 states, chain after chain
+    d = fitted.diagnostics(torch.empty(0), torch.empty(0))
+    draws = torch.cat([v.reshape(12, -1) for k, v in samples.items() if k in dict(fitted._model.named_parameters())],
+                      1).double().numpy()
+    chain, position = np.repeat(np.arange(3), 4), np.tile(np.arange(4), 3)
+    order = np.random.default_rng(0).permutation(12)
+    expected = chain_ess(as_chains(draws[order], chain[order], position[order]))
+    assert d["ess"] == pytest.approx(expected["of_mean"], rel=1e-9)
+    assert d["ess_chain_min"] == pytest.approx(expected["chain_min"], rel=1e-9)
+    assert d["ess_arviz_total"] == pytest.approx(expected["total"], rel=1e-9)
+    assert 0 < d["split_rhat_loglik"] and d["stationary"] in (0.0, 1.0)
 
 
 def test_diagnostics_of_a_stacked_minibatch_run(fitted):
     fitted.sample(3, torch.Generator().manual_seed(1))
     d = fitted.diagnostics(torch.empty(0), torch.empty(0))
-    assert math.isnan(d["ess"]) and d["states_per_chain"] == 1 and d["full_batch"] == 0.0  # ESS needs 4 states
-    assert 0 < d["noise_to_target"] and 0 <= d["clamped_fraction"] < 1 and d["kinetic_temperature"] > 0
-    assert d["spread_growth"] > 0 and d["lr"] == fitted.settings.lr
+    assert math.isnan(d["ess_chain_min"]) and d["states_per_chain"] == 1 and d["full_batch"] == 0.0  # needs 4 states
+    assert math.isnan(d["stationary"])
+    assert 0 <= d["clamped_fraction"] < 1 and d["kinetic_temperature"] > 0
+    assert d["spread_growth"] > 0 and d["lr"] <= fitted.settings.lr
+    assert 0 < d["noise_top_to_target"] <= fitted.settings.noise_margin * 1.001
 
 
 def test_full_batch_chains_have_no_minibatch_noise(tiny_exp, tiny_bases):
-    configured = build(tiny_exp, "sghmc").plan()  # digits' config: 50 full-batch chains of 100 + 10 steps
-    assert configured.batch_size is None and configured.chains == 50 and (configured.burn_in, configured.thinning) == (100, 10)
+    configured = build(tiny_exp, "sghmc").plan()  # digits' config: 10 minibatch chains, batches of 32, 100 + 10 x 8 epochs
+    assert configured.batch_size == 32 and configured.chains == 10 and not configured.noise_correction
+    assert (configured.burn_in, configured.thinning) == (100 * 41, 8 * 41)  # 41 batches of 32 per epoch of 1,295
     seed, base = tiny_bases[0]
     method = build(tiny_exp, "sghmc", full_batch=True, burn_in_epochs=3, thinning_epochs=1, chains=4)
     plan = method.plan()
@@ -318,6 +407,7 @@ def test_full_batch_chains_have_no_minibatch_noise(tiny_exp, tiny_bases):
     samples = method.sample(4, torch.Generator().manual_seed(0))
     d = method.diagnostics(torch.empty(0), torch.empty(0))
     assert d["full_batch"] == 1.0 and d["noise_to_target"] == 0.0 and d["clamped_fraction"] == 0.0
+    assert d["noise_top_to_target"] == 0.0 and d["lr"] == method.settings.lr  # no pilot, no lowered step
     assert len({float(v.sum()) for v in samples["fc2.weight"]}) == 4, "independent chains"
 
 

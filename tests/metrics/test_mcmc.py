@@ -92,3 +92,65 @@ def test_predictive_convergence_of_agreeing_and_disagreeing_chains():
     assert one["rhat_loglik"] == float(expected)
     with pytest.raises(ValueError, match=r"\[chains, draws, N, classes\]"):
         predictive_convergence(probs[0], labels)
+
+
+# --- chains as chains: the ESS of independent chains, whatever order their draws are stored in --------
+def test_chain_ess_does_not_depend_on_the_storage_order():
+    """50 chains x 4 draws of AR(1) (rho 0.9) and 50 x 4 of independent draws, stored round-robin,
+    chain after chain and shuffled, with each sample's chain and position: the same ESS every time.
+    The ESS of one sequence of the round-robin storage (the old ``ess``) reads the correlated
+    chains as nearly independent; chains as chains do not."""
+    from metrics.mcmc import as_chains, chain_ess, effective_sample_size
+
+    correlated, independent = ar1(0.9, 50, 4, 6, seed=3), ar1(0.0, 50, 4, 6, seed=4)
+    chain, position = np.repeat(np.arange(50), 4), np.tile(np.arange(4), 50)
+    for draws in (correlated, independent):
+        flat = draws.reshape(200, 6)  # chain-major storage
+        expected = chain_ess(draws)
+        order = np.random.default_rng(0).permutation(200)
+        assert chain_ess(as_chains(flat[order], chain[order], position[order])) == expected
+        robin = np.lexsort((chain, position))  # round-robin storage
+        assert chain_ess(as_chains(flat[robin], chain[robin], position[robin])) == expected
+    # Round-robin as one sequence: neighbours are different chains, so the correlation is invisible.
+    robin = correlated.transpose(1, 0, 2).reshape(200, 6)
+    assert np.median(effective_sample_size(robin)) > 150
+    # Chains as chains: the ESS of the mean sees it (AR(1) at 0.9 over 4 draws: 4 / (1 + 2 sum_k (1 - k/4) 0.9^k)
+    # = 1.13 per chain, 56 for 50 chains; independent: 200). ArviZ's per-chain ESS cannot at 4 draws per
+    # chain: it gives the same for both (the split chains have 2 draws each).
+    assert chain_ess(correlated)["of_mean"] == pytest.approx(56.4, rel=0.1)
+    assert chain_ess(independent)["of_mean"] == pytest.approx(200, rel=0.1)
+    assert chain_ess(correlated)["total"] == chain_ess(independent)["total"]
+
+
+def test_chain_ess_of_independent_ar1_chains_adds_up():
+    """10 chains x 400 draws of AR(1) at rho 0.5: each chain's ESS ~ 400 (1 - rho) / (1 + rho) = 133,
+    the total ~ 10 x that, each chain ArviZ's own ``ess`` of that chain."""
+    from metrics.mcmc import chain_ess
+
+    draws = ar1(0.5, 10, 400, 20, seed=5)
+    result = chain_ess(draws)
+    assert result["total"] == pytest.approx(1333, rel=0.1)
+    assert 90 < result["chain_min"] < 133
+    per_chain = np.stack([ess(draws[c : c + 1]) for c in range(10)])
+    assert result["total"] == pytest.approx(float(np.median(per_chain.sum(0))), rel=1e-12)
+    assert np.isnan(chain_ess(draws[:, :3])["total"])  # ArviZ's split chains need 4 draws
+    many = ar1(0.5, 40, 100, 20, seed=9)  # the ESS of the mean from 40 chain means: 40 x 100 / (1 + 2 sum (1 - k/100) 0.5^k)
+    exact = 40 * 100 / (1 + 2 * sum((1 - k / 100) * 0.5**k for k in range(1, 100)))
+    assert chain_ess(many)["of_mean"] == pytest.approx(exact, rel=0.15)
+    two = ar1(0.97, 50, 2, 20, seed=8)  # the review's layout: 50 chains x 2 states correlated at 0.97
+    assert chain_ess(two)["of_mean"] == pytest.approx(50 * 2 / 1.97, rel=0.1) and np.isnan(chain_ess(two)["total"])
+
+
+def test_split_rhat_flags_a_drifting_chain_and_passes_stationary_ones():
+    from metrics.mcmc import RHAT_STATIONARY, split_rhat
+
+    stationary = ar1(0.3, 10, 100, 1, seed=6)[..., 0]
+    assert split_rhat(stationary) < RHAT_STATIONARY
+    drifting = stationary + np.linspace(0, 3, 100)[None]  # every chain still moving: first half != second half
+    assert split_rhat(drifting) > 1.2
+    one = ar1(0.3, 1, 400, 1, seed=7)[..., 0]
+    assert split_rhat(one) < RHAT_STATIONARY and split_rhat(one + np.linspace(0, 3, 400)) > 1.2
+    assert np.isnan(split_rhat(stationary[:, :3]))
+    with pytest.raises(ValueError, match="chains of unequal length"):
+        from metrics.mcmc import as_chains
+        as_chains(np.zeros((5, 2)), np.array([0, 0, 0, 1, 1]), np.arange(5))

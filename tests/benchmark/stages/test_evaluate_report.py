@@ -431,13 +431,17 @@ def test_a_markov_chain_rows_effective_sample_size_reaches_metrics_csv(tmp_path)
             if ess[r] is not None:  # the sampler's diagnostics, as the sample stage records them
                 path = exp.store.samples_path(exp.store.sample_unit(method, "one", r))
                 meta = {"experiment": exp.name, "method": method, "mode": "one", "repetition": r, "n_samples": 2,
-                        "settings_hash": settings_hash(exp, method), "diagnostics": {"ess": ess[r], "lr": 0.2}}
+                        "settings_hash": settings_hash(exp, method),
+                        "diagnostics": {"ess": ess[r], "lr": 0.2, "chains": 1.0, "states_per_chain": 2.0}}
                 path.unlink()
                 save_sample_set(path, samples, meta)
     df = run_evaluate(exp).set_index("method")
     assert df.loc["sghmc", "ess"] == pytest.approx(50.5) and math.isnan(df.loc["swag", "ess"])
     diagnostics = collect_diagnostics(exp).set_index("method")  # diagnostics.md's ESS column: the same number
     assert diagnostics.loc["sghmc", "ess"] == pytest.approx(50.5) and math.isnan(diagnostics.loc["swag", "ess"])
+    # The chain figures read the stored samples as their chains: one chain of 2 states (too short for any figure).
+    assert diagnostics.loc["sghmc", "draws_per_chain"] == 2 and math.isnan(diagnostics.loc["sghmc", "chain_ess_of_mean"])
+    assert math.isnan(diagnostics.loc["swag", "draws_per_chain"])
 
 
 def test_a_reference_of_another_recipe_is_refused_naming_the_fields_unless_allowed_and_recorded(filled, tmp_path):
