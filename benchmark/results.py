@@ -17,7 +17,9 @@ whole ``seeds.reference`` range less its failed seeds, unless ``evaluate.allow_p
 in a metrics.csv written before the column existed. ``ess``: for a method whose samples are states
 of one Markov chain (the SGHMC rows: a sampler that records an ``ess`` diagnostic), the effective
 sample size of its kept states as the sampler measured it, mean over repetitions; NaN for the
-others and in older files. ``reference_config_hash``: the config hash(es) the reference
+others and in older files; ``stationary``: for a sampler that records whether its chains passed its
+stationarity check (SGHMC: split R-hat of the training log-likelihood between each chain's halves
+below 1.05), the fraction of repetitions whose chains did; NaN otherwise. ``reference_config_hash``: the config hash(es) the reference
 checkpoints were trained under (``Experiment.config_hash``; ``unrecorded`` for imported ones);
 ``reference_recipe``: empty, or what ``evaluate.allow_other_recipe=true`` accepted (a reference
 trained under another recipe, with the fields that differ); both empty in older files.
@@ -66,10 +68,10 @@ RESULT_MODES = (*MODES, "baseline")
 KEY_COLUMNS = ["experiment", "method", "mode"]
 TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "status", "reason", "ns_steps",
                 "wm_anchor", "reference_config_hash", "reference_recipe"]
-COUNT_COLUMNS = ["n_samples", "n_repetitions", "n_reference", "ess"]
+COUNT_COLUMNS = ["n_samples", "n_repetitions", "n_reference", "ess", "stationary"]
 REFERENCE_COLUMNS = ["reference_potential_p05", "reference_potential_median", "reference_potential_p95",
                      "reference_train_acc", "reference_potential_n"]
-ADDED_COLUMNS = ("n_reference", "ess", *REFERENCE_COLUMNS)  # absent from older metrics.csv files: read as NaN
+ADDED_COLUMNS = ("n_reference", "ess", "stationary", *REFERENCE_COLUMNS)  # absent from older metrics.csv files: read as NaN
 ADDED_TEXT_COLUMNS = ("reference_config_hash", "reference_recipe")  # absent from older files: read as ""
 MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max",
                "wm_mmd_median", "wm_mmd_mean", "wm_mmd_max", "mmd_shared_median", "ns_mmd_shared_median"]

@@ -492,6 +492,7 @@ class SGHMCMethod(PosteriorMethod):
     """
 
     name = "sghmc"
+    starts_from_base = True  # every chain starts from the repetition's base network
     label = "SGHMC"
     Settings = SGHMCSettings
     modes = ("one",)

@@ -254,8 +254,18 @@ def _chain_text(df: pd.DataFrame) -> str:
     if chains.empty:
         return ""
     sizes = "; ".join(f"{row.method_label} {row.ess:.0f} of {row.n_samples:.0f}" for row in chains.itertuples())
-    return (f"; the samples of {', '.join(dict.fromkeys(chains['method_label']))} are states of Markov chains, "
-            f"exchangeable only as far as their effective sample size says: {sizes}, mean over repetitions")
+    text = (f"; the samples of {', '.join(dict.fromkeys(chains['method_label']))} are states of Markov chains, "
+            f"exchangeable only as far as their effective sample size (chains as chains, whatever the storage "
+            f"order) says: {sizes}, mean over repetitions")
+    checked = chains[chains["stationary"].notna()] if "stationary" in chains.columns else chains.iloc[:0]
+    unsettled = checked[checked["stationary"] < 1]
+    if len(unsettled):
+        parts = ", ".join(f"{row.method_label} in {round((1 - row.stationary) * row.n_repetitions)} of "
+                          f"{row.n_repetitions:.0f} repetitions" for row in unsettled.itertuples())
+        text += (f"; NOT STATIONARY: the chains did not pass their stationarity check (split R-hat of the training "
+                 f"log-likelihood between each chain's halves below 1.05) within the sampler's budget ({parts}), so "
+                 "these rows describe the sampler within that budget, not its stationary distribution")
+    return text
 
 
 def _anchor_text(df: pd.DataFrame) -> str:

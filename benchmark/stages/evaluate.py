@@ -265,7 +265,8 @@ def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], refer
             numbers.append(_numbers(exp, reference_of(unit), unit, full=unit == row_of[0]))
             bar.update()
         row = _row(exp, method, row_label(exp, method, mode), mode, reference_of(row_of[0]))
-        row["ess"] = _mean_ess(exp, row_of)
+        row["ess"] = _mean_diagnostic(exp, row_of, "ess")
+        row["stationary"] = _mean_diagnostic(exp, row_of, "stationary")
         out.append(combine(row, numbers))
         per_repetition += repetition_rows(row, numbers, [int(u.repetition) for u in row_of],
                                           [_base_seeds(exp, u) for u in row_of])
@@ -374,11 +375,11 @@ def _base_seeds(exp: Experiment, unit: Unit) -> list[int] | None:
     return [int(s) for s in seeds] if seeds else None
 
 
-def _mean_ess(exp: Experiment, units: list[Unit]) -> float:
-    """The mean over ``units`` of the ``ess`` diagnostic their samples recorded (Markov-chain
-    methods); NaN where none did."""
+def _mean_diagnostic(exp: Experiment, units: list[Unit], name: str) -> float:
+    """The mean over ``units`` of the diagnostic ``name`` their samples recorded (e.g. the Markov-chain
+    methods' ``ess``, SGHMC's ``stationary`` flag); NaN where none did."""
     values = [SampleSetMetadata.decode(read_metadata(exp.store.samples_path(u))).diagnostics or {} for u in units]
-    found = [float(v["ess"]) for v in values if v.get("ess") is not None and not math.isnan(float(v["ess"]))]
+    found = [float(v[name]) for v in values if v.get(name) is not None and not math.isnan(float(v[name]))]
     return sum(found) / len(found) if found else math.nan
 
 
