@@ -17,7 +17,7 @@ from benchmark.stages.report import run as run_report
 from benchmark.core.store import StoreError, load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
 from benchmark.core.training import seeded
 from benchmark.inventory import MissingInputsError, StaleSamplesError
-from benchmark.inventory import sample_settings_hash as settings_hash
+from benchmark.inventory import unit_expectations
 from metrics.mmd import ReferenceResampling, mmd, reference_bandwidths
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import canonicalize, normalize_scales, spec_for_model, weight_matching
@@ -32,8 +32,7 @@ def _write_unit(exp, method, mode, repetition, samples, preds, damaged=False, ba
     predictions hold a NaN (written directly: the store refuses NaN)."""
     store = exp.store
     n = next(iter(samples.values())).shape[0]
-    meta = {"experiment": exp.name, "method": method, "mode": mode, "repetition": repetition, "n_samples": n,
-            "settings_hash": settings_hash(exp, method)}
+    meta = {**unit_expectations(exp, store.sample_unit(method, mode, repetition)), "n_samples": n}
     if base_seeds is not None:
         meta["base_seeds"] = list(base_seeds)
     save_sample_set(store.samples_path(store.sample_unit(method, mode, repetition)), samples, meta)
@@ -447,8 +446,8 @@ def test_a_markov_chain_rows_effective_sample_size_reaches_metrics_csv(tmp_path)
             _write_unit(exp, method, "one", r, samples, preds)
             if ess[r] is not None:  # the sampler's diagnostics, as the sample stage records them
                 path = exp.store.samples_path(exp.store.sample_unit(method, "one", r))
-                meta = {"experiment": exp.name, "method": method, "mode": "one", "repetition": r, "n_samples": 2,
-                        "settings_hash": settings_hash(exp, method), "diagnostics": {"ess": ess[r], "lr": 0.2}}
+                meta = {**unit_expectations(exp, exp.store.sample_unit(method, "one", r)), "n_samples": 2,
+                        "diagnostics": {"ess": ess[r], "lr": 0.2}}
                 path.unlink()
                 save_sample_set(path, samples, meta)
     df = run_evaluate(exp).set_index("method")
