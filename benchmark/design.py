@@ -123,17 +123,26 @@ class Design:
         ``(repetitions - 1) x stride + bases``."""
         return (self.repetitions - 1) * self.stride + bases
 
-    def unit_layout(self, method: str, mode: str, repetition: int) -> str:
-        """The place of a unit of registered ``method`` in the layout, as recorded in its files
-        (``layout``): the positions of its candidate block among the converged held-out seeds. A
-        unit whose recorded layout differs from this one was drawn around other bases: stale."""
+    def unit_block(self, method: str, mode: str, repetition: int) -> tuple[int, int] | None:
+        """``(start, size)``: the candidate block of a unit of registered ``method`` in ``mode``
+        among the converged held-out seeds; ``None`` when its sample counts do not split (a unit
+        the sample stage refuses)."""
         cls = method_class(method)
         try:
             pool = self.pool(cls, self.bases(cls, mode))
-        except MethodConfigError as err:
-            return f"none ({err})"
-        start = self.start(repetition)
-        return f"converged held-out seeds {start}..{start + pool - 1}"
+        except MethodConfigError:
+            return None
+        return self.start(repetition), pool
+
+    def unit_layout(self, method: str, mode: str, repetition: int) -> str:
+        """The place of a unit of registered ``method`` in the layout, as recorded in its files
+        (``layout``): the positions of its candidate block (``unit_block``). A unit whose recorded
+        layout differs from this one was drawn around other bases: stale."""
+        block = self.unit_block(method, mode, repetition)
+        if block is None:
+            return f"none (sample.per_method={self.per_method} does not split into {method}'s {mode}-mode bases)"
+        start, size = block
+        return f"converged held-out seeds {start}..{start + size - 1}"
 
     # ---- the repetitions of the reference rows -------------------------------------------------
 

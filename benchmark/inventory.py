@@ -414,6 +414,8 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
                                    f"expected {exp.name!r}")
         elif state.stale is None:
             stale = [k for k, v in expected.items() if metas[path].get(k) != v]
+            if stale == ["layout"] and metas[path].get("layout") is None and drawn_in_block(exp, unit, metas[path]):
+                stale = []  # written before units recorded their layout, around bases of its block
             if stale:
                 state.stale = f"{path}: metadata {', '.join(stale)} differ from the current settings"
                 if "layout" in stale:  # name the move: which block it was drawn from, which it is now
@@ -431,6 +433,20 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
         if mixed is not None:
             state.corrupt[paths[1]] = mixed
     return state
+
+
+def drawn_in_block(exp: Experiment, unit: Unit, metadata: dict[str, str]) -> bool:
+    """Whether a unit written before units recorded their ``layout`` (``metadata`` without it) was
+    drawn around bases of the block the repetition design gives it now (``Design.unit_block`` of
+    the converged held-out seeds): its recorded ``base_seeds`` all lie in it. Such a unit is as
+    current as one that records the layout; one without recorded bases is not."""
+    recorded = SampleSetMetadata.decode(metadata).base_seeds
+    design = Design.of(exp)
+    block = design.unit_block(str(unit.method), str(unit.mode), int(unit.repetition))
+    if not recorded or block is None:
+        return False
+    seeds = design.block(converged(exp, exp.heldout), int(unit.repetition), block[1])
+    return {int(s) for s in recorded} <= set(seeds)
 
 
 def _check_whole(exp: Experiment, paths: tuple[Path, Path], metas: dict[Path, dict[str, str]], state: UnitState) -> None:

@@ -252,6 +252,35 @@ def test_a_layout_change_that_moves_a_repetitions_bases_makes_exactly_that_unit_
     assert unit_state(back, units[0]).problem is None and "layout" in unit_state(back, units[1]).problem
 
 
+def test_a_unit_written_before_units_recorded_their_layout_is_judged_by_its_bases(make_exp) -> None:
+    """A store written before the layout was part of a unit's key is not redrawn wholesale: a unit
+    without ``layout`` is current when its recorded bases lie in the block the design gives it,
+    stale (naming the layout) when they do not, or when it recorded no bases."""
+    from benchmark.core.store import save_sample_set
+    from benchmark.inventory import unit_state
+
+    exp = make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=2")
+    assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
+    converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
+
+    def rewrite(unit, **changes) -> None:  # both files' metadata as an older version wrote them
+        samples_path, preds_path = exp.store.samples_path(unit), exp.store.preds_path(unit)
+        meta = {k: v for k, v in read_metadata(samples_path).items() if k not in ("checksums", "format", "layout")}
+        meta = {k: v for k, v in {**meta, **changes}.items() if v is not None}
+        digest = save_sample_set(samples_path, load_sample_set(samples_path), meta)
+        save_sample_set(preds_path, load_sample_set(preds_path), {**meta, "samples_digest": digest})
+
+    r0, r1 = (exp.store.sample_unit("ensemble", "multi", r) for r in range(2))
+    rewrite(r0)
+    assert "layout" not in read_metadata(exp.store.samples_path(r0)) and unit_state(exp, r0).problem is None
+    rewrite(r1, base_seeds=json.dumps(converged[2:4]))  # bases outside its block [3, 5)
+    problem = unit_state(exp, r1).problem
+    assert "metadata layout differ" in problem and "drawn from an unrecorded block" in problem
+    rewrite(r0, base_seeds=None)
+    assert "layout" in unit_state(exp, r0).problem
+    assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
+
+
 def test_repetition_k_of_every_row_starts_at_the_same_base(make_exp) -> None:
     # the pairing the findings' paired tests rely on: one-mode bases are the first of the multi-mode
     # and ensemble bases of the same repetition, whichever methods a run selects
