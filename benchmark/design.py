@@ -15,7 +15,8 @@ A unit's place in the layout (``unit_layout``: the positions of its candidate bl
 converged held-out seeds) is part of its key (``inventory.unit_expectations``, the ``layout``
 metadata of its files): a change of ``sample.per_method``, ``sample.modes_multi`` or of the
 registered methods' pools that moves a repetition's block makes exactly the units whose block
-moved stale. The number of repetitions moves no block: more repetitions keep the ones done.
+moved stale. The number of repetitions moves no block: more repetitions keep the ones done. A unit
+written before units recorded their layout is judged by its recorded bases (``inventory.drawn_in_block``).
 
 The design reads positions, never the store: which seeds the positions are is the inventory's and
 the sample stage's business (``select_bases``, ``inventory.heldout_shortfall``).
