@@ -262,15 +262,14 @@ def _write_ensemble(exp) -> None:
     """The ensemble unit of the held-out seeds of ``exp``'s store, written as the sample stage writes it."""
     from benchmark.core.models import predict_with_weights
     from benchmark.core.store import load_checkpoints_as_sample_set, save_sample_set
-    from benchmark.inventory import sample_settings_hash
+    from benchmark.inventory import unit_expectations
 
     unit = exp.store.sample_unit("ensemble", "multi", 0)
     members = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(list(exp.heldout)))
     model = exp.model()
     preds = {"id": predict_with_weights(model, members, exp.test_tensors[0]),
              "ood": predict_with_weights(model, members, exp.ood_tensors[0])}
-    meta = {"experiment": exp.name, "method": "ensemble", "mode": "multi", "repetition": 0, "n_samples": len(exp.heldout),
-            "settings_hash": sample_settings_hash(exp, "ensemble")}
+    meta = {**unit_expectations(exp, unit), "n_samples": len(exp.heldout)}
     digest = save_sample_set(exp.store.samples_path(unit), members, meta)
     save_sample_set(exp.store.preds_path(unit), preds, {**meta, "samples_digest": digest})
 

@@ -34,7 +34,8 @@ from benchmark.core.store import iter_checkpoint_batches, load_checkpoints_as_sa
 from benchmark.core.training import seeded
 from benchmark.config import BaselineChoice
 from benchmark.experiment import Experiment
-from benchmark.inventory import converged, repetition_stride
+from benchmark.design import Design
+from benchmark.inventory import converged
 from benchmark.reference import Reference
 
 BASELINE_MODE = "baseline"
@@ -148,15 +149,14 @@ def init_samples(exp: Experiment, n: int, repetition: int) -> dict[str, torch.Te
 
 
 def second_zoo_seeds(exp: Experiment, repetition: int, n: int) -> list[int]:
-    """The ``n`` converged held-out seeds of repetition ``repetition``'s block (from converged
-    held-out seed ``repetition x repetition_stride`` on, as the sample stage reads them); raises
-    ``ValueError`` naming the shortfall when the store holds fewer."""
-    sample = exp.config.sample
-    stride = repetition_stride(sample.per_method, sample.modes_multi)
-    seeds = converged(exp, exp.heldout)[repetition * stride : repetition * stride + n]
+    """The ``n`` converged held-out seeds of repetition ``repetition``'s block (``Design.block``:
+    from converged held-out seed ``repetition x Design.stride`` on, as the sample stage reads them);
+    raises ``ValueError`` naming the shortfall when the store holds fewer."""
+    design = Design.of(exp)
+    seeds = list(design.block(converged(exp, exp.heldout), repetition, n))
     if len(seeds) < n:
         raise ValueError(f"baseline second_zoo: repetition {repetition} needs {n} converged held-out networks from "
-                         f"converged seed {repetition * stride} of seeds.heldout={[exp.heldout.start, exp.heldout.stop]}, "
+                         f"converged seed {design.start(repetition)} of seeds.heldout={[exp.heldout.start, exp.heldout.stop]}, "
                          f"the store has {len(seeds)}; train them (stage=zoo zoo.range=heldout) or drop 'second_zoo' "
                          "from evaluate.baselines")
     return seeds

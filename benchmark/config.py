@@ -244,7 +244,8 @@ class SampleConfig:
     """``per_method``: weight samples per method and mode (paper: 100); ``modes_multi``:
     multi-mode base networks (paper: 10), ``per_method / modes_multi`` samples each;
     ``repetitions``: independent repetitions of every method x mode (each on its own base
-    networks, hence its own method seeds), whose spread gives the tables' error bars;
+    networks, hence its own method seeds), whose spread gives the tables' error bars; read only
+    through the repetition design, ``benchmark.design.Design``;
     ``keep_stale``: a unit drawn under other settings or code is moved to ``quarantine/`` before
     it is drawn again (false: removed)."""
 

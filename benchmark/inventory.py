@@ -4,7 +4,7 @@ the report and the analyses share (none of them asks another stage).
 - the zoo: converged seeds of a range, the state of a range (checkpoints, failures, quarantined
   files, accuracies), what is wrong with one seed's files, the one error for damaged checkpoints;
 - the sample units: which (method, mode, repetition) units a config asks for (repetitions always
-  come from ``sample.repetitions``), what a done unit's metadata must hold under the current
+  come from the repetition design, ``benchmark.design``), what a done unit's metadata must hold under the current
   settings and code (``sample_settings_hash``: narrowed to the method's own code), the state of a
   unit's two files (missing, stale, corrupt), the rows present, the repetitions a row averages;
 - ``quarantine_and_redo``: the one helper that moves damaged files aside, one log line each,
@@ -26,9 +26,9 @@ from benchmark.core.store import (
     MODES, CheckpointError, CheckpointMetadata, ExperimentStore, SampleSetMetadata, StoreError, Unit, broken_link, check_file,
     content_digest, quarantine, quarantined, read_metadata, stored_checksums,
 )
+from benchmark.design import Design
 from benchmark.experiment import Experiment, SeedRange
-from methods import MethodConfigError, PosteriorMethod, method_class, method_names, selected
-from methods.modes import plan_counts
+from methods import PosteriorMethod, method_class, method_names, selected
 
 log = logging.getLogger(__name__)
 
@@ -267,40 +267,16 @@ def reference_recipe(exp: Experiment) -> ReferenceRecipe:
 
 # ---- the sample units --------------------------------------------------------------------------
 
-def pool_size(method: type[PosteriorMethod] | PosteriorMethod, bases: int) -> int:
-    """The smallest block of candidate seeds one repetition needs: the bases, plus spares (a fifth,
-    and one) for methods whose fit around a base can fail (retrained networks that do not
-    converge; the sample stage lets those go on through their repetition's whole block)."""
-    return bases + (math.ceil(0.2 * bases) + 1 if method.fits_can_fail else 0)
-
-
-def repetition_stride(per_method: int, modes_multi: int) -> int:
-    """Converged held-out seeds between the starts of two repetitions: the largest pool any
-    registered method x mode reserves (``pool_size``) under ``sample.per_method`` and
-    ``sample.modes_multi``, whichever methods this run selects. Every row's repetition k then
-    starts at the same seed (its one-mode base is the first of the multi-mode and ensemble
-    bases), so differences between rows can be tested paired, with no base in two repetitions."""
-    pools = []
-    for name, mode in selected("all", "both"):
-        cls = method_class(name)
-        try:
-            pools.append(pool_size(cls, plan_counts(cls, mode, per_method, modes_multi)[0]))
-        except MethodConfigError:  # a method whose counts do not split is refused by its own check
-            continue
-    return max(pools, default=1)
-
-
 def heldout_shortfall(exp: Experiment, bases: int) -> str | None:
     """Why ``seeds.heldout`` cannot supply the sample stage, or ``None``: repetition k's bases
-    start at converged held-out seed ``k x repetition_stride``, so ``sample.repetitions`` need
-    ``(repetitions - 1) x stride + bases`` converged seeds (``bases``: the most any selected
+    start at converged held-out seed ``k x Design.stride``, so the design's repetitions need
+    ``Design.needed(bases)`` converged seeds (``bases``: the most any selected
     method x mode takes, e.g. Deep Ensembles' members). Seeds already trained count as they are;
     the rest at ``seeds.expected_convergence``. The message gives the numbers and the range to use."""
-    sample, heldout = exp.config.sample, exp.heldout
+    design, heldout = Design.of(exp), exp.heldout
     if bases < 1:
         return None
-    stride = repetition_stride(sample.per_method, sample.modes_multi)
-    needed = (sample.repetitions - 1) * stride + bases
+    stride, needed = design.stride, design.needed(bases)
     done = len(converged(exp, heldout))
     failed = sum(s in heldout for s in exp.store.failed_seeds())
     untried = max(0, len(heldout) - done - failed)
@@ -310,7 +286,7 @@ def heldout_shortfall(exp: Experiment, bases: int) -> str | None:
         return None
     stop = heldout.stop + math.ceil((needed - expected) / rate)
     return (f"seeds.heldout=[{heldout.start}, {heldout.stop}] cannot supply the sample stage: "
-            f"{sample.repetitions} repetition(s) {stride} converged seeds apart need {needed} converged held-out "
+            f"{design.repetitions} repetition(s) {stride} converged seeds apart need {needed} converged held-out "
             f"seeds ((repetitions - 1) x {stride} + {bases} bases), and the range gives about {expected} "
             f"({done} converged, {failed} failed, {untried} not trained yet at seeds.expected_convergence={rate:g}); "
             f"use 'seeds.heldout=[{heldout.start},{stop}]' (or fewer sample.repetitions / sample.per_method)")
@@ -326,9 +302,9 @@ checkpoints and sample sets (the bases read, the samples written). Packages coun
 
 def expected_units(exp: Experiment) -> list[Unit]:
     """Every unit a full sample stage of this config writes: each registered method the
-    experiment runs x each mode it supports x ``sample.repetitions``."""
+    experiment runs x each mode it supports x the design's repetitions (``Design.repetitions``)."""
     return [exp.store.sample_unit(m, mode, r) for m, mode in selected("all", "both")
-            if not exp.method_settings(m).unavailable for r in range(exp.config.sample.repetitions)]
+            if not exp.method_settings(m).unavailable for r in range(Design.of(exp).repetitions)]
 
 
 def sample_settings_hash(exp: Experiment, method: str) -> str:
@@ -361,9 +337,12 @@ def chain_key(exp: Experiment, method: PosteriorMethod) -> str:
 
 
 def unit_expectations(exp: Experiment, unit: Unit) -> dict[str, str]:
-    """The metadata a done unit of a registered method must hold under the current settings and code."""
+    """The metadata a done unit of a registered method must hold under the current settings and
+    code, and the design (``layout``: its candidate block, ``Design.unit_layout``: a unit whose
+    block moved was drawn around other bases)."""
     return {"method": str(unit.method), "mode": str(unit.mode), "experiment": exp.name,
-            "repetition": str(unit.repetition), "settings_hash": sample_settings_hash(exp, str(unit.method))}
+            "repetition": str(unit.repetition), "settings_hash": sample_settings_hash(exp, str(unit.method)),
+            "layout": Design.of(exp).unit_layout(str(unit.method), str(unit.mode), int(unit.repetition))}
 
 
 NOT_WRITTEN = "not written yet"
@@ -435,8 +414,13 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
                                    f"expected {exp.name!r}")
         elif state.stale is None:
             stale = [k for k, v in expected.items() if metas[path].get(k) != v]
+            if stale == ["layout"] and metas[path].get("layout") is None and drawn_in_block(exp, unit, metas[path]):
+                stale = []  # written before units recorded their layout, around bases of its block
             if stale:
                 state.stale = f"{path}: metadata {', '.join(stale)} differ from the current settings"
+                if "layout" in stale:  # name the move: which block it was drawn from, which it is now
+                    state.stale += (f" (layout: drawn from {metas[path].get('layout') or 'an unrecorded block'}, the "
+                                    f"repetition design now gives {expected['layout']}: other base networks)")
             elif path == paths[0] and (moved := changed_bases(exp, SampleSetMetadata.decode(metas[path]).base_digests)):
                 state.stale = f"{path}: {moved}"
     if state.corrupt:  # the unit is redone: name the damage of its other file too (it is quarantined as well)
@@ -449,6 +433,20 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
         if mixed is not None:
             state.corrupt[paths[1]] = mixed
     return state
+
+
+def drawn_in_block(exp: Experiment, unit: Unit, metadata: dict[str, str]) -> bool:
+    """Whether a unit written before units recorded their ``layout`` (``metadata`` without it) was
+    drawn around bases of the block the repetition design gives it now (``Design.unit_block`` of
+    the converged held-out seeds): its recorded ``base_seeds`` all lie in it. Such a unit is as
+    current as one that records the layout; one without recorded bases is not."""
+    recorded = SampleSetMetadata.decode(metadata).base_seeds
+    design = Design.of(exp)
+    block = design.unit_block(str(unit.method), str(unit.mode), int(unit.repetition))
+    if not recorded or block is None:
+        return False
+    seeds = design.block(converged(exp, exp.heldout), int(unit.repetition), block[1])
+    return {int(s) for s in recorded} <= set(seeds)
 
 
 def _check_whole(exp: Experiment, paths: tuple[Path, Path], metas: dict[Path, dict[str, str]], state: UnitState) -> None:
@@ -503,12 +501,12 @@ def available_rows(exp: Experiment) -> list[tuple[str, str]]:
 
 
 def row_units(exp: Experiment, method: str, mode: str) -> list[Unit]:
-    """The units a row averages: repetitions ``0 .. sample.repetitions - 1`` of a registered
+    """The units a row averages: repetitions ``0 .. Design.repetitions - 1`` of a registered
     method, all checked done and current (``StaleSamplesError`` naming every problem and the
     command that redoes them otherwise); the single unit of an external sample set."""
     if method not in method_names():
         return [exp.store.sample_unit(method, mode, 0)]
-    units = [exp.store.sample_unit(method, mode, r) for r in range(exp.config.sample.repetitions)]
+    units = [exp.store.sample_unit(method, mode, r) for r in range(Design.of(exp).repetitions)]
     problems = [f"repetition {u.repetition}: {p}" for u in units if (p := unit_state(exp, u).problem) is not None]
     if problems:
         raise StaleSamplesError(

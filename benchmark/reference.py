@@ -42,6 +42,7 @@ from benchmark.core.store import (
     validate_tensors,
 )
 from benchmark.experiment import Experiment
+from benchmark.design import Design
 from benchmark.inventory import (
     MissingInputsError, ReferenceRecipe, corrupt_zoo_error, describe_store, pairing_problem, reference_recipe,
     reference_seeds, row_units,
@@ -430,7 +431,7 @@ def hmc_reference_problem(exp: Experiment) -> str | None:
     """Why the store cannot give the HMC reference (a repetition of ``hmc``/``multi`` missing),
     with the command that draws it; ``None`` when every repetition's files are there."""
     store = exp.store
-    missing = [r for r in range(exp.config.sample.repetitions)
+    missing = [r for r in range(Design.of(exp).repetitions)
                if not all(p.is_file() for p in store.unit_paths(store.sample_unit(*HMC_ROW, r)))]
     if not missing:
         return None

@@ -21,7 +21,7 @@ CORE = ("benchmark.core",)
 METRICS = ("metrics", *CORE)  # metrics import only themselves; listed with core for the rules below
 COMPUTE = ("methods", "metrics", *CORE)
 BASE = ("benchmark.experiment", "benchmark.config", "benchmark.results")
-QUERY = ("benchmark.inventory", "benchmark.reference", "benchmark.baselines")
+QUERY = ("benchmark.inventory", "benchmark.reference", "benchmark.baselines", "benchmark.design")
 CONFIG_LIBRARIES = ("hydra", "omegaconf")
 CONFIG_READERS = ("benchmark.cli", "benchmark.config", "benchmark.experiment", "tests", "bench", "studies")
 
@@ -36,9 +36,10 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("benchmark.stages", ("benchmark.stages", "benchmark.report", "benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.report", ("benchmark.report", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.analyses", ("benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
-    ("benchmark.baselines", ("benchmark.reference", "benchmark.inventory", *BASE, *COMPUTE)),
-    ("benchmark.inventory", (*BASE, *COMPUTE)),
-    ("benchmark.reference", ("benchmark.inventory", *BASE, *COMPUTE)),
+    ("benchmark.baselines", ("benchmark.reference", "benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
+    ("benchmark.inventory", ("benchmark.design", *BASE, *COMPUTE)),
+    ("benchmark.design", (*BASE, *COMPUTE)),  # the repetition design: positions, never the store
+    ("benchmark.reference", ("benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
     ("benchmark.experiment", ("benchmark.config", *COMPUTE)),
     ("benchmark.config", COMPUTE),
     ("benchmark.results", COMPUTE),

@@ -54,6 +54,7 @@ from benchmark.baselines import BASELINE_MODE, BASELINES, baseline_samples, seco
 from benchmark.config import BaselineChoice, ReferenceChoice
 from benchmark.core.fingerprint import stable_hash
 from benchmark.core.models import predict_with_weights
+from benchmark.design import Design
 from benchmark.core.store import (
     CheckpointError, SampleSetMetadata, StoreError, Unit, atomic_write_text, clear_non_file, load_checkpoints_as_sample_set,
     read_metadata, sealed_json, unsealed_json,
@@ -218,11 +219,11 @@ def _baseline_rows(exp: Experiment, zoo: Reference, against: Reference
 
 
 def baseline_repetitions(exp: Experiment) -> Callable[[str], int]:
-    """How many repetitions each baseline gets: ``evaluate.baseline_repetitions`` (null:
-    ``sample.repetitions``), the second zoo at most ``sample.repetitions`` (one held-out block each)."""
-    methods = exp.config.sample.repetitions
-    wanted = exp.config.evaluate.baseline_repetitions or methods
-    return lambda name: min(wanted, methods) if name == BaselineChoice.second_zoo.value else wanted
+    """How many repetitions each baseline gets (``Design.baseline_repetitions``):
+    ``evaluate.baseline_repetitions`` (null: the design's repetitions), the second zoo at most the
+    design's repetitions (one held-out block each)."""
+    design, wanted = Design.of(exp), exp.config.evaluate.baseline_repetitions
+    return lambda name: design.baseline_repetitions(wanted, held_out=name == BaselineChoice.second_zoo.value)
 
 
 def _baseline_numbers(exp: Experiment, zoo: Reference, against: Reference, name: str, repetition: int, full: bool
@@ -312,15 +313,16 @@ def _score_against_hmc(exp: Experiment, units: dict[tuple[str, str], list[Unit]]
 
 
 def zoo_blocks(exp: Experiment, zoo: Reference) -> list[list[int]]:
-    """The zoo row's repetitions: ``sample.repetitions`` disjoint blocks of the converged reference
-    seeds, in seed order, of ``sample.per_method`` each (the size of a method's sample set), or of
-    an equal share of the zoo when it is smaller; ``StoreError`` with fewer than 2 per block."""
-    repetitions, per_method = exp.config.sample.repetitions, exp.config.sample.per_method
-    size = min(per_method, len(zoo.seeds) // repetitions)
-    if size < 2:
-        raise StoreError(f"reference=hmc: the zoo row needs {repetitions} blocks of at least 2 converged reference "
-                         f"checkpoints, the store has {len(zoo.seeds)}")
-    return [zoo.seeds[k * size : (k + 1) * size] for k in range(repetitions)]
+    """The zoo row's repetitions (``Design.reference_blocks``): the design's repetitions as disjoint
+    blocks of the converged reference seeds, in seed order, of ``sample.per_method`` each (the size
+    of a method's sample set), or of an equal share of the zoo when it is smaller; ``StoreError``
+    with fewer than 2 per block."""
+    design = Design.of(exp)
+    blocks = design.reference_blocks(zoo.seeds)
+    if len(blocks[0]) < 2:
+        raise StoreError(f"reference=hmc: the zoo row needs {design.repetitions} blocks of at least 2 converged "
+                         f"reference checkpoints, the store has {len(zoo.seeds)}")
+    return blocks
 
 
 def _zoo_block_numbers(exp: Experiment, hmc: Reference, zoo: Reference, k: int, seeds: list[int], full: bool

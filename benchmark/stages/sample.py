@@ -8,8 +8,9 @@ its predictions are in the store and valid for the current settings and code
 mode's base networks (the converged checkpoints of ``seeds.heldout``, in seed order, once every
 seed of the range is trained: the stage refuses while any is missing, so the bases never depend
 on which seeds happen to be finished; repetition k of every method takes its bases from the
-block that starts at ``k x repetition_stride``, so repetitions never share a base and repetition
-k of every row starts from the same network: the rows' differences are paired), and the sample set ``{key: [S, ...]}`` and the
+block that starts at ``k x Design.stride`` (``benchmark.design``: the repetition design), so
+repetitions never share a base and repetition k of every row starts from the same network: the
+rows' differences are paired; the block is part of the unit's key, ``layout``), and the sample set ``{key: [S, ...]}`` and the
 predictions ``{"id": [S, N, C], "ood": [S, M, C]}`` (float32 probabilities on the ID test set and
 the OOD set) are written atomically, predictions last, carrying the digest of the sample set
 they were computed from (``samples_digest``): a unit counts as done only when both files validate
@@ -59,9 +60,10 @@ from benchmark.core.store import (
 )
 from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
+from benchmark.design import Design
 from benchmark.inventory import (
-    converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, pool_size, quarantine_and_redo,
-    base_digests, chain_key, repetition_stride, sample_settings_hash, unit_state, untrained_seeds,
+    converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, quarantine_and_redo,
+    base_digests, chain_key, sample_settings_hash, unit_state, untrained_seeds,
 )
 from benchmark.core.store.importing import imported_archives
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
@@ -134,7 +136,8 @@ def settings_metadata(exp: Experiment, job: Job, seeds: tuple[int, ...], diagnos
     unit, plan = job.unit, job.plan
     return SampleSetMetadata(
         experiment=exp.name, method=unit.method, label=method_class(str(unit.method)).label, mode=unit.mode,
-        repetition=unit.repetition, base_seeds=list(seeds), samples_per_base=plan.samples_per_base,
+        repetition=unit.repetition, layout=Design.of(exp).unit_layout(str(unit.method), unit.mode, int(unit.repetition)),
+        base_seeds=list(seeds), samples_per_base=plan.samples_per_base,
         n_samples=plan.n_samples, config_hash=exp.config_hash, settings_hash=sample_settings_hash(exp, str(unit.method)),
         diagnostics=diagnostics, versions=library_versions(), base_digests=base_digests(exp, seeds),
     )
@@ -153,19 +156,10 @@ def predictions(exp: Experiment, samples: SampleSet, method: PosteriorMethod | N
     }
 
 
-def repetition_candidates(seeds: list[int], pool: int, stride: int, repetition: int) -> tuple[int, ...]:
-    """The candidate bases of ``repetition``: the ``pool`` seeds from ``repetition x stride`` on
-    (``stride >= pool``), so repetitions never share a base network, and a block depends neither
-    on how many repetitions are asked nor on which methods run."""
-    if stride < pool:
-        raise ValueError(f"repetition_candidates: stride {stride} is smaller than the pool {pool}")
-    return tuple(seeds[repetition * stride : repetition * stride + pool])
-
-
 def select_bases(exp: Experiment, count: int) -> list[int]:
     """The converged held-out seeds the repetitions may take, in seed order: those of the shortest
-    prefix of ``seeds.heldout`` holding ``sample.repetitions x repetition_stride`` converged seeds
-    (every block a repetition can read), or of the whole range when it holds fewer, with at least
+    prefix of ``seeds.heldout`` holding ``Design.reach`` converged seeds (every block a repetition
+    can read), or of the whole range when it holds fewer, with at least
     ``count`` of them. Every seed of that prefix must be trained (a checkpoint or a failure record),
     so which bases a unit uses is fixed by the range alone, never by which seeds happen to be
     finished; seeds after the prefix are never read, so a pool imported with exactly the seeds the
@@ -177,7 +171,7 @@ def select_bases(exp: Experiment, count: int) -> list[int]:
     networks into it).
     """
     heldout = exp.heldout
-    reach = exp.config.sample.repetitions * repetition_stride(exp.config.sample.per_method, exp.config.sample.modes_multi)
+    reach = Design.of(exp).reach
     untrained = untrained_seeds(exp, heldout)
     seeds = converged(exp, heldout)
     gap = untrained[0] if untrained else heldout.stop
@@ -230,9 +224,9 @@ def _untrained_message(exp: Experiment, heldout, ready: int, needed: int) -> str
 
 
 def jobs(exp: Experiment, summary: SampleSummary | None = None, check_bases: bool = True) -> list[Job]:
-    """Build and check every selected unit (each method x mode, ``sample.repetitions`` times)
+    """Build and check every selected unit (each method x mode, ``Design.repetitions`` times)
     before any training (``Experiment.planned_methods``). Repetition k takes its bases from the
-    converged held-out seeds from ``k x repetition_stride`` on (``repetition_candidates``).
+    converged held-out seeds from ``k x Design.stride`` on (``Design.candidates``).
 
     Raises ``MethodConfigError`` listing every refused unit (a bad method/model/mode
     combination), and ``MissingBasesError`` when ``seeds.heldout`` cannot supply the repetitions
@@ -245,21 +239,16 @@ def jobs(exp: Experiment, summary: SampleSummary | None = None, check_bases: boo
         log.info("%s skipped: %s", *reason.split(": ", 1))
         if summary is not None:
             summary.unavailable.append(reason.split(": ", 1)[0])
-    repetitions = exp.config.sample.repetitions
+    design = Design.of(exp)
     out = [Job(exp.store.sample_unit(method.name, plan.mode, r), method, plan)
-           for method, plan in planned for r in range(repetitions)]
+           for method, plan in planned for r in range(design.repetitions)]
     problem = heldout_shortfall(exp, max((plan.bases for _, plan in planned), default=0))
     if problem:
         raise MissingBasesError(problem)
     if check_bases:
-        stride = repetition_stride(exp.config.sample.per_method, exp.config.sample.modes_multi)
         for job in out:
-            # A method whose fits can fail (retrained networks) may go through its whole block: at the
-            # failure rates seen (MC Dropout on digits: ~20%), the minimal pool (pool_size) runs short
-            # for some repetition of five often; the bases it takes are still the first that fit.
-            pool = stride if job.method.fits_can_fail else pool_size(job.method, job.plan.bases)
-            seeds = select_bases(exp, (repetitions - 1) * stride + job.plan.bases)
-            candidates = repetition_candidates(seeds, pool, stride, int(job.unit.repetition))
+            seeds = select_bases(exp, design.needed(job.plan.bases))
+            candidates = design.candidates(seeds, job.method, job.plan.bases, int(job.unit.repetition))
             job.plan = ModePlan(job.plan.mode, candidates, job.plan.bases, job.plan.samples_per_base)
     return out
 

@@ -9,7 +9,7 @@ from benchmark.core.models import predict_with_weights
 from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
-from benchmark.inventory import sample_settings_hash as settings_hash
+from benchmark.inventory import unit_expectations
 from tests.conftest import compose_config
 
 OVERRIDES = ["seeds.reference=[0,12]", "seeds.heldout=[100000,100012]", "sample.repetitions=2", "sample.per_method=4",
@@ -28,10 +28,9 @@ def draws_near(seed: int, n: int, exp) -> dict[str, torch.Tensor]:
 
 def write_unit(exp, method, mode, repetition, samples, bases):
     store, model = exp.store, exp.model()
-    meta = {"experiment": exp.name, "method": method, "mode": mode, "repetition": repetition,
-            "n_samples": next(iter(samples.values())).shape[0], "settings_hash": settings_hash(exp, method),
-            "base_seeds": list(bases), "diagnostics": {"rhat_loglik": 1.5 + repetition, "accept_prob": 0.9}}
     unit = store.sample_unit(method, mode, repetition)
+    meta = {**unit_expectations(exp, unit), "n_samples": next(iter(samples.values())).shape[0],
+            "base_seeds": list(bases), "diagnostics": {"rhat_loglik": 1.5 + repetition, "accept_prob": 0.9}}
     preds = {"id": predict_with_weights(model, samples, exp.test_tensors[0]),
              "ood": predict_with_weights(model, samples, exp.ood_tensors[0])}
     save_sample_set(store.samples_path(unit), samples, meta)

@@ -18,7 +18,7 @@ from benchmark.core.models import fit_with_weights, predict_with_weights
 from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
-from benchmark.inventory import repetition_stride
+from benchmark.design import Design
 from benchmark.reference import Reference
 from benchmark.report.tables import table1, table3
 from benchmark.results import read_metrics, read_repetitions
@@ -48,7 +48,7 @@ def store(tmp_path_factory):
         with seeded(seed):
             state = exp.model().state_dict()
         save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
-    stride = repetition_stride(4, 2)
+    stride = Design(2, 4, 2).stride
     for r in range(2):  # one method row, as the evaluate stage needs: Deep Ensembles of the held-out networks
         seeds = list(range(100000 + r * stride, 100000 + r * stride + 4))
         members = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(seeds))
@@ -107,7 +107,7 @@ def test_a_streamed_zoo_gives_the_same_moments(store, tmp_path):
 
 
 def test_the_second_zoo_is_each_repetitions_block_of_held_out_networks(store):
-    stride = repetition_stride(4, 2)
+    stride = Design(2, 4, 2).stride
     heldout = list(range(100000, 100008))
     assert second_zoo_seeds(store, 0, 4) == heldout[:4]
     assert second_zoo_seeds(store, 1, 4) == heldout[stride : stride + 4]

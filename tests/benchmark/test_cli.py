@@ -142,13 +142,13 @@ def test_stage_all_checks_the_store_only_for_inputs_no_earlier_stage_writes(tmp_
 
 @pytest.mark.parametrize("experiment", ["digits_optunet", "mnist_optunet", "cifar100_resnet18", "tinyimagenet_resnet18"])
 def test_each_experiments_heldout_range_supplies_its_repetitions(tmp_path, experiment):
-    from benchmark.inventory import heldout_shortfall, repetition_stride
+    from benchmark.design import Design
+    from benchmark.inventory import heldout_shortfall
 
     exp = Experiment(compose_config([f"experiment={experiment}", f"store={tmp_path / 'store'}"]))
-    sample, seeds = exp.config.sample, exp.config.seeds
-    stride = repetition_stride(sample.per_method, sample.modes_multi)
-    assert stride == sample.per_method  # the Deep Ensemble's members: the largest pool
-    needed = (sample.repetitions - 1) * stride + sample.per_method
+    sample, seeds, design = exp.config.sample, exp.config.seeds, Design.of(exp)
+    assert design.stride == sample.per_method  # the Deep Ensemble's members: the largest pool
+    needed = (design.repetitions - 1) * design.stride + sample.per_method
     assert heldout_shortfall(exp, sample.per_method) is None
     assert round(len(exp.heldout) * seeds.expected_convergence) >= needed
     # the ranges of the last round (150 seeds) could not: refused with the numbers and the range to use

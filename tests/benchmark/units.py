@@ -4,7 +4,7 @@ from __future__ import annotations
 from safetensors.torch import save_file
 
 from benchmark.core.store import save_sample_set
-from benchmark.inventory import sample_settings_hash as settings_hash
+from benchmark.inventory import unit_expectations
 
 
 def write_unit(exp, method, mode, repetition, samples, preds, damaged=False, base_seeds=None):
@@ -12,8 +12,7 @@ def write_unit(exp, method, mode, repetition, samples, preds, damaged=False, bas
     predictions hold a NaN (written directly: the store refuses NaN)."""
     store = exp.store
     n = next(iter(samples.values())).shape[0]
-    meta = {"experiment": exp.name, "method": method, "mode": mode, "repetition": repetition, "n_samples": n,
-            "settings_hash": settings_hash(exp, method)}
+    meta = {**unit_expectations(exp, store.sample_unit(method, mode, repetition)), "n_samples": n}
     if base_seeds is not None:
         meta["base_seeds"] = list(base_seeds)
     save_sample_set(store.samples_path(store.sample_unit(method, mode, repetition)), samples, meta)

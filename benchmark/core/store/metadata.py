@@ -96,13 +96,16 @@ class SampleSetMetadata(_Metadata):
     external sample set); ``diagnostics``: the method's own numbers, averaged over its bases;
     ``source`` / ``source_size``: the file an external sample set came from; ``base_digests``: base
     seed -> a digest of the tensors of the checkpoint it was drawn around (``inventory.base_digests``):
-    a base retrained since makes the unit stale."""
+    a base retrained since makes the unit stale; ``layout``: the unit's place in the repetition
+    design (``benchmark.design.Design.unit_layout``: its candidate block among the converged
+    held-out seeds), so that a design change that moves the block makes the unit stale."""
 
     experiment: Optional[str] = None
     method: Optional[str] = None
     label: Optional[str] = None
     mode: Optional[str] = None
     repetition: Optional[int] = None
+    layout: Optional[str] = None
     n_samples: int = -1
     base_seeds: Optional[list] = None
     samples_per_base: Optional[int] = None

@@ -16,7 +16,7 @@ from benchmark.stages.report import run as run_report
 from benchmark.core.store import StoreError, load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
 from benchmark.core.training import seeded
 from benchmark.inventory import MissingInputsError, StaleSamplesError
-from benchmark.inventory import sample_settings_hash as settings_hash
+from benchmark.inventory import unit_expectations
 from metrics.mmd import ReferenceResampling, mmd, reference_bandwidths
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import canonicalize, normalize_scales, spec_for_model, weight_matching
@@ -430,8 +430,7 @@ def test_a_markov_chain_rows_effective_sample_size_reaches_metrics_csv(tmp_path)
             _write_unit(exp, method, "one", r, samples, preds)
             if ess[r] is not None:  # the sampler's diagnostics, as the sample stage records them
                 path = exp.store.samples_path(exp.store.sample_unit(method, "one", r))
-                meta = {"experiment": exp.name, "method": method, "mode": "one", "repetition": r, "n_samples": 2,
-                        "settings_hash": settings_hash(exp, method),
+                meta = {**unit_expectations(exp, exp.store.sample_unit(method, "one", r)), "n_samples": 2,
                         "diagnostics": {"ess": ess[r], "lr": 0.2, "chains": 1.0, "states_per_chain": 2.0}}
                 path.unlink()
                 save_sample_set(path, samples, meta)

@@ -36,7 +36,7 @@ from benchmark.cli import run
 from benchmark.core.store import unstack
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
-from benchmark.inventory import repetition_stride
+from benchmark.design import Design
 from metrics.symmetries import permute, random_permutations, random_scales, rescale, spec_for_model
 from tests.benchmark.core.data import formats
 from tests.benchmark.stages.test_release_format import set_batchnorm_statistics, tu_resnet_names, write_release
@@ -58,7 +58,7 @@ WNIDS = ["n09256479", "n07753592", "n01443537", "n02124075"]  # not sorted: clas
 
 def heldout_count() -> int:
     """Held-out networks the tiny sample stage reads: repetitions x stride at the tiny settings."""
-    return 1 * repetition_stride(2, 2)
+    return Design(1, 2, 2).reach
 
 
 def readme_recipes() -> dict[str, list[str]]:
@@ -84,8 +84,7 @@ def test_the_readme_counts_agree_with_the_configs():
     assert set(recipes) == {"mnist_optunet", "cifar100_resnet18", "tinyimagenet_resnet18"}
     for experiment, lines in recipes.items():
         exp = Experiment(compose_config([f"experiment={experiment}"]))
-        sample = exp.config.sample
-        needed = sample.repetitions * repetition_stride(sample.per_method, sample.modes_multi)
+        needed = Design.of(exp).reach
         imports = [dict(o.split("=", 1) for o in overrides_of(line) if "=" in o) for line in lines if "stage=import" in line]
         reference, heldout = imports
         assert int(reference["zoo_import.limit"]) == len(exp.reference) == 1000, experiment

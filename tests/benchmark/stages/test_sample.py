@@ -14,7 +14,8 @@ from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
 from methods import selected as selected_units
-from benchmark.stages.sample import MissingBasesError, SampleStageError, repetition_stride, select_bases
+from benchmark.design import Design, pool_size
+from benchmark.stages.sample import MissingBasesError, SampleStageError, select_bases
 from benchmark.stages.sample import jobs as prepare_units
 from benchmark.stages.sample import run as run_sample
 from benchmark.stages.zoo import run_zoo
@@ -72,7 +73,7 @@ def test_bases_are_the_converged_heldout_seeds_in_order(make_exp) -> None:
     assert seeds and not set(exp.store.failed_seeds()) & set(seeds) and all(s in exp.heldout for s in seeds)
     (unit,) = prepare_units(exp)
     # one base, and for a retrained method the rest of its repetition's block as spares: the converged seeds in order
-    stride = repetition_stride(exp.config.sample.per_method, exp.config.sample.modes_multi)
+    stride = Design.of(exp).stride
     assert unit.plan.candidates == tuple(seeds[:stride]) and (unit.plan.bases, unit.plan.samples_per_base) == (1, 100)
 
 
@@ -202,7 +203,7 @@ def test_refusals_and_missing_bases_come_before_any_training(make_exp) -> None:
 def test_repetitions_use_disjoint_blocks_of_bases_and_survive_a_change_of_their_number(make_exp) -> None:
     # per_method=2 (modes_multi=10 does not split it): the largest pool is a retrained method's
     # one-mode base with its 2 spares, so repetitions start 3 converged seeds apart for every method
-    assert repetition_stride(2, 10) == 3
+    assert Design(1, 2, 10).stride == 3
     exp = make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=2")
     converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
     assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
@@ -214,11 +215,77 @@ def test_repetitions_use_disjoint_blocks_of_bases_and_survive_a_change_of_their_
         run_sample(make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=4"))
 
 
+def test_a_layout_change_that_moves_a_repetitions_bases_makes_exactly_that_unit_stale(make_exp, monkeypatch) -> None:
+    """The layout is part of a unit's key (``layout``): a registered method with a larger pool widens
+    the stride (3 -> 4 at per_method=2), which moves repetition 1's block and leaves repetition 0's.
+    Evaluate refuses repetition 1 naming it and why; the sample stage redraws it alone."""
+    from benchmark.core.store import StoreError
+    from benchmark.inventory import unit_state
+    from benchmark.stages.evaluate import run as run_evaluate
+    from methods import registry
+    from methods.ensemble import EnsembleMethod
+
+    overrides = ("method=ensemble", "sample.per_method=2", "sample.repetitions=2")
+    exp = make_exp(*overrides)
+    assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
+    converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
+    wide = type("Wide", (EnsembleMethod,), {"name": "wide", "fits_can_fail": True, "in_default_run": True})
+    assert Design.of(exp).stride == 3
+    monkeypatch.setitem(registry.METHODS, "wide", wide)  # 2 bases + 2 spares: a pool of 4 (registered
+    moved = exp  # after the config was composed: the design reads the registry when asked)
+    assert Design.of(moved).stride == 4
+    units = [moved.store.sample_unit("ensemble", "multi", r) for r in range(2)]
+    assert unit_state(moved, units[0]).problem is None  # its block [0, 2) did not move
+    stale = unit_state(moved, units[1]).problem
+    assert "metadata layout differ" in stale and "drawn from converged held-out seeds 3..4" in stale
+    assert "now gives converged held-out seeds 4..5" in stale
+    with pytest.raises(StoreError) as err:
+        run_evaluate(moved)
+    assert "ensemble/multi: repetition 1: " in str(err.value) and "repetition 0" not in str(err.value)
+    summary = run_sample(moved)
+    assert (summary.written, summary.skipped_done) == (["ensemble/multi/r1"], ["ensemble/multi/r0"])
+    bases = json.loads(read_metadata(moved.store.samples_path(units[1]))["base_seeds"])
+    assert bases == converged[4:6]
+    monkeypatch.delitem(registry.METHODS, "wide")  # back to the stride of 3: r1 moves back, r0 stays
+    back = make_exp(*overrides)
+    assert Design.of(back).stride == 3
+    assert unit_state(back, units[0]).problem is None and "layout" in unit_state(back, units[1]).problem
+
+
+def test_a_unit_written_before_units_recorded_their_layout_is_judged_by_its_bases(make_exp) -> None:
+    """A store written before the layout was part of a unit's key is not redrawn wholesale: a unit
+    without ``layout`` is current when its recorded bases lie in the block the design gives it,
+    stale (naming the layout) when they do not, or when it recorded no bases."""
+    from benchmark.core.store import save_sample_set
+    from benchmark.inventory import unit_state
+
+    exp = make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=2")
+    assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
+    converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
+
+    def rewrite(unit, **changes) -> None:  # both files' metadata as an older version wrote them
+        samples_path, preds_path = exp.store.samples_path(unit), exp.store.preds_path(unit)
+        meta = {k: v for k, v in read_metadata(samples_path).items() if k not in ("checksums", "format", "layout")}
+        meta = {k: v for k, v in {**meta, **changes}.items() if v is not None}
+        digest = save_sample_set(samples_path, load_sample_set(samples_path), meta)
+        save_sample_set(preds_path, load_sample_set(preds_path), {**meta, "samples_digest": digest})
+
+    r0, r1 = (exp.store.sample_unit("ensemble", "multi", r) for r in range(2))
+    rewrite(r0)
+    assert "layout" not in read_metadata(exp.store.samples_path(r0)) and unit_state(exp, r0).problem is None
+    rewrite(r1, base_seeds=json.dumps(converged[2:4]))  # bases outside its block [3, 5)
+    problem = unit_state(exp, r1).problem
+    assert "metadata layout differ" in problem and "drawn from an unrecorded block" in problem
+    rewrite(r0, base_seeds=None)
+    assert "layout" in unit_state(exp, r0).problem
+    assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
+
+
 def test_repetition_k_of_every_row_starts_at_the_same_base(make_exp) -> None:
     # the pairing the findings' paired tests rely on: one-mode bases are the first of the multi-mode
     # and ensemble bases of the same repetition, whichever methods a run selects
     exp = make_exp("method=all", "mode=both", "sample.per_method=2", "sample.modes_multi=2", "sample.repetitions=2")
-    stride = repetition_stride(2, 2)
+    stride = Design(2, 2, 2).stride
     assert stride == 4  # a retrained method's multi-mode pool: 2 bases, 2 spares
     converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
     units = prepare_units(exp)
@@ -232,8 +299,6 @@ def test_repetition_k_of_every_row_starts_at_the_same_base(make_exp) -> None:
 
 
 def test_a_retrained_method_reserves_spare_bases_per_repetition(make_exp) -> None:
-    from benchmark.stages.sample import pool_size
-
     exp = make_exp("method=dropout", "mode=multi", "sample.per_method=4", "sample.modes_multi=2", "sample.repetitions=2")
     units = prepare_units(exp)
     converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
@@ -271,7 +336,7 @@ def test_bases_are_refused_while_a_heldout_seed_they_could_read_is_untrained(mak
     away) makes the stage refuse rather than pick bases that depend on which seeds are finished."""
     exp = make_exp("method=ensemble", "sample.per_method=2")
     seeds = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
-    reach = exp.config.sample.repetitions * repetition_stride(exp.config.sample.per_method, exp.config.sample.modes_multi)
+    reach = Design.of(exp).reach
     assert 2 <= reach < len(seeds)  # the tiny zoo has converged seeds after the prefix
     assert select_bases(exp, 2) == seeds[:reach]
     after = exp.store.checkpoint_path(seeds[-1])

@@ -1,0 +1,124 @@
+"""The repetition design (``benchmark.design``): the same bases as before it owned them, its
+layout, and that no other module reads ``sample.repetitions`` or the stride."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from benchmark.design import Design, pool_size
+from benchmark.experiment import Experiment
+from methods import method_class, selected
+from tests.conftest import REPO, compose_config
+
+# The candidate blocks (positions among the converged held-out seeds, [start, stop)) of every
+# repetition of every method x mode of the default digits config (per_method=100, modes_multi=10,
+# 5 repetitions), as the sample stage computed them before the design owned them (main at 9872efb:
+# inventory.repetition_stride, inventory.pool_size, stages.sample.repetition_candidates).
+STARTS = (0, 100, 200, 300, 400)
+DIGITS_BEFORE = {
+    **{(m, mode): 100 for m in ("dropout", "bnn") for mode in ("one", "multi")},  # retrained: the whole stride
+    ("bnn_ordered", "one"): 100, ("bnn_skip", "one"): 100, ("ensemble", "multi"): 100,
+    **{(m, "one"): 1 for m in ("sghmc", "sghmc_sa", "swag", "laplace")},
+    ("swag", "multi"): 10, ("laplace", "multi"): 10,
+}
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> Experiment:
+    return Experiment(compose_config(["experiment=digits_optunet", f"store={tmp_path_factory.mktemp('design') / 'store'}"]))
+
+
+def test_the_design_gives_the_default_digits_config_the_bases_it_had(digits):
+    design = Design.of(digits)
+    assert (design.repetitions, design.per_method, design.modes_multi) == (5, 100, 10)
+    assert design.stride == 100 and design.reach == 500 and design.needed(100) == 500
+    assert set(selected("all", "both")) == set(DIGITS_BEFORE)
+    seeds = list(range(100000, 100600))  # converged held-out seeds, in seed order
+    for (name, mode), pool in DIGITS_BEFORE.items():
+        cls = method_class(name)
+        for k, start in enumerate(STARTS):
+            got = design.candidates(seeds, cls, design.bases(cls, mode), k)
+            assert got == tuple(seeds[start : start + pool]), (name, mode, k)
+            assert design.unit_layout(name, mode, k) == f"converged held-out seeds {start}..{start + pool - 1}"
+
+
+def test_blocks_never_overlap_and_the_reference_blocks_split_the_zoo():
+    design = Design(3, 4, 2)
+    assert design.stride == 4 and pool_size(method_class("dropout"), 2) == 4
+    with pytest.raises(ValueError, match="a block of 5 is larger than the stride 4"):
+        design.block(list(range(20)), 0, 5)
+    assert design.block(list(range(20)), 2, 3) == (8, 9, 10)
+    assert design.block(list(range(9)), 2, 3) == (8,)  # the seeds end first: fewer
+    assert design.reference_blocks(list(range(20))) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert design.reference_blocks(list(range(7))) == [[0, 1], [2, 3], [4, 5]]  # an equal share of a small zoo
+    assert [design.baseline_repetitions(w, held_out=h) for w, h in ((None, False), (20, False), (20, True))] == [3, 20, 3]
+    with pytest.raises(ValueError, match=r"sample.repetitions is 0, expected a positive integer"):
+        Design(0, 4, 2)
+
+
+def test_the_number_of_repetitions_moves_no_block():
+    one, five = Design(1, 4, 2), Design(5, 4, 2)
+    assert [one.unit_layout("swag", "multi", k) for k in range(1)] == [five.unit_layout("swag", "multi", 0)]
+    assert five.unit_layout("swag", "multi", 3) == "converged held-out seeds 12..13"
+    # per_method moves the Deep Ensemble's block end (its pool: one base per sample), not swag's
+    assert (Design(5, 2, 2).unit_layout("ensemble", "multi", 1), five.unit_layout("ensemble", "multi", 1)) == (
+        "converged held-out seeds 4..5", "converged held-out seeds 4..7")
+
+
+# ---- no module but the design reads the repetitions or the stride -------------------------------
+
+OWNER = "benchmark/design.py"
+SCHEMA = "benchmark/config.py"  # the config schema declares and range-checks sample.repetitions
+PENDING = {"benchmark/report/hmc.py"}
+"""Modules still reading ``sample.repetitions`` themselves, owned by other branches while the design
+was introduced: switch each to ``Design.of(exp)`` and remove it here (the test fails for one that
+no longer reads it, so this list cannot outlive the reads)."""
+PACKAGES = ("benchmark", "methods", "metrics")
+
+
+def design_reads(source: str) -> list[str]:
+    """Where ``source`` reads what the design owns: ``<x>.sample.repetitions`` or
+    ``sample.repetitions``, and any use of a ``repetition_stride``; as ``line: text``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr == "repetitions":
+            inner = node.value
+            if (isinstance(inner, ast.Attribute) and inner.attr == "sample") or (isinstance(inner, ast.Name) and inner.id == "sample"):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else (
+            node.name if isinstance(node, (ast.FunctionDef, ast.alias)) else None)
+        if name == "repetition_stride":
+            found.append(f"{getattr(node, 'lineno', 0)}: repetition_stride")
+    return sorted(found, key=lambda read: int(read.split(":")[0]))
+
+
+def readers(root: Path) -> dict[str, list[str]]:
+    """Module path -> its reads of the design's values, for every module of ``PACKAGES`` under ``root``."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")) if (root / package).is_dir() else ():
+            reads = design_reads(path.read_text())
+            if reads:
+                out[path.relative_to(root).as_posix()] = reads
+    return out
+
+
+def test_only_the_design_reads_the_repetitions_and_the_stride():
+    found = readers(REPO)
+    assert OWNER in found  # the owner reads them: the scanner sees real reads
+    outside = {path: reads for path, reads in found.items() if path not in (OWNER, SCHEMA, *PENDING)}
+    assert outside == {}, "read the repetition design through benchmark.design.Design.of(exp)"
+    assert PENDING <= set(found), f"no longer read there: drop {sorted(PENDING - set(found))} from PENDING"
+
+
+def test_the_scanner_sees_each_kind_of_read():
+    planted = ("def f(exp, sample):\n"
+               "    a = exp.config.sample.repetitions\n"
+               "    b = sample.repetitions\n"
+               "    from benchmark.inventory import repetition_stride\n"
+               "    return repetition_stride(2, 2), exp.config.evaluate.baseline_repetitions, exp.repetitions\n")
+    assert [r.split(":")[0] for r in design_reads(planted)] == ["2", "3", "4", "5"]
+    assert design_reads("def repetition_stride():\n    pass\n")
+    assert design_reads("x = '''sample.repetitions''' # sample.repetitions\n") == []  # text is not a read
