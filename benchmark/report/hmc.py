@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 
 from benchmark.baselines import BASELINE_MODE
+from benchmark.design import Design
 from benchmark.core.store import SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import row_units
@@ -301,11 +302,11 @@ def write(exp: Experiment, zoo: pd.DataFrame, hmc: pd.DataFrame, out_dir: Path) 
     """Write ``table_hmc.md`` (table, caption, failure notes, convergence) and ``table_hmc.csv``
     (numbers with separate ± columns) into ``out_dir``; return their paths."""
     settings = exp.config.methods.hmc
-    sample = exp.config.sample
-    chains = sample.modes_multi
+    design = Design.of(exp)
+    chains = design.modes_multi
     chain_groups = convergence(exp)
     within_rhat = float(chain_groups["within_rhat_loglik"].iloc[-1]) if "within_rhat_loglik" in chain_groups else math.nan
-    text = caption(zoo, hmc, {"repetitions": sample.repetitions, "chains": chains, "draws": sample.per_method // chains,
+    text = caption(zoo, hmc, {"repetitions": design.repetitions, "chains": chains, "draws": design.per_method // chains,
                               "chains_per_start": settings.chains_per_start, "within_rhat": within_rhat,
                               "start": settings.start, "warmup": settings.warmup, "thinning": settings.thinning,
                               "trajectory_length": settings.trajectory_length,
