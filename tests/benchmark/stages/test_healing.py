@@ -134,7 +134,7 @@ def test_evaluate_refuses_a_damaged_reference_with_the_healing_command(exp, kind
     assert not (exp.results_dir / "metrics.csv").exists() and not (exp.store.base / "eval").exists()
     run_zoo(exp, exp.reference)  # heals it
     frame = run_evaluate(exp)
-    assert list(frame.status) == ["ok"]
+    assert list(frame.status) == ["ok"] * len(frame) and list(frame["mode"]).count("baseline") == len(frame) - 1
 
 
 def test_a_damaged_base_checkpoint_stops_the_sample_stage_with_the_healing_command(exp):
