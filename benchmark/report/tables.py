@@ -221,7 +221,7 @@ def _uncertainty_text(df: pd.DataFrame) -> str:
         "(t quantile with repetitions - 1 degrees of freedom, times the standard deviation over repetitions over "
         "the square root of their number); for the MMD columns the half-width also includes, in quadrature, the "
         "reference zoo's standard error (the spread of the MMD over random halves of the zoo, first repetition)."
-        f"{single} These intervals describe one row each; comparisons between rows are in findings.md (paired tests "
+        f"{single} These intervals describe one row each; comparisons between rows are in findings.md (exact tests "
         "over the repetitions, with Holm's control per claim)."
     )
 

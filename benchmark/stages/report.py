@@ -1,6 +1,6 @@
 """Report stage: Tables 1, 2 and 3 (Markdown, CSV, LaTeX) from every ``results/*/metrics.csv``,
 the zoo summary, the diagnostics of every method and mode (``diagnostics.{md,csv}``) and the
-paper's claims checked by paired tests over the repetitions (``findings.md``, from the evaluate
+paper's claims checked by exact tests over the repetitions (``findings.md``, from the evaluate
 stage's ``repetitions.csv``).
 
 The current experiment's files go to ``results/<experiment>/``; when several experiments have
@@ -56,7 +56,7 @@ def run(exp: Experiment) -> list[Path]:
     metrics = read_metrics(exp.results_dir / "metrics.csv")
     path = exp.results_dir / "repetitions.csv"
     if not path.is_file():  # results written before the evaluate stage wrote repetitions.csv
-        raise MissingInputsError(f"stage={NAME} needs {path} (the per-repetition numbers of the findings' paired "
+        raise MissingInputsError(f"stage={NAME} needs {path} (the per-repetition numbers of the findings' "
                                  f"tests), written by the evaluate stage; rerun python -m benchmark stage=evaluate "
                                  f"experiment={exp.name}")
     repetitions = read_repetitions(path)
