@@ -26,6 +26,7 @@ from benchmark.analyses.marginals import FORMS, Layers, ZooLayers, bin_edges, dr
 from benchmark.config import ReferenceChoice
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, require_inputs, row_label
+from benchmark.baselines import BASELINE_MODE
 from benchmark.reference import HMC_ROW, REFERENCE_METHODS, HMCReference, hmc_reference_problem
 from benchmark.results import half_width, metrics_path, read_metrics
 from methods.hmc import stochastic_layers
@@ -62,8 +63,10 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
 
 
 def closest(hmc: pd.DataFrame) -> tuple[str, str] | None:
-    """The approximate method's row with the lowest NS MMD to HMC (not a reference's own row, not failed)."""
-    rows = hmc[~hmc["method"].isin(REFERENCE_METHODS) & hmc["status"].eq("ok") & hmc["ns_mmd_median"].notna()]
+    """The approximate method's row with the lowest NS MMD to HMC (not a reference's own row, not a
+    baseline, not failed)."""
+    rows = hmc[~hmc["method"].isin(REFERENCE_METHODS) & hmc["mode"].ne(BASELINE_MODE) & hmc["status"].eq("ok")
+               & hmc["ns_mmd_median"].notna()]
     if rows.empty:
         return None
     best = rows.loc[rows["ns_mmd_median"].idxmin()]
@@ -111,12 +114,13 @@ def draw_marginals(exp: Experiment, best: tuple[str, str] | None) -> list[Path]:
 
 
 def draw_agreement(exp: Experiment, zoo: pd.DataFrame, hmc: pd.DataFrame) -> list[Path]:
-    """Each row's agreement with HMC (y) against its NS MMD to the zoo (x), both x100 with their half-widths."""
+    """Each method row's agreement with HMC (y) against its NS MMD to the zoo (x), both x100 with their
+    half-widths (the baselines are in table_hmc, not here: the figure compares methods)."""
     keys = ["method", "mode"]
     both = zoo[keys + ["method_label", "status", "ns_mmd_median", half_width("ns_mmd_median")]].merge(
         hmc[keys + ["status", "agreement", half_width("agreement"), "tv", half_width("tv")]], on=keys,
         suffixes=("_zoo", "_hmc"))
-    both = both[both["status_zoo"].eq("ok") & both["status_hmc"].eq("ok")].copy()
+    both = both[both["status_zoo"].eq("ok") & both["status_hmc"].eq("ok") & both["mode"].ne(BASELINE_MODE)].copy()
     both["label"] = [f"{label} [{mode}]" for label, mode in zip(both["method_label"], both["mode"])]
     numbers = both[["method", "mode", "label", "ns_mmd_median", half_width("ns_mmd_median"), "agreement",
                     half_width("agreement"), "tv", half_width("tv")]].reset_index(drop=True)

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
 from benchmark.baselines import BASELINE_MODE, BASELINES, baseline_samples, second_zoo_seeds
@@ -243,7 +244,13 @@ def _baseline_numbers(exp: Experiment, zoo: Reference, against: Reference, name:
         samples, _ = baseline_samples(exp, zoo, name, repetition)
         preds = {"id": predict_with_weights(exp.model(), samples, exp.test_tensors[0]),
                  "ood": predict_with_weights(exp.model(), samples, exp.ood_tensors[0])}
-        hit = against.score_samples(samples, preds, full=full, weight_matching=False)
+        bad = [split for split, probs in preds.items() if not bool(torch.isfinite(probs).all())]
+        if bad:  # e.g. a deep network under a broad prior overflows float32: the row says so, as a method's would
+            hit = {"failed": f"baseline {name}: non-finite predictions on the {' and '.join(bad)} set(s) (the networks' "
+                             "outputs overflow float32)"}
+            log.error("%s, repetition %d: marked failed", hit["failed"], repetition)
+        else:
+            hit = against.score_samples(samples, preds, full=full, weight_matching=False)
         _store_numbers(cached, key, hit)
     if name == "second_zoo":
         return hit, networks

@@ -165,10 +165,17 @@ def test_canonicalising_batchnorm_networks_keeps_their_function(cifar):
 def test_metrics_and_tables(cifar):
     exp, tmp = cifar
     metrics = pd.read_csv(exp.results_dir / "metrics.csv")
-    assert {f"{m}/{mode}" for m, mode in zip(metrics.method, metrics["mode"])} == METHOD_UNITS
-    assert (metrics.status == "ok").all(), metrics[["method", "mode", "reason"]]
-    numeric = metrics[["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "acc", "ece", "brier", "aupr", "fpr95"]]
-    assert np.isfinite(numeric.to_numpy()).all() and (metrics.n_samples == 2).all()
+    methods = metrics[metrics["mode"] != "baseline"]
+    assert {f"{m}/{mode}" for m, mode in zip(methods.method, methods["mode"])} == METHOD_UNITS
+    assert set(metrics.loc[metrics["mode"] == "baseline", "method"]) == {"prior", "init", "gaussian", "gaussian_ns",
+                                                                         "second_zoo"}
+    # a width-8 ResNet under the prior of a 4-image training split (sd ~16) overflows float32: that baseline
+    # says so in its row; every method's row is numbers
+    overflow = metrics["reason"].fillna("").str.contains("overflow float32")
+    assert (metrics.status.eq("ok") | (metrics["mode"].eq("baseline") & overflow)).all(), metrics[["method", "mode", "reason"]]
+    ok = metrics[metrics.status == "ok"]
+    numeric = ok[["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "acc", "ece", "brier", "aupr", "fpr95"]]
+    assert np.isfinite(numeric.to_numpy()).all() and (ok.n_samples == 2).all()
     table1 = (exp.results_dir / "table1.md").read_text()
     assert "CIFAR100 - ResNet18" in table1 and "Deep Ensembles" in table1 and "SWAG" in table1
     for name in ("table1.csv", "table1.tex", "table2.md", "zoo.md"):
@@ -181,9 +188,13 @@ def test_tinyimagenet_through_the_stages_it_supports(tmp_path, data_dir):
     run(cfg)
     exp = Experiment(cfg)
     metrics = pd.read_csv(exp.results_dir / "metrics.csv")
-    units = {f"{m}/{mode}" for m, mode in zip(metrics.method, metrics["mode"])}
+    methods = metrics[metrics["mode"] != "baseline"]
+    units = {f"{m}/{mode}" for m, mode in zip(methods.method, methods["mode"])}
     assert units == METHOD_UNITS - {"bnn/one", "bnn/multi"}  # the paper could not train vBNNs on TinyImageNet
-    assert (metrics.status == "ok").all() and np.isfinite(metrics[["mmd_median", "acc"]].to_numpy()).all()
+    overflow = metrics["reason"].fillna("").str.contains("overflow float32")
+    assert (metrics.status.eq("ok") | (metrics["mode"].eq("baseline") & overflow)).all(), metrics[["method", "mode", "reason"]]
+    ok = metrics[metrics.status == "ok"]
+    assert np.isfinite(ok[["mmd_median", "acc"]].to_numpy()).all()
     preds = load_sample_set(exp.store.preds_path(exp.store.sample_unit("laplace", "one")))
     assert preds["id"].shape == (2, 2, 200) and preds["ood"].shape == (2, 3, 200)  # DTD: its three splits
     assert "TinyImageNet - ResNet18" in (exp.results_dir / "table1.md").read_text()
