@@ -194,7 +194,7 @@ def test_half_widths_are_printed_with_their_values_and_in_their_own_csv_columns(
     assert "means over 1/3 independent repetitions" in caption and "95% t-interval" in caption
     assert "scaling (each hidden unit's incoming weights normalised" in caption and "then permutation" in caption
     assert "softmax" not in caption
-    assert '"± n/a": a single repetition' in caption and "paired tests over the repetitions" in caption
+    assert '"± n/a": a single repetition' in caption and "exact tests over the repetitions" in caption
     three = pd.DataFrame([r | {"n_repetitions": 3} for r in rows])
     for text in captions(three):
         assert "means over 3 independent repetitions" in text and "± n/a" not in text
