@@ -193,7 +193,7 @@ def run(exp: Experiment) -> pd.DataFrame:
 def _baseline_rows(exp: Experiment, zoo: Reference, against: Reference
                    ) -> list[tuple[dict[str, Any], list[dict[str, Any]], list[int], list[list[int] | None]]]:
     """The reference rows of ``evaluate.baselines`` (``benchmark.baselines``), drawn from ``zoo`` and
-    scored against ``against`` over the ``sample.repetitions`` (the first in full), each as
+    scored against ``against`` over ``baseline_repetitions`` (the first in full), each as
     ``(row, numbers per repetition, repetitions, seeds)``; a baseline the store cannot supply
     (``second_zoo`` without its held-out networks) is left out with one warning."""
     out = []
