@@ -23,7 +23,7 @@ an input row spelled out: ``*_source`` below) into a module file under ``kernel_
 compiled by numba with its disk cache (``cache=True``), so a new process loads them instead of
 compiling again (a second or two per shape the first time). Inside the network loop (the one
 LLVM vectorises: 8 networks per 256-bit vector, 16 per 512-bit one; LLVM's tuning for Intel's
-server cores picks 256 bits even where AVX-512 is present, see README "Training the zoo" for the
+server cores picks 256 bits even where AVX-512 is present, see docs/performance.md "Training the zoo" for the
 NUMBA_CPU_FEATURES setting that widens it) a pooling window's or a block's outputs share
 each weight load, the weight gradients add a window's (a block's) products to each tap once, and
 the input gradient keeps a row of input cells in registers while a row of taps adds to it. Sums

@@ -223,7 +223,7 @@ print(json.dumps({"features": numba.config.CPU_FEATURES, "digest": digest.hexdig
 
 @pytest.mark.slow  # a subprocess compiling the kernels twice
 def test_the_packed_step_is_the_same_to_the_bit_with_512_bit_vectors():
-    """README "Training the zoo": on an AVX-512 CPU, NUMBA_CPU_FEATURES set to the host's features plus
+    """docs/performance.md "Training the zoo": on an AVX-512 CPU, NUMBA_CPU_FEATURES set to the host's features plus
     ``-prefer-256-bit`` widens the kernels' vectors without changing one bit of a training step: 32
     OptuNets' losses and gradients equal those of LLVM's own choice for the CPU (the host's features)."""
     host = get_host_cpu_features()
