@@ -96,7 +96,10 @@ class Plateau:
     Chosen (not tuned on any result): ``window`` 5 and ``potential_tol`` 0.01, i.e. U falls by less
     than ~0.2% an epoch; ``accuracy_tol`` 0.005 (about 6 of the 1,295 digits training images
     over the window); ``max_epochs`` 200 (4.4x the digits recipe's 45). Off, the option leaves
-    the recipe and its hash (``Recipe.identity``) exactly as they were.
+    the recipe and its hash (``Recipe.identity``) exactly as they were. Measured on digits
+    (``studies/zoo_convergence.py``, 64 seeds): every converged network plateaus 0-14 epochs after
+    the recipe's 45 and the zoo's U spread, accuracies, member spread and per-layer MMD do not move
+    beyond SGD's noise at the last rate (docs/numbers.md).
     """
 
     enabled: bool = False
