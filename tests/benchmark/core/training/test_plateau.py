@@ -113,3 +113,32 @@ def test_a_method_training_follows_the_epochs_and_a_custom_loss_is_refused(exp):
         train_network(model, data.train, data.check, recipe, 0, train_eval=data.train_tensors,
                       loss_fn=lambda m, x, y: m(x).logsumexp(1).mean())
     assert dataclasses.replace(recipe).without_plateau().until_plateau.enabled is False
+
+
+@pytest.mark.slow  # trains a zoo twice: make test, not make test-fast
+def test_the_zoo_records_epochs_and_plateaued_per_checkpoint(tmp_path):
+    """The zoo stage with the option on, stacked and one at a time: the same checkpoints, each with
+    how many epochs it took and whether it plateaued in its metadata (absent when the option is off)."""
+    import json
+
+    from benchmark.core.store import load_checkpoint
+    from benchmark.experiment import SeedRange
+    from benchmark.stages.zoo import run_zoo
+    from tests.conftest import TINY_TRAIN, one_thread
+
+    common = [*TINY_TRAIN, "train.fail_rule.min_accuracy=0", "seeds.reference=[0,2]", "zoo.range=reference", "zoo.crosscheck=0",
+              "train.until_plateau.enabled=true", "train.until_plateau.max_epochs=3", "train.until_plateau.window=1",
+              "train.until_plateau.potential_tol=0.05"]
+    metas = {}
+    for vectorize in ("1", "2"):
+        exp = Experiment(compose_config([f"store={tmp_path / vectorize}", f"zoo.vectorize={vectorize}", *common]))
+        with exp.backends(), one_thread():
+            run_zoo(exp, SeedRange("reference", 0, 2))
+        metas[vectorize] = {s: load_checkpoint(exp.store.checkpoint_path(s))[1] for s in exp.store.completed_seeds()}
+    assert metas["1"].keys() == metas["2"].keys() and metas["1"]
+    for seed, meta in metas["1"].items():
+        other = metas["2"][seed]
+        assert (meta["epochs"], meta["plateaued"]) == (other["epochs"], other["plateaued"])
+        assert 2 <= json.loads(meta["epochs"]) <= 3 and json.loads(meta["plateaued"]) in (True, False)
+        assert json.loads(meta["plateaued"]) or json.loads(meta["epochs"]) == 3
+        assert json.loads(meta["config"])["train"]["until_plateau"]["enabled"] is True
