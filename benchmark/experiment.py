@@ -211,7 +211,7 @@ class Experiment:
         data = {"name": dataset.name.value, "augment": dataset.augment}
         if self.info.labels:
             data["labels"] = self.info.labels
-        payload = {"model": asdict(self.config.model), "dataset": data, "train": asdict(self.recipe)}
+        payload = {"model": asdict(self.config.model), "dataset": data, "train": self.recipe.identity()}
         return json.loads(json.dumps(payload, sort_keys=True, default=lambda v: getattr(v, "value", str(v))))
 
     @cached_property

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from benchmark.core.fingerprint import source_fingerprint, stable_hash
 from benchmark.core.models import fit_with_weights, predict_with_weights
+from benchmark.core.training import squared_norm, training_potential
 from benchmark.core.store import (
     CheckpointError, CheckpointFiles, SampleSetFile, SampleSetMetadata, StoreError, Unit, check_file, clear_non_file,
     content_digest,
@@ -275,15 +276,14 @@ class Reference:
             count = self.exp.config.evaluate.potential_checkpoints
             paths = self.checked_paths()[: count or None]
             images, labels = self.exp.train_tensors
-            parameters = {name for name, _ in self.exp.model().named_parameters()}
-            precision = len(labels) * float(self.exp.recipe.weight_decay)
+            parameters = [name for name, _ in self.exp.model().named_parameters()]
             potentials, accuracies = [], []
             batches = iter_checkpoint_batches(paths, self.batch, validated=True)
             for batch in tqdm(batches, desc=f"training potential of the {self.exp.name} zoo", unit="batch",
                               total=math.ceil(len(paths) / self.batch), dynamic_ncols=True, disable=len(paths) < 200):
                 nll, correct = fit_with_weights(self.model, batch, images, labels)
-                square = sum(batch[k].double().flatten(1).pow(2).sum(1) for k in batch if k in parameters)
-                potentials.append(nll + 0.5 * precision * square)
+                potentials.append(training_potential(nll, squared_norm(batch, parameters), len(labels),
+                                                     self.exp.recipe.weight_decay))
                 accuracies.append(correct.double() / len(labels))
             return {"potential": torch.cat(potentials)[None], "train_acc": torch.cat(accuracies)[None]}
         return {k: v[0] for k, v in self._cached("potential", build).items()}

@@ -131,7 +131,7 @@ class PosteriorMethod(ABC):
         self.model_factory = model
         self.data = data
         self.settings = settings
-        self.recipe = recipe
+        self.recipe = recipe.without_plateau()  # train.until_plateau is the zoo's: a method's training keeps the epochs
         self.device = torch.device(device)
 
     def new_model(self, **kwargs) -> nn.Module:

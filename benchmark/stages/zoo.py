@@ -125,7 +125,8 @@ def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: s
     return CheckpointMetadata(
         experiment=exp.name, seed=seed, role=role, config_hash=exp.config_hash, config=exp.recipe_config,
         train_accuracy=result.train_accuracy, validation_accuracy=result.check_accuracy,
-        test_accuracy=accuracy(model, *exp.test_tensors), epochs=result.epochs_run, trainer=trainer,
+        test_accuracy=accuracy(model, *exp.test_tensors), epochs=result.epochs_run, plateaued=result.plateaued,
+        trainer=trainer,
         crosscheck=crosscheck, versions=library_versions(),
     )
 

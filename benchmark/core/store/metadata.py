@@ -66,7 +66,8 @@ class CheckpointMetadata(_Metadata):
     what names the fields of a zoo trained under another recipe); ``trainer``: how it was trained; ``crosscheck``: for a seed
     the zoo also trained with the other trainer (``zoo.crosscheck``), that trainer and its outcome
     (``trainer``, ``verdict``: converged / failed / diverged, ``validation_accuracy``,
-    ``max_weight_difference``); ``source`` ... ``mapping``: the provenance of an imported checkpoint."""
+    ``max_weight_difference``); ``plateaued``: under ``train.until_plateau``, whether training
+    stopped because it plateaued (False: at ``max_epochs``; absent when the option is off); ``source`` ... ``mapping``: the provenance of an imported checkpoint."""
 
     experiment: Optional[str] = None
     seed: Optional[int] = None
@@ -77,6 +78,7 @@ class CheckpointMetadata(_Metadata):
     validation_accuracy: float = math.nan
     test_accuracy: float = math.nan
     epochs: Optional[int] = None
+    plateaued: Optional[bool] = None
     trainer: Optional[str] = None
     crosscheck: Optional[dict] = None
     versions: Optional[dict] = None

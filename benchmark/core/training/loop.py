@@ -17,6 +17,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from benchmark.core.data import as_in_memory
+from benchmark.core.models import fit_with_weights
+from benchmark.core.training.potential import squared_norm, training_potential
 from benchmark.core.training.recipe import Recipe, Schedule
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -54,7 +56,9 @@ class TrainingData:
 @dataclass
 class TrainResult:
     """Outcome of one training: final weights, accuracies (fractions: on the un-augmented train
-    data and on the held-out ``check`` data, NaN when not measured), and failure reason if any."""
+    data and on the held-out ``check`` data, NaN when not measured), and failure reason if any.
+    ``plateaued``: under ``recipe.until_plateau``, whether the run stopped because it plateaued
+    (False: it reached ``max_epochs``, or failed before); None when the option is off."""
 
     state_dict: dict[str, torch.Tensor]
     train_accuracy: float
@@ -62,6 +66,7 @@ class TrainResult:
     epochs_run: int
     failure: str | None = None
     history: list[dict[str, float]] = field(default_factory=list)
+    plateaued: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +147,9 @@ OptimizerFactory = Callable[[nn.Module, Recipe], "torch.optim.Optimizer | Optimi
 
 
 def learning_rate(recipe: Recipe, epoch: int) -> float:
-    """Learning rate of ``epoch`` (0-based) under the recipe's schedule."""
+    """Learning rate of ``epoch`` (0-based) under the recipe's schedule; past the recipe's epochs
+    (``until_plateau``) the schedule's last rate, that of epoch ``epochs - 1``."""
+    epoch = min(epoch, recipe.epochs - 1)
     if recipe.schedule == Schedule.multistep:
         return recipe.lr * recipe.gamma ** sum(epoch >= m for m in recipe.milestones)
     if recipe.schedule == Schedule.cosine:
@@ -264,12 +271,20 @@ def train_network(
     """
     if check_set is None and recipe.fail_rule.active:
         raise ValueError(f"{where}: the recipe's convergence rule needs held-out data; set dataset.validation_fraction > 0")
+    problem = plateau_problem(recipe, train_eval, loss_fn is cross_entropy_loss and optimizer_factory is None)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
+    plateau = recipe.until_plateau if recipe.until_plateau.enabled else None
+    potentials: list[float] = []
+    accuracies: list[float] = []
+    plateaued = False if plateau is not None else None
     generator = torch.Generator().manual_seed(seed)
     model = acceleration.prepare(model)
     optimizer = make_optimizer(model.parameters(), recipe) if optimizer_factory is None else optimizer_factory(model, recipe)
     scaler = acceleration.scaler(next(model.parameters()).device)
     history = []
-    for epoch in range(recipe.epochs):
+    epochs_run = recipe.epochs
+    for epoch in range(recipe.max_epochs):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(recipe, epoch) * group.get("lr_scale", 1.0)
         loss = train_epoch(model, train_set, optimizer, recipe.batch_size, generator, f"{where}, epoch {epoch + 1}", loss_fn,
@@ -283,13 +298,51 @@ def train_network(
             history.append(record)
             if rule.min_accuracy is not None and acc < rule.min_accuracy:
                 reason = f"held-out accuracy {acc:.3f} < {rule.min_accuracy} after epoch {epoch + 1} (did not converge)"
-                return TrainResult(_cpu_state(model), math.nan, acc, epoch + 1, failure=reason, history=history)
+                return TrainResult(_cpu_state(model), math.nan, acc, epoch + 1, failure=reason, history=history,
+                                   plateaued=plateaued)
         else:
             history.append(record)
+        if plateau is not None and epoch + 1 >= plateau.first_measured(recipe.epochs):
+            record["potential"], record["train_accuracy"] = model_potential(model, train_eval, recipe.weight_decay)
+            potentials.append(record["potential"])
+            accuracies.append(record["train_accuracy"])
+            if epoch + 1 >= recipe.epochs and plateau.reached(potentials, accuracies):
+                plateaued, epochs_run = True, epoch + 1
+                break
+    else:
+        epochs_run = recipe.max_epochs
     check_acc = accuracy(model, *check_set) if check_set is not None else math.nan
     train_acc = accuracy(model, *train_eval) if train_eval is not None else math.nan
     failure = recipe.fail_rule.final_failure(check_acc)
-    return TrainResult(_cpu_state(model), train_acc, check_acc, recipe.epochs, failure=failure, history=history)
+    return TrainResult(_cpu_state(model), train_acc, check_acc, epochs_run, failure=failure, history=history,
+                       plateaued=plateaued)
+
+
+def plateau_problem(recipe: Recipe, train_eval: Tensors | None, plain: bool) -> str | None:
+    """Why a training cannot follow ``recipe.until_plateau`` (None: it can, or the option is off):
+    the criterion needs the un-augmented training split (``train_eval``) and the plain network's
+    cross-entropy and SGD (``plain``), whose potential it measures."""
+    if not recipe.until_plateau.enabled:
+        return None
+    if train_eval is None:
+        return "train.until_plateau needs the un-augmented training split (train_eval) to measure the potential"
+    if not plain:
+        return ("train.until_plateau measures the plain network's training potential; this training has its own "
+                "loss or optimizer (a method's training follows the recipe's epochs: Recipe.without_plateau)")
+    return None
+
+
+def model_potential(model: nn.Module, train_eval: Tensors, weight_decay: float) -> tuple[float, float]:
+    """``(U, training accuracy)`` of ``model`` on the un-augmented training split ``train_eval``:
+    ``training_potential`` (nats) and the fraction of correct argmax predictions."""
+    images, labels = train_eval
+    state = {k: v.detach()[None] for k, v in model.state_dict().items()}
+    was_training = model.training
+    nll, correct = fit_with_weights(model, state, images, labels)
+    model.train(was_training)
+    names = [name for name, _ in model.named_parameters()]
+    potential = training_potential(nll, squared_norm(state, names), len(labels), weight_decay)
+    return float(potential[0]), float(correct[0]) / max(1, len(labels))
 
 
 def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:

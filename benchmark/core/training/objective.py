@@ -68,6 +68,24 @@ def stacked_accuracies(predict, images: torch.Tensor, labels: torch.Tensor, coun
     return correct.cpu().double() / max(1, len(labels))
 
 
+def stacked_fit(predict, images: torch.Tensor, labels: torch.Tensor, count: int, device: torch.device,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(nll [count] float64, correct [count] int64)``: the summed cross-entropy (from float64
+    logits, as ``benchmark.core.models.fit_with_weights``) and the correct argmax predictions of
+    ``count`` networks on shared images (``predict`` as in ``stacked_accuracies``)."""
+    batch = max(1, EVAL_ELEMENTS // max(1, images[0].numel() * count))
+    nll = torch.zeros(count, dtype=torch.float64, device=device)
+    correct = torch.zeros(count, dtype=torch.long, device=device)
+    labels = labels.to(device)
+    with torch.no_grad():
+        for start in range(0, len(labels), batch):
+            logits = predict(images[start : start + batch].to(device, dtype)).double()  # [count, b, classes]
+            target = labels[start : start + batch]
+            nll += F.cross_entropy(logits.flatten(0, 1), target.repeat(count), reduction="none").view(count, -1).sum(1)
+            correct += (logits.argmax(-1) == target).sum(1)
+    return nll.cpu(), correct.cpu()
+
+
 class CrossEntropyObjective:
     """The plain networks ``models`` trained on the mean cross-entropy of their batches (the zoo)."""
 
@@ -95,6 +113,13 @@ class CrossEntropyObjective:
         first = next(iter(params.values()))
         return stacked_accuracies(lambda images: self.stacked.predict(params, images), *tensors, len(lanes),
                                   first.device, first.dtype)
+
+    def fit(self, params: Params, tensors: tuple[torch.Tensor, torch.Tensor], lanes: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(nll [K], correct [K])`` of each network on the shared ``(images, labels)`` (``stacked_fit``):
+        what ``train.until_plateau`` measures the training potential from."""
+        first = next(iter(params.values()))
+        return stacked_fit(lambda images: self.stacked.predict(params, images), *tensors, len(lanes), first.device,
+                           first.dtype)
 
     def result(self, params: Params, position: int, lane: int) -> dict[str, torch.Tensor]:
         return self.stacked.unpack(params, position)

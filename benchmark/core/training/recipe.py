@@ -10,7 +10,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from benchmark.core.settings import require
 
@@ -72,9 +72,70 @@ class FailRule:
 
 
 @dataclass
+class Plateau:
+    """Train the zoo to convergence (``train.until_plateau``; issue 31): off by default.
+
+    ``enabled``: after the recipe's ``epochs``, training goes on, at the schedule's last rate (the
+    rate of epoch ``epochs - 1``: the recipe's final phase prolonged; multistep and constant
+    recipes simply keep their last rate, a cosine one does not climb back), until the network has
+    plateaued or ``max_epochs`` epochs (in all) have run. Plateaued, at the end of an epoch
+    ``e >= epochs``: over the last ``window`` epochs the training potential ``U`` (summed training
+    cross-entropy plus the recipe's L2 term on the un-augmented training split:
+    ``benchmark.core.training.potential.training_potential``, what ``Reference.training_potential``
+    reports) fell by less than ``potential_tol`` of its value ``window`` epochs before,
+    ``U(e - window) - U(e) < potential_tol |U(e - window)|``, AND the training accuracy rose by at
+    most ``accuracy_tol`` (a fraction), ``acc(e) - acc(e - window) <= accuracy_tol``. ``U`` and the
+    accuracy are measured at the end of each epoch from ``epochs - window`` on (so a network
+    plateaued by the recipe's end stops there: no extra epoch); each network stops on its own
+    (the stacked trainer lets a plateaued network leave the stack, the rest go on). Each run records
+    how many epochs it took (``epochs``) and whether it plateaued (``plateaued``: False = stopped at
+    ``max_epochs``) in its checkpoint metadata, and ``potential``/``train_accuracy`` in its history.
+    The convergence rule's end check is judged where the run stops. Only the zoo's trainings follow
+    it: a method's own training (MC Dropout, the vBNN) keeps the recipe's ``epochs``.
+
+    Chosen (not tuned on any result): ``window`` 5 and ``potential_tol`` 0.01, i.e. U falls by less
+    than ~0.2% an epoch; ``accuracy_tol`` 0.005 (about 6 of the 1,295 digits training images
+    over the window); ``max_epochs`` 200 (4.4x the digits recipe's 45). Off, the option leaves
+    the recipe and its hash (``Recipe.identity``) exactly as they were. Measured on digits
+    (``studies/zoo_convergence.py``, 64 seeds): every converged network plateaus 0-14 epochs after
+    the recipe's 45 and the zoo's U spread, accuracies, member spread and per-layer MMD do not move
+    beyond SGD's noise at the last rate (docs/numbers.md).
+    """
+
+    enabled: bool = False
+    max_epochs: int = 200
+    window: int = 5
+    potential_tol: float = 0.01
+    accuracy_tol: float = 0.005
+
+    def __post_init__(self) -> None:
+        require(self.max_epochs >= 1, "max_epochs", self.max_epochs, "a positive integer")
+        require(self.window >= 1, "window", self.window, "a positive integer (epochs)")
+        require(math.isfinite(self.potential_tol) and self.potential_tol >= 0, "potential_tol", self.potential_tol,
+                "a number >= 0 (a relative change)")
+        require(math.isfinite(self.accuracy_tol) and self.accuracy_tol >= 0, "accuracy_tol", self.accuracy_tol,
+                "a number >= 0 (a fraction)")
+
+    def first_measured(self, epochs: int) -> int:
+        """The first epoch (1-based) whose potential and accuracy are measured, for a recipe of ``epochs``."""
+        return max(1, epochs - self.window)
+
+    def reached(self, potentials: Sequence[float], accuracies: Sequence[float]) -> bool:
+        """Whether the series measured at consecutive epochs (the last one: now) has plateaued
+        (see the class doc); False while fewer than ``window + 1`` values are known."""
+        if len(potentials) <= self.window or len(accuracies) != len(potentials):
+            return False
+        before, now = float(potentials[-1 - self.window]), float(potentials[-1])
+        gained = float(accuracies[-1]) - float(accuracies[-1 - self.window])
+        return before - now < self.potential_tol * abs(before) and gained <= self.accuracy_tol
+
+
+@dataclass
 class Recipe:
     """SGD training recipe. ``lr`` per step; ``milestones`` in epochs (0-based epoch index at
-    which the multistep schedule multiplies the rate by ``gamma``)."""
+    which the multistep schedule multiplies the rate by ``gamma``). ``until_plateau``: train on past
+    ``epochs`` until the training potential and accuracy plateau (``Plateau``; off by default, and
+    then not part of the recipe's identity: ``identity``)."""
 
     epochs: int
     batch_size: int
@@ -86,18 +147,42 @@ class Recipe:
     milestones: List[int] = field(default_factory=list)
     gamma: float = 0.1
     fail_rule: FailRule = field(default_factory=FailRule)
+    until_plateau: Plateau = field(default_factory=Plateau)
 
     def __post_init__(self) -> None:
         self.schedule = Schedule(self.schedule)
         self.milestones = [int(m) for m in self.milestones]
         if isinstance(self.fail_rule, dict):
             self.fail_rule = FailRule(**self.fail_rule)
+        if isinstance(self.until_plateau, dict):
+            self.until_plateau = Plateau(**self.until_plateau)
         require(self.epochs >= 1, "epochs", self.epochs, "a positive integer")
         require(self.batch_size >= 1, "batch_size", self.batch_size, "a positive integer")
         require(math.isfinite(self.lr) and self.lr > 0, "lr", self.lr, "a positive number")
         require(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
         require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
         require(self.gamma > 0, "gamma", self.gamma, "a positive number")
+        require(not self.until_plateau.enabled or self.until_plateau.max_epochs >= self.epochs,
+                "until_plateau.max_epochs", self.until_plateau.max_epochs, f"at least epochs={self.epochs}")
+
+    @property
+    def max_epochs(self) -> int:
+        """The most epochs a run of this recipe trains: ``epochs``, or ``until_plateau.max_epochs`` when on."""
+        return self.until_plateau.max_epochs if self.until_plateau.enabled else self.epochs
+
+    def identity(self) -> Dict[str, Any]:
+        """The recipe as a dict of its fields (``dataclasses.asdict``), what a zoo checkpoint's
+        ``config_hash`` is computed from; ``until_plateau`` only when it is on, so that every
+        recipe without it keeps the hash it had before the option existed (stores and imported
+        zoos are keyed by it)."""
+        out = dataclasses.asdict(self)
+        if not self.until_plateau.enabled:
+            del out["until_plateau"]
+        return out
+
+    def without_plateau(self) -> "Recipe":
+        """This recipe with ``until_plateau`` off (what the methods' own trainings follow)."""
+        return self.replaced(until_plateau=Plateau()) if self.until_plateau.enabled else self
 
     def replaced(self, **changes: object) -> "Recipe":
         """A copy with ``changes`` applied (validated again)."""

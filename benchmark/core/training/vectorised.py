@@ -23,7 +23,10 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from benchmark.core.data import InMemoryImageDataset, as_in_memory, epoch_crop_offsets, in_memory_problem
-from benchmark.core.training.loop import NonFiniteError, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer
+from benchmark.core.training.loop import (
+    NonFiniteError, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer, plateau_problem,
+)
+from benchmark.core.training.potential import squared_norm, training_potential
 from benchmark.core.training.objective import EVAL_ELEMENTS, CrossEntropyObjective, StackedObjective
 from benchmark.core.training.recipe import Recipe
 from benchmark.core.training.stacked import NotStackableError, Params, stacked_networks
@@ -41,6 +44,8 @@ class _Lane:
     where: str
     generator: torch.Generator
     history: list[dict[str, float]] = field(default_factory=list)
+    potentials: list[float] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)
 
 
 def check_stackable(train: Dataset) -> InMemoryImageDataset:
@@ -151,6 +156,11 @@ def train_networks(
     the cross-entropy of the plain networks ``models``; another one, e.g. the vBNN's ELBO, brings its
     own parameters, losses and accuracies, and ``models`` then only give the architecture and
     device). Raises ``NotStackableError`` if the architecture or data cannot be stacked.
+
+    ``recipe.until_plateau``: each network trains on until it plateaus, as in ``train_network``; a
+    plateaued network leaves the stack at the end of that epoch (its outcome reported then), the
+    others go on unchanged (needs ``train_eval`` and an objective that measures the plain
+    network's fit, ``CrossEntropyObjective.fit``).
     """
     if not (len(models) == len(seeds) == len(where)) or not models:
         raise ValueError(f"train_networks: {len(models)} models, {len(seeds)} seeds and {len(where)} names; need as many of each (>= 1)")
@@ -159,6 +169,10 @@ def train_networks(
     stacked = stacked_networks(models[0], device, implementation)
     lanes = [_Lane(i, where[i], torch.Generator().manual_seed(int(seed))) for i, seed in enumerate(seeds)]
     objective = CrossEntropyObjective(stacked, models) if objective is None else objective
+    problem = plateau_problem(recipe, train_eval, callable(getattr(objective, "fit", None)))
+    if problem:
+        raise ValueError(f"train_networks: {problem}")
+    plateau = recipe.until_plateau if recipe.until_plateau.enabled else None
     stack = _Stack(objective, objective.initial(), recipe, lanes)
     dtype = next(iter(stack.params.values())).dtype
     outcomes: list[Outcome | None] = [None] * len(models)
@@ -168,16 +182,30 @@ def train_networks(
         if on_done is not None:
             on_done(lane.index, outcome)
 
-    def result(position: int, train_acc: float, test_acc: float, epochs: int, failure: str | None) -> TrainResult:
+    def result(position: int, train_acc: float, test_acc: float, epochs: int, failure: str | None,
+               plateaued: bool | None = None) -> TrainResult:
         lane = stack.lanes[position]
         return TrainResult(objective.result(stack.params, position, lane.index), train_acc, test_acc, epochs, failure,
-                           lane.history)
+                           lane.history, False if plateau is not None and plateaued is None else plateaued)
+
+    def finish_trained(positions: list[int], epochs: int, plateaued: bool | None) -> None:
+        """Report the networks at ``positions`` as trained to the end (``epochs`` run), judged by the end check."""
+        params, lanes_there = stack.params, stack.indices
+        if len(positions) < len(stack.lanes):  # some leave the stack (plateaued): only theirs evaluated
+            chosen = torch.tensor(positions, dtype=torch.long)
+            params = objective.select(stack.params, chosen.to(next(iter(stack.params.values())).device))
+            lanes_there = [stack.lanes[p].index for p in positions]
+        test = objective.accuracies(params, data.check, lanes_there).tolist()
+        train = (objective.accuracies(params, train_eval, lanes_there).tolist()
+                 if train_eval is not None else [math.nan] * len(positions))
+        for i, position in enumerate(positions):
+            finish(stack.lanes[position], result(position, train[i], test[i], epochs, rule.final_failure(test[i]), plateaued))
 
     n, rule = len(dataset), recipe.fail_rule
     source = stacked.source(dataset.images.to(dtype), device, dataset.codes)
     labels_on_device = dataset.labels.to(device)
     fused = getattr(objective, "loss_and_grads", None)
-    for epoch in range(recipe.epochs):
+    for epoch in range(recipe.max_epochs):
         if not stack.lanes:
             break
         for group in stack.optimizer.param_groups:
@@ -251,10 +279,21 @@ def train_networks(
                     failed.append(position)
             if failed:
                 stack.keep(torch.tensor([p not in failed for p in range(len(stack.lanes))], device="cpu"))
+        if plateau is not None and epoch + 1 >= plateau.first_measured(recipe.epochs) and stack.lanes:
+            nll, correct = objective.fit(stack.params, train_eval, stack.indices)
+            potential = training_potential(nll, squared_norm(stack.params, list(stack.params), objective.network_axis),
+                                           len(train_eval[1]), recipe.weight_decay).tolist()
+            plateaued = []
+            for position, (lane, u, right) in enumerate(zip(stack.lanes, potential, correct.tolist())):
+                lane.history[-1]["potential"] = u
+                lane.history[-1]["train_accuracy"] = right / max(1, len(train_eval[1]))
+                lane.potentials.append(u)
+                lane.accuracies.append(lane.history[-1]["train_accuracy"])
+                if epoch + 1 >= recipe.epochs and plateau.reached(lane.potentials, lane.accuracies):
+                    plateaued.append(position)
+            if plateaued:
+                finish_trained(plateaued, epoch + 1, True)
+                stack.keep(torch.tensor([p not in plateaued for p in range(len(stack.lanes))], device="cpu"))
     if stack.lanes:
-        test = objective.accuracies(stack.params, data.check, stack.indices).tolist()
-        train = (objective.accuracies(stack.params, train_eval, stack.indices).tolist()
-                 if train_eval is not None else [math.nan] * len(stack.lanes))
-        for position, lane in enumerate(stack.lanes):
-            finish(lane, result(position, train[position], test[position], recipe.epochs, rule.final_failure(test[position])))
+        finish_trained(list(range(len(stack.lanes))), recipe.max_epochs, None)
     return outcomes  # type: ignore[return-value]
