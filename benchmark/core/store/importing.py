@@ -343,7 +343,7 @@ def check_against(tensors: dict[str, torch.Tensor], reference: Mapping[str, torc
     the same keys (``fill_missing`` ones may come from ``reference``), the same shapes, finite.
     Returned in ``reference``'s key order; ``CheckpointError`` naming the file, key and shape."""
     missing = [k for k in reference if k not in tensors and not any(re.search(p, k) for p in mapping.fill_missing)]
-    extra = [k for k in tensors if k not in reference]
+    extra = sorted(k for k in tensors if k not in reference)  # sorted: the message names the same key every run
     if missing or extra:
         parts = []
         if missing:
