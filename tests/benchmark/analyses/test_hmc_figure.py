@@ -7,7 +7,7 @@ import pytest
 
 from benchmark.analyses import NotApplicableError, hmc, marginals
 from benchmark.experiment import Experiment
-from benchmark.reference import HMCReference, Reference
+from benchmark.references import HMCReference, Reference
 from benchmark.results import read_metrics
 from benchmark.stages import evaluate
 from tests.benchmark.hmc_store import OVERRIDES, fill
