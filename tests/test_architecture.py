@@ -39,7 +39,7 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("benchmark.baselines", ("benchmark.references", "benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
     ("benchmark.inventory", ("benchmark.design", *BASE, *COMPUTE)),
     ("benchmark.design", (*BASE, *COMPUTE)),  # the repetition design: positions, never the store
-    ("benchmark.references", ("benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
+    ("benchmark.references", ("benchmark.references", "benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
     ("benchmark.experiment", ("benchmark.config", *COMPUTE)),
     ("benchmark.config", COMPUTE),
     ("benchmark.results", COMPUTE),

@@ -293,7 +293,7 @@ def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], refer
         for unit in row_of:
             numbers.append(_numbers(exp, reference.against(unit), unit, full=unit == row_of[0]))
             bar.update()
-        row = _row(exp, method, row_label(exp, method, mode), mode, reference)
+        row = _row(exp, method, row_label(exp, method, mode), mode, reference.against(row_of[0]))
         row["ess"] = _mean_diagnostic(exp, row_of, "ess")
         row["stationary"] = _mean_diagnostic(exp, row_of, "stationary")
         out.append(combine(row, numbers))
