@@ -31,7 +31,7 @@ benchmark: $(STAMP)
 # Full-batch HMC as a second reference (issue 19; docs/hmc.md): make benchmark's run, then
 # HMC's multi-mode chains (the HMC reference) in $(JOBS) sample jobs that share the units' chains under
 # claims (the zoo.shard sweep only starts $(JOBS) identical jobs; the sample stage does not read it), then
-# every stage again scoring against the zoo and HMC (reference=hmc): metrics_hmc.csv, table_hmc.md, the
+# every stage again scoring against the zoo and HMC (reference=hmc): metrics.csv rows with reference=hmc, table_hmc.md, the
 # HMC claims of findings.md, figures/hmc*.png. Nothing already in the store is redone.
 hmc: benchmark
 	$(HYDRA_MULTI) stage=sample method=hmc mode=multi zoo.num_shards=$(JOBS) 'zoo.shard=range($(JOBS))'

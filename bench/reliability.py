@@ -413,7 +413,7 @@ def scenario_code_change_between_evaluates(work: Path) -> tuple[bool, str]:
     checksum; metrics.csv the same each time."""
     import json
 
-    import benchmark.reference as reference
+    import benchmark.references.zoo as reference
     from benchmark.stages import evaluate
 
     exp = _tiny_experiment(work)
@@ -519,7 +519,7 @@ def scenario_spec_edit_rebuilds_the_forms(work: Path) -> tuple[bool, str]:
     aligned caches must be rebuilt (issue 30, item 1)."""
     import benchmark.core.fingerprint as fingerprint
     from benchmark.core.store import read_metadata
-    from benchmark.reference import Reference
+    from benchmark.references import Reference
 
     exp = _tiny_experiment(work)
     Reference(exp).canonical(), Reference(exp).aligned()
@@ -585,11 +585,11 @@ def scenario_damaged_streamed_cache(work: Path) -> tuple[bool, str]:
     lines: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
-    logging.getLogger("benchmark.reference").addHandler(handler)
+    logging.getLogger("benchmark.references.zoo").addHandler(handler)
     try:
         second = evaluate.run(exp)
     finally:
-        logging.getLogger("benchmark.reference").removeHandler(handler)
+        logging.getLogger("benchmark.references.zoo").removeHandler(handler)
     named = sum(any(str(p) in line for line in lines) for p in damaged)
     sound = all(check_file(p) is not None for p in damaged)
     same = first.equals(second)

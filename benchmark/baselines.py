@@ -36,7 +36,7 @@ from benchmark.config import BaselineChoice
 from benchmark.experiment import Experiment
 from benchmark.design import Design
 from benchmark.inventory import converged
-from benchmark.reference import Reference
+from benchmark.references.zoo import Reference
 
 BASELINE_MODE = "baseline"
 """The metrics.csv ``mode`` (table group) of the baseline rows."""

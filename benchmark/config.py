@@ -96,13 +96,25 @@ class BaselineChoice(str, Enum):
     second_zoo = "second_zoo"
 
 
-class ReferenceChoice(str, Enum):
-    """What the evaluate and report stages score against: the zoo (the paper's reference), or the
-    zoo and full-batch HMC's draws (``hmc``: ``metrics_hmc.csv``, ``table_hmc.md``, the HMC claims
-    of ``findings.md``, ``analysis=hmc``; needs ``method=hmc mode=multi`` in the store)."""
+@dataclass
+class ReferenceConfig:
+    """What the evaluate stage scores against besides the zoo (always evaluated: Table 1), chosen
+    with ``reference=<name>`` (the config group ``conf/reference/``: one yaml per reference of
+    ``benchmark.references``). ``name``: ``zoo`` (only the zoo), ``hmc`` (also full-batch HMC's
+    draws: ``table_hmc.md``, the HMC claims of ``findings.md``, ``analysis=hmc``; needs
+    ``method=hmc mode=multi`` in the store) or ``other_zoo`` (also another store's zoo). Read by
+    ``other_zoo`` only: ``store`` (the other store's root; null: this run's), ``experiment`` (the
+    experiment its checkpoints were written under; null: this run's), ``seeds`` (their reference
+    range ``[start, stop)``; null: this run's ``seeds.reference``)."""
 
-    zoo = "zoo"
-    hmc = "hmc"
+    name: str = "zoo"
+    store: Optional[str] = None
+    experiment: Optional[str] = None
+    seeds: Optional[List[int]] = None
+
+    def __post_init__(self) -> None:
+        require(bool(str(self.name).strip()), "name", self.name, "a registered reference (conf/reference/<name>.yaml)")
+        require(self.seeds is None or len(self.seeds) == 2, "seeds", self.seeds, "null or [start, stop)")
 
 
 class ZooRange(str, Enum):
@@ -611,8 +623,8 @@ class Config:
     convolutions); ``threads``
     (torch threads per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead
     of one-line errors); ``method`` and ``mode`` (what the sample stage runs); ``analysis`` (what
-    the analyze stage draws); ``reference`` (``ReferenceChoice``: what evaluate and report score
-    against, the zoo or also HMC); then the nodes typed above: ``seeds``, ``zoo``, ``sample``,
+    the analyze stage draws); ``reference`` (``ReferenceConfig``: what evaluate and report score
+    against besides the zoo, ``conf/reference/``); then the nodes typed above: ``seeds``, ``zoo``, ``sample``,
     ``evaluate``, ``analyze``, ``external``, ``verify``, ``claims`` (cross-node claims on units of
     work), ``dataset``, ``model``, ``train`` (the ``Recipe``), ``cluster``, ``methods`` (one node
     per registered method) and ``zoo_import`` (``stage=import``).
@@ -633,7 +645,7 @@ class Config:
     method: MethodChoice = MethodChoice["all"]
     mode: ModeChoice = ModeChoice.both
     analysis: Analysis = Analysis.all
-    reference: ReferenceChoice = ReferenceChoice.zoo
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     seeds: SeedsConfig = field(default_factory=SeedsConfig)
     zoo: ZooConfig = field(default_factory=ZooConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)

@@ -1,7 +1,7 @@
 """``results/<experiment>/metrics.csv``: the one schema of a result row, written by the
 evaluate stage and read by the report.
 
-One row per (experiment, method, mode). Labels are the display names the tables print (the
+One row per (experiment, method, mode, reference). Labels are the display names the tables print (the
 experiment's ``display_name``, the method's ``label``), so a report can be rendered from the
 CSV files alone. Values are raw: fractions for accuracy, ECE, AUPR, FPR95; MMD^2 unitless; MI in
 nats; NaN where a metric does not apply. Each value is the mean over ``n_repetitions``
@@ -41,15 +41,19 @@ alone (``metrics.mmd.reference_bandwidths``), so that rows are on one scale. Onl
 is whether that ranking depends on per-row bandwidths.
 
 ``results/<experiment>/repetitions.csv``: the numbers behind each metrics.csv row, one row per
-(experiment, method, mode, repetition): the repetition's base seeds (space-separated, empty when
+(experiment, method, mode, reference, repetition): the repetition's base seeds (space-separated, empty when
 unknown, e.g. an external sample set), its status, every measured column, ``<column>_ref_sd``
 for the MMD columns (the reference zoo's standard error from its halves; first repetition only,
 NaN elsewhere) and the test columns. The paired comparisons of the findings read it.
 
-``metrics_hmc.csv`` and ``repetitions_hmc.csv`` (``reference=hmc``): the same schemas, every row
-scored against full-batch HMC's draws instead of the zoo (``n_reference``: the pooled HMC draws;
-``agreement``/``tv``: against HMC's predictive; no WM columns), plus a ``zoo`` row: blocks of
-``sample.per_method`` reference checkpoints scored as a method would be (``metrics_path``).
+``reference``: what the row was scored against (``benchmark.references``): ``zoo`` (every run: the
+rows of the tables and the findings), ``hmc`` (``reference=hmc``: full-batch HMC's draws;
+``n_reference``: the pooled HMC draws; ``agreement``/``tv``: against HMC's predictive; no WM
+columns; plus a ``zoo`` row: blocks of ``sample.per_method`` reference checkpoints scored as a
+method would be), or another registered reference; a row is keyed by (experiment, method, mode,
+reference), in both files. ``rows_against`` selects one reference's rows. The per-reference files
+of older runs (``LEGACY_FILES``: ``metrics_hmc.csv``, ``repetitions_hmc.csv``) are no longer
+written; the evaluate stage removes them.
 """
 from __future__ import annotations
 
@@ -65,8 +69,8 @@ from benchmark.core.store import MODES, atomic_path
 STATUSES = ("ok", "failed")
 RESULT_MODES = (*MODES, "baseline")
 """A row's ``mode``: a method's (``one``, ``multi``) or ``baseline`` (a reference row, ``benchmark.baselines``)."""
-KEY_COLUMNS = ["experiment", "method", "mode"]
-TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "status", "reason", "ns_steps",
+KEY_COLUMNS = ["experiment", "method", "mode", "reference"]
+TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "reference", "status", "reason", "ns_steps",
                 "wm_anchor", "reference_config_hash", "reference_recipe"]
 COUNT_COLUMNS = ["n_samples", "n_repetitions", "n_reference", "ess", "stationary"]
 REFERENCE_COLUMNS = ["reference_potential_p05", "reference_potential_median", "reference_potential_p95",
@@ -80,14 +84,26 @@ MEASURED = MMD_COLUMNS + METRIC_COLUMNS  # the columns that get an interval
 TEST_COLUMNS = ["mmd_reject", "ns_mmd_reject"]
 
 
-def metrics_path(results_dir: Path, reference: str = "zoo") -> Path:
-    """Where the rows scored against ``reference`` go: ``metrics.csv`` (the zoo) or ``metrics_<reference>.csv``."""
-    return Path(results_dir) / ("metrics.csv" if reference == "zoo" else f"metrics_{reference}.csv")
+LEGACY_FILES = ("metrics_hmc.csv", "repetitions_hmc.csv")
+"""The per-reference files older runs wrote beside metrics.csv (now rows with ``reference`` = ``hmc``)."""
 
 
-def repetitions_path(results_dir: Path, reference: str = "zoo") -> Path:
-    """The per-repetition numbers beside ``metrics_path``: ``repetitions.csv`` or ``repetitions_<reference>.csv``."""
-    return Path(results_dir) / ("repetitions.csv" if reference == "zoo" else f"repetitions_{reference}.csv")
+def metrics_path(results_dir: Path) -> Path:
+    """``results/<experiment>/metrics.csv``: every row against every evaluated reference."""
+    return Path(results_dir) / "metrics.csv"
+
+
+def repetitions_path(results_dir: Path) -> Path:
+    """The per-repetition numbers beside ``metrics_path``: ``repetitions.csv``."""
+    return Path(results_dir) / "repetitions.csv"
+
+
+def rows_against(frame: pd.DataFrame, reference: str) -> pd.DataFrame:
+    """The rows of a metrics or repetitions frame scored against ``reference`` (its ``reference``
+    column), index reset; empty when there are none."""
+    if "reference" not in frame.columns:
+        raise ValueError(f"rows_against: the frame has no 'reference' column (columns: {list(frame.columns)[:8]} ...)")
+    return frame[frame["reference"] == reference].reset_index(drop=True)
 
 
 def half_width(column: str) -> str:
@@ -104,8 +120,9 @@ COLUMNS: list[str] = TEXT_COLUMNS + COUNT_COLUMNS + REFERENCE_COLUMNS + MEASURED
 VALUE_COLUMNS = [c for c in COLUMNS if c not in TEXT_COLUMNS]
 
 REPETITION_KEY_COLUMNS = KEY_COLUMNS + ["repetition"]
-REPETITION_TEXT_COLUMNS = ["experiment", "method", "mode", "status", "reason", "base_seeds"]
-REPETITION_COLUMNS: list[str] = (["experiment", "method", "mode", "repetition", "status", "reason", "base_seeds", "n_samples"]
+REPETITION_TEXT_COLUMNS = ["experiment", "method", "mode", "reference", "status", "reason", "base_seeds"]
+REPETITION_COLUMNS: list[str] = (["experiment", "method", "mode", "reference", "repetition", "status", "reason", "base_seeds",
+                                  "n_samples"]
                                  + MEASURED + [reference_sd(c) for c in MMD_COLUMNS] + TEST_COLUMNS)
 REPETITION_VALUE_COLUMNS = [c for c in REPETITION_COLUMNS if c not in REPETITION_TEXT_COLUMNS + ["repetition"]]
 
@@ -117,8 +134,9 @@ def write_metrics(rows: list[dict], path: Path) -> pd.DataFrame:
 
 
 def check_metrics(frame: pd.DataFrame, source: str = "metrics.csv") -> pd.DataFrame:
-    """Validate a metrics frame (columns, statuses, modes, unique keys, numeric values); return
-    it with typed columns. Errors name ``source`` and the column."""
+    """Validate a metrics frame (columns, among them ``reference``; statuses, modes, references
+    named, unique (experiment, method, mode, reference) keys, numeric values); return it with typed
+    columns. Errors name ``source`` and the column."""
     if isinstance(frame, pd.DataFrame):  # columns added later: NaN in older files
         frame = frame.assign(**{c: math.nan for c in ADDED_COLUMNS if c not in frame.columns},
                              **{c: "" for c in ADDED_TEXT_COLUMNS if c not in frame.columns})
@@ -134,7 +152,7 @@ def repetition_rows(row: Mapping[str, Any], numbers: Sequence[Mapping[str, Any]]
                     base_seeds: Sequence[Sequence[int] | None]) -> list[dict[str, Any]]:
     """The repetitions.csv rows of one (method, mode) unit.
 
-    ``row``: holds the unit's ``experiment``, ``method`` and ``mode`` (the metrics.csv row's keys);
+    ``row``: holds the unit's ``experiment``, ``method``, ``mode`` and ``reference`` (the metrics.csv row's keys);
     ``numbers[i]``: the numbers of repetition ``repetitions[i]`` as the evaluate stage computes
     them (``{"failed": reason}`` for an unusable one; keys outside ``REPETITION_COLUMNS`` are
     ignored, missing ones become NaN); ``base_seeds[i]``: its base seeds (``None``: unknown).
@@ -146,7 +164,7 @@ def repetition_rows(row: Mapping[str, Any], numbers: Sequence[Mapping[str, Any]]
     for values, repetition, seeds in zip(numbers, repetitions, base_seeds):
         failed = "failed" in values
         out.append({"experiment": row["experiment"], "method": row["method"], "mode": row["mode"],
-                    "repetition": int(repetition), "status": "failed" if failed else "ok",
+                    "reference": row["reference"], "repetition": int(repetition), "status": "failed" if failed else "ok",
                     "reason": str(values["failed"]) if failed else "",
                     "base_seeds": " ".join(str(int(s)) for s in seeds) if seeds is not None else "",
                     **{c: values[c] for c in REPETITION_VALUE_COLUMNS if c in values}})
@@ -167,8 +185,8 @@ def write_repetitions(rows: list[dict], path: Path) -> pd.DataFrame:
 
 
 def check_repetitions(frame: pd.DataFrame, source: str = "repetitions.csv") -> pd.DataFrame:
-    """Validate a repetitions frame (columns, statuses, modes, repetition numbers >= 0, base seeds,
-    unique (experiment, method, mode, repetition) keys, numeric values); return it with typed
+    """Validate a repetitions frame (columns, statuses, modes, references named, repetition numbers
+    >= 0, base seeds, unique (experiment, method, mode, reference, repetition) keys, numeric values); return it with typed
     columns (``repetition`` int64). Errors name ``source`` and the column."""
     if isinstance(frame, pd.DataFrame) and "repetition" in frame.columns:
         numbers = pd.to_numeric(frame["repetition"], errors="coerce")
@@ -217,6 +235,10 @@ def _check(frame: pd.DataFrame, source: str, columns: list[str], text: list[str]
         bad = sorted(set(frame[column]) - set(allowed))
         if bad:
             raise ValueError(f"{source}: column {column!r} expects values in {list(allowed)}, got {bad}")
+    unnamed = frame["reference"].str.strip() == ""
+    if unnamed.any():
+        raise ValueError(f"{source}: column 'reference' expects the name of what each row was scored against "
+                         f"(e.g. 'zoo', 'hmc'), got an empty value in {int(unnamed.sum())} row(s)")
     duplicated = frame.duplicated(keys, keep=False)
     if duplicated.any():
         found = frame.loc[duplicated, keys].drop_duplicates()

@@ -1,7 +1,7 @@
 """Score weight samples from Python: ``from benchmark import score``.
 
 ``score(samples, reference, model=..., data=...)`` gives one row of the tables for one
-repetition, computed as the evaluate stage computes it (``benchmark.reference.Reference.score``)
+repetition, computed as the evaluate stage computes it (``benchmark.references.Reference.score``)
 but on sample sets in memory: raw MMD and NS MMD (MMDAgg's 20 kernels per layer, median / mean /
 max, the mean over layers weighted by parameter count; ``metrics.mmd.mmd``) after removing the
 symmetries (``metrics.symmetries.canonicalize``; by default scaling then permutation, as the
@@ -31,7 +31,7 @@ from benchmark.config import EvaluateConfig, compose_config
 from benchmark.core.models import build_model, predict_with_weights
 from benchmark.core.store import load_sample_set, stack_state_dicts, validate_tensors
 from benchmark.experiment import Experiment
-from benchmark.reference import SUMMARIES, Reference
+from benchmark.references.zoo import SUMMARIES, Reference
 from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model

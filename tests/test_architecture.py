@@ -21,7 +21,7 @@ CORE = ("benchmark.core",)
 METRICS = ("metrics", *CORE)  # metrics import only themselves; listed with core for the rules below
 COMPUTE = ("methods", "metrics", *CORE)
 BASE = ("benchmark.experiment", "benchmark.config", "benchmark.results")
-QUERY = ("benchmark.inventory", "benchmark.reference", "benchmark.baselines", "benchmark.design")
+QUERY = ("benchmark.inventory", "benchmark.references", "benchmark.baselines", "benchmark.design")
 CONFIG_LIBRARIES = ("hydra", "omegaconf")
 CONFIG_READERS = ("benchmark.cli", "benchmark.config", "benchmark.experiment", "tests", "bench", "studies")
 
@@ -31,15 +31,15 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("bench", tuple(p for p in PROJECT if p not in ("tests", "studies"))),
     ("studies", tuple(p for p in PROJECT if p not in ("tests", "studies"))),  # research scripts: nothing imports them
     ("benchmark.__main__", ("benchmark.cli",)),
-    ("benchmark.scoring", ("benchmark.reference", *BASE, *COMPUTE)),  # from benchmark import score
+    ("benchmark.scoring", ("benchmark.references", *BASE, *COMPUTE)),  # from benchmark import score
     ("benchmark.cli", ("benchmark.stages", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.stages", ("benchmark.stages", "benchmark.report", "benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.report", ("benchmark.report", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.analyses", ("benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
-    ("benchmark.baselines", ("benchmark.reference", "benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
+    ("benchmark.baselines", ("benchmark.references", "benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
     ("benchmark.inventory", ("benchmark.design", *BASE, *COMPUTE)),
     ("benchmark.design", (*BASE, *COMPUTE)),  # the repetition design: positions, never the store
-    ("benchmark.reference", ("benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
+    ("benchmark.references", ("benchmark.references", "benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
     ("benchmark.experiment", ("benchmark.config", *COMPUTE)),
     ("benchmark.config", COMPUTE),
     ("benchmark.results", COMPUTE),
@@ -173,7 +173,7 @@ def test_no_package_imports_itself_through_others():
 def test_this_test_sees_the_arrows():
     """A guard against a scanner that finds nothing: known arrows of each layer are seen."""
     assert "benchmark.core.store" in MODULES["methods.base"]
-    assert "metrics.mmd" in MODULES["benchmark.reference"]
+    assert "metrics.mmd" in MODULES["benchmark.references.zoo"]
     assert "benchmark.stages.zoo" in MODULES["benchmark.stages"]
     assert "benchmark.inventory" in MODULES["benchmark.stages.evaluate"]
     assert any(_within(m, ("benchmark",)) for m in MODULES["tests.conftest"])

@@ -1,9 +1,9 @@
 """``analysis=hmc`` (``reference=hmc``, issue 19): the zoo next to full-batch HMC. ``hmc``: per layer,
 the marginal distribution of the weights of the zoo, of HMC's pooled draws (the HMC reference,
-``benchmark.reference.HMCReference``) and of the approximate method closest to HMC (lowest NS MMD
-to HMC in metrics_hmc.csv, first repetition), raw and symmetry-free (the NS MMD column's form).
+``benchmark.references.HMCReference``) and of the approximate method closest to HMC (lowest NS MMD
+to HMC among metrics.csv's rows with ``reference`` = ``hmc``, first repetition), raw and symmetry-free (the NS MMD column's form).
 ``hmc_agreement``: each row's predictive agreement with HMC's predictive against its NS MMD to the
-zoo, with both error bars (metrics_hmc.csv and metrics.csv): whether being close to the zoo in
+zoo, with both error bars (metrics.csv's rows against HMC and against the zoo): whether being close to the zoo in
 weight space goes with predicting like HMC.
 
 Histograms as ``analysis=marginals`` draws them (``benchmark.analyses.marginals``: the same bins
@@ -23,12 +23,11 @@ from matplotlib.lines import Line2D
 from benchmark.analyses.figures import COLUMN_WIDTH, PALETTE, legend_layout, new_figure, save_figure, style
 from benchmark.analyses.inputs import NotApplicableError, figures_dir, first_repetition, require_reference, require_samples
 from benchmark.analyses.marginals import FORMS, Layers, ZooLayers, bin_edges, draw_histograms, histogram, shown_layers
-from benchmark.config import ReferenceChoice
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, require_inputs, row_label
 from benchmark.baselines import BASELINE_MODE
-from benchmark.reference import HMC_ROW, REFERENCE_METHODS, HMCReference, hmc_reference_problem
-from benchmark.results import half_width, metrics_path, read_metrics
+from benchmark.references import HMC_ROW, REFERENCE_METHODS, ZOO, HMCReference, evaluated
+from benchmark.results import half_width, metrics_path, read_metrics, rows_against
 from methods.hmc import stochastic_layers
 from metrics.symmetries import canonicalize
 
@@ -40,7 +39,7 @@ TITLE = "The zoo next to full-batch HMC: marginals per layer, and agreement with
 
 def applies(exp: Experiment) -> None:
     """Applies with ``reference=hmc`` to a model whose likelihood is a fixed function of its weights."""
-    if exp.config.reference != ReferenceChoice.hmc:
+    if HMCReference.name not in evaluated(exp):
         raise NotApplicableError("drawn with reference=hmc (make hmc), which scores every row against full-batch HMC")
     problems = stochastic_layers(exp.model())
     if problems:
@@ -54,12 +53,12 @@ def needs(exp: Experiment) -> frozenset[str]:
 def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
     """Needs the zoo, HMC's multi-mode units and both metrics files (unless earlier stages of this run make them)."""
     require_inputs(exp, needs(exp) - made, f"analysis={NAME}")
-    if "samples" not in made and (problem := hmc_reference_problem(exp)) is not None:
+    if "samples" not in made and (problem := HMCReference.problem(exp)) is not None:
         raise MissingInputsError(f"analysis={NAME} needs {problem}")
-    path = metrics_path(exp.results_dir, ReferenceChoice.hmc.value)
-    if "metrics" not in made and not path.is_file():
-        raise MissingInputsError(f"analysis={NAME} needs {path}; run python -m benchmark stage=evaluate "
-                                 f"experiment={exp.name} reference=hmc first")
+    path = metrics_path(exp.results_dir)
+    if "metrics" not in made and (not path.is_file() or rows_against(read_metrics(path), HMCReference.name).empty):
+        raise MissingInputsError(f"analysis={NAME} needs the rows of {path} with reference={HMCReference.name}; run "
+                                 f"python -m benchmark stage=evaluate experiment={exp.name} reference=hmc first")
 
 
 def closest(hmc: pd.DataFrame) -> tuple[str, str] | None:
@@ -77,8 +76,13 @@ def run(exp: Experiment) -> list[Path]:
     """The two figures (see the module doc)."""
     require_reference(exp, NAME)
     require_samples(exp, NAME)
-    zoo_frame = read_metrics(metrics_path(exp.results_dir))
-    hmc_frame = read_metrics(metrics_path(exp.results_dir, ReferenceChoice.hmc.value))
+    return draw(exp, read_metrics(metrics_path(exp.results_dir)))
+
+
+def draw(exp: Experiment, metrics: pd.DataFrame, reference: str = HMCReference.name) -> list[Path]:
+    """The two figures from ``metrics`` (metrics.csv's frame: its rows against the zoo and against
+    ``reference``, full-batch HMC's draws); their paths."""
+    zoo_frame, hmc_frame = rows_against(metrics, ZOO), rows_against(metrics, reference)
     written = draw_marginals(exp, closest(hmc_frame))
     return written + draw_agreement(exp, zoo_frame, hmc_frame)
 
@@ -160,11 +164,11 @@ def _label(exp: Experiment, method: str, mode: str) -> str:
 CAPTION = (
     "hmc: the marginal distribution of each layer's weights (pooled over units and networks) of the reference zoo "
     "(grey), of full-batch HMC's pooled draws (the HMC reference: every chain of the HMC multi-mode units, all "
-    "repetitions; solid) and of the approximate method closest to HMC (lowest NS MMD to HMC in metrics_hmc.csv, its "
+    "repetitions; solid) and of the approximate method closest to HMC (lowest NS MMD to HMC in metrics.csv, its "
     "first repetition; dashed), raw and in the symmetry-free form of the NS MMD column; bins and subsample as in "
     "marginals (hmc.csv: every layer's densities). hmc_agreement: each row's agreement with HMC's predictive (the "
     "fraction of ID test inputs where the argmax of its predictive equals that of the mean of HMC's draws; HMC's own "
     "row against the other repetitions' chains) against its NS MMD to the zoo, x100 with the 95% half-widths of "
-    "metrics_hmc.csv and metrics.csv (one colour per method, circles multi-mode, squares one-mode; the zoo's own row, at distance 0 from "
+    "metrics.csv's rows against HMC and against the zoo (one colour per method, circles multi-mode, squares one-mode; the zoo's own row, at distance 0 from "
     "itself by definition, is not drawn: Deep Ensembles are its stand-in)."
 )

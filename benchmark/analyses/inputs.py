@@ -8,7 +8,7 @@ import torch
 from benchmark.core.store import load_sample_set, validate_tensors
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, available_rows, reference_seeds, require_inputs
-from benchmark.reference import Reference
+from benchmark.references import Reference
 
 __all__ = ["MissingInputsError", "NotApplicableError", "figures_dir", "first_repetition", "reference",
            "require_reference", "require_samples"]
@@ -38,7 +38,7 @@ def require_samples(exp: Experiment, analysis: str) -> list[tuple[str, str]]:
 
 
 def reference(exp: Experiment) -> Reference:
-    """The reference zoo with its cached forms (``benchmark.reference``), shared with the evaluate stage."""
+    """The reference zoo with its cached forms (``benchmark.references``), shared with the evaluate stage."""
     return Reference(exp)
 
 

@@ -41,7 +41,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 """Where the project's packages are read from (the repository; tests point it at an edited copy)."""
 COMPUTATIONAL = ("metrics", "methods", "benchmark.core")  # packages whose code computes results
 SOURCE_PACKAGES = ("metrics", "methods", "benchmark.core", "benchmark.config", "benchmark.experiment",
-                   "benchmark.inventory", "benchmark.reference", "benchmark.baselines", "benchmark.design")
+                   "benchmark.inventory", "benchmark.references", "benchmark.baselines", "benchmark.design")
 """The whole computational source: what ``source_fingerprint`` (the cheap caches' key) hashes."""
 LIBRARIES = ("torch", "torchvision", "numpy", "scipy", "safetensors", "laplace-torch", "blitz-bayesian-pytorch",
              "cvxpy", "numba")

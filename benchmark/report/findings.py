@@ -36,7 +36,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from benchmark.reference import REFERENCE_METHODS, ZOO_ROW
+from benchmark.references import REFERENCE_METHODS, ZOO_ROW
 from benchmark.report.hmc import RANKED_COLUMNS, agreement
 from benchmark.report.tables import variant_notes
 from benchmark.results import check_metrics, check_repetitions, half_width, parse_base_seeds
@@ -120,7 +120,7 @@ def seed_claims(rows: set[tuple[str, str]]) -> list[Claim]:
 
 
 def hmc_claims(rows: set[tuple[str, str]]) -> list[Claim]:
-    """Against HMC (the rows of metrics_hmc.csv): the zoo's row has a lower MMD and NS MMD than every
+    """Against HMC (metrics.csv's rows with ``reference`` = ``hmc``): the zoo's row has a lower MMD and NS MMD than every
     one-mode row of the paper's methods."""
     one = sorted(r for r in rows if r[1] == "one" and r[0] not in REFERENCE_METHODS)
     return [claim for claim in [
@@ -277,8 +277,8 @@ def render(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float = ALPHA,
     """findings.md for the rows of one experiment's metrics frame (``df``, metrics.csv) and their
     repetitions (``repetitions``, repetitions.csv: every repetition of every row that did not
     fail); with vBNN rows, a closing note on how to read them
-    (``tables.variant_notes``); with ``hmc`` (metrics_hmc.csv and repetitions_hmc.csv:
-    ``reference=hmc``), the claims about the two references (``hmc_claims``, Kendall's tau).
+    (``tables.variant_notes``); with ``hmc`` (the rows of metrics.csv and repetitions.csv with
+    ``reference`` = ``hmc``: ``reference=hmc``), the claims about the two references (``hmc_claims``, Kendall's tau).
     Raises ``ValueError`` when a row's repetitions are missing."""
     frame, per_row, failed = _ok_rows(df, repetitions)
     experiment = frame["experiment_label"].iloc[0] if len(frame) else ""
@@ -359,7 +359,8 @@ def _hmc_sections(zoo: pd.DataFrame, zoo_repetitions: pd.DataFrame, hmc_metrics:
     against HMC, then Kendall's tau between the rankings under the zoo and under HMC."""
     frame, per_row, _ = _ok_rows(hmc_metrics, hmc_repetitions)
     lines = ["## Against full-batch HMC (reference=hmc)", "",
-             "Every row was also scored against full-batch HMC's draws (metrics_hmc.csv, table_hmc.md); the zoo's "
+             "Every row was also scored against full-batch HMC's draws (metrics.csv's rows with reference=hmc, "
+             "table_hmc.md); the zoo's "
              "row there is blocks of reference checkpoints of a method's sample size. The tests are those above, on "
              "the rows scored against HMC.", ""]
     for claim in hmc_claims(set(frame.index)):

@@ -2,8 +2,9 @@
 to its distance to full-batch HMC, with error bars, its rank under each reference, its predictive's
 agreement and total variation with HMC's (the NeurIPS 2021 competition's scores), one row for the zoo
 scored against HMC and one for HMC scored against the zoo; then the convergence of every HMC chain
-group. Built from the two metrics frames (``metrics.csv``: against the zoo; ``metrics_hmc.csv``:
-against HMC; ``benchmark.results``) and, for the convergence, the HMC units' metadata.
+group. Built from the rows of ``metrics.csv`` against the zoo and those against HMC (its
+``reference`` column; ``benchmark.results.rows_against``) and, for the convergence, the HMC units'
+metadata.
 
 Ranks and Kendall's tau (``agreement``) are over the approximate methods: every row but HMC's own
 and the zoo's (the two references), the baselines (``benchmark.baselines``: shown, never ranked),
@@ -23,9 +24,9 @@ from benchmark.design import Design
 from benchmark.core.store import SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import row_units
-from benchmark.reference import HMC_ROW, REFERENCE_METHODS, ZOO_ROW, HMCReference
+from benchmark.references import HMC_ROW, REFERENCE_METHODS, ZOO, ZOO_ROW, HMCReference
 from benchmark.report.tables import GROUP_LABELS, INDEX_NAMES, MISSING, display_cells, render_csv, render_markdown
-from benchmark.results import check_metrics, check_repetitions, half_width
+from benchmark.results import check_metrics, check_repetitions, half_width, rows_against
 from methods import method_names
 from methods.hmc import start_seed
 from metrics.kendall import RankAgreement, rank_agreement
@@ -298,9 +299,15 @@ def render_convergence(frame: pd.DataFrame) -> str:
     )
 
 
-def write(exp: Experiment, zoo: pd.DataFrame, hmc: pd.DataFrame, out_dir: Path) -> list[Path]:
+def write(exp: Experiment, metrics: pd.DataFrame, out_dir: Path, reference: str = HMCReference.name) -> list[Path]:
     """Write ``table_hmc.md`` (table, caption, failure notes, convergence) and ``table_hmc.csv``
-    (numbers with separate ± columns) into ``out_dir``; return their paths."""
+    (numbers with separate ± columns) into ``out_dir`` from ``metrics`` (metrics.csv's frame: the
+    rows against the zoo and those against ``reference``, HMC's draws); return their paths.
+    ``ValueError`` naming the reference when ``metrics`` holds none of its rows."""
+    zoo, hmc = rows_against(metrics, ZOO), rows_against(metrics, reference)
+    if hmc.empty:
+        raise ValueError(f"table_hmc: metrics.csv holds no row with reference={reference}; run python -m benchmark "
+                         f"stage=evaluate experiment={exp.name} reference={reference}")
     settings = exp.config.methods.hmc
     design = Design.of(exp)
     chains = design.modes_multi

@@ -14,7 +14,7 @@ Every stage module follows one protocol (the analyses follow it too):
   writes atomically.
 
 What two stages share (what the store holds and whether it is usable, the reference zoo and its
-caches) lives under them, in ``benchmark.inventory`` and ``benchmark.reference``.
+caches) lives under them, in ``benchmark.inventory`` and ``benchmark.references``.
 """
 from __future__ import annotations
 

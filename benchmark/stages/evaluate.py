@@ -24,7 +24,7 @@ the same recipe) are drawn and scored the same way over ``evaluate.baseline_repe
 repetitions, as rows of mode ``baseline`` (cached in ``eval/baseline_<name>_r<k>.json``); every row
 carries what the zoo is (``Reference.description``: the spread of its training potential).
 
-The reference and its forms are cached by ``benchmark.reference``; each repetition's numbers are
+The reference and its forms are cached by ``benchmark.references``; each repetition's numbers are
 cached in ``store/<experiment>/eval/``, keyed by the files they were computed from, the reference's
 caches, the settings and the scoring code (``Reference.numbers_key``), so a second run recomputes
 nothing and a fix in the scoring code recomputes everything. A damaged reference checkpoint stops
@@ -32,12 +32,16 @@ the stage with one error naming the files and the command that heals the zoo, ne
 failed rows. Damaged caches (a number cache or a reference form: NaN, bit flip, truncation, a
 directory or a dangling symlink in its place) are named and recomputed.
 
-``reference=hmc`` scores every row a second time, against full-batch HMC's draws
-(``benchmark.reference.HMCReference``: the chains of every repetition of ``hmc``/``multi``,
-pooled; an HMC repetition against the other repetitions' chains only), with the same machinery,
-into ``metrics_hmc.csv`` and ``repetitions_hmc.csv`` (``benchmark.results``), plus one row for the
-zoo itself: repetition k is the k-th block of ``sample.per_method`` converged reference
-checkpoints (in seed order), scored against HMC as a method's samples would be.
+``reference=<name>`` (``benchmark.references``, ``conf/reference/<name>.yaml``) scores every row a
+second time, against that reference, with the same machinery: ``hmc``, full-batch HMC's draws
+(``HMCReference``: the chains of every repetition of ``hmc``/``multi``, pooled; an HMC repetition
+against the other repetitions' chains only), plus one row for the zoo itself (``scores_zoo``:
+repetition k is the k-th block of ``sample.per_method`` converged reference checkpoints, in seed
+order, scored as a method's samples would be); ``other_zoo``, another store's zoo. Every row against
+every reference goes to the one ``metrics.csv`` and ``repetitions.csv``, told apart by their
+``reference`` column (``benchmark.results``). The per-reference files of older runs
+(``results.LEGACY_FILES``: ``metrics_hmc.csv``, ``repetitions_hmc.csv``) are removed, with one log
+line, so that no stale table is read beside the new rows.
 """
 from __future__ import annotations
 
@@ -52,7 +56,7 @@ import torch
 from tqdm.auto import tqdm
 
 from benchmark.baselines import BASELINE_MODE, BASELINES, baseline_samples, second_zoo_seeds
-from benchmark.config import BaselineChoice, ReferenceChoice
+from benchmark.config import BaselineChoice
 from benchmark.core.fingerprint import stable_hash
 from benchmark.core.models import predict_with_weights
 from benchmark.design import Design
@@ -65,9 +69,10 @@ from benchmark.inventory import (
     MissingInputsError, ReferenceRecipe, StaleSamplesError, available_rows, describe_store, incomplete_range,
     reference_recipe, reference_seeds, reap_results_litter, require_inputs, row_label, row_units,
 )
-from benchmark.reference import ZOO_ROW, HMCReference, Reference, hmc_reference_problem
+from benchmark.references import REFERENCES, ZOO_ROW, Reference, evaluated, problems as reference_problems
 from benchmark.results import (
-    MEASURED, MMD_COLUMNS, half_width, metrics_path, repetition_rows, repetitions_path, write_metrics, write_repetitions,
+    LEGACY_FILES, MEASURED, MMD_COLUMNS, half_width, metrics_path, repetition_rows, repetitions_path, write_metrics,
+    write_repetitions,
 )
 from metrics.uncertainty import interval
 
@@ -101,10 +106,10 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
         problem = reference_recipe(exp).problem(exp)
         if problem is not None and not exp.config.evaluate.allow_other_recipe:  # the warning comes with run
             raise OtherRecipeError(f"stage={NAME}: {problem}")
-    if exp.config.reference == ReferenceChoice.hmc and not ("samples" in made and _samples_hmc(exp)):
-        problem = hmc_reference_problem(exp)
-        if problem is not None:
-            raise MissingInputsError(f"stage={NAME} reference=hmc needs {problem}")
+    drawn = frozenset({"hmc"}) if "samples" in made and _samples_hmc(exp) else frozenset()  # by this run's sample stage
+    problems = reference_problems(exp, skip=drawn)
+    if problems:
+        raise MissingInputsError(f"stage={NAME} " + " | ".join(problems))
 
 
 def _samples_hmc(exp: Experiment) -> bool:
@@ -161,9 +166,11 @@ def combine(row: dict[str, Any], repetitions: list[dict[str, Any]]) -> dict[str,
 
 
 def run(exp: Experiment) -> pd.DataFrame:
-    """Evaluate every (method, mode) present in the store; write ``results/<exp>/metrics.csv`` and
-    ``results/<exp>/repetitions.csv`` (with ``reference=hmc`` also ``metrics_hmc.csv`` and
-    ``repetitions_hmc.csv``); return the metrics.csv frame."""
+    """Evaluate every (method, mode) present in the store against every evaluated reference
+    (``benchmark.references.evaluated``: the zoo, and ``reference=<name>``'s); write
+    ``results/<exp>/metrics.csv`` and ``results/<exp>/repetitions.csv`` (``reference`` column:
+    which one each row is against), remove the per-reference files of older runs
+    (``results.LEGACY_FILES``); return the metrics.csv frame."""
     reap_results_litter(exp)
     rows = available_rows(exp)
     if not rows:
@@ -175,6 +182,7 @@ def run(exp: Experiment) -> pd.DataFrame:
     other = other_recipe(exp, reference_recipe(exp))
     if other is not None:
         problems.append((OtherRecipeError, other))
+    problems += [(MissingInputsError, f"stage={NAME} {problem}") for problem in reference_problems(exp)]
     units = {}
     for method, mode in rows:  # every missing or stale repetition
         try:
@@ -184,14 +192,25 @@ def run(exp: Experiment) -> pd.DataFrame:
     if problems:
         raise problems[0][0](" | ".join(message for _, message in problems))
     zoo = Reference(exp)
-    frame = _score_rows(exp, units, lambda unit: zoo, _baseline_rows(exp, zoo, zoo))
-    if exp.config.reference == ReferenceChoice.hmc:
-        _score_against_hmc(exp, units, zoo)
+    out, per_repetition = [], []
+    for name in evaluated(exp):
+        got, got_repetitions = _score_against(exp, units, zoo, zoo if name == zoo.name else REFERENCES[name].build(exp))
+        out += got
+        per_repetition += got_repetitions
+    write_repetitions(per_repetition, repetitions_path(exp.results_dir))
+    path = metrics_path(exp.results_dir)
+    frame = write_metrics(out, path)
+    log.info("wrote %s (%d rows, against %s)", path, len(frame), " and ".join(evaluated(exp)))
+    for name in LEGACY_FILES:
+        stale = exp.results_dir / name
+        if stale.is_file() or stale.is_symlink():
+            stale.unlink()
+            log.warning("removed %s: an older run's file; its rows are now those of metrics.csv with reference=%s",
+                        stale, name.split("_", 1)[1].removesuffix(".csv"))
     return frame
 
 
-def _baseline_rows(exp: Experiment, zoo: Reference, against: Reference
-                   ) -> list[tuple[dict[str, Any], list[dict[str, Any]], list[int], list[list[int] | None]]]:
+def _baseline_rows(exp: Experiment, zoo: Reference, against: Reference) -> "Rows":
     """The reference rows of ``evaluate.baselines`` (``benchmark.baselines``), drawn from ``zoo`` and
     scored against ``against`` over ``baseline_repetitions`` (the first in full), each as
     ``(row, numbers per repetition, repetitions, seeds)``; a baseline the store cannot supply
@@ -257,22 +276,24 @@ def _baseline_numbers(exp: Experiment, zoo: Reference, against: Reference, name:
     return hit, None
 
 
-def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], reference_of: Callable[[Unit], Reference],
-                extra: list[tuple[dict[str, Any], list[dict[str, Any]], list[int], list[list[int] | None]]] = ()
-                ) -> pd.DataFrame:
-    """Score every unit of ``units`` against ``reference_of(unit)`` (all of one kind: zoo or HMC),
-    add the ``extra`` rows (row, numbers per repetition, repetitions, base seeds), and write the
-    kind's metrics and repetitions CSVs; return the metrics frame."""
-    against = reference_of(next(iter(units.values()))[0]).name
+Rows = list[tuple[dict[str, Any], list[dict[str, Any]], list[int], list[list[int] | None]]]
+"""Scored rows, each ``(row, numbers per repetition, repetitions, base seeds per repetition)``."""
+
+
+def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], reference: Reference, extra: Rows = ()
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Score every unit of ``units`` against ``reference.against(unit)`` and add the ``extra`` rows;
+    return the metrics.csv rows and the repetitions.csv rows (each with ``reference`` = its name)."""
+    against = reference.name
     out, per_repetition = [], []
     bar = tqdm(total=sum(len(u) for u in units.values()), desc=f"evaluate {exp.name} against the {against}",
                unit="repetition", dynamic_ncols=True)
     for (method, mode), row_of in units.items():
         numbers = []
         for unit in row_of:
-            numbers.append(_numbers(exp, reference_of(unit), unit, full=unit == row_of[0]))
+            numbers.append(_numbers(exp, reference.against(unit), unit, full=unit == row_of[0]))
             bar.update()
-        row = _row(exp, method, row_label(exp, method, mode), mode, reference_of(row_of[0]))
+        row = _row(exp, method, row_label(exp, method, mode), mode, reference.against(row_of[0]))
         row["ess"] = _mean_diagnostic(exp, row_of, "ess")
         row["stationary"] = _mean_diagnostic(exp, row_of, "stationary")
         out.append(combine(row, numbers))
@@ -282,11 +303,7 @@ def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], refer
     for row, numbers, repetitions, seeds in extra:
         out.append(combine(row, numbers))
         per_repetition += repetition_rows(row, numbers, repetitions, seeds)
-    write_repetitions(per_repetition, repetitions_path(exp.results_dir, against))
-    path = metrics_path(exp.results_dir, against)
-    frame = write_metrics(out, path)
-    log.info("wrote %s (%d rows, against the %s reference)", path, len(frame), against)
-    return frame
+    return out, per_repetition
 
 
 def _row(exp: Experiment, method: str, label: str, mode: str, ref: Reference) -> dict[str, Any]:
@@ -294,29 +311,32 @@ def _row(exp: Experiment, method: str, label: str, mode: str, ref: Reference) ->
     ``Reference.description``)."""
     recipe = ref.recipe  # the zoo's (the HMC reference has none)
     return {**ref.description(), "experiment": exp.name, "experiment_label": exp.display_name, "method": method, "method_label": label,
-            "mode": mode, "status": "ok", "reason": "", "ns_steps": "+".join(ref.steps),
+            "mode": mode, "reference": ref.name, "status": "ok", "reason": "", "ns_steps": "+".join(ref.steps),
             "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}", "n_reference": ref.size,
             "reference_config_hash": " ".join(recipe.config_hashes) if recipe else "",
             "reference_recipe": recipe.note() if recipe else ""}
 
 
-def _score_against_hmc(exp: Experiment, units: dict[tuple[str, str], list[Unit]], zoo: Reference) -> pd.DataFrame:
-    """``reference=hmc``: every row against the pooled HMC draws (an HMC unit of the pool against the
-    others), and the zoo's row (``zoo_blocks``), into metrics_hmc.csv and repetitions_hmc.csv."""
-    pool = HMCReference(exp)
-    own = {unit: HMCReference(exp, exclude=(unit,)) for unit in pool.units}  # leave one repetition out
-    convergence = pool.convergence()
-    log.info("HMC reference: %d draws of %d chains; predictive R-hat (test log-likelihood) %.3f, softmax median %.3f",
-             pool.size, int(convergence["chains"]), convergence["rhat_loglik"], convergence["rhat_softmax_median"])
-    blocks = zoo_blocks(exp, zoo)
-    numbers, seeds = [], []
-    for k, block in enumerate(tqdm(blocks, desc=f"evaluate {exp.name}: the zoo against HMC", unit="block",
-                                   dynamic_ncols=True)):
-        numbers.append(_zoo_block_numbers(exp, pool, zoo, k, block, full=k == 0))
-        seeds.append(block)
-    row = _row(exp, ZOO_ROW[0], ZOO_LABEL, ZOO_ROW[1], pool)
-    extra = [(row, numbers, list(range(len(blocks))), seeds), *_baseline_rows(exp, zoo, pool)]
-    return _score_rows(exp, units, lambda unit: own.get(unit, pool), extra)
+def _score_against(exp: Experiment, units: dict[tuple[str, str], list[Unit]], zoo: Reference, reference: Reference
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every row against ``reference`` (each unit against ``reference.against(unit)``), the baseline
+    rows (drawn from ``zoo``) and, where ``reference.scores_zoo``, the zoo's row (``zoo_blocks``);
+    the metrics.csv and repetitions.csv rows."""
+    if hasattr(reference, "convergence"):  # a pool of chains (HMC): how well they mixed, in the log
+        convergence = reference.convergence()
+        log.info("%s reference: %d draws of %d chains; predictive R-hat (test log-likelihood) %.3f, softmax median %.3f",
+                 reference.name, reference.size, int(convergence["chains"]), convergence["rhat_loglik"],
+                 convergence["rhat_softmax_median"])
+    extra: Rows = []
+    if reference.scores_zoo:
+        blocks = zoo_blocks(exp, zoo)
+        numbers, seeds = [], []
+        for k, block in enumerate(tqdm(blocks, desc=f"evaluate {exp.name}: the zoo against the {reference.name}",
+                                       unit="block", dynamic_ncols=True)):
+            numbers.append(_zoo_block_numbers(exp, reference, zoo, k, block, full=k == 0))
+            seeds.append(block)
+        extra.append((_row(exp, ZOO_ROW[0], ZOO_LABEL, ZOO_ROW[1], reference), numbers, list(range(len(blocks))), seeds))
+    return _score_rows(exp, units, reference, [*extra, *_baseline_rows(exp, zoo, reference)])
 
 
 def zoo_blocks(exp: Experiment, zoo: Reference) -> list[list[int]]:
@@ -327,14 +347,15 @@ def zoo_blocks(exp: Experiment, zoo: Reference) -> list[list[int]]:
     design = Design.of(exp)
     blocks = design.reference_blocks(zoo.seeds)
     if len(blocks[0]) < 2:
-        raise StoreError(f"reference=hmc: the zoo row needs {design.repetitions} blocks of at least 2 converged "
+        raise StoreError(f"the zoo's own row (against reference={exp.config.reference.name}) needs {design.repetitions} blocks of at least 2 converged "
                          f"reference checkpoints, the store has {len(zoo.seeds)}")
     return blocks
 
 
 def _zoo_block_numbers(exp: Experiment, hmc: Reference, zoo: Reference, k: int, seeds: list[int], full: bool
                        ) -> dict[str, Any]:
-    """The numbers of the zoo's block ``k`` (checkpoints ``seeds``) against ``hmc``, cached as a unit's are."""
+    """The numbers of the zoo's block ``k`` (checkpoints ``seeds``) against ``hmc`` (a reference
+    with ``scores_zoo``), cached as a unit's are."""
     paths = exp.store.checkpoint_paths(seeds)
     key = hmc.files_numbers_key(paths)
     cached = _cache_path(exp, exp.store.sample_unit(*ZOO_ROW, k), hmc.name)

@@ -6,10 +6,12 @@ stage's ``repetitions.csv``).
 The current experiment's files go to ``results/<experiment>/``; when several experiments have
 results, the side-by-side tables go to ``results/all/``.
 
-``reference=hmc`` adds ``table_hmc.{md,csv}`` (every row's distance to the zoo next to its
-distance to full-batch HMC, ranks, agreement and TV with HMC's predictive, the convergence of every
-HMC chain group; ``benchmark.report.hmc``) and the claims about the two references to
-``findings.md``, from the evaluate stage's ``metrics_hmc.csv`` and ``repetitions_hmc.csv``.
+Tables 1-3, the findings and the diagnostics are of the rows scored against the zoo (metrics.csv's
+``reference`` column: ``zoo``). ``reference=hmc`` adds ``table_hmc.{md,csv}`` (every row's distance
+to the zoo next to its distance to full-batch HMC, ranks, agreement and TV with HMC's predictive,
+the convergence of every HMC chain group; ``benchmark.report.hmc``) and the claims about the two
+references to ``findings.md``, from the rows with ``reference`` = ``hmc``. Another reference
+(``reference=other_zoo``) adds its rows to metrics.csv only.
 """
 from __future__ import annotations
 
@@ -23,9 +25,9 @@ from benchmark.core.store import CheckpointMetadata, atomic_write_text, read_met
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, range_state, reap_results_litter, require_inputs
 from benchmark.baselines import BASELINE_MODE
-from benchmark.config import ReferenceChoice
+from benchmark.references import ZOO, HMCReference, evaluated
 from benchmark.report import diagnostics, findings, hmc, write_tables
-from benchmark.results import metrics_path, read_metrics, read_repetitions, repetitions_path
+from benchmark.results import metrics_path, read_metrics, read_repetitions, repetitions_path, rows_against
 
 log = logging.getLogger(__name__)
 NAME = "report"
@@ -41,41 +43,55 @@ def produces(exp: Experiment) -> frozenset[str]:
 
 
 def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
-    """The metrics.csv (with ``reference=hmc`` also metrics_hmc.csv), unless an earlier stage of this run writes it."""
+    """The metrics.csv, unless an earlier stage of this run writes it; with ``reference=<name>``
+    its rows against that reference (``missing_reference``)."""
     require_inputs(exp, needs(exp) - made, f"stage={NAME}")
-    path = metrics_path(exp.results_dir, ReferenceChoice.hmc.value)
-    if exp.config.reference == ReferenceChoice.hmc and "metrics" not in made and not path.is_file():
-        raise MissingInputsError(f"stage={NAME} reference=hmc needs {path} (every row scored against HMC); run python "
-                                 f"-m benchmark stage=evaluate experiment={exp.name} reference=hmc first")
+    path = metrics_path(exp.results_dir)
+    if "metrics" not in made and path.is_file():
+        problem = missing_reference(exp, read_metrics(path))
+        if problem is not None:
+            raise MissingInputsError(problem)
+
+
+def missing_reference(exp: Experiment, metrics: pd.DataFrame) -> str | None:
+    """Why ``metrics`` (metrics.csv's frame) cannot give the report of ``reference=<name>`` (none
+    of its rows: evaluated without it), with the command that scores them; ``None`` when it can."""
+    for name in evaluated(exp)[1:]:
+        if rows_against(metrics, name).empty:
+            return (f"stage={NAME} reference={name} needs the rows of {metrics_path(exp.results_dir)} with "
+                    f"reference={name} (every row scored against it); run python -m benchmark stage=evaluate "
+                    f"experiment={exp.name} reference={name} first")
+    return None
 
 
 def run(exp: Experiment) -> list[Path]:
     """Write the tables; raises ``MissingInputsError`` naming a missing metrics.csv or repetitions.csv."""
     check(exp)
     reap_results_litter(exp)
-    metrics = read_metrics(exp.results_dir / "metrics.csv")
-    path = exp.results_dir / "repetitions.csv"
+    every_metric = read_metrics(metrics_path(exp.results_dir))
+    path = repetitions_path(exp.results_dir)
     if not path.is_file():  # results written before the evaluate stage wrote repetitions.csv
         raise MissingInputsError(f"stage={NAME} needs {path} (the per-repetition numbers of the findings' "
                                  f"tests), written by the evaluate stage; rerun python -m benchmark stage=evaluate "
                                  f"experiment={exp.name}")
-    repetitions = read_repetitions(path)
+    every_repetition = read_repetitions(path)
+    metrics, repetitions = rows_against(every_metric, ZOO), rows_against(every_repetition, ZOO)
     written = write_tables(metrics, exp.results_dir)
     written.append(write_zoo_summary(exp, exp.results_dir / "zoo.md"))
     written += diagnostics.write(exp, exp.results_dir)
-    against_hmc = None
-    if exp.config.reference == ReferenceChoice.hmc:
-        against_hmc = (read_metrics(metrics_path(exp.results_dir, "hmc")),
-                       read_repetitions(repetitions_path(exp.results_dir, "hmc")))
-        written += hmc.write(exp, metrics, against_hmc[0], exp.results_dir)
-    claims_hmc = None if against_hmc is None else tuple(_methods_only(frame) for frame in against_hmc)
+    claims_hmc = None
+    if HMCReference.name in evaluated(exp):
+        written += hmc.write(exp, every_metric, exp.results_dir, reference=HMCReference.name)
+        claims_hmc = tuple(_methods_only(rows_against(frame, HMCReference.name))
+                           for frame in (every_metric, every_repetition))
     text = findings.render(_methods_only(metrics), _methods_only(repetitions), hmc=claims_hmc)
     atomic_write_text(exp.results_dir / "findings.md", text + against_baselines(metrics, repetitions))
     written.append(exp.results_dir / "findings.md")
     results = exp.results_dir.parent
     others = [p for p in sorted(results.glob("*/metrics.csv")) if p.parent.name != "all"]
     if len(others) > 1:
-        written += write_tables(pd.concat([read_metrics(p) for p in others], ignore_index=True), results / "all")
+        written += write_tables(pd.concat([rows_against(read_metrics(p), ZOO) for p in others], ignore_index=True),
+                                results / "all")
     for path in written:
         log.info("wrote %s", path)
     return written

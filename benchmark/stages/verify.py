@@ -44,7 +44,7 @@ from benchmark.core.store import (
 )
 from benchmark.core.store.atomic import is_temp_file
 from benchmark.experiment import Experiment
-from benchmark.reference import Reference
+from benchmark.references import Reference
 from benchmark.inventory import (
     UnitState, checkpoint_staleness, expected_units, quarantine_and_redo, quarantined_seeds, seed_problem, unit_state,
 )

@@ -19,7 +19,7 @@ from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.design import Design
-from benchmark.reference import Reference
+from benchmark.references import Reference
 from benchmark.report.tables import table1, table3
 from benchmark.results import read_metrics, read_repetitions
 from benchmark.stages.evaluate import run as run_evaluate

@@ -12,7 +12,7 @@ import benchmark.core.fingerprint as fingerprint
 from benchmark.core.store import load_sample_set, read_metadata, save_checkpoint
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
-from benchmark.reference import Reference
+from benchmark.references import Reference
 from metrics.symmetries import canonicalize, spec_for_model
 from tests.conftest import REPO, compose_config
 
@@ -91,7 +91,7 @@ def test_the_input_files_key_holds_no_absolute_path_so_a_moved_store_keeps_its_c
     import shutil
 
     from benchmark.core.store import save_checkpoint
-    from benchmark.reference import files_key
+    from benchmark.references import files_key
 
     first = tmp_path / "a" / "zoo" / "seed_000001.safetensors"
     first.parent.mkdir(parents=True)

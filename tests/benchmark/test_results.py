@@ -20,7 +20,7 @@ from benchmark.results import (
     write_repetitions,
 )
 
-KEY = {"experiment": "digits_optunet", "method": "laplace", "mode": "one", "status": "ok"}
+KEY = {"experiment": "digits_optunet", "method": "laplace", "mode": "one", "reference": "zoo", "status": "ok"}
 
 
 def _numbers(r):
@@ -56,7 +56,7 @@ def test_repetition_rows_round_trip_through_repetitions_csv(tmp_path):
 @pytest.mark.parametrize(("change", "match"), [
     (lambda f: f.drop(columns=["mmd_median_ref_sd"]), r"missing columns \['mmd_median_ref_sd'\]"),
     (lambda f: f.assign(repetition=[0, -1]), r"'repetition' expects integers >= 0, got \['-1'\]"),
-    (lambda f: f.assign(repetition=[0, 0]), r"duplicate \(experiment, method, mode, repetition\) rows"),
+    (lambda f: f.assign(repetition=[0, 0]), r"duplicate \(experiment, method, mode, reference, repetition\) rows"),
     (lambda f: f.assign(base_seeds=["1 2", "1,2"]), r"'base_seeds' expects space-separated integers, got \['1,2'\]"),
     (lambda f: f.assign(mode="single"), r"'mode' expects values in \['one', 'multi', 'baseline'\]"),
     (lambda f: f.assign(acc="high"), r"'acc' expects numbers"),
@@ -85,3 +85,19 @@ def test_metrics_csv_holds_the_shared_bandwidth_columns_with_their_half_widths(t
     back = read_metrics(tmp_path / "metrics.csv")
     assert back.loc[0, "mmd_shared_median"] == 0.3 and math.isnan(back.loc[0, "ns_mmd_shared_median"])
     pd.testing.assert_frame_equal(back, frame)
+
+
+def test_metrics_csv_requires_the_reference_column_and_keys_rows_by_it(tmp_path):
+    """A row is keyed by (experiment, method, mode, reference): one method against two references
+    is two rows; a file without the column (an older run's) or with an empty one is refused, naming it."""
+    path = tmp_path / "metrics.csv"
+    frame = write_metrics([KEY, {**KEY, "reference": "hmc"}], path)
+    assert frame["reference"].tolist() == ["zoo", "hmc"]
+    frame.drop(columns=["reference"]).to_csv(path, index=False)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: missing columns \['reference'\]"):
+        read_metrics(path)
+    frame.assign(reference=["zoo", ""]).to_csv(path, index=False)
+    with pytest.raises(ValueError, match=r"column 'reference' expects the name of what each row was scored against"):
+        read_metrics(path)
+    with pytest.raises(ValueError, match=r"duplicate \(experiment, method, mode, reference\) rows"):
+        write_metrics([KEY, KEY], path)

@@ -13,7 +13,7 @@ from benchmark.core.models import optunet, predict_with_weights
 from benchmark.core.store import save_sample_set, stack_state_dicts
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
-from benchmark.reference import Reference
+from benchmark.references import Reference
 from benchmark.stages import import_zoo
 from tests.conftest import REPO, compose_config, one_thread
 

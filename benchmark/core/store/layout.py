@@ -7,7 +7,7 @@
 <root>/<experiment>/samples/<method>_<mode>_r<k>.safetensors   weight sample set of a method (repetition k)
 <root>/<experiment>/preds/<method>_<mode>_r<k>.safetensors     per-sample probabilities (ID, OOD)
 <root>/<experiment>/{samples,preds}/quarantine/   sample sets and predictions that failed validation
-<root>/<experiment>/reference/                     the reference zoo's caches (benchmark/reference.py)
+<root>/<experiment>/reference/                     the reference zoo's caches (benchmark/references/zoo.py)
 <root>/<experiment>/eval/<method>_<mode>_r<k>.json the evaluate stage's numbers of one repetition
 <root>/<experiment>/chains/<method>_<mode>_r<k>/seed_000042.safetensors   resumable state of one Markov chain (hmc; chain_files)
 <root>/<experiment>/.claims/                       one claim (two names) per unit of work in progress (claims.py)
@@ -78,7 +78,7 @@ class ExperimentStore:
 
     @property
     def reference_dir(self) -> Path:
-        """The reference zoo's caches (``benchmark/reference.py``)."""
+        """The reference zoo's caches (``benchmark/references/zoo.py``)."""
         return self.base / "reference"
 
     @property

@@ -7,8 +7,8 @@ import pytest
 
 from benchmark.analyses import NotApplicableError, hmc, marginals
 from benchmark.experiment import Experiment
-from benchmark.reference import HMCReference, Reference
-from benchmark.results import read_metrics
+from benchmark.references import HMCReference, Reference
+from benchmark.results import read_metrics, rows_against
 from benchmark.stages import evaluate
 from tests.benchmark.hmc_store import OVERRIDES, fill
 from tests.conftest import compose_config
@@ -22,7 +22,7 @@ def test_the_hmc_figures_plot_the_zoo_hmc_and_the_method_closest_to_hmc(tmp_path
     hmc.check(exp)
     written = hmc.run(exp)
     assert {p.name for p in written} >= {"hmc.png", "hmc.pdf", "hmc.csv", "hmc_agreement.png", "hmc_agreement.csv"}
-    against = read_metrics(exp.results_dir / "metrics_hmc.csv")
+    against = rows_against(read_metrics(exp.results_dir / "metrics.csv"), "hmc")
     ranked = against[~against["method"].isin(["hmc", "zoo"]) & against["mode"].ne("baseline")]
     best = ranked.loc[ranked["ns_mmd_median"].idxmin()]
     assert hmc.closest(against) == (best["method"], best["mode"])

@@ -316,7 +316,7 @@ def _with_baselines(reps, n=R):
     for name, acc in (("prior", 0.1), ("init", 0.85)):
         values = acc + rng.normal(0, 0.01, n)
         extra += [{**{c: np.nan for c in REPETITION_COLUMNS}, "experiment": "digits_optunet", "method": name,
-                   "mode": "baseline", "repetition": k, "status": "ok", "reason": "", "base_seeds": str(300000 + k),
+                   "mode": "baseline", "reference": "zoo", "repetition": k, "status": "ok", "reason": "", "base_seeds": str(300000 + k),
                    "n_samples": 100, "acc": values[k], "nll": 2.3 - values[k]} for k in range(n)]
     return pd.concat([reps, pd.DataFrame(extra, columns=REPETITION_COLUMNS)], ignore_index=True)
 

@@ -32,12 +32,12 @@ METHOD_LABELS = {"dropout": "Dropout", "bnn": "BNN", "sghmc": "SGHMC", "swag": "
                  "ensemble": "Deep Ensembles"}
 
 
-def row(experiment, method, mode, status="ok", reason="", wm_anchor="seed 0", **values):
-    """A metrics.csv row; labels as the evaluate stage writes them (raw names when unknown)."""
+def row(experiment, method, mode, status="ok", reason="", wm_anchor="seed 0", reference="zoo", **values):
+    """A metrics.csv row scored against ``reference``; labels as the evaluate stage writes them (raw names when unknown)."""
     filled = {c: 0.01 for c in VALUE_COLUMNS} | {half_width(c): np.nan for c in MEASURED}
     filled |= {"n_samples": 100, "n_repetitions": 1, "nll": 0.5, "agreement": 0.9, "tv": 0.1, "ess": np.nan} | values
     return dict(experiment=experiment, experiment_label=EXPERIMENT_LABELS.get(experiment, experiment), method=method,
-                method_label=METHOD_LABELS.get(method, method), mode=mode, status=status, reason=reason,
+                method_label=METHOD_LABELS.get(method, method), mode=mode, reference=reference, status=status, reason=reason,
                 ns_steps="scale+sort", wm_anchor=wm_anchor, **filled)
 
 

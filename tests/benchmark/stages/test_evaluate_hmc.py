@@ -1,7 +1,8 @@
 """``reference=hmc``: every row scored against HMC's pooled draws with the zoo's machinery (numbers
 checked against metrics.mmd and metrics.predictive called directly), HMC's own repetitions against
-the others only, the zoo's row from blocks of reference checkpoints; the report's table_hmc.md and
-the HMC claims of findings.md; refusals that name the command."""
+the others only, the zoo's row from blocks of reference checkpoints, all in the one metrics.csv
+(``reference`` column: ``hmc``) with an older run's metrics_hmc.csv removed; the report's
+table_hmc.md and the HMC claims of findings.md; refusals that name the command."""
 from __future__ import annotations
 
 import pandas as pd
@@ -13,8 +14,8 @@ from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError
-from benchmark.reference import HMCReference
-from benchmark.results import read_metrics, read_repetitions
+from benchmark.references import HMCReference
+from benchmark.results import read_metrics, read_repetitions, rows_against, write_metrics
 from benchmark.stages import evaluate, report
 from metrics.mcmc import predictive_convergence
 from metrics.mmd import mmd
@@ -38,9 +39,15 @@ def _pool(units, repetitions):
 
 def test_rows_against_hmc_match_the_metrics_called_directly(store):
     exp, units = store
+    exp.results_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("metrics_hmc.csv", "repetitions_hmc.csv"):  # an older run's files: removed by evaluate
+        (exp.results_dir / stale).write_text("method,mode\nswag,one\n")
     evaluate.run(exp)
-    reps = read_repetitions(exp.results_dir / "repetitions_hmc.csv").set_index(["method", "mode", "repetition"])
-    frame = read_metrics(exp.results_dir / "metrics_hmc.csv").set_index(["method", "mode"])
+    assert not (exp.results_dir / "metrics_hmc.csv").exists() and not (exp.results_dir / "repetitions_hmc.csv").exists()
+    every = read_metrics(exp.results_dir / "metrics.csv")
+    assert sorted(set(every["reference"])) == ["hmc", "zoo"]
+    reps = rows_against(read_repetitions(exp.results_dir / "repetitions.csv"), "hmc").set_index(["method", "mode", "repetition"])
+    frame = rows_against(every, "hmc").set_index(["method", "mode"])
     pool, predictive = _pool(units, [0, 1])
     labels, model = exp.test_tensors[1], exp.model()
     for method, mode in (("ensemble", "multi"), ("swag", "one")):
@@ -67,7 +74,7 @@ def test_rows_against_hmc_match_the_metrics_called_directly(store):
                                       reference_id=predictive)
         assert reps.loc[("zoo", "multi", r), "agreement"] == pytest.approx(expected["agreement"], abs=1e-9)
     assert frame.loc[("zoo", "multi"), "method_label"] == "Zoo (reference)"
-    zoo_frame = read_metrics(exp.results_dir / "metrics.csv").set_index(["method", "mode"])
+    zoo_frame = rows_against(every, "zoo").set_index(["method", "mode"])
     assert "zoo" not in zoo_frame.index.get_level_values(0) and zoo_frame.loc[("hmc", "multi"), "n_reference"] == 12
 
 
@@ -91,7 +98,7 @@ def test_report_writes_table_hmc_and_the_hmc_claims(store):
     assert "local, unconverged reference" in text or "the chains agree" in text
     table = pd.read_csv(exp.results_dir / "table_hmc.csv")
     zoo_row = table[table["Method"] == "Zoo (reference)"].iloc[0]
-    hmc = read_metrics(exp.results_dir / "metrics_hmc.csv").set_index(["method", "mode"])
+    hmc = rows_against(read_metrics(exp.results_dir / "metrics.csv"), "hmc").set_index(["method", "mode"])
     assert float(zoo_row["MMD to HMC"]) == pytest.approx(round(100 * hmc.loc[("zoo", "multi"), "mmd_median"], 1))
     assert zoo_row["MMD to zoo"] == "ref."
     # ranks among the approximate methods only (swag, ensemble): the references are not ranked
@@ -113,7 +120,8 @@ def test_reference_hmc_without_hmc_draws_is_refused_with_the_command(tmp_path):
     write_unit(exp, "swag", "one", 0, draws_near(1, 4, exp), [100000])
     with pytest.raises(MissingInputsError, match="method=hmc mode=multi"):
         evaluate.check(exp)
-    exp.results_dir.mkdir(parents=True)
-    (exp.results_dir / "metrics.csv").touch()  # against the zoo only
-    with pytest.raises(MissingInputsError, match="metrics_hmc.csv.*stage=evaluate experiment=digits_optunet reference=hmc"):
+    write_metrics([{"experiment": exp.name, "method": "swag", "mode": "one", "reference": "zoo", "status": "ok"}],
+                  exp.results_dir / "metrics.csv")  # against the zoo only
+    with pytest.raises(MissingInputsError, match="metrics.csv with reference=hmc.*stage=evaluate experiment=digits_optunet "
+                                                 "reference=hmc"):
         report.check(exp, frozenset())

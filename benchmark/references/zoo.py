@@ -1,18 +1,14 @@
-"""The reference posterior of an experiment (the converged checkpoints of ``seeds.reference``),
-its symmetry-free forms and its ensemble predictive, computed once and cached in
-``store/<experiment>/reference/``, and the numbers of one repetition of a method scored
-against it. Shared by the evaluate stage and the analyses.
-
-The second reference, ``HMCReference`` (``reference=hmc``): the pooled draws of every chain of
-full-batch HMC's multi-mode units (``method=hmc mode=multi``, every repetition), scored with
-the same machinery (``Reference.score``: the same MMD, symmetries and predictive metrics, whose
-agreement and TV are then against HMC's predictive, as the NeurIPS 2021 competition scores).
+"""The zoo reference (``reference=zoo``, always evaluated: the paper's reference): the converged
+checkpoints of ``seeds.reference``, its symmetry-free forms and its ensemble predictive, computed
+once and cached in ``store/<experiment>/reference/``, and the numbers of one repetition of a method
+scored against it. Shared by the evaluate stage and the analyses; the other references
+(``benchmark.references``: HMC's draws, another store's zoo) score with the same machinery.
 
 Every cache is keyed by everything it is made from (ARCHITECTURE.md, "Caches"): the identity of
 each file it was made from (its name in the store and its content digest: no absolute path, so a
 moved store keeps its caches), the settings that shape it, the **whole computational source**
 (``source_fingerprint``: any edit of ``metrics/``, ``methods/``, ``benchmark/core/`` or this
-module recomputes every cache: they are cheap, and no module reached only through data, such as
+package recomputes every cache: they are cheap, and no module reached only through data, such as
 the symmetry specs of ``metrics/symmetries/architectures.py``, can be left out of the key), the
 library versions, the device type and the dtype. A cache whose key differs, or that fails
 validation, is rebuilt.
@@ -36,19 +32,16 @@ from benchmark.core.fingerprint import source_fingerprint, stable_hash
 from benchmark.core.models import fit_with_weights, predict_with_weights
 from benchmark.core.training import squared_norm, training_potential
 from benchmark.core.store import (
-    CheckpointError, CheckpointFiles, SampleSetFile, SampleSetMetadata, StoreError, Unit, check_file, clear_non_file,
+    CheckpointError, CheckpointFiles, SampleSetFile, StoreError, Unit, check_file, clear_non_file,
     content_digest,
     iter_checkpoint_batches,
     load_checkpoints_as_sample_set, load_sample_set, read_metadata, save_checkpoint, save_sample_set, unstack,
     validate_tensors,
 )
 from benchmark.experiment import Experiment
-from benchmark.design import Design
 from benchmark.inventory import (
-    MissingInputsError, ReferenceRecipe, corrupt_zoo_error, describe_store, pairing_problem, reference_recipe,
-    reference_seeds, row_units,
+    ReferenceRecipe, corrupt_zoo_error, describe_store, pairing_problem, reference_recipe, reference_seeds,
 )
-from metrics.mcmc import predictive_convergence
 from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd, reference_bandwidths
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
@@ -60,12 +53,8 @@ CACHES = ("zoo", "canonical", "aligned", "predictive")
 """The reference's caches that a row's numbers are computed from (``Reference.key``, ``numbers_key``);
 each keyed by the whole source (``source_fingerprint``). ``potential`` (``training_potential``) is
 keyed the same way but describes the reference, not a row."""
-HMC_ROW = ("hmc", "multi")
-"""The rows whose draws, pooled over the repetitions, are the HMC reference."""
 ZOO_ROW = ("zoo", "multi")
-"""The zoo's own row against HMC (metrics_hmc.csv): blocks of reference checkpoints scored as samples."""
-REFERENCE_METHODS = (HMC_ROW[0], ZOO_ROW[0])
-"""The references' own rows: never ranked among the methods nor in the paper's claims."""
+"""The zoo's own row against another reference (HMC): blocks of reference checkpoints scored as samples."""
 
 
 def files_key(paths: list[Path]) -> list[tuple[str, str]]:
@@ -87,22 +76,29 @@ def files_key(paths: list[Path]) -> list[tuple[str, str]]:
 
 
 class Reference:
-    """The reference zoo of ``exp`` with its cached forms (see the module docstring)."""
+    """The reference zoo of ``exp`` with its cached forms (see the module docstring).
+
+    ``source``: the experiment whose store holds the zoo (default ``exp`` itself; another store's
+    zoo: ``benchmark.references.other_zoo``); ``exp``: the experiment whose samples are scored
+    (its model, data and evaluate settings). ``folder``: where the forms are cached (default the
+    source store's ``reference/``)."""
 
     name = "zoo"
-    """Which reference this is (``reference=zoo|hmc``)."""
+    """Which reference this is (metrics.csv's ``reference`` column; ``benchmark.references.REFERENCES``)."""
 
-    def __init__(self, exp: Experiment) -> None:
+    def __init__(self, exp: Experiment, source: Experiment | None = None, folder: Path | None = None) -> None:
         settings = exp.config.evaluate
         self._scoring(exp)
-        self.seeds = reference_seeds(exp)
+        source = exp if source is None else source
+        self.source = source
+        self.seeds = reference_seeds(source)
         if len(self.seeds) < 2:
             raise StoreError(
-                f"{exp.store.zoo_dir}: the reference needs at least 2 converged checkpoints in "
-                f"seeds.reference={[exp.reference.start, exp.reference.stop]}, found {len(self.seeds)}; run "
-                f"python -m benchmark stage=zoo experiment={exp.name} zoo.range=reference"
+                f"{source.store.zoo_dir}: the reference needs at least 2 converged checkpoints in "
+                f"seeds.reference={[source.reference.start, source.reference.stop]}, found {len(self.seeds)}; run "
+                f"python -m benchmark stage=zoo experiment={source.name} store={source.config.store} zoo.range=reference"
             )
-        self.folder = exp.store.reference_dir
+        self.folder = source.store.reference_dir if folder is None else folder
         self._checked: list[Path] | None = None
         n_params = sum(math.prod(shape) for shape in exp.shapes().values())
         limit = float(settings.max_in_memory_gb)
@@ -110,9 +106,30 @@ class Reference:
         self.batch = max(1, int(limit * 2**30 // (8 * n_params * 4)))
         # WM MMD's anchor: the lowest converged reference seed (seed 002's code aligns to the first network).
         self.anchor_seed = self.seeds[0] if settings.weight_matching else None
-        self._inputs = {"files": files_key(exp.store.checkpoint_paths(self.seeds)), "seeds": self.seeds}
-        self.recipe: ReferenceRecipe | None = reference_recipe(exp)
+        self._inputs = {"files": files_key(source.store.checkpoint_paths(self.seeds)), "seeds": self.seeds}
+        self.recipe: ReferenceRecipe | None = reference_recipe(source)
         """The recipes the checkpoints were trained under (metrics.csv's ``reference_config_hash``)."""
+
+    needs = "the converged reference checkpoints of seeds.reference (stage=zoo zoo.range=reference)"
+    """What the reference reads from the store (named in ``problem``'s message)."""
+    scores_zoo = False
+    """Whether the zoo itself gets a row against this reference (``ZOO_ROW``: blocks of zoo checkpoints)."""
+
+    @classmethod
+    def problem(cls, exp: Experiment) -> str | None:
+        """Why the store cannot give this reference, with the command that makes what is missing;
+        ``None`` when it can. The zoo's completeness is checked by the evaluate stage (its
+        ``evaluate.allow_partial`` and recipe rules), so ``None`` here."""
+        return None
+
+    @classmethod
+    def build(cls, exp: Experiment) -> "Reference":
+        """The scoring object of ``exp`` against this reference (its settings: ``exp.config.reference``)."""
+        return cls(exp)
+
+    def against(self, unit: Unit) -> "Reference":
+        """What ``unit``'s samples are scored against: this reference (HMC leaves an HMC unit's own draws out)."""
+        return self
 
     def _scoring(self, exp: Experiment) -> None:
         """What every reference scores with: the evaluate settings, the model and its symmetries."""
@@ -166,15 +183,16 @@ class Reference:
         """The reference checkpoints, each validated whole once (checksum, keys and shapes, finite
         values, experiment and seed); raises ``CorruptZooError`` naming every damaged one."""
         if self._checked is None:
-            paths, shapes, problems = self.exp.store.checkpoint_paths(self.seeds), self.exp.shapes(), {}
-            for seed, path in tqdm(list(zip(self.seeds, paths)), desc=f"validate reference {self.exp.name}",
+            source = self.source
+            paths, shapes, problems = source.store.checkpoint_paths(self.seeds), source.shapes(), {}
+            for seed, path in tqdm(list(zip(self.seeds, paths)), desc=f"validate reference {source.name}",
                                    unit="file", dynamic_ncols=True, disable=len(paths) < 50):
                 try:
-                    check_file(path, shapes, expect={"experiment": self.exp.name, "seed": str(seed)})
+                    check_file(path, shapes, expect={"experiment": source.name, "seed": str(seed)})
                 except CheckpointError as err:
                     problems[path] = str(err)
             if problems:
-                raise corrupt_zoo_error(self.exp, problems, "reference checkpoint(s)")
+                raise corrupt_zoo_error(source, problems, "reference checkpoint(s)")
             self._checked = paths
         return self._checked
 
@@ -189,14 +207,14 @@ class Reference:
             log.warning("%s; rebuilding this cache", err)
         value = build()
         inputs = {"config_hashes": list(self.recipe.config_hashes)} if self.recipe is not None else {}
-        save_sample_set(path, value, {"key": key, "experiment": self.exp.name, "seeds": self.seeds, **inputs})
+        save_sample_set(path, value, {"key": key, "experiment": self.source.name, "seeds": self.seeds, **inputs})
         return value
 
     def weights(self) -> dict[str, torch.Tensor]:
         """Reference sample set ``{key: [R, ...]}`` (validated against the model)."""
         def build():
             zoo = load_checkpoints_as_sample_set(self.checked_paths(), validated=True)
-            validate_tensors(zoo, self.exp.model(), source=str(self.exp.store.zoo_dir), leading=1)
+            validate_tensors(zoo, self.exp.model(), source=str(self.source.store.zoo_dir), leading=1)
             return zoo
         return self._cached("zoo", build)
 
@@ -215,7 +233,7 @@ class Reference:
     def _form_paths(self, name: str, transform: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> list[Path]:
         """Streamed mode: ``transform`` of every reference checkpoint, one file per seed, written once."""
         folder = self.folder / f"{name}-{self.key(name)}"
-        store = self.exp.store
+        store = self.source.store
         stems = {s: store.seed_unit(s).stem for s in self.seeds}
         for seed in self.seeds:
             _clear(folder / f"{stems[seed]}.safetensors")
@@ -248,7 +266,7 @@ class Reference:
     def align(self, samples: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The WM form of ``samples``: the NS steps with the permutation removed by weight matching
         to the anchor checkpoint instead of sorting (``metrics.symmetries.align_to_anchor``)."""
-        anchor = load_checkpoints_as_sample_set(self.exp.store.checkpoint_paths([self.anchor_seed]))
+        anchor = load_checkpoints_as_sample_set(self.source.store.checkpoint_paths([self.anchor_seed]))
         return align_to_anchor(samples, self.spec, anchor, self.steps)[0]
 
     def aligned(self) -> dict[str, torch.Tensor]:
@@ -425,105 +443,6 @@ class Reference:
             return numbers | self.mmd(path, samples, full=full, weight_matching=weight_matching)
         finally:
             path.unlink(missing_ok=True)
-
-
-def hmc_reference_problem(exp: Experiment) -> str | None:
-    """Why the store cannot give the HMC reference (a repetition of ``hmc``/``multi`` missing),
-    with the command that draws it; ``None`` when every repetition's files are there."""
-    store = exp.store
-    missing = [r for r in range(Design.of(exp).repetitions)
-               if not all(p.is_file() for p in store.unit_paths(store.sample_unit(*HMC_ROW, r)))]
-    if not missing:
-        return None
-    return (f"the HMC reference: repetitions {missing} of {'/'.join(HMC_ROW)} are not in {store.samples_dir}; run "
-            f"python -m benchmark stage=sample experiment={exp.name} method={HMC_ROW[0]} mode={HMC_ROW[1]} first "
-            "(make hmc runs it end to end)")
-
-
-class HMCReference(Reference):
-    """The HMC reference (``reference=hmc``): the draws of every chain of the units of ``HMC_ROW``
-    (one per repetition, each ``sample.modes_multi`` chains from independent starts), pooled, held
-    in memory (HMC runs only models without BatchNorm: OptuNet-sized), and their mean predictive
-    (from the units' stored predictions). ``exclude``: units left out of the pool, so that an HMC
-    repetition is scored against the other repetitions' chains, never against its own draws.
-    Its forms are computed in memory per run (no disk cache: a few hundred small networks)."""
-
-    name = "hmc"
-
-    def __init__(self, exp: Experiment, exclude: tuple[Unit, ...] = ()) -> None:
-        problem = hmc_reference_problem(exp)
-        if problem is not None:
-            raise MissingInputsError(f"reference=hmc needs {problem}")
-        self._scoring(exp)
-        self.units = [u for u in row_units(exp, *HMC_ROW) if u not in exclude]
-        if not self.units:
-            raise ValueError(f"reference=hmc: every unit of {'/'.join(HMC_ROW)} is excluded ({[u.label for u in exclude]})")
-        self.seeds = []
-        self.recipe = None  # the chains' settings are in their units' keys
-        self.anchor_seed = None  # no WM columns against HMC: its draws have no anchor network
-        self.in_memory = True
-        self.folder = None
-        self._memory: dict[str, dict[str, torch.Tensor]] = {}
-        paths = [p for u in self.units for p in exp.store.unit_paths(u)]
-        self._inputs = {"files": files_key(paths), "units": [u.label for u in self.units]}
-
-    def description(self) -> dict[str, float]:
-        """None of the zoo's columns: HMC's draws are the posterior's, not an SGD ensemble."""
-        return {}
-
-    @property
-    def size(self) -> int:
-        """The number of pooled HMC draws."""
-        return int(next(iter(self.weights().values())).shape[0])
-
-    def _cached(self, name: str, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        if name not in self._memory:
-            self._memory[name] = build()
-        return self._memory[name]
-
-    def checked_paths(self) -> list[Path]:
-        raise ValueError("the HMC reference has no checkpoint files: its draws are sample sets (HMCReference.weights)")
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The pooled draws ``{key: [R, ...]}`` of the reference's units, in unit order."""
-        def build():
-            store, parts = self.exp.store, []
-            for unit in self.units:
-                path = store.samples_path(unit)
-                samples = load_sample_set(path)
-                validate_tensors(samples, self.exp.model(), source=str(path), leading=1)
-                parts.append(samples)
-            return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        return self._cached("zoo", build)
-
-    def chain_predictions(self) -> torch.Tensor:
-        """The stored test-split softmax outputs of every draw, grouped by chain ``[chains, draws, N, C]``
-        (each unit's draws are its chains' in base order, ``samples_per_base`` each)."""
-        store, groups = self.exp.store, []
-        for unit in self.units:
-            path = store.preds_path(unit)
-            meta = SampleSetMetadata.decode(read_metadata(path))
-            probs = load_sample_set(path, ["id"])["id"]
-            chains = len(meta.base_seeds or ()) or 1
-            groups.append(probs.reshape(chains, len(probs) // chains, *probs.shape[1:]))
-        lengths = {g.shape[1] for g in groups}
-        if len(lengths) != 1:
-            raise ValueError(f"reference=hmc: units with different draws per chain {sorted(lengths)}")
-        return torch.cat(groups)
-
-    def predictive(self) -> torch.Tensor:
-        """The mean predictive of the pooled draws on the ID test set ``[N, C]`` (float64)."""
-        return self._cached("predictive", lambda: {"id": self.chain_predictions().double().mean((0, 1))})["id"]
-
-    def convergence(self) -> dict[str, float]:
-        """The predictive R-hat of the pooled chains on the test split (``metrics.mcmc.predictive_convergence``:
-        ``rhat_loglik``, ``rhat_softmax_median``/``_max``, ``softmax_converged``), ``ess_loglik_min``
-        (the smallest per-chain ESS of the test log-likelihood), ``chains`` and ``draws_per_chain``."""
-        probs = self.chain_predictions()
-        report = predictive_convergence(probs, self.exp.test_tensors[1])
-        ess = report.pop("ess_loglik")
-        return {**{k: float(v) for k, v in report.items()}, "ess_loglik_min": float(ess.min()),
-                "chains": float(probs.shape[0]), "draws_per_chain": float(probs.shape[1])}
 
 
 def _clear(path: Path) -> None:

@@ -1,0 +1,114 @@
+"""References as plug-ins (``benchmark.references``): the registry, what each needs and the
+messages naming it, and a third reference as one module + one yaml: another store's zoo
+(``reference=other_zoo``, e.g. a released zoo as the reference of a locally trained one), whose
+rows land in the one metrics.csv with ``reference`` = ``other_zoo`` and equal the metrics called
+directly on that zoo."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmark.core.models import predict_with_weights
+from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
+from benchmark.core.training import seeded
+from benchmark.experiment import Experiment
+from benchmark.references import (
+    REFERENCES, HMCReference, OtherZooReference, Reference, evaluated, problems, reference_class, register,
+)
+from benchmark.results import read_metrics, read_repetitions, rows_against
+from benchmark.stages import evaluate
+from metrics.mmd import mmd
+from metrics.predictive import predictive_metrics
+from tests.benchmark.hmc_store import OVERRIDES, draws_near, write_unit
+from tests.conftest import REPO, compose_config
+
+OTHER = "released_optunet"
+"""The experiment name the other store's checkpoints were written under."""
+OTHER_SEEDS = range(300, 312)
+
+
+def _zoo(exp: Experiment, seeds) -> None:
+    """Seeded untrained networks as converged reference checkpoints of ``exp``'s store (their
+    numbers do not matter to the scoring, which is what is tested)."""
+    exp.store.ensure_writable()
+    for seed in seeds:
+        with seeded(seed):
+            state = exp.model().state_dict()
+        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
+
+
+def _experiment(tmp_path, *overrides: str) -> Experiment:
+    return Experiment(compose_config([f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}", *OVERRIDES,
+                                      *overrides]))
+
+
+def test_the_registry_holds_one_class_per_reference_and_one_yaml_each():
+    assert {"zoo": Reference, "hmc": HMCReference, "other_zoo": OtherZooReference}.items() <= REFERENCES.items()
+    for name in REFERENCES:  # each reference's settings: conf/reference/<name>.yaml
+        assert (REPO / "conf" / "reference" / f"{name}.yaml").is_file()
+    with pytest.raises(ValueError, match=r"reference=nope: not a registered reference; expected one of \['hmc', 'other_zoo', 'zoo'\]"):
+        reference_class("nope")
+    with pytest.raises(TypeError, match="expected a Reference subclass"):
+        register(dict)
+    clash = type("Clash", (Reference,), {"name": "hmc"})
+    with pytest.raises(ValueError, match="a reference named 'hmc' is already registered"):
+        register(clash)
+
+
+def test_the_zoo_is_always_evaluated_and_reference_adds_one(tmp_path):
+    assert evaluated(_experiment(tmp_path)) == ["zoo"]
+    assert evaluated(_experiment(tmp_path, "reference=hmc")) == ["zoo", "hmc"]
+    assert evaluated(_experiment(tmp_path, "reference=other_zoo")) == ["zoo", "other_zoo"]
+
+
+def test_problems_name_what_is_missing_and_the_command(tmp_path):
+    exp = _experiment(tmp_path, "reference=hmc")
+    assert problems(_experiment(tmp_path)) == []
+    (found,) = problems(exp)
+    assert found.startswith("reference=hmc needs the HMC reference: repetitions [0, 1] of hmc/multi")
+    assert "method=hmc mode=multi" in found
+    assert problems(exp, skip=frozenset({"hmc"})) == []
+    other = _experiment(tmp_path, "reference=other_zoo", f"reference.store={tmp_path / 'released'}",
+                        f"reference.experiment={OTHER}")
+    (found,) = problems(other)
+    assert "is not a folder" in found and f"reference.store={tmp_path / 'released'} reference.experiment={OTHER}" in found
+    _zoo(OtherZooReference.source_of(other), [0])  # one checkpoint of this run's range [0, 12)
+    (found,) = problems(other)
+    assert "at least 2 converged checkpoints" in found and "found 1" in found and "stage=import" in found
+
+
+@pytest.mark.slow  # runs the evaluate stage end to end
+def test_another_stores_zoo_is_a_reference_with_rows_in_the_one_metrics_csv(tmp_path):
+    released = tmp_path / "released"
+    exp = _experiment(tmp_path, "reference=other_zoo", f"reference.store={released}", f"reference.experiment={OTHER}",
+                      f"reference.seeds=[{OTHER_SEEDS.start},{OTHER_SEEDS.stop}]", "evaluate.baselines=[]")
+    _zoo(exp, range(12))
+    source = OtherZooReference.source_of(exp)
+    assert source.name == OTHER and source.store.root == released
+    _zoo(source, OTHER_SEEDS)
+    units = {r: write_unit(exp, "swag", "one", r, draws_near(100000 + 4 * r, 4, exp), [100000 + 4 * r]) for r in range(2)}
+    before = sorted(p for p in released.rglob("*"))
+    evaluate.run(exp)
+    assert sorted(p for p in released.rglob("*")) == before  # the other store is only read
+    every = read_metrics(exp.results_dir / "metrics.csv")
+    assert sorted(set(every["reference"])) == ["other_zoo", "zoo"]
+    rows = rows_against(every, "other_zoo").set_index(["method", "mode"])
+    assert rows.loc[("swag", "one"), "n_reference"] == 12
+    reps = rows_against(read_repetitions(exp.results_dir / "repetitions.csv"), "other_zoo").set_index(
+        ["method", "mode", "repetition"])
+    zoo_reps = rows_against(read_repetitions(exp.results_dir / "repetitions.csv"), "zoo").set_index(
+        ["method", "mode", "repetition"])
+    other_zoo = load_checkpoints_as_sample_set(source.store.checkpoint_paths(OTHER_SEEDS))
+    model, labels = exp.model(), exp.test_tensors[1]
+    predictive = predict_with_weights(model, other_zoo, exp.test_tensors[0]).double().mean(0)
+    for r, (samples, preds) in units.items():
+        expected = mmd(other_zoo, samples).aggregate["median"]
+        assert reps.loc[("swag", "one", r), "mmd_median"] == pytest.approx(expected, rel=1e-6)
+        assert zoo_reps.loc[("swag", "one", r), "mmd_median"] != pytest.approx(expected, rel=1e-3)  # another zoo
+        numbers = predictive_metrics(preds["id"], labels, preds["ood"], reference_id=predictive)
+        assert reps.loc[("swag", "one", r), "agreement"] == pytest.approx(numbers["agreement"], abs=1e-9)
+        assert reps.loc[("swag", "one", r), "tv"] == pytest.approx(numbers["tv"], rel=1e-5)
+    for r in range(2):  # its numbers cached beside the zoo's, under the reference's name
+        zoo_cache = exp.store.eval_path(exp.store.sample_unit("swag", "one", r))
+        assert zoo_cache.is_file() and zoo_cache.with_suffix(".other_zoo.json").is_file()
+    assert (exp.store.base / "reference-other_zoo").is_dir()  # its forms cached in this store
