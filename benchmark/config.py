@@ -249,8 +249,9 @@ class SampleConfig:
     ``repetitions`` (cheap rows can run more: an exact paired sign-flip test on R repetitions cannot
     go below p = 2/2^R, 0.0625 at 5, 0.0078 at 8; repetition k of every row still starts from the
     same base, and more repetitions keep the ones done; the held-out range must hold the largest
-    count's blocks; null: none; ``'+sample.repetitions_per_method.<name>=N'`` adds one on the command
-    line, ``sample.repetitions_per_method=null`` drops an experiment's); both read only through the
+    count's blocks; the reference rows keep ``repetitions``: HMC cannot be named, the zoo's blocks and
+    the second zoo's cap use the default; null: none; ``'+sample.repetitions_per_method.<name>=N'``
+    adds one on the command line, ``sample.repetitions_per_method=null`` drops an experiment's); both read only through the
     repetition design, ``benchmark.design.Design``;
     ``keep_stale``: a unit drawn under other settings or code is moved to ``quarantine/`` before
     it is drawn again (false: removed)."""
@@ -269,6 +270,9 @@ class SampleConfig:
             require(name in registry.METHODS, f"repetitions_per_method.{name}", name,
                     f"a registered method: one of {', '.join(registry.METHODS)}")
             require(isinstance(count, int) and count >= 1, f"repetitions_per_method.{name}", count, "a positive integer")
+            # HMC's rows are the HMC reference, pooled over sample.repetitions repetitions (benchmark.reference)
+            require(name != "hmc", f"repetitions_per_method.{name}", count,
+                    "no entry: the HMC reference's rows have sample.repetitions repetitions")
 
 
 @dataclass

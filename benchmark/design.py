@@ -5,7 +5,9 @@ One object (``Design``, from ``Design.of(exp)``) owns what used to be read in se
 - ``repetitions``: ``sample.repetitions``, the independent repetitions of every method x mode,
   unless ``sample.repetitions_per_method`` names the method (``repetitions_of``: cheap rows can
   run more, so that their paired exact tests can reach the claims' level); the reference rows
-  have the default count: the zoo's blocks under ``reference=hmc``, the second zoo at most that;
+  have the default count: HMC's (the config refuses an entry for it: ``benchmark.reference``
+  pools its repetitions), the zoo's blocks under ``reference=hmc``, the second zoo at most that
+  (a baseline is compared with every method, unpaired);
 - ``most``: the largest count of any method (the held-out blocks laid out: ``reach``, ``needed``);
 - the base pools: ``pool(method, bases)``, the block of candidate held-out seeds one repetition of
   a method reserves (its bases, plus spares where a fit can fail);
@@ -21,8 +23,8 @@ registered methods' pools that moves a repetition's block makes exactly the unit
 moved stale. The number of repetitions moves no block: more repetitions (for every method, or for
 one through ``sample.repetitions_per_method``) keep the ones done, and repetition k of a method with
 8 repetitions starts from the same base as repetition k of one with 5 (the rows stay paired on
-their common repetitions 0 .. 4). A unit
-written before units recorded their layout is judged by its recorded bases (``inventory.drawn_in_block``).
+their common repetitions 0 .. 4). A unit written before units recorded their layout is judged by
+its recorded bases (``inventory.drawn_in_block``).
 
 The design reads positions, never the store: which seeds the positions are is the inventory's and
 the sample stage's business (``select_bases``, ``inventory.heldout_shortfall``).
