@@ -251,8 +251,8 @@ class SampleConfig:
     same base, and more repetitions keep the ones done; the held-out range must hold the largest
     count's blocks; the reference rows keep ``repetitions``: HMC cannot be named, the zoo's blocks and
     the second zoo's cap use the default; null: none; ``'+sample.repetitions_per_method.<name>=N'``
-    adds one on the command line, ``sample.repetitions_per_method=null`` drops an experiment's); both read only through the
-    repetition design, ``benchmark.design.Design``;
+    adds one on the command line, ``sample.repetitions_per_method=null`` drops an experiment's);
+    both read only through the repetition design, ``benchmark.design.Design``;
     ``keep_stale``: a unit drawn under other settings or code is moved to ``quarantine/`` before
     it is drawn again (false: removed)."""
 
@@ -269,7 +269,8 @@ class SampleConfig:
         for name, count in (self.repetitions_per_method or {}).items():
             require(name in registry.METHODS, f"repetitions_per_method.{name}", name,
                     f"a registered method: one of {', '.join(registry.METHODS)}")
-            require(isinstance(count, int) and count >= 1, f"repetitions_per_method.{name}", count, "a positive integer")
+            require(isinstance(count, int) and count >= 1, f"repetitions_per_method.{name}", count,
+                    "a positive integer")
             # HMC's rows are the HMC reference, pooled over sample.repetitions repetitions (benchmark.reference)
             require(name != "hmc", f"repetitions_per_method.{name}", count,
                     "no entry: the HMC reference's rows have sample.repetitions repetitions")

@@ -287,7 +287,8 @@ def heldout_shortfall(exp: Experiment, bases: int) -> str | None:
         return None
     stop = heldout.stop + math.ceil((needed - expected) / rate)
     return (f"seeds.heldout=[{heldout.start}, {heldout.stop}] cannot supply the sample stage: "
-            f"{design.most} repetition(s){_largest_count(design)} {stride} converged seeds apart need {needed} converged held-out "
+            f"{design.most} repetition(s){_largest_count(design)} {stride} converged seeds apart need {needed} "
+            f"converged held-out "
             f"seeds ((repetitions - 1) x {stride} + {bases} bases), and the range gives about {expected} "
             f"({done} converged, {failed} failed, {untried} not trained yet at seeds.expected_convergence={rate:g}); "
             f"use 'seeds.heldout=[{heldout.start},{stop}]' (or fewer {_count_keys(design)} / sample.per_method)")

@@ -99,7 +99,8 @@ def cli(tmp_path, monkeypatch, caplog, capsys):
     from benchmark.cli import main
 
     def run(*args: str) -> tuple[int, str]:
-        argv = [*uniform_repetitions(list(args)), f"hydra.run.dir={tmp_path / 'hydra'}", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+        argv = [*uniform_repetitions(list(args)), f"hydra.run.dir={tmp_path / 'hydra'}", "hydra/job_logging=none",
+                "hydra/hydra_logging=none"]
         monkeypatch.setattr(sys, "argv", ["benchmark", *argv])
         caplog.clear()
         with caplog.at_level(logging.INFO):
