@@ -256,20 +256,36 @@ class SampleConfig:
     """``per_method``: weight samples per method and mode (paper: 100); ``modes_multi``:
     multi-mode base networks (paper: 10), ``per_method / modes_multi`` samples each;
     ``repetitions``: independent repetitions of every method x mode (each on its own base
-    networks, hence its own method seeds), whose spread gives the tables' error bars; read only
-    through the repetition design, ``benchmark.design.Design``;
+    networks, hence its own method seeds), whose spread gives the tables' error bars;
+    ``repetitions_per_method``: registered method name -> its repetitions (both modes), in place of
+    ``repetitions`` (cheap rows can run more: an exact paired sign-flip test on R repetitions cannot
+    go below p = 2/2^R, 0.0625 at 5, 0.0078 at 8; repetition k of every row still starts from the
+    same base, and more repetitions keep the ones done; the held-out range must hold the largest
+    count's blocks; the reference rows keep ``repetitions``: HMC cannot be named, the zoo's blocks and
+    the second zoo's cap use the default; null: none; ``'+sample.repetitions_per_method.<name>=N'``
+    adds one on the command line, ``sample.repetitions_per_method=null`` drops an experiment's);
+    both read only through the repetition design, ``benchmark.design.Design``;
     ``keep_stale``: a unit drawn under other settings or code is moved to ``quarantine/`` before
     it is drawn again (false: removed)."""
 
     per_method: int = 100
     modes_multi: int = 10
     repetitions: int = 3
+    repetitions_per_method: Optional[Dict[str, int]] = None
     keep_stale: bool = True
 
     def __post_init__(self) -> None:
         require(self.per_method >= 1, "per_method", self.per_method, "a positive integer")
         require(self.modes_multi >= 1, "modes_multi", self.modes_multi, "a positive integer")
         require(self.repetitions >= 1, "repetitions", self.repetitions, "a positive integer")
+        for name, count in (self.repetitions_per_method or {}).items():
+            require(name in registry.METHODS, f"repetitions_per_method.{name}", name,
+                    f"a registered method: one of {', '.join(registry.METHODS)}")
+            require(isinstance(count, int) and count >= 1, f"repetitions_per_method.{name}", count,
+                    "a positive integer")
+            # HMC's rows are the HMC reference, pooled over sample.repetitions repetitions (benchmark.reference)
+            require(name != "hmc", f"repetitions_per_method.{name}", count,
+                    "no entry: the HMC reference's rows have sample.repetitions repetitions")
 
 
 @dataclass

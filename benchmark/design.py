@@ -2,8 +2,13 @@
 
 One object (``Design``, from ``Design.of(exp)``) owns what used to be read in several places:
 
-- ``repetitions``: ``sample.repetitions``, the independent repetitions of every method x mode (and
-  of the reference rows: the zoo's blocks under ``reference=hmc``, the second zoo);
+- ``repetitions``: ``sample.repetitions``, the independent repetitions of every method x mode,
+  unless ``sample.repetitions_per_method`` names the method (``repetitions_of``: cheap rows can
+  run more, so that their paired exact tests can reach the claims' level); the reference rows
+  have the default count: HMC's (the config refuses an entry for it: ``benchmark.reference``
+  pools its repetitions), the zoo's blocks under ``reference=hmc``, the second zoo at most that
+  (a baseline is compared with every method, unpaired);
+- ``most``: the largest count of any method (the held-out blocks laid out: ``reach``, ``needed``);
 - the base pools: ``pool(method, bases)``, the block of candidate held-out seeds one repetition of
   a method reserves (its bases, plus spares where a fit can fail);
 - their layout: ``stride``, the converged held-out seeds between the starts of two repetitions
@@ -15,8 +20,11 @@ A unit's place in the layout (``unit_layout``: the positions of its candidate bl
 converged held-out seeds) is part of its key (``inventory.unit_expectations``, the ``layout``
 metadata of its files): a change of ``sample.per_method``, ``sample.modes_multi`` or of the
 registered methods' pools that moves a repetition's block makes exactly the units whose block
-moved stale. The number of repetitions moves no block: more repetitions keep the ones done. A unit
-written before units recorded their layout is judged by its recorded bases (``inventory.drawn_in_block``).
+moved stale. The number of repetitions moves no block: more repetitions (for every method, or for
+one through ``sample.repetitions_per_method``) keep the ones done, and repetition k of a method with
+8 repetitions starts from the same base as repetition k of one with 5 (the rows stay paired on
+their common repetitions 0 .. 4). A unit written before units recorded their layout is judged by
+its recorded bases (``inventory.drawn_in_block``).
 
 The design reads positions, never the store: which seeds the positions are is the inventory's and
 the sample stage's business (``select_bases``, ``inventory.heldout_shortfall``).
@@ -26,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Sequence, TypeVar
+from typing import Mapping, Sequence, TypeVar
 
 from benchmark.experiment import Experiment
 from methods import MethodConfigError, PosteriorMethod, method_class, selected
@@ -44,24 +52,50 @@ def pool_size(method: type[PosteriorMethod] | PosteriorMethod, bases: int) -> in
 
 @dataclass(frozen=True)
 class Design:
-    """The repetition design of a config's ``sample`` node (see the module doc): ``repetitions``,
-    ``per_method`` (samples per method and mode), ``modes_multi`` (multi-mode bases)."""
+    """The repetition design of a config's ``sample`` node (see the module doc): ``repetitions``
+    (the default count), ``per_method`` (samples per method and mode), ``modes_multi`` (multi-mode
+    bases), ``per_method_repetitions`` (``sample.repetitions_per_method``: method name -> its
+    count, overriding ``repetitions`` in both modes; a mapping is stored as sorted pairs)."""
 
     repetitions: int
     per_method: int
     modes_multi: int
+    per_method_repetitions: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def of(cls, exp: Experiment) -> "Design":
-        """The design of ``exp``'s config (``sample.repetitions``, ``sample.per_method``, ``sample.modes_multi``)."""
+        """The design of ``exp``'s config (``sample.repetitions``, ``sample.per_method``,
+        ``sample.modes_multi``, ``sample.repetitions_per_method``)."""
         sample = exp.config.sample
-        return cls(sample.repetitions, sample.per_method, sample.modes_multi)
+        return cls(sample.repetitions, sample.per_method, sample.modes_multi,
+                   tuple(sorted(dict(sample.repetitions_per_method or {}).items())))
 
     def __post_init__(self) -> None:
         for name in ("repetitions", "per_method", "modes_multi"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Design: sample.{name} is {value!r}, expected a positive integer")
+        counts = self.per_method_repetitions
+        if isinstance(counts, Mapping):
+            counts = tuple(sorted(counts.items()))
+            object.__setattr__(self, "per_method_repetitions", counts)
+        for method, value in counts:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Design: sample.repetitions_per_method.{method} is {value!r}, expected a "
+                                 "positive integer")
+
+    # ---- how many repetitions ------------------------------------------------------------------
+
+    def repetitions_of(self, method: str) -> int:
+        """How many repetitions the rows of ``method`` (both modes) have: its
+        ``sample.repetitions_per_method`` entry, else ``repetitions``."""
+        return dict(self.per_method_repetitions).get(str(method), self.repetitions)
+
+    @property
+    def most(self) -> int:
+        """The largest count of any method: the held-out blocks every run lays out (``reach``,
+        ``needed``), whichever methods it selects."""
+        return max([self.repetitions, *(count for _, count in self.per_method_repetitions)])
 
     # ---- the layout --------------------------------------------------------------------------
 
@@ -116,13 +150,14 @@ class Design:
 
     @property
     def reach(self) -> int:
-        """How many converged held-out seeds every block of every repetition lies in."""
-        return self.repetitions * self.stride
+        """How many converged held-out seeds every block of every repetition lies in (of the
+        method with the most repetitions: ``most``)."""
+        return self.most * self.stride
 
     def needed(self, bases: int) -> int:
-        """Converged held-out seeds the repetitions need when a unit takes at most ``bases`` bases:
-        ``(repetitions - 1) x stride + bases``."""
-        return (self.repetitions - 1) * self.stride + bases
+        """Converged held-out seeds the repetitions need when a unit takes at most ``bases`` bases,
+        at the largest count of any method (``most``): ``(most - 1) x stride + bases``."""
+        return (self.most - 1) * self.stride + bases
 
     def unit_block(self, method: str, mode: str, repetition: int) -> tuple[int, int] | None:
         """``(start, size)``: the candidate block of a unit of registered ``method`` in ``mode``
@@ -148,7 +183,8 @@ class Design:
     # ---- the repetitions of the reference rows -------------------------------------------------
 
     def reference_blocks(self, seeds: Sequence[T]) -> list[list[T]]:
-        """The zoo row's repetitions (``reference=hmc``): ``repetitions`` disjoint blocks of
+        """The zoo row's repetitions (``reference=hmc``): ``repetitions`` (the default count, whatever
+        ``sample.repetitions_per_method`` gives single methods) disjoint blocks of
         ``seeds`` (the converged reference seeds, in seed order) of ``per_method`` each (the size of
         a method's sample set), or of an equal share of them when they are fewer."""
         size = min(self.per_method, len(seeds) // self.repetitions)
@@ -156,7 +192,8 @@ class Design:
 
     def baseline_repetitions(self, wanted: int | None, held_out: bool) -> int:
         """How many repetitions a baseline row gets: ``wanted`` (``evaluate.baseline_repetitions``;
-        ``None``: ``repetitions``), at most ``repetitions`` for one that reads the held-out blocks
-        (``held_out``: the second zoo, one block per method repetition)."""
+        ``None``: ``repetitions``), at most ``repetitions`` (the default count, not ``most``: a
+        baseline is compared with every method) for one that reads the held-out blocks (``held_out``:
+        the second zoo, one block per method repetition)."""
         count = wanted or self.repetitions
         return min(count, self.repetitions) if held_out else count

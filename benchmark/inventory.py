@@ -270,7 +270,8 @@ def reference_recipe(exp: Experiment) -> ReferenceRecipe:
 def heldout_shortfall(exp: Experiment, bases: int) -> str | None:
     """Why ``seeds.heldout`` cannot supply the sample stage, or ``None``: repetition k's bases
     start at converged held-out seed ``k x Design.stride``, so the design's repetitions need
-    ``Design.needed(bases)`` converged seeds (``bases``: the most any selected
+    ``Design.needed(bases)`` converged seeds (at the largest count of any method, ``Design.most``:
+    ``sample.repetitions`` or ``sample.repetitions_per_method``; ``bases``: the most any selected
     method x mode takes, e.g. Deep Ensembles' members). Seeds already trained count as they are;
     the rest at ``seeds.expected_convergence``. The message gives the numbers and the range to use."""
     design, heldout = Design.of(exp), exp.heldout
@@ -286,10 +287,24 @@ def heldout_shortfall(exp: Experiment, bases: int) -> str | None:
         return None
     stop = heldout.stop + math.ceil((needed - expected) / rate)
     return (f"seeds.heldout=[{heldout.start}, {heldout.stop}] cannot supply the sample stage: "
-            f"{design.repetitions} repetition(s) {stride} converged seeds apart need {needed} converged held-out "
+            f"{design.most} repetition(s){_largest_count(design)} {stride} converged seeds apart need {needed} "
+            f"converged held-out "
             f"seeds ((repetitions - 1) x {stride} + {bases} bases), and the range gives about {expected} "
             f"({done} converged, {failed} failed, {untried} not trained yet at seeds.expected_convergence={rate:g}); "
-            f"use 'seeds.heldout=[{heldout.start},{stop}]' (or fewer sample.repetitions / sample.per_method)")
+            f"use 'seeds.heldout=[{heldout.start},{stop}]' (or fewer {_count_keys(design)} / sample.per_method)")
+
+
+def _largest_count(design: Design) -> str:
+    """Where the largest count comes from, when ``sample.repetitions_per_method`` gives it."""
+    most = [name for name, count in design.per_method_repetitions if count == design.most]
+    return f" (sample.repetitions_per_method: {', '.join(most)})" if most and design.most > design.repetitions else ""
+
+
+def _count_keys(design: Design) -> str:
+    """The key(s) that set the largest count: ``sample.repetitions`` and/or ``sample.repetitions_per_method.<name>``."""
+    keys = [f"sample.repetitions_per_method.{name}" for name, count in design.per_method_repetitions
+            if count == design.most]
+    return " / ".join((["sample.repetitions"] if design.repetitions == design.most else []) + keys)
 
 
 SAMPLE_CODE = ("methods.base", "methods.modes", "benchmark.core.models", "benchmark.core.data", "benchmark.core.settings",
@@ -302,9 +317,10 @@ checkpoints and sample sets (the bases read, the samples written). Packages coun
 
 def expected_units(exp: Experiment) -> list[Unit]:
     """Every unit a full sample stage of this config writes: each registered method the
-    experiment runs x each mode it supports x the design's repetitions (``Design.repetitions``)."""
+    experiment runs x each mode it supports x its repetitions (``Design.repetitions_of``)."""
+    design = Design.of(exp)
     return [exp.store.sample_unit(m, mode, r) for m, mode in selected("all", "both")
-            if not exp.method_settings(m).unavailable for r in range(Design.of(exp).repetitions)]
+            if not exp.method_settings(m).unavailable for r in range(design.repetitions_of(m))]
 
 
 def sample_settings_hash(exp: Experiment, method: str) -> str:
@@ -501,19 +517,25 @@ def available_rows(exp: Experiment) -> list[tuple[str, str]]:
 
 
 def row_units(exp: Experiment, method: str, mode: str) -> list[Unit]:
-    """The units a row averages: repetitions ``0 .. Design.repetitions - 1`` of a registered
+    """The units a row averages: repetitions ``0 .. Design.repetitions_of(method) - 1`` of a registered
     method, all checked done and current (``StaleSamplesError`` naming every problem and the
     command that redoes them otherwise); the single unit of an external sample set."""
     if method not in method_names():
         return [exp.store.sample_unit(method, mode, 0)]
-    units = [exp.store.sample_unit(method, mode, r) for r in range(Design.of(exp).repetitions)]
+    units = [exp.store.sample_unit(method, mode, r) for r in range(Design.of(exp).repetitions_of(method))]
     problems = [f"repetition {u.repetition}: {p}" for u in units if (p := unit_state(exp, u).problem) is not None]
     if problems:
         raise StaleSamplesError(
             f"{method}/{mode}: {'; '.join(problems)}. Redo them with: python -m benchmark stage=sample "
-            f"experiment={exp.name} method={method} mode={mode} (or lower sample.repetitions)"
+            f"experiment={exp.name} method={method} mode={mode} (or lower {_row_count_key(exp, method)})"
         )
     return units
+
+
+def _row_count_key(exp: Experiment, method: str) -> str:
+    """The key that sets ``method``'s count of repetitions."""
+    named = method in dict(Design.of(exp).per_method_repetitions)
+    return f"sample.repetitions_per_method.{method}" if named else "sample.repetitions"
 
 
 def describe_store(exp: Experiment) -> str:

@@ -159,7 +159,7 @@ def predictions(exp: Experiment, samples: SampleSet, method: PosteriorMethod | N
 def select_bases(exp: Experiment, count: int) -> list[int]:
     """The converged held-out seeds the repetitions may take, in seed order: those of the shortest
     prefix of ``seeds.heldout`` holding ``Design.reach`` converged seeds (every block a repetition
-    can read), or of the whole range when it holds fewer, with at least
+    can read, at the largest count of any method), or of the whole range when it holds fewer, with at least
     ``count`` of them. Every seed of that prefix must be trained (a checkpoint or a failure record),
     so which bases a unit uses is fixed by the range alone, never by which seeds happen to be
     finished; seeds after the prefix are never read, so a pool imported with exactly the seeds the
@@ -224,7 +224,7 @@ def _untrained_message(exp: Experiment, heldout, ready: int, needed: int) -> str
 
 
 def jobs(exp: Experiment, summary: SampleSummary | None = None, check_bases: bool = True) -> list[Job]:
-    """Build and check every selected unit (each method x mode, ``Design.repetitions`` times)
+    """Build and check every selected unit (each method x mode, ``Design.repetitions_of`` its method times)
     before any training (``Experiment.planned_methods``). Repetition k takes its bases from the
     converged held-out seeds from ``k x Design.stride`` on (``Design.candidates``).
 
@@ -241,7 +241,7 @@ def jobs(exp: Experiment, summary: SampleSummary | None = None, check_bases: boo
             summary.unavailable.append(reason.split(": ", 1)[0])
     design = Design.of(exp)
     out = [Job(exp.store.sample_unit(method.name, plan.mode, r), method, plan)
-           for method, plan in planned for r in range(design.repetitions)]
+           for method, plan in planned for r in range(design.repetitions_of(method.name))]
     problem = heldout_shortfall(exp, max((plan.bases for _, plan in planned), default=0))
     if problem:
         raise MissingBasesError(problem)

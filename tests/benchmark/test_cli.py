@@ -148,7 +148,7 @@ def test_each_experiments_heldout_range_supplies_its_repetitions(tmp_path, exper
     exp = Experiment(compose_config([f"experiment={experiment}", f"store={tmp_path / 'store'}"]))
     sample, seeds, design = exp.config.sample, exp.config.seeds, Design.of(exp)
     assert design.stride == sample.per_method  # the Deep Ensemble's members: the largest pool
-    needed = (design.repetitions - 1) * design.stride + sample.per_method
+    needed = (design.most - 1) * design.stride + sample.per_method  # the largest count of any method
     assert heldout_shortfall(exp, sample.per_method) is None
     assert round(len(exp.heldout) * seeds.expected_convergence) >= needed
     # the ranges of the last round (150 seeds) could not: refused with the numbers and the range to use

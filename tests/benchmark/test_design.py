@@ -33,7 +33,11 @@ def digits(tmp_path_factory) -> Experiment:
 def test_the_design_gives_the_default_digits_config_the_bases_it_had(digits):
     design = Design.of(digits)
     assert (design.repetitions, design.per_method, design.modes_multi) == (5, 100, 10)
-    assert design.stride == 100 and design.reach == 500 and design.needed(100) == 500
+    # the rows that start from the base run 8 (conf/experiment/digits_optunet.yaml), the others 5
+    assert dict(design.per_method_repetitions) == {"swag": 8, "laplace": 8, "ensemble": 8, "sghmc": 8}
+    assert all(getattr(method_class(m), "starts_from_base", False) for m, _ in design.per_method_repetitions)
+    assert [design.repetitions_of(m) for m in ("dropout", "bnn", "sghmc_sa", "hmc")] == [5] * 4
+    assert design.stride == 100 and design.reach == 800 and design.needed(100) == 800
     assert set(selected("all", "both")) == set(DIGITS_BEFORE)
     seeds = list(range(100000, 100600))  # converged held-out seeds, in seed order
     for (name, mode), pool in DIGITS_BEFORE.items():
@@ -67,6 +71,94 @@ def test_the_number_of_repetitions_moves_no_block():
         "converged held-out seeds 4..5", "converged held-out seeds 4..7")
 
 
+def test_per_method_counts_keep_the_layout_and_the_pairing():
+    """A method with more repetitions than the default gets more blocks of the same layout: its
+    repetition k starts where every other row's does (rows paired by repetition index), the blocks
+    of the repetitions the default count has do not move, and the held-out range is laid out for
+    the largest count."""
+    five, more = Design(5, 4, 2), Design(5, 4, 2, {"swag": 8, "laplace": 7})
+    assert more.per_method_repetitions == (("laplace", 7), ("swag", 8))  # a mapping is stored as sorted pairs
+    assert [more.repetitions_of(m) for m in ("swag", "laplace", "dropout", "external_thing")] == [8, 7, 5, 5]
+    assert (more.most, five.most) == (8, 5) and more.stride == five.stride == 4
+    assert (more.reach, more.needed(2), five.needed(2)) == (32, 30, 18)  # (8 - 1) x 4 + 2: the largest count's
+    for name, mode in selected("all", "both"):
+        for k in range(5):  # the default count's blocks, whatever the overrides
+            assert more.unit_layout(name, mode, k) == five.unit_layout(name, mode, k), (name, mode, k)
+    for k in range(7):  # repetition k of SWAG and of Laplace start from the same converged seed
+        assert more.unit_block("swag", "one", k)[0] == more.unit_block("laplace", "one", k)[0] == 4 * k
+    seeds = list(range(100, 140))
+    assert more.candidates(seeds, method_class("swag"), 1, 7) == (128,)
+    assert more.candidates(seeds, method_class("swag"), 1, 3) == five.candidates(seeds, method_class("swag"), 1, 3)
+    # the reference rows keep the default count
+    assert len(more.reference_blocks(list(range(100)))) == 5
+    assert more.baseline_repetitions(20, held_out=True) == 5
+    with pytest.raises(ValueError, match=r"sample.repetitions_per_method.swag is 0, expected a positive integer"):
+        Design(5, 4, 2, {"swag": 0})
+
+
+def test_the_config_checks_the_per_method_counts(tmp_path):
+    from benchmark.config import ConfigError, resolve_config
+    digits = ["experiment=digits_optunet", f"store={tmp_path}"]
+    with pytest.raises(ConfigError, match=r"sample.repetitions_per_method.nope='nope': expected a registered "
+                                          r"method: one of dropout, .*swag, laplace, ensemble"):
+        resolve_config(compose_config([*digits, "+sample.repetitions_per_method.nope=3"]))
+    with pytest.raises(ConfigError, match=r"sample.repetitions_per_method.swag=0: expected a positive integer"):
+        resolve_config(compose_config([*digits, "sample.repetitions_per_method.swag=0"]))
+    with pytest.raises(ConfigError, match=r"sample.repetitions_per_method.hmc=8: expected no entry: the HMC "
+                                          r"reference's rows have sample.repetitions repetitions"):
+        resolve_config(compose_config([*digits, "+sample.repetitions_per_method.hmc=8"]))
+    # null drops the experiment's counts; a method it does not name is added with '+'
+    assert resolve_config(compose_config([*digits, "sample.repetitions_per_method=null"])).sample.repetitions_per_method is None
+    added = resolve_config(compose_config([*digits, "+sample.repetitions_per_method.dropout=6"])).sample
+    assert added.repetitions_per_method == {"swag": 8, "laplace": 8, "ensemble": 8, "sghmc": 8, "dropout": 6}
+
+
+def _digits(tmp_path, *overrides) -> Experiment:
+    return Experiment(compose_config(["experiment=digits_optunet", f"store={tmp_path / 'store'}", *overrides]))
+
+
+def test_more_repetitions_for_a_method_keep_the_ones_done_and_add_units(tmp_path):
+    """Growing a method's count leaves the keys of its done repetitions as they were (no unit goes
+    stale), and the units a full run writes and a row averages follow each method's count."""
+    from benchmark.inventory import expected_units, unit_expectations
+    base = _digits(tmp_path, "sample.repetitions_per_method=null")
+    grown = _digits(tmp_path, "sample.repetitions_per_method.swag=12")
+    assert [Design.of(grown).repetitions_of(m) for m in ("swag", "laplace", "dropout")] == [12, 8, 5]
+    for mode in ("one", "multi"):
+        for k in range(5):
+            unit = base.store.sample_unit("swag", mode, k)
+            assert unit_expectations(grown, unit) == unit_expectations(base, unit)
+    counts = {}
+    for unit in expected_units(grown):
+        counts[unit.row()] = counts.get(unit.row(), 0) + 1
+    assert counts[("swag", "one")] == counts[("swag", "multi")] == 12
+    assert counts[("laplace", "one")] == 8 and counts[("dropout", "multi")] == 5
+    digits = {u.row(): 0 for u in expected_units(_digits(tmp_path))}
+    for unit in expected_units(_digits(tmp_path)):
+        digits[unit.row()] += 1
+    assert {row for row, n in digits.items() if n == 8} == {
+        ("swag", "one"), ("swag", "multi"), ("laplace", "one"), ("laplace", "multi"), ("ensemble", "multi"), ("sghmc", "one")}
+    assert all(n == 5 for row, n in digits.items() if n != 8)
+
+
+def test_the_heldout_shortfall_uses_the_largest_count_and_names_the_keys(tmp_path):
+    """The held-out range must hold the blocks of the method with the most repetitions: the digits
+    range holds 8 x 100 (its Deep Ensemble's 800 members); the range sized for 5 does not, and the
+    message names the range to use and the keys that set the count."""
+    from benchmark.inventory import heldout_shortfall
+    assert heldout_shortfall(_digits(tmp_path), 100) is None
+    problem = heldout_shortfall(_digits(tmp_path, "seeds.heldout=[100000,100780]"), 100)
+    assert problem is not None and "8 repetition(s)" in problem and "need 800 converged held-out seeds" in problem
+    assert "use 'seeds.heldout=[100000,101160]'" in problem
+    assert "sample.repetitions_per_method.ensemble" in problem and "sample.repetitions_per_method.swag" in problem
+    assert heldout_shortfall(_digits(tmp_path, "seeds.heldout=[100000,100780]", "sample.repetitions_per_method=null"),
+                             100) is None
+    # one method at 9: the range for 8 is short by one stride; the message names that method's key alone
+    problem = heldout_shortfall(_digits(tmp_path, "sample.repetitions_per_method.swag=9"), 100)
+    assert "need 900" in problem and "sample.repetitions_per_method.swag /" in problem
+    assert "sample.repetitions_per_method.laplace" not in problem
+
+
 # ---- no module but the design reads the repetitions or the stride -------------------------------
 
 OWNER = "benchmark/design.py"
@@ -80,10 +172,11 @@ PACKAGES = ("benchmark", "methods", "metrics")
 
 def design_reads(source: str) -> list[str]:
     """Where ``source`` reads what the design owns: ``<x>.sample.repetitions`` or
-    ``sample.repetitions``, and any use of a ``repetition_stride``; as ``line: text``."""
+    ``sample.repetitions`` (or their ``repetitions_per_method``), and any use of a
+    ``repetition_stride``; as ``line: text``."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and node.attr == "repetitions":
+        if isinstance(node, ast.Attribute) and node.attr in ("repetitions", "repetitions_per_method"):
             inner = node.value
             if (isinstance(inner, ast.Attribute) and inner.attr == "sample") or (isinstance(inner, ast.Name) and inner.id == "sample"):
                 found.append(f"{node.lineno}: {ast.unparse(node)}")
@@ -118,7 +211,9 @@ def test_the_scanner_sees_each_kind_of_read():
                "    a = exp.config.sample.repetitions\n"
                "    b = sample.repetitions\n"
                "    from benchmark.inventory import repetition_stride\n"
-               "    return repetition_stride(2, 2), exp.config.evaluate.baseline_repetitions, exp.repetitions\n")
-    assert [r.split(":")[0] for r in design_reads(planted)] == ["2", "3", "4", "5"]
+               "    return repetition_stride(2, 2), exp.config.evaluate.baseline_repetitions, exp.repetitions\n"
+               "def g(exp):\n"
+               "    return exp.config.sample.repetitions_per_method\n")
+    assert [r.split(":")[0] for r in design_reads(planted)] == ["2", "3", "4", "5", "7"]
     assert design_reads("def repetition_stride():\n    pass\n")
     assert design_reads("x = '''sample.repetitions''' # sample.repetitions\n") == []  # text is not a read

@@ -18,8 +18,8 @@ from tests.conftest import REPO, compose_config
 pytestmark = pytest.mark.slow  # launches jobs through Hydra launchers: make test, not make test-fast
 
 COMMON = ("train.epochs=1", "train.fail_rule.epoch=null", "seeds.reference=[0,2]", "seeds.heldout=[100000,100004]",
-          "sample.per_method=2", "sample.modes_multi=2", "sample.repetitions=1", "threads=1",
-          "zoo.vectorize=1")  # one network at a time: no numba compilation in every job
+          "sample.per_method=2", "sample.modes_multi=2", "sample.repetitions=1", "sample.repetitions_per_method=null",
+          "threads=1", "zoo.vectorize=1")  # one network at a time: no numba compilation in every job
 METHODS = ("ensemble",)  # its samples are the zoo's own checkpoints: any difference shows
 
 

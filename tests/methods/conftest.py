@@ -36,6 +36,7 @@ TINY_OVERRIDES = (
     f"seeds.heldout=[{HELDOUT[0]},{HELDOUT[1]}]",
     "seeds.reference=[0,0]",
     "sample.repetitions=1",
+    "sample.repetitions_per_method=null",  # one repetition for every method (digits runs 8 for some)
 )
 
 

@@ -372,3 +372,40 @@ def test_few_baseline_repetitions_are_underpowered_and_bad_names_are_refused():
     with pytest.raises(ValueError, match="several experiments.*experiment="):
         baseline_comparisons(two, BASELINES, [("swag", "one")])
     assert len(baseline_comparisons(two, BASELINES, [("swag", "one")], experiment="mnist_optunet")) == 2 * 8
+
+
+def test_rows_with_more_repetitions_are_paired_on_the_common_ones_and_decide_at_eight():
+    """Per-method counts (``sample.repetitions_per_method``: digits runs 8 for the rows that start
+    from the base, 5 for the others): two rows at 8 are paired on their 8 repetitions, and an exact
+    sign-flip test there reaches p = 2/256 < 0.05 (at 5 it could not go below 0.0625); a row at 8
+    against one at 5 that also starts from the base is paired on the 5 repetitions both have
+    (repetition k of both starts from the same base), against one that does not, unpaired on all
+    8 + 5; n says how many each test used."""
+    from benchmark.report.findings import outcome_cells
+    rng = np.random.default_rng(3)
+
+    def frame(values):
+        return pd.DataFrame({"ece": values, "base_seeds": [str(100000 + 100 * k) for k in range(len(values))]})
+
+    shared = rng.normal(0, 0.02, 8)  # repetition k's base-network effect, common to every row
+    per_row = {("swag", "one"): frame(0.10 + shared + rng.normal(0, 0.002, 8)),
+               ("swag", "multi"): frame(0.20 + shared + rng.normal(0, 0.002, 8)),
+               ("laplace", "multi"): frame(0.25 + shared[:5] + rng.normal(0, 0.002, 5)),
+               ("dropout", "multi"): frame(0.30 + shared[:5] + rng.normal(0, 0.002, 5))}
+    check = lambda a, b: check_claim(Claim("one", (Comparison(a, b, "ece"),)), per_row)[0]  # noqa: E731
+    eight = check(("swag", "one"), ("swag", "multi"))
+    assert eight.test.paired and (eight.test.n_a, eight.test.n_b) == (8, 8)
+    assert eight.test.exact_p == pytest.approx(2 / 256) and eight.outcome == "holds"
+    assert outcome_cells(eight)["n"] == "8" and outcome_cells(eight)["Design"] == "paired, shared bases"
+    common = check(("swag", "multi"), ("laplace", "multi"))
+    assert common.test.paired and (common.test.n_a, common.test.n_b) == (5, 5)
+    a, b = per_row[("swag", "multi")]["ece"].to_numpy()[:5], per_row[("laplace", "multi")]["ece"].to_numpy()
+    assert common.test.mean == pytest.approx(float(np.mean(a - b)))
+    assert common.test.exact_p == pytest.approx(2 / 32) and common.outcome == "underpowered"
+    assert outcome_cells(common)["n"] == "5"
+    unpaired = check(("swag", "one"), ("dropout", "multi"))
+    assert not unpaired.test.paired and (unpaired.test.n_a, unpaired.test.n_b) == (8, 5)
+    assert outcome_cells(unpaired)["n"] == "8 + 5" and outcome_cells(unpaired)["Design"].startswith("unpaired")
+    x, y = per_row[("swag", "one")]["ece"].to_numpy(), per_row[("dropout", "multi")]["ece"].to_numpy()
+    assert unpaired.test.exact_p == pytest.approx(_exact(x, y, False), abs=2e-3)
+    assert unpaired.test.exact_p == pytest.approx(2 / 1287) and unpaired.outcome == "holds"  # C(13, 5) splits
