@@ -131,7 +131,8 @@ class PosteriorMethod(ABC):
         self.model_factory = model
         self.data = data
         self.settings = settings
-        self.recipe = recipe.without_plateau()  # train.until_plateau is the zoo's: a method's training keeps the epochs
+        # train.until_plateau is the zoo's: a method's own training keeps the recipe's epochs
+        self.recipe = recipe.without_plateau() if recipe is not None else None
         self.device = torch.device(device)
 
     def new_model(self, **kwargs) -> nn.Module:
