@@ -28,7 +28,7 @@ class OtherZooReference(Reference):
 
     def __init__(self, exp: Experiment) -> None:
         super().__init__(exp, source=self.source_of(exp),
-                         folder=exp.store.reference_dir.with_name(f"reference-{self.name}"))
+                         folder=exp.store.other_reference_dir(self.name))
 
     @staticmethod
     def source_of(exp: Experiment) -> Experiment:

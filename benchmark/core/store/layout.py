@@ -81,6 +81,11 @@ class ExperimentStore:
         """The reference zoo's caches (``benchmark/references/zoo.py``)."""
         return self.base / "reference"
 
+    def other_reference_dir(self, name: str) -> Path:
+        """The caches of the reference ``name`` built from another store's checkpoints
+        (``benchmark/references/other_zoo.py``): kept in this store, never in the other one."""
+        return self.base / f"reference-{name}"
+
     @property
     def eval_dir(self) -> Path:
         """The evaluate stage's per-repetition number caches."""
