@@ -283,7 +283,7 @@ class SampleConfig:
                     f"a registered method: one of {', '.join(registry.METHODS)}")
             require(isinstance(count, int) and count >= 1, f"repetitions_per_method.{name}", count,
                     "a positive integer")
-            # HMC's rows are the HMC reference, pooled over sample.repetitions repetitions (benchmark.reference)
+            # HMC's rows are the HMC reference, pooled over sample.repetitions repetitions (benchmark.references.hmc)
             require(name != "hmc", f"repetitions_per_method.{name}", count,
                     "no entry: the HMC reference's rows have sample.repetitions repetitions")
 

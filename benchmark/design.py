@@ -5,7 +5,7 @@ One object (``Design``, from ``Design.of(exp)``) owns what used to be read in se
 - ``repetitions``: ``sample.repetitions``, the independent repetitions of every method x mode,
   unless ``sample.repetitions_per_method`` names the method (``repetitions_of``: cheap rows can
   run more, so that their paired exact tests can reach the claims' level); the reference rows
-  have the default count: HMC's (the config refuses an entry for it: ``benchmark.reference``
+  have the default count: HMC's (the config refuses an entry for it: ``benchmark.references.hmc``
   pools its repetitions), the zoo's blocks under ``reference=hmc``, the second zoo at most that
   (a baseline is compared with every method, unpaired);
 - ``most``: the largest count of any method (the held-out blocks laid out: ``reach``, ``needed``);

@@ -123,6 +123,12 @@ class HMCReference(Reference):
         """The mean predictive of the pooled draws on the ID test set ``[N, C]`` (float64)."""
         return self._cached("predictive", lambda: {"id": self.chain_predictions().double().mean((0, 1))})["id"]
 
+    def health(self) -> str:
+        """How well the pooled chains mixed (``convergence``), for the evaluate stage's log."""
+        report = self.convergence()
+        return (f"{self.name} reference: {self.size} draws of {int(report['chains'])} chains; predictive R-hat (test "
+                f"log-likelihood) {report['rhat_loglik']:.3f}, softmax median {report['rhat_softmax_median']:.3f}")
+
     def convergence(self) -> dict[str, float]:
         """The predictive R-hat of the pooled chains on the test split (``metrics.mcmc.predictive_convergence``:
         ``rhat_loglik``, ``rhat_softmax_median``/``_max``, ``softmax_converged``), ``ess_loglik_min``

@@ -131,6 +131,11 @@ class Reference:
         """What ``unit``'s samples are scored against: this reference (HMC leaves an HMC unit's own draws out)."""
         return self
 
+    def health(self) -> str | None:
+        """One log line on how trustworthy the reference itself is (HMC: how well its chains mixed),
+        or ``None`` when there is nothing to say (a zoo)."""
+        return None
+
     def _scoring(self, exp: Experiment) -> None:
         """What every reference scores with: the evaluate settings, the model and its symmetries."""
         settings = exp.config.evaluate

@@ -322,11 +322,9 @@ def _score_against(exp: Experiment, units: dict[tuple[str, str], list[Unit]], zo
     """Every row against ``reference`` (each unit against ``reference.against(unit)``), the baseline
     rows (drawn from ``zoo``) and, where ``reference.scores_zoo``, the zoo's row (``zoo_blocks``);
     the metrics.csv and repetitions.csv rows."""
-    if hasattr(reference, "convergence"):  # a pool of chains (HMC): how well they mixed, in the log
-        convergence = reference.convergence()
-        log.info("%s reference: %d draws of %d chains; predictive R-hat (test log-likelihood) %.3f, softmax median %.3f",
-                 reference.name, reference.size, int(convergence["chains"]), convergence["rhat_loglik"],
-                 convergence["rhat_softmax_median"])
+    health = reference.health()
+    if health is not None:
+        log.info("%s", health)
     extra: Rows = []
     if reference.scores_zoo:
         blocks = zoo_blocks(exp, zoo)
@@ -347,8 +345,8 @@ def zoo_blocks(exp: Experiment, zoo: Reference) -> list[list[int]]:
     design = Design.of(exp)
     blocks = design.reference_blocks(zoo.seeds)
     if len(blocks[0]) < 2:
-        raise StoreError(f"the zoo's own row (against reference={exp.config.reference.name}) needs {design.repetitions} blocks of at least 2 converged "
-                         f"reference checkpoints, the store has {len(zoo.seeds)}")
+        raise StoreError(f"the zoo's own row (against reference={exp.config.reference.name}) needs {design.repetitions} "
+                         f"blocks of at least 2 converged reference checkpoints, the store has {len(zoo.seeds)}")
     return blocks
 
 
