@@ -37,13 +37,27 @@ TINY_TRAIN = ["train.epochs=2", "train.milestones=[1]", "train.fail_rule.epoch=1
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
-    """The project's config with ``overrides`` applied (as on the command line); the baselines get the
-    methods' repetitions unless the overrides say otherwise (the experiments' extra baseline
-    repetitions cost seconds each, which tests of other things need not pay); likewise every
-    method gets ``sample.repetitions`` when the overrides set it (``uniform_repetitions``)."""
+    """The project's config with ``overrides`` applied (as on the command line), made lean for tests
+    (``lean``): no baseline rows unless the overrides name ``evaluate.baselines``, and the methods'
+    repetitions for the baselines unless they name ``evaluate.baseline_repetitions``."""
     if not any(o.startswith("evaluate.baseline_repetitions") for o in overrides):
         overrides = [*overrides, "evaluate.baseline_repetitions=null"]
-    return config.compose_config(uniform_repetitions(overrides))
+    return config.compose_config(lean(overrides))
+
+
+ALL_BASELINES = "evaluate.baselines=[prior,init,gaussian,gaussian_ns,second_zoo]"
+"""The override that keeps every baseline row in a test (the project's default, which ``lean`` drops)."""
+
+
+def lean(overrides: list[str]) -> list[str]:
+    """``overrides`` for a test: ``uniform_repetitions``, and ``evaluate.baselines=[]`` unless they
+    name ``evaluate.baselines``. The five baseline rows are scored like five more methods in every
+    evaluate run (most of a tiny store's evaluate time); tests/benchmark/test_baselines.py and the
+    end-to-end tests that pass ``ALL_BASELINES`` check them, tests of other things need not pay."""
+    out = uniform_repetitions(overrides)
+    if not any("evaluate.baselines" in o for o in out):
+        out.append("evaluate.baselines=[]")
+    return out
 
 
 def uniform_repetitions(overrides: list[str]) -> list[str]:
@@ -99,7 +113,7 @@ def cli(tmp_path, monkeypatch, caplog, capsys):
     from benchmark.cli import main
 
     def run(*args: str) -> tuple[int, str]:
-        argv = [*uniform_repetitions(list(args)), f"hydra.run.dir={tmp_path / 'hydra'}", "hydra/job_logging=none",
+        argv = [*lean(list(args)), f"hydra.run.dir={tmp_path / 'hydra'}", "hydra/job_logging=none",
                 "hydra/hydra_logging=none"]
         monkeypatch.setattr(sys, "argv", ["benchmark", *argv])
         caplog.clear()

@@ -28,7 +28,7 @@ from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import canonicalize, spec_for_model
 from tests.benchmark.units import write_unit
-from tests.conftest import compose_config
+from tests.conftest import ALL_BASELINES, compose_config
 
 pytestmark = pytest.mark.slow  # builds a store and runs the evaluate stage: make test, not make test-fast
 
@@ -42,7 +42,7 @@ def store(tmp_path_factory):
         f"store={root / 'store'}", f"results={root / 'results'}", "seeds.reference=[0,10]",
         "seeds.heldout=[100000,100008]", "sample.repetitions=2", "sample.per_method=4", "sample.modes_multi=2",
         "evaluate.reference_resamples=4", "evaluate.test_permutations=100", "evaluate.weight_matching=false",
-        "evaluate.baseline_repetitions=3"]))
+        "evaluate.baseline_repetitions=3", ALL_BASELINES]))
     exp.store.ensure_writable()
     for seed in [*range(10), *range(100000, 100008)]:
         with seeded(seed):

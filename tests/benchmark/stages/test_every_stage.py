@@ -22,7 +22,7 @@ import torchvision.datasets.svhn
 from benchmark.cli import run
 from benchmark.experiment import Experiment
 from tests.benchmark.core.data import formats
-from tests.conftest import TINY_TRAIN, compose_config
+from tests.conftest import ALL_BASELINES, TINY_TRAIN, compose_config
 from tests.devices import available_devices, explicit_devices
 
 pytestmark = pytest.mark.slow
@@ -46,10 +46,10 @@ def guarded(device: str):
 
 def run_stages(device: str, *overrides: str) -> Experiment:
     """``stage=all`` then ``stage=verify`` with ``overrides`` on ``device``; the experiment."""
-    cfg = compose_config([f"device={device}", *overrides])
+    cfg = compose_config([f"device={device}", ALL_BASELINES, *overrides])  # the baselines' draws on the device too
     with guarded(device):
         run(cfg)
-        run(compose_config([f"device={device}", *overrides, "stage=verify"]))
+        run(compose_config([f"device={device}", ALL_BASELINES, *overrides, "stage=verify"]))
     return Experiment(cfg)
 
 

@@ -25,7 +25,7 @@ from benchmark.core.store import load_checkpoints_as_sample_set, load_sample_set
 from benchmark.core.training import iterate_batches
 from metrics.symmetries import canonicalize, spec_for_model
 from tests.benchmark.core.data import formats
-from tests.conftest import compose_config
+from tests.conftest import ALL_BASELINES, compose_config
 from tests.devices import explicit_devices
 
 pytestmark = pytest.mark.slow
@@ -78,7 +78,7 @@ def data_dir(tmp_path_factory):
 
 def configure(tmp_path, data_dir, experiment, *extra):
     return compose_config([f"experiment={experiment}", f"dataset.data_dir={data_dir}", f"store={tmp_path / 'store'}",
-                           f"results={tmp_path / 'results'}", *TINY_RESNET, *extra])
+                           f"results={tmp_path / 'results'}", ALL_BASELINES, *TINY_RESNET, *extra])
 
 
 @pytest.fixture(scope="module")
