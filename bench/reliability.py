@@ -54,7 +54,8 @@ EXP = "digits_optunet"
 TINY = ["threads=1", "train.epochs=3", "train.milestones=[2]", "train.fail_rule.epoch=3",
         "train.fail_rule.final_min_accuracy=null",  # 3-epoch networks: the paper's rule only, not digits' 50% end check
         "seeds.reference=[0,10]", "seeds.heldout=[100000,100008]", "sample.per_method=4", "sample.modes_multi=2",
-        "sample.repetitions=2", "methods.swag.snapshots=4", "methods.swag.rank=3", "methods.swag.epochs_factor=1",
+        "sample.repetitions=2", "sample.repetitions_per_method=null",  # every method at 2 (not digits' 8 for some)
+        "methods.swag.snapshots=4", "methods.swag.rank=3", "methods.swag.epochs_factor=1",
         "evaluate.baseline_repetitions=1"]  # the drills are about the store, not the reference rows
 SAMPLE = ["method=swag"]
 FAILURES: list[str] = []
@@ -245,6 +246,7 @@ def _tiny_experiment(work: Path, *overrides: str):
     torch.set_num_threads(1)
     exp = Experiment(compose_config([f"store={work / 'store'}", f"results={work / 'results'}", "device=cpu",
                                      "seeds.reference=[0,6]", "seeds.heldout=[100000,100004]", "sample.repetitions=1",
+                                     "sample.repetitions_per_method=null",
                                      "evaluate.reference_resamples=0", "evaluate.test_permutations=0",
                                      "evaluate.baseline_repetitions=1", *overrides]))
     exp.store.ensure_writable()
