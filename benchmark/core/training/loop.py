@@ -283,7 +283,7 @@ def train_network(
     optimizer = make_optimizer(model.parameters(), recipe) if optimizer_factory is None else optimizer_factory(model, recipe)
     scaler = acceleration.scaler(next(model.parameters()).device)
     history = []
-    epochs_run = recipe.epochs
+    epochs_run = recipe.max_epochs  # unless it plateaus first
     for epoch in range(recipe.max_epochs):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(recipe, epoch) * group.get("lr_scale", 1.0)
@@ -309,8 +309,6 @@ def train_network(
             if epoch + 1 >= recipe.epochs and plateau.reached(potentials, accuracies):
                 plateaued, epochs_run = True, epoch + 1
                 break
-    else:
-        epochs_run = recipe.max_epochs
     check_acc = accuracy(model, *check_set) if check_set is not None else math.nan
     train_acc = accuracy(model, *train_eval) if train_eval is not None else math.nan
     failure = recipe.fail_rule.final_failure(check_acc)

@@ -56,23 +56,17 @@ class StackedObjective(Protocol):
 def stacked_accuracies(predict, images: torch.Tensor, labels: torch.Tensor, count: int, device: torch.device,
                        dtype: torch.dtype) -> torch.Tensor:
     """``[count]`` (float64) accuracies of ``count`` networks whose logits on shared images
-    ``predict(images [b, ...]) -> [count, b, classes]`` gives, evaluated in batches of at most
-    ``EVAL_ELEMENTS`` images x pixels x networks."""
-    batch = max(1, EVAL_ELEMENTS // max(1, images[0].numel() * count))
-    correct = torch.zeros(count, dtype=torch.long, device=device)  # summed on the device, read once
-    labels = labels.to(device)
-    with torch.no_grad():
-        for start in range(0, len(labels), batch):
-            logits = predict(images[start : start + batch].to(device, dtype))
-            correct += (logits.argmax(-1) == labels[start : start + batch]).sum(1)
-    return correct.cpu().double() / max(1, len(labels))
+    ``predict(images [b, ...]) -> [count, b, classes]`` gives (``stacked_fit``'s correct predictions)."""
+    return stacked_fit(predict, images, labels, count, device, dtype)[1].double() / max(1, len(labels))
 
 
 def stacked_fit(predict, images: torch.Tensor, labels: torch.Tensor, count: int, device: torch.device,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(nll [count] float64, correct [count] int64)``: the summed cross-entropy (from float64
     logits, as ``benchmark.core.models.fit_with_weights``) and the correct argmax predictions of
-    ``count`` networks on shared images (``predict`` as in ``stacked_accuracies``)."""
+    ``count`` networks whose logits on shared images ``predict(images [b, ...]) -> [count, b,
+    classes]`` gives, evaluated in batches of at most ``EVAL_ELEMENTS`` images x pixels x networks
+    and summed on the device (read once)."""
     batch = max(1, EVAL_ELEMENTS // max(1, images[0].numel() * count))
     nll = torch.zeros(count, dtype=torch.float64, device=device)
     correct = torch.zeros(count, dtype=torch.long, device=device)
