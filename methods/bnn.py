@@ -240,7 +240,7 @@ class BNNMethod(PosteriorMethod):
         self._net = None
         where = f"bnn seed {seed}"
         if seed in self._prefitted:
-            net, result = self._prefitted.pop(seed)
+            net, result = self._prefitted[seed]  # kept: a base shared by two units is trained once
             if isinstance(result, NonFiniteError):
                 raise result
         else:

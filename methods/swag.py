@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,9 @@ from benchmark.core.store import SampleSet, stack_state_dicts
 from benchmark.core.training import (
     NonFiniteError, check_weights_finite, iterate_batches, learning_rate, make_optimizer, seeded,
 )
+from benchmark.core.training.continued import StepPlan, continue_networks
+from benchmark.core.training.stacked import NotStackableError, stacked_networks
+from benchmark.core.training.vectorised import check_stackable
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
 
 VAR_CLAMP = 1e-30  # the reference implementation's floor on the diagonal variance
@@ -157,6 +160,11 @@ class SWAGMethod(PosteriorMethod):
         self._moments: SwagMoments | None = None
         self._gaussian: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._seed = 0
+        # seed -> (final state dict or the NonFiniteError, moments) of the fits run stacked; kept (a few
+        # vectors of P floats each) so that a base shared by two units (one-mode's base is the first
+        # multi-mode base of its repetition) is fitted once
+        self._stacked_fits: dict[int, tuple[dict[str, torch.Tensor] | NonFiniteError, SwagMoments]] = {}
+        self._stacking: tuple[str | None] | None = None
 
     def schedule(self) -> SwagSchedule:
         """The step plan from the settings and the experiment's recipe."""
@@ -189,11 +197,58 @@ class SWAGMethod(PosteriorMethod):
         super().check(mode)
         self.schedule()
 
+    def stacking_problem(self) -> str | None:
+        """Why SWAG's SGD phase cannot run as stacked networks here (``continue_networks``: an
+        in-memory training set and an architecture the stacked networks run), or None (then every
+        fit runs stacked, alone or with others, so that a base's fit does not depend on which
+        bases share its stack)."""
+        if self._stacking is None:
+            try:
+                check_stackable(self.data.train)
+                with seeded(0):  # building a model draws from the global RNG; leave it as it was
+                    stacked_networks(self.new_model(), self.device)
+                self._stacking = (None,)
+            except NotStackableError as err:
+                self._stacking = (str(err),)
+        return self._stacking[0]
+
+    def prefit(self, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]]) -> None:
+        """Run the SWAG phase of every base of ``seeds`` not fitted yet together, as stacked networks
+        (``benchmark.core.training.continued``), when ``stacking_problem`` allows: each follows the
+        one-at-a-time loop of ``fit`` up to float rounding, and its bits do not depend on the other
+        bases of the stack. ``fit`` then takes its result."""
+        todo = [s for s in dict.fromkeys(int(s) for s in seeds) if s not in self._stacked_fits]
+        if not todo or self.stacking_problem() is not None:
+            return
+        plan = self.schedule()
+        with seeded(0):  # building a model draws from the global RNG; leave it as it was
+            template = self.new_model()
+        moments = [SwagMoments(rank=self.settings.rank) for _ in todo]
+        outcomes = continue_networks(
+            template, [load_base(s) for s in todo], self.data.train, self.recipe, todo, [f"swag seed {s}" for s in todo],
+            StepPlan(plan.total_steps, plan.lr, plan.snapshot_steps),
+            lambda index, _step, theta: moments[index].collect(theta), progress=len(todo) > 1,
+        )
+        for seed, outcome, collected in zip(todo, outcomes, moments):
+            self._stacked_fits[seed] = (outcome, collected)
+
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:
         """Continue training ``base`` under the SWAG schedule (data order from ``seed``) and collect
-        the snapshot moments. NaN/Inf raises ``NonFiniteError`` and leaves the method unfitted."""
+        the snapshot moments: as stacked networks when ``stacking_problem`` allows (``prefit``'s
+        result, or a stack of one), else one at a time. NaN/Inf raises ``NonFiniteError`` and leaves
+        the method unfitted."""
         recipe, plan = self.recipe, self.schedule()
         self._model = self._moments = self._gaussian = None
+        if self.stacking_problem() is None:
+            self.prefit([seed], lambda _seed: base)
+            outcome, moments = self._stacked_fits[int(seed)]
+            if isinstance(outcome, NonFiniteError):
+                raise outcome
+            with seeded(seed):
+                model = self.new_model()
+            model.load_state_dict(outcome)
+            self._model, self._moments, self._gaussian, self._seed = model, moments, moments.gaussian(), seed
+            return
         with seeded(seed):  # building a model draws from the global RNG; leave it as it was
             model = self.new_model()
         model.load_state_dict(base)

@@ -380,6 +380,32 @@ def publish_unit(exp: Experiment, unit: Unit, samples: SampleSet, preds: dict[st
     save_sample_set(exp.store.preds_path(unit), preds, {**metadata, "samples_digest": digest}, exclusive=True)
 
 
+def fit_together(exp: Experiment, todo: list[Job]) -> None:
+    """Fit the bases of every unit in ``todo`` of a method that fits several bases at once (it
+    overrides ``PosteriorMethod.prefit``: SWAG, the vBNN) in one call, before any unit is drawn:
+    one stack covers every repetition of both modes (a base shared by two units, one-mode's and the
+    first multi-mode base of a repetition, is fitted once), and the units' jobs then share that
+    method object, whose ``fit`` takes the results. A stacked fit of a base does not depend on the
+    bases stacked with it (the methods' tests); SWAG fits every base stacked, so grouping changes
+    only its time, while the vBNN trains a round of fewer than ``methods.bnn.MIN_STACK`` bases
+    through BLiTZ (the same training up to float rounding).
+    Each unit is still claimed, drawn and published on its own; a run killed meanwhile has written
+    nothing of the group and fits it again. Markov-chain methods (``ResumableChains``) keep their
+    per-chain claims and are left alone. Only the first round of candidates (``plan.bases`` of
+    them) is fitted here; a base that fails moves its unit to the next candidate as before."""
+    groups: dict[str, list[Job]] = {}
+    for job in todo:
+        if type(job.method).prefit is not PosteriorMethod.prefit and not isinstance(job.method, ResumableChains):
+            groups.setdefault(job.method.name, []).append(job)
+    for name, group in groups.items():
+        lead = group[0].method
+        for job in group:
+            job.method = lead
+        seeds = list(dict.fromkeys(s for job in group for s in job.plan.candidates[: job.plan.bases]))
+        log.info("method=%s: fitting the %d bases of %d unit(s) together", name, len(seeds), len(group))
+        lead.prefit(seeds, lambda seed: load_base(exp, seed))
+
+
 def run(exp: Experiment) -> SampleSummary:
     """Run the units of ``method`` x ``mode`` that the store lacks (see module doc)."""
     if exp.config.method.value == "external":
@@ -398,6 +424,7 @@ def run(exp: Experiment) -> SampleSummary:
         if state.stale and not state.corrupt:
             log.warning("%s: redoing (%s)", job.unit.label, state.stale)
         todo.append(job)
+    fit_together(exp, todo)
     for job in todo:
         unit = job.unit
         if isinstance(job.method, ResumableChains) and not advance_chains(exp, job):

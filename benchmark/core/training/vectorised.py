@@ -37,7 +37,7 @@ AUTO_NETWORKS = 128  # K of zoo.vectorize=auto: per-network time stops improving
 
 
 @dataclass
-class _Lane:
+class Lane:
     """Bookkeeping of one network while it trains."""
 
     index: int
@@ -99,10 +99,10 @@ def networks_that_fit(template: nn.Module, input_shape: Sequence[int], batch_siz
     return max(0, int(usable // per_network)), per_network, available
 
 
-class _Stack:
+class Stack:
     """The stacked parameters, their optimizer and the lanes still training."""
 
-    def __init__(self, objective: StackedObjective, params: Params, recipe: Recipe, lanes: list[_Lane]) -> None:
+    def __init__(self, objective: StackedObjective, params: Params, recipe: Recipe, lanes: list[Lane]) -> None:
         self.objective, self.recipe, self.lanes = objective, recipe, lanes
         self.params = {k: v.detach().requires_grad_() for k, v in params.items()}
         self.optimizer = make_optimizer(list(self.params.values()), recipe)
@@ -167,17 +167,17 @@ def train_networks(
     dataset = check_stackable(data.train)
     device = next(models[0].parameters()).device
     stacked = stacked_networks(models[0], device, implementation)
-    lanes = [_Lane(i, where[i], torch.Generator().manual_seed(int(seed))) for i, seed in enumerate(seeds)]
+    lanes = [Lane(i, where[i], torch.Generator().manual_seed(int(seed))) for i, seed in enumerate(seeds)]
     objective = CrossEntropyObjective(stacked, models) if objective is None else objective
     problem = plateau_problem(recipe, train_eval, callable(getattr(objective, "fit", None)))
     if problem:
         raise ValueError(f"train_networks: {problem}")
     plateau = recipe.until_plateau if recipe.until_plateau.enabled else None
-    stack = _Stack(objective, objective.initial(), recipe, lanes)
+    stack = Stack(objective, objective.initial(), recipe, lanes)
     dtype = next(iter(stack.params.values())).dtype
     outcomes: list[Outcome | None] = [None] * len(models)
 
-    def finish(lane: _Lane, outcome: Outcome) -> None:
+    def finish(lane: Lane, outcome: Outcome) -> None:
         outcomes[lane.index] = outcome
         if on_done is not None:
             on_done(lane.index, outcome)

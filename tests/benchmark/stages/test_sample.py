@@ -448,3 +448,30 @@ def test_hmc_chains_resume_bit_for_bit_after_a_kill_and_are_shared_under_claims(
     assert run_sample(exp).written == ["hmc/multi/r0"]
     resumed = load_sample_set(exp.store.samples_path(unit))
     assert all(torch.equal(resumed[k], expected[k]) for k in expected)
+
+
+def test_swag_units_fitted_in_one_stack_equal_units_drawn_one_by_one(make_exp, monkeypatch) -> None:
+    """Both modes x 2 repetitions of SWAG go through one stack (fit_together: 4 distinct bases, the
+    one-mode bases shared with the multi-mode ones); each unit's samples are those of its mode run
+    alone, bit for bit."""
+    small = ("method=swag", "sample.per_method=2", "sample.modes_multi=2", "sample.repetitions=2",
+             "methods.swag.epochs_factor=1", "methods.swag.snapshots=4", "methods.swag.rank=3")
+    import methods.swag
+
+    stacks = []
+    real = methods.swag.continue_networks
+    monkeypatch.setattr(methods.swag, "continue_networks", lambda *a, **k: stacks.append(list(a[4])) or real(*a, **k))
+    together = make_exp(*small, "mode=both")
+    with together.backends():
+        run_sample(together)
+    assert len(stacks) == 1 and len(stacks[0]) == len(set(stacks[0])) == 4  # one stack, every base once
+    monkeypatch.setattr(methods.swag, "continue_networks", real)
+    for mode in ("one", "multi"):
+        other = Experiment(compose_config(make_exp.store.parent / f"alone_{mode}", *small, f"mode={mode}"))
+        shutil.copytree(together.store.zoo_dir, other.store.zoo_dir)
+        with other.backends():
+            run_sample(other)
+        for r in range(2):
+            ours = load_sample_set(together.store.samples_path(together.store.sample_unit("swag", mode, r)))
+            theirs = load_sample_set(other.store.samples_path(other.store.sample_unit("swag", mode, r)))
+            assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), (mode, r)
