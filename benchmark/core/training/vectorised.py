@@ -144,6 +144,7 @@ def train_networks(
     train_eval: Tensors | None = None,
     implementation: str = "auto",
     objective: StackedObjective | None = None,
+    on_epoch: Callable[[int, int], None] | None = None,
 ) -> list[Outcome]:
     """Train ``models`` (K freshly built networks of one architecture, on one device) together.
 
@@ -155,7 +156,9 @@ def train_networks(
     ``stacked_networks``. ``objective``: what is trained (``benchmark.core.training.objective``; default
     the cross-entropy of the plain networks ``models``; another one, e.g. the vBNN's ELBO, brings its
     own parameters, losses and accuracies, and ``models`` then only give the architecture and
-    device). Raises ``NotStackableError`` if the architecture or data cannot be stacked.
+    device). ``on_epoch(epoch, training)``: called after each epoch (1-based) with the number of
+    networks still training (a progress bar's hook). Raises ``NotStackableError`` if the
+    architecture or data cannot be stacked.
 
     ``recipe.until_plateau``: each network trains on until it plateaus, as in ``train_network``; a
     plateaued network leaves the stack at the end of that epoch (its outcome reported then), the
@@ -294,6 +297,8 @@ def train_networks(
             if plateaued:
                 finish_trained(plateaued, epoch + 1, True)
                 stack.keep(torch.tensor([p not in plateaued for p in range(len(stack.lanes))], device="cpu"))
+        if on_epoch is not None:
+            on_epoch(epoch + 1, len(stack.lanes))
     if stack.lanes:
         finish_trained(list(range(len(stack.lanes))), recipe.max_epochs, None)
     return outcomes  # type: ignore[return-value]
