@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The zoo and the sample stage are sharded over $(JOBS) local processes by Hydra's joblib
-# launcher (one torch thread each); the final run finds that work done and does the rest.
+# launcher (cores // JOBS torch threads each, threads=auto); the final run, a single process on every
+# core, finds that work done and does the rest.
 # The method list comes from the registry (methods/registry.py: those in the default run).
 JOBS ?= 2
 # Extra overrides for every command of make benchmark / make hmc, e.g. on a GPU node

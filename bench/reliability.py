@@ -645,7 +645,7 @@ def scenario_stale_hmc_unit(work: Path) -> tuple[bool, str]:
     exp.__dict__["train_tensors"] = (images[:64], labels[:64])
     unit = exp.store.sample_unit("hmc", "multi", 0)
     method = exp.build_method("hmc")
-    files = exp.store.chain_files(unit, chain_key(exp, method))
+    files = exp.store.chain_files(unit, chain_key(exp, method, [100000]))
     ran = method.run_chains_in(files, [100000], lambda seed: load_base(exp, seed), 2, lambda: False)
     finished = method.chain_finished(files, 100000, 2)
     copy = _edited_source(work, "methods/hmc_kernel.py", "def new_chain(", "FIXED = 1\n\n\ndef new_chain(")
@@ -653,7 +653,7 @@ def scenario_stale_hmc_unit(work: Path) -> tuple[bool, str]:
     fingerprint.SOURCE_ROOT = copy
     try:
         fixed = exp.build_method("hmc")
-        new_files = exp.store.chain_files(unit, chain_key(exp, fixed))
+        new_files = exp.store.chain_files(unit, chain_key(exp, fixed, [100000]))
         accepted = fixed.chain_finished(new_files, 100000, 2)
         removed = clear_stale_chains(new_files, unit)
     finally:

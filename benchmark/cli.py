@@ -14,8 +14,10 @@ from typing import Sequence
 
 import hydra
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -33,12 +35,20 @@ def stages_of(stage: Stage) -> tuple[str, ...]:
     return PIPELINE if stage == Stage.all else (stage.value,)
 
 
+def sweep_job() -> bool:
+    """Whether this process runs one job of a multirun sweep (``-m``: Hydra's run mode is
+    ``MULTIRUN``, in the launcher's worker too), whose ``cluster.parallel_jobs`` jobs share the
+    machine's cores; false for a single run and outside Hydra (``run(cfg)`` from Python)."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def run(cfg: DictConfig) -> None:
-    """Resolve the config, set threads, check every selected stage (``preflight``: each stage's
+    """Resolve the config, set threads (``threads_per_job``: ``auto`` shares the cores among the
+    jobs of a sweep only, ``sweep_job``), check every selected stage (``preflight``: each stage's
     ``check``, before any work) and run the stage(s)."""
     exp = Experiment(cfg)
     stages = stages_of(exp.config.stage)
-    threads = threads_per_job(exp.config.threads, exp.config.cluster.parallel_jobs)
+    threads = threads_per_job(exp.config.threads, exp.config.cluster.parallel_jobs, sweep_job())
     torch.set_num_threads(threads)
     if exp.device.type == "cuda" and exp.device.index is not None:
         torch.cuda.set_device(exp.device)  # pinned: what a library puts on "cuda" goes to this worker's GPU

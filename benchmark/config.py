@@ -549,7 +549,8 @@ class ModelConfig:
 
 @dataclass
 class ClusterConfig:
-    """``parallel_jobs``: jobs sharing one machine (sets torch threads per job with ``threads=auto``)."""
+    """``parallel_jobs``: jobs of a multirun sweep (``-m``) sharing one machine (sets torch threads
+    per sweep job with ``threads=auto``; a single run takes every core)."""
 
     name: str = "local"
     parallel_jobs: int = 1
@@ -637,7 +638,8 @@ class Config:
     (TensorFloat-32 in CUDA matmuls and convolutions: off by default, so that a GPU trains the
     float32 networks a CPU trains, to rounding; PyTorch's own default turns it on for cuDNN
     convolutions); ``threads``
-    (torch threads per job: auto = cores // cluster.parallel_jobs); ``debug`` (tracebacks instead
+    (torch threads per process: auto = every available core for a single run, cores //
+    cluster.parallel_jobs for each job of a multirun sweep, ``-m``); ``debug`` (tracebacks instead
     of one-line errors); ``method`` and ``mode`` (what the sample stage runs); ``analysis`` (what
     the analyze stage draws); ``reference`` (``ReferenceConfig``: what evaluate and report score
     against besides the zoo, ``conf/reference/``); then the nodes typed above: ``seeds``, ``zoo``, ``sample``,

@@ -24,7 +24,10 @@ moved stale. The number of repetitions moves no block: more repetitions (for eve
 one through ``sample.repetitions_per_method``) keep the ones done, and repetition k of a method with
 8 repetitions starts from the same base as repetition k of one with 5 (the rows stay paired on
 their common repetitions 0 .. 4). A unit written before units recorded their layout is judged by
-its recorded bases (``inventory.drawn_in_block``).
+its recorded bases (``inventory.drawn_in_block``). Which seeds lie at those positions is not in the
+design: a unit records the held-out seeds it read (``read_seeds``) and is stale when the converged
+seeds now at those positions differ (``inventory.moved_seeds``), so a held-out range grown at its
+end keeps every unit drawn.
 
 The design reads positions, never the store: which seeds the positions are is the inventory's and
 the sample stage's business (``select_bases``, ``inventory.heldout_shortfall``).

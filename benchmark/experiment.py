@@ -72,10 +72,13 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-def threads_per_job(setting: str, parallel_jobs: int) -> int:
-    """torch intra-op threads for one job: ``auto`` = available cores // jobs sharing them (>= 1)."""
+def threads_per_job(setting: str, parallel_jobs: int, sweep_job: bool) -> int:
+    """torch intra-op threads for one process: ``auto`` = every available core when the process
+    is not a job of a multirun sweep (``sweep_job`` false: a plain ``python -m benchmark ...``
+    runs alone), available cores // ``cluster.parallel_jobs`` (the jobs sharing them, >= 1) when it
+    is; an integer as given."""
     if str(setting) == "auto":
-        return max(1, available_cores() // max(1, parallel_jobs))
+        return max(1, available_cores() // (max(1, parallel_jobs) if sweep_job else 1))
     try:
         threads = int(setting)
     except ValueError:

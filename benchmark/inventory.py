@@ -5,8 +5,10 @@ the report and the analyses share (none of them asks another stage).
   files, accuracies), what is wrong with one seed's files, the one error for damaged checkpoints;
 - the sample units: which (method, mode, repetition) units a config asks for (repetitions always
   come from the repetition design, ``benchmark.design``), what a done unit's metadata must hold under the current
-  settings and code (``sample_settings_hash``: narrowed to the method's own code), the state of a
-  unit's two files (missing, stale, corrupt), the rows present, the repetitions a row averages;
+  settings and code (``sample_settings_hash``: narrowed to the method's own code) and which held-out
+  seeds it must have read (``read_seeds``, ``moved_seeds``: not the range's bounds, so a range grown
+  at its end keeps every unit drawn), the state of a unit's two files (missing, stale, corrupt), the
+  rows present, the repetitions a row averages;
 - ``quarantine_and_redo``: the one helper that moves damaged files aside, one log line each,
   used by the zoo, sample and verify stages.
 """
@@ -19,7 +21,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from benchmark.core.fingerprint import code_fingerprint, stable_hash
 from benchmark.core.store import (
@@ -61,6 +63,16 @@ def corrupt_zoo_error(exp: Experiment, problems: dict[Path, str], what: str = "z
 def converged(exp: Experiment, seeds: SeedRange) -> list[int]:
     """Seeds of ``seeds`` with a checkpoint and no failure record (sorted)."""
     return exp.store.converged_seeds(seeds.start, seeds.stop)
+
+
+def trained_prefix(exp: Experiment, seeds: SeedRange) -> tuple[list[int], int | None]:
+    """The converged seeds of ``seeds`` before its first seed not trained yet (in seed order), and
+    that seed (``None`` when every seed is trained): the converged seeds whose positions no later
+    training can move. The sample stage takes its bases from them (``select_bases``), and a unit's
+    held-out seeds are judged on them (``moved_seeds``), so neither needs the rest of the range."""
+    untrained = untrained_seeds(exp, seeds)
+    gap = untrained[0] if untrained else None
+    return [s for s in converged(exp, seeds) if gap is None or s < gap], gap
 
 
 def untrained_seeds(exp: Experiment, seeds: SeedRange) -> list[int]:
@@ -324,17 +336,20 @@ def expected_units(exp: Experiment) -> list[Unit]:
 
 
 def sample_settings_hash(exp: Experiment, method: str) -> str:
-    """Hash of what determines a unit's output besides the repetition: the zoo config, the
-    method's settings, the sample counts, the held-out range, the method's own code (its module
+    """Hash of what determines a unit's output besides the repetition and the networks it reads:
+    the zoo config, the method's settings, the sample counts, the method's own code (its module
     and what it imports, ``code_fingerprint``) with the code every method goes through
     (``SAMPLE_CODE``), and the library versions. A docstring edit changes nothing; a change to
     ``methods/swag.py`` changes SWAG's hash only. The number of repetitions is not in it: more
-    repetitions keep the ones done."""
+    repetitions keep the ones done. Nor is the held-out range: a unit is keyed on the held-out
+    seeds it read (``read_seeds``, checked by ``moved_seeds``) and on their content
+    (``base_digests``, ``changed_bases``), so a range grown at its end (``seeds.heldout=[a,b]`` to
+    ``[a,c]``) keeps every unit drawn, while one whose start or end moves the seeds at a unit's
+    block's positions makes that unit stale."""
     return stable_hash({
         "zoo": exp.config_hash,
         "method": exp.method_settings(method),
         "sample": {"per_method": exp.config.sample.per_method, "modes_multi": exp.config.sample.modes_multi},
-        "heldout": [exp.heldout.start, exp.heldout.stop],
         "code": code_fingerprint(sample_code(method)),
     })
 
@@ -345,17 +360,89 @@ def sample_code(method: str) -> tuple[str, ...]:
     return (method_class(method).__module__, *SAMPLE_CODE)
 
 
-def chain_key(exp: Experiment, method: PosteriorMethod) -> str:
+def chain_key(exp: Experiment, method: PosteriorMethod, seeds: Iterable[int]) -> str:
     """The key the saved chains of a unit of ``method`` (``ResumableChains``) must have been run
-    under: the unit's (``sample_settings_hash``: zoo config, settings, sample counts, held-out
-    range, code) and the method's own fingerprint (its data, prior, layout: ``method.fingerprint``)."""
-    return stable_hash({"unit": sample_settings_hash(exp, method.name), "method": method.fingerprint()})
+    under: the unit's settings (``sample_settings_hash``: zoo config, settings, sample counts,
+    code), the base ``seeds`` its chains start from (what they read of the held-out range: one
+    chain per base, none can fail) with their checkpoints' content digests (``base_digests``: a
+    base retrained since is another start), and the method's own fingerprint (its data, prior,
+    layout: ``method.fingerprint``). Not the held-out range: a range grown at its end keeps the
+    chains; a change that gives the unit other bases, or other networks at them, discards them."""
+    return stable_hash({"unit": sample_settings_hash(exp, method.name), "bases": base_digests(exp, seeds),
+                        "method": method.fingerprint()})
+
+
+def read_seeds(candidates: Sequence[int], bases: Sequence[int]) -> list[int]:
+    """The held-out seeds a unit read, recorded in its files (``read_seeds``): its candidate
+    seeds (``ModePlan.candidates``, its block of the converged held-out seeds, ``Design.candidates``)
+    up to the last of the ``bases`` it used. ``run_mode`` takes the candidates in order, as many at
+    a time as bases are missing, so a unit whose fits cannot fail reads exactly its bases (its
+    whole block), and one whose fits can fail (``fits_can_fail``: its block is the whole stride)
+    reads its bases and the candidates that failed before them, never a spare after its last base:
+    what it drew is fixed by those seeds alone."""
+    order = list(candidates)
+    return order[: max(order.index(seed) for seed in bases) + 1] if bases else []
+
+
+def moved_seeds(exp: Experiment, unit: Unit, metadata: dict[str, str]) -> str | None:
+    """Why the held-out seeds a unit of a registered method read (its recorded ``read_seeds``) are
+    not those at the same positions of its block now (``Design.block`` of the converged held-out
+    seeds, the first ``len(read_seeds)`` positions from its repetition's start), with the old and
+    the new; ``None`` when they are (a range grown at its end changes none), or when the unit
+    records none (not judged here: one written before units recorded them is stale by its settings
+    hash, which held the range's bounds then).
+    The positions are read from the trained prefix of ``seeds.heldout`` (``trained_prefix``): the
+    seeds a unit read are judged without the rest of the range trained, and when an untrained seed
+    comes before them they are not fixed yet (stale, naming the seed)."""
+    recorded = SampleSetMetadata.decode(metadata).read_seeds
+    method = str(unit.method)
+    if recorded is None or method not in method_names():
+        return None
+    design = Design.of(exp)
+    block = design.unit_block(method, str(unit.mode), int(unit.repetition))
+    try:
+        recorded = [int(s) for s in recorded]
+    except (TypeError, ValueError):
+        return f"its recorded read_seeds {recorded!r} are not a list of seeds"
+    if block is None:
+        return None  # a unit the sample stage refuses: its layout names it
+    start, size = block
+    ready, gap = trained_prefix(exp, exp.heldout)
+    now = list(design.block(ready, int(unit.repetition), min(len(recorded), size)))
+    where = (f"converged held-out seeds {start}..{start + len(recorded) - 1} of "
+             f"seeds.heldout={[exp.heldout.start, exp.heldout.stop]}")
+    if now == recorded:
+        return None
+    if gap is not None and len(now) < len(recorded) and now == recorded[: len(now)]:
+        return (f"drawn from held-out seeds {_seeds_text(recorded)}, and the {where} are not fixed yet: seed {gap} "
+                f"before them is not trained (train it with python -m benchmark stage=zoo experiment={exp.name} "
+                f"zoo.range=heldout)")
+    return (f"drawn from held-out seeds {_seeds_text(recorded)}, the {where} are now {_seeds_text(now)}"
+            f"{_first_difference(recorded, now)}: other base networks")
+
+
+def _seeds_text(seeds: Sequence[int]) -> str:
+    """A list of seeds for a message: whole up to 8, else its first three and last, with the count."""
+    seeds = list(seeds)
+    if len(seeds) <= 8:
+        return str(seeds)
+    return f"[{', '.join(map(str, seeds[:3]))}, ..., {seeds[-1]}] ({len(seeds)} seeds)"
+
+
+def _first_difference(old: Sequence[int], new: Sequence[int]) -> str:
+    """Where two lists of seeds first differ, for a message (empty when one list is short of the other's)."""
+    for k, (a, b) in enumerate(zip(old, new)):
+        if a != b:
+            return f" (position {k} of the block: seed {a} then, {b} now)"
+    return f" ({len(old)} seeds then, {len(new)} now)" if len(old) != len(new) else ""
 
 
 def unit_expectations(exp: Experiment, unit: Unit) -> dict[str, str]:
     """The metadata a done unit of a registered method must hold under the current settings and
     code, and the design (``layout``: its candidate block, ``Design.unit_layout``: a unit whose
-    block moved was drawn around other bases)."""
+    block moved was drawn around other bases). What the unit read is checked beside them by
+    ``unit_state``: the held-out seeds at its block's positions (``moved_seeds``) and their
+    content (``changed_bases``)."""
     return {"method": str(unit.method), "mode": str(unit.mode), "experiment": exp.name,
             "repetition": str(unit.repetition), "settings_hash": sample_settings_hash(exp, str(unit.method)),
             "layout": Design.of(exp).unit_layout(str(unit.method), str(unit.mode), int(unit.repetition))}
@@ -410,7 +497,9 @@ def changed_bases(exp: Experiment, recorded: dict | None) -> str | None:
 
 def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = None) -> UnitState:
     """The ``UnitState`` of ``unit``: done when both files are written, their metadata hold
-    ``expected`` (default: ``unit_expectations``), and they validate whole (``store.check_file``:
+    ``expected`` (default: ``unit_expectations``), the held-out seeds it read are still those at its
+    block's positions (``moved_seeds``) and hold the same networks (``changed_bases``), and they
+    validate whole (``store.check_file``:
     checksums, finite values, the model's keys and shapes with the sample count of the metadata,
     predictions ``[S, N, classes]`` for the ID test set and the OOD set), and the predictions were
     computed from this sample set (``pairing_problem``)."""
@@ -437,7 +526,8 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
                 if "layout" in stale:  # name the move: which block it was drawn from, which it is now
                     state.stale += (f" (layout: drawn from {metas[path].get('layout') or 'an unrecorded block'}, the "
                                     f"repetition design now gives {expected['layout']}: other base networks)")
-            elif path == paths[0] and (moved := changed_bases(exp, SampleSetMetadata.decode(metas[path]).base_digests)):
+            elif path == paths[0] and (moved := moved_seeds(exp, unit, metas[path])
+                                        or changed_bases(exp, SampleSetMetadata.decode(metas[path]).base_digests)):
                 state.stale = f"{path}: {moved}"
     if state.corrupt:  # the unit is redone: name the damage of its other file too (it is quarantined as well)
         _check_whole(exp, paths, metas, state)

@@ -10,7 +10,9 @@ seed of the range is trained: the stage refuses while any is missing, so the bas
 on which seeds happen to be finished; repetition k of every method takes its bases from the
 block that starts at ``k x Design.stride`` (``benchmark.design``: the repetition design), so
 repetitions never share a base and repetition k of every row starts from the same network: the
-rows' differences are paired; the block is part of the unit's key, ``layout``), and the sample set ``{key: [S, ...]}`` and the
+rows' differences are paired; the block is part of the unit's key, ``layout``, and so are the
+held-out seeds it read, ``read_seeds``, not the range's bounds: a range grown at its end redraws
+nothing), and the sample set ``{key: [S, ...]}`` and the
 predictions ``{"id": [S, N, C], "ood": [S, M, C]}`` (float32 probabilities on the ID test set and
 the OOD set) are written atomically, predictions last, carrying the digest of the sample set
 they were computed from (``samples_digest``): a unit counts as done only when both files validate
@@ -22,8 +24,9 @@ Markov-chain methods (``ResumableChains``: ``hmc``) run their chains first, one 
 each under its own claim (``store.chain_claim``), up to the method's ``chains_at_once`` chains of
 a unit together, with their states saved in the unit's ``ChainFiles`` (``store.chain_files``: the
 store names the files, and the states carry the unit's key, ``inventory.chain_key``: the key of its
-samples with the method's own fingerprint of its data; a state of another key, left by a run
-before a change of settings, code, data or zoo, is never resumed and is removed) as they go: a killed run resumes each chain where its last state was saved (bit for bit), and several jobs
+samples, its bases with their content digests, and the method's own fingerprint of its data; a
+state of another key, left by a run before a change of settings, code, data, zoo or bases, is
+never resumed and is removed) as they go: a killed run resumes each chain where its last state was saved (bit for bit), and several jobs
 share a unit's chains. The job that finds every chain of a unit finished publishes the unit as any
 other (its ``fit``/``sample`` read the finished chains); the chain states stay in the store (the
 per-chain diagnostics: acceptance, energies, step sizes, divergences). A unit whose chains run
@@ -63,7 +66,7 @@ from benchmark.experiment import Experiment
 from benchmark.design import Design
 from benchmark.inventory import (
     converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, quarantine_and_redo,
-    base_digests, chain_key, sample_settings_hash, unit_state, untrained_seeds,
+    base_digests, chain_key, read_seeds, sample_settings_hash, trained_prefix, unit_state, untrained_seeds,
 )
 from benchmark.core.store.importing import imported_archives
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
@@ -140,6 +143,7 @@ def settings_metadata(exp: Experiment, job: Job, seeds: tuple[int, ...], diagnos
         base_seeds=list(seeds), samples_per_base=plan.samples_per_base,
         n_samples=plan.n_samples, config_hash=exp.config_hash, settings_hash=sample_settings_hash(exp, str(unit.method)),
         diagnostics=diagnostics, versions=library_versions(), base_digests=base_digests(exp, seeds),
+        read_seeds=read_seeds(plan.candidates, seeds),
     )
 
 
@@ -172,14 +176,12 @@ def select_bases(exp: Experiment, count: int) -> list[int]:
     """
     heldout = exp.heldout
     reach = Design.of(exp).reach
-    untrained = untrained_seeds(exp, heldout)
-    seeds = converged(exp, heldout)
-    gap = untrained[0] if untrained else heldout.stop
-    ready = [s for s in seeds if s < gap]
+    ready, gap = trained_prefix(exp, heldout)
     if len(ready) >= max(count, reach):
         return ready[:reach]
-    if untrained:
+    if gap is not None:
         raise MissingBasesError(_untrained_message(exp, heldout, len(ready), max(count, reach)))
+    seeds = ready  # every seed of the range is trained: its converged seeds
     if len(seeds) >= count:
         return seeds
     failed = sum(s in heldout for s in exp.store.failed_seeds())
@@ -275,9 +277,9 @@ def advance_chains(exp: Experiment, job: Job) -> bool:
     a claim was lost). Called before the unit's own claim, so jobs can share a unit's chains."""
     method, unit, plan = job.method, job.unit, job.plan
     assert isinstance(method, ResumableChains)
-    files = exp.store.chain_files(unit, chain_key(exp, method))
-    clear_stale_chains(files, unit)
     seeds = list(plan.candidates[: plan.bases])
+    files = exp.store.chain_files(unit, chain_key(exp, method, seeds))
+    clear_stale_chains(files, unit)
     method.use_chain_states(files)
     while True:
         todo = [s for s in seeds if not method.chain_finished(files, s, plan.samples_per_base)]

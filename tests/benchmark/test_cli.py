@@ -171,3 +171,26 @@ def test_stage_all_refuses_a_heldout_range_too_small_for_the_repetitions_before_
                                                 r"use 'seeds.heldout=\[100000,\d+\]'"):
         run(cfg)
     assert _nothing_written(tmp_path / "store")
+
+
+def test_threads_auto_takes_every_core_unless_the_process_is_one_job_of_a_sweep(cli, tmp_path, monkeypatch):
+    """``threads=auto``: a single run (``python -m benchmark ...``) uses every available core; each
+    job of a multirun sweep (``-m``, Hydra's ``RunMode.MULTIRUN``) its share, cores //
+    ``cluster.parallel_jobs``; outside Hydra (``run(cfg)`` from Python) a process runs alone. (The
+    sweep runs through the joblib launcher with one worker, in this process.)"""
+    import torch
+    from hydra.core.hydra_config import HydraConfig
+
+    from benchmark.cli import sweep_job
+
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)  # outside Hydra; the runs below leave theirs set
+    assert not sweep_job()
+    monkeypatch.setattr("benchmark.experiment.available_cores", lambda: 8)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the count is what is tested, not this machine's
+    common = ("stage=verify", f"store={tmp_path / 'store'}", "threads=auto", "cluster.parallel_jobs=2")
+    code, out = cli(*common)
+    assert code == 0 and "8 torch thread(s)" in out, out
+    code, out = cli("-m", *common, "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert code == 0 and "4 torch thread(s)" in out, out
+    code, out = cli("-m", *common, "threads=3", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert code == 0 and "3 torch thread(s)" in out, out

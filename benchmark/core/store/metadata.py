@@ -100,7 +100,10 @@ class SampleSetMetadata(_Metadata):
     seed -> a digest of the tensors of the checkpoint it was drawn around (``inventory.base_digests``):
     a base retrained since makes the unit stale; ``layout``: the unit's place in the repetition
     design (``benchmark.design.Design.unit_layout``: its candidate block among the converged
-    held-out seeds), so that a design change that moves the block makes the unit stale."""
+    held-out seeds), so that a design change that moves the block makes the unit stale;
+    ``read_seeds``: the held-out seeds it read, in order (its candidate block up to its last base,
+    ``inventory.read_seeds``), so that a change of the held-out range that puts other seeds at
+    those positions makes the unit stale and one that does not (a range grown at its end) keeps it."""
 
     experiment: Optional[str] = None
     method: Optional[str] = None
@@ -119,3 +122,4 @@ class SampleSetMetadata(_Metadata):
     source_size: Optional[int] = None
     samples_digest: Optional[str] = None
     base_digests: Optional[dict] = None
+    read_seeds: Optional[list] = None

@@ -281,6 +281,88 @@ def test_a_unit_written_before_units_recorded_their_layout_is_judged_by_its_base
     assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
 
 
+def test_a_heldout_range_grown_at_its_end_keeps_every_unit_drawn(make_exp) -> None:
+    """Issue 37: a unit is keyed on the held-out seeds it read (``read_seeds``), not on the range's
+    bounds. Growing ``seeds.heldout`` at its end keeps every unit current, before the new seeds are
+    trained too (the seeds a unit read are judged on the trained prefix), and the sample stage
+    redraws nothing; the settings hash and the chains' key do not hold the range."""
+    from benchmark.inventory import chain_key, sample_settings_hash, unit_state
+
+    overrides = ("method=ensemble", "sample.per_method=2", "sample.repetitions=2")
+    exp = make_exp(*overrides)
+    assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
+    converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
+    units = [exp.store.sample_unit("ensemble", "multi", r) for r in range(2)]
+    assert [json.loads(read_metadata(exp.store.samples_path(u))["read_seeds"]) for u in units] == [
+        converged[0:2], converged[3:5]]
+    grown = make_exp(*overrides, "seeds.heldout=[100000,100016]")  # 100008.. not trained
+    assert sample_settings_hash(grown, "ensemble") == sample_settings_hash(exp, "ensemble")
+    assert [unit_state(grown, u).problem for u in units] == [None, None]
+    hmc = exp.build_method("hmc")
+    assert chain_key(grown, hmc, converged[:2]) == chain_key(exp, hmc, converged[:2])
+    assert chain_key(exp, hmc, converged[1:3]) != chain_key(exp, hmc, converged[:2])  # other bases
+    assert len(converged) >= Design.of(exp).reach  # the blocks lie before the first untrained seed: the stage runs
+    assert run_sample(grown).skipped_done == ["ensemble/multi/r0", "ensemble/multi/r1"]
+    assert [unit_state(grown, u).problem for u in units] == [None, None]
+
+
+def test_a_heldout_range_that_moves_the_seeds_a_unit_read_makes_exactly_that_unit_stale(make_exp) -> None:
+    """Issue 37: a range cut before the seeds a unit read, or whose start moves, puts other seeds
+    at its block's positions: that unit is stale, named with the seeds it read and those there now;
+    a unit whose seeds did not move stays current, and so does one that read fewer seeds of its
+    block than are left (a method whose fits can fail reads its block only up to its last base)."""
+    from benchmark.core.store import save_sample_set
+    from benchmark.inventory import read_seeds, unit_state
+
+    overrides = ("method=ensemble", "sample.per_method=2", "sample.repetitions=2")
+    exp = make_exp(*overrides)
+    assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
+    converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
+    r0, r1 = (exp.store.sample_unit("ensemble", "multi", r) for r in range(2))
+
+    cut = make_exp(*overrides, f"seeds.heldout=[100000,{converged[4]}]")  # r1's block [3, 5) loses its second seed
+    assert unit_state(cut, r0).problem is None
+    stale = unit_state(cut, r1).problem
+    assert f"drawn from held-out seeds {converged[3:5]}" in stale, stale
+    assert f"seeds.heldout=[100000, {converged[4]}] are now {converged[3:4]}" in stale and "other base networks" in stale
+
+    moved = make_exp(*overrides, f"seeds.heldout=[{converged[0] + 1},100008]")  # every position moves by one
+    for unit, first in ((r0, 0), (r1, 3)):
+        stale = unit_state(moved, unit).problem
+        assert f"position 0 of the block: seed {converged[first]} then, {converged[first + 1]} now" in stale, stale
+
+    # a unit that read only the first seed of its block (the rest spares it never reached) is
+    # judged on that seed alone: current under the cut range too
+    assert read_seeds((5, 6, 7, 8), (5,)) == [5] and read_seeds((5, 6, 7, 8), (5, 7)) == [5, 6, 7]
+    assert read_seeds((5, 6), (5, 6)) == [5, 6]
+    samples_path, preds_path = exp.store.samples_path(r1), exp.store.preds_path(r1)
+    meta = {k: v for k, v in read_metadata(samples_path).items() if k not in ("checksums", "format")}
+    meta["read_seeds"] = json.dumps(converged[3:4])
+    digest = save_sample_set(samples_path, load_sample_set(samples_path), meta)
+    save_sample_set(preds_path, load_sample_set(preds_path), {**meta, "samples_digest": digest})
+    assert unit_state(cut, r1).problem is None
+
+
+def test_hmc_chains_are_keyed_on_their_bases_content(make_exp) -> None:
+    """The chains of an HMC unit read their bases only: their key (``chain_key``) holds the bases
+    and the content digests of their checkpoints, so a base retrained to other weights discards
+    the chains run from the old one (the unit itself is stale by ``base_digests``)."""
+    from benchmark.core.store import save_checkpoint
+    from benchmark.inventory import chain_key
+
+    exp = make_exp("method=hmc", "mode=multi")
+    hmc = exp.build_method("hmc")
+    seeds = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)[:2]
+    before = chain_key(exp, hmc, seeds)
+    path = exp.store.checkpoint_path(seeds[1])
+    state, meta = load_checkpoint(path)
+    kept = {k: v for k, v in meta.items() if k not in ("checksums", "format")}
+    save_checkpoint(path, state, {**kept, "test_accuracy": "0.5"})  # metadata only: the same network
+    assert chain_key(exp, hmc, seeds) == before
+    save_checkpoint(path, {k: v + 1e-3 for k, v in state.items()}, kept)  # retrained: other weights
+    assert chain_key(exp, hmc, seeds) != before
+
+
 def test_repetition_k_of_every_row_starts_at_the_same_base(make_exp) -> None:
     # the pairing the findings' paired tests rely on: one-mode bases are the first of the multi-mode
     # and ensemble bases of the same repetition, whichever methods a run selects

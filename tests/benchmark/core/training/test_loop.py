@@ -75,10 +75,11 @@ def test_divergence_raises_and_non_convergence_is_reported(tiny_cfg):
 
 def test_threads_per_job(monkeypatch):
     monkeypatch.setattr("benchmark.experiment.available_cores", lambda: 8)
-    assert threads_per_job("auto", 2) == 4 and threads_per_job("auto", 16) == 1 and threads_per_job("3", 1) == 3
+    assert threads_per_job("auto", 2, sweep_job=True) == 4 and threads_per_job("auto", 16, sweep_job=True) == 1
+    assert threads_per_job("auto", 2, sweep_job=False) == 8 and threads_per_job("3", 2, sweep_job=True) == 3
     for bad in ("0", "many"):
         with pytest.raises(ConfigError, match=f"threads='{bad}'"):
-            threads_per_job(bad, 1)
+            threads_per_job(bad, 1, sweep_job=False)
 
 
 def test_the_convergence_rule_is_judged_on_a_validation_part_of_the_train_split(tiny_cfg):
