@@ -18,7 +18,9 @@ from benchmark.core.training.vectorised import train_networks
 from benchmark.experiment import Experiment
 from methods import dropout
 from methods.base import MethodFitError
-from methods.dropout import DropoutMethod, DropoutObjective, DropoutSettings, draw_masks, masked_weights, use_mask_generator
+from methods.dropout import (
+    DropoutMethod, DropoutObjective, DropoutSettings, draw_masks, masked_weights, training_noise, use_mask_generator,
+)
 from methods.modes import ModePlan, run_mode
 from tests.methods.conftest import build, compose_config
 
@@ -281,3 +283,38 @@ def test_nan_in_a_stacked_round_stops_that_fit(compose_tiny, tmp_path) -> None:
     method.prefit([5, 6], lambda seed: {})
     with pytest.raises(NonFiniteError, match="dropout seed 5"):
         method.fit({}, 5)
+
+
+def test_one_masked_step_is_the_same_through_the_packed_kernels_autograd_and_vmap(digits) -> None:
+    """loss_and_grads with a last-input multiplier (what a stacked dropout round runs on a CPU) against
+    autograd over forward with it (packed, and vmap) and each network alone with its mask."""
+    method = _method(digits)
+    images, labels = digits.training_data.train_tensors
+    index = torch.stack([torch.arange(20) + 20 * i for i in range(3)])  # each network its own 20 images (2 parts)
+    models = [method.built(seed)[0] for seed in SEEDS]
+    scale = torch.stack([training_noise(20, 3, method.p, torch.Generator().manual_seed(i), torch.float32) for i in range(3)])
+    results = {}
+    for implementation in ("packed", "vmap"):
+        stacked = stacked_networks(method.new_model(), torch.device("cpu"), implementation)
+        params = {k: v.requires_grad_() for k, v in stacked.pack([m.state_dict() for m in models]).items()}
+        batch = stacked.batch(stacked.source(images, torch.device("cpu")), index, None, 0, 0.0)
+        logits = stacked.forward(params, batch, scale)
+        losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels[index].flatten(), reduction="none").view(3, 20).mean(1)
+        grads = torch.autograd.grad(losses.sum(), list(params.values()))
+        results[implementation] = (losses.detach(), {k: g for k, g in zip(params, grads)}, stacked)
+        if implementation == "packed":
+            fused_losses, fused = stacked.loss_and_grads({k: v.detach() for k, v in params.items()}, batch, labels[index], scale)
+            torch.testing.assert_close(fused_losses, losses.detach(), rtol=1e-6, atol=1e-7)
+            for key, grad in results["packed"][1].items():
+                torch.testing.assert_close(fused[key], grad, rtol=1e-5, atol=1e-7, msg=key)
+    for lane, (model, seed) in enumerate(zip(models, SEEDS)):
+        model.train()
+        generator = torch.Generator().manual_seed(lane)
+        use_mask_generator(model, generator)  # draws what training_noise drew for `scale` above
+        loss = torch.nn.functional.cross_entropy(model(images[index[lane]]), labels[index[lane]])
+        alone = dict(zip([k for k, _ in model.named_parameters()], torch.autograd.grad(loss, list(model.parameters()))))
+        for implementation, (losses, grads, stacked) in results.items():
+            assert float(losses[lane]) == pytest.approx(float(loss.detach()), rel=1e-6)
+            for key, grad in alone.items():
+                torch.testing.assert_close(grads[key].select(stacked.network_axis(key) % grads[key].dim(), lane), grad,
+                                           rtol=1e-5, atol=1e-7, msg=f"{implementation} {key}")
