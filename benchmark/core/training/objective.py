@@ -10,9 +10,10 @@ Every method takes ``lanes``: for each position of the stack, the index (into th
 ``models``) of the network there, since networks leave the stack as they fail; an objective that
 draws random numbers per network uses it to keep each network's own stream.
 
-An objective may also offer ``loss_and_grads(params, batch, labels) -> (losses [K], grads)``: the
-step's losses and the gradients of their sum without an autograd graph; the trainer then uses it
-instead of ``losses`` and ``backward`` (the zoo's cross-entropy through the packed CPU kernels).
+An objective may also offer ``loss_and_grads(params, batch, labels, lanes) -> (losses [K], grads)``:
+the step's losses and the gradients of their sum without an autograd graph; the trainer then uses
+it instead of ``losses`` and ``backward`` (the zoo's cross-entropy, and MC Dropout's
+(``methods.dropout``), through the packed CPU kernels).
 """
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ class CrossEntropyObjective:
         self.states: list[Mapping[str, torch.Tensor]] = [m.state_dict() for m in models]
         fused = getattr(stacked, "loss_and_grads", None)
         if fused is not None:  # the packed kernels compute the cross-entropy step themselves
-            self.loss_and_grads = fused
+            self.loss_and_grads = lambda params, batch, labels, lanes: fused(params, batch, labels)
 
     def initial(self) -> Params:
         return self.stacked.pack(self.states)

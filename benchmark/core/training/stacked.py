@@ -10,10 +10,12 @@ network's output never depends on the others):
   ``benchmark.core.training.kernels``. Supports a body of Conv2d (stride 1, no padding, any groups)
   each optionally followed by ReLU and MaxPool2d (kernel = stride), then a head of [global
   average pooling] -> Flatten -> Linear layers, each optionally followed by one ReLU (Identity and
-  Dropout(p=0) are skipped): OptuNet and the MLP.
+  Dropout(p=0) are skipped): OptuNet and the MLP. Dropout masks are not drawn here: ``forward`` and
+  ``loss_and_grads`` take a multiplier of the last Linear's input instead (``last_input_scale``;
+  MC Dropout's masks, ``methods.dropout``).
 - ``VmapNetworks`` (any device, any model without BatchNorm or active dropout):
   ``torch.func.vmap`` over ``functional_call``; PyTorch batches each convolution into a
-  grouped one.
+  grouped one (``last_input_scale`` through a pre-hook on the last Linear).
 
 Parameters are a dict keyed like the model's state dict; each tensor holds the K networks
 along ``network_axis(key)`` (so an SGD step over them is K independent steps).
@@ -72,8 +74,10 @@ class StackedNetworks(Protocol):
         ``offsets[k, :, b]`` after padding by ``padding`` pixels of ``fill`` when ``offsets`` is given
         (as ``benchmark.core.data.crop_at``)."""
 
-    def forward(self, params: Params, batch: torch.Tensor) -> torch.Tensor:
-        """Logits ``[K, B, classes]`` of network k on its own images of ``batch``."""
+    def forward(self, params: Params, batch: torch.Tensor, last_input_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[K, B, classes]`` of network k on its own images of ``batch``; ``last_input_scale``
+        (optional, ``[K, B, in]``): network k's input of its last Linear layer on image b is multiplied
+        elementwise by ``last_input_scale[k, b]`` (a training dropout mask, ``methods.dropout``)."""
 
     def predict(self, params: Params, images: torch.Tensor) -> torch.Tensor:
         """Logits ``[K, N, classes]`` of every network on the same ``images [N, C, H, W]``."""
@@ -253,11 +257,13 @@ def _head(ops: list[_Op]) -> tuple[list[_Op], bool, tuple[_Op, ...]]:
     return ops[:start], gap, tuple(layers)
 
 
-def _head_forward(x: torch.Tensor, gap: bool, layers: tuple[_Op, ...], params) -> tuple[torch.Tensor, tuple]:
+def _head_forward(x: torch.Tensor, gap: bool, layers: tuple[_Op, ...], params,
+                  scale: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple]:
     """The head of a packed chain: ``x [B, C, H, W, K]`` -> [global average pool] -> flatten -> linear
     layers (each with its ReLU) -> logits ``[B, classes, K]``, through the numba kernels with the
     networks innermost (a linear weight ``[K, out, in]`` is laid out ``[out, in, K]`` for them); and
-    what its backward needs. ``params``: weight and bias (or None) of each layer, in turn."""
+    what its backward needs. ``params``: weight and bias (or None) of each layer, in turn. ``scale``
+    (optional, ``[B, in, K]``): multiplies the last layer's input elementwise (e.g. a dropout mask)."""
     x = x.detach().contiguous()
     n_b, n_c, n_h, n_w, n_k = x.shape
     if gap:
@@ -265,16 +271,19 @@ def _head_forward(x: torch.Tensor, gap: bool, layers: tuple[_Op, ...], params) -
         average_positions(x.numpy(), features.numpy())
     else:
         features = x.view(n_b, n_c * n_h * n_w, n_k)  # NCHW flatten order
-    inputs, weights = [], []
-    for layer, weight, bias in zip(layers, params[::2], params[1::2]):
+    inputs, weights, outputs = [], [], []
+    for index, (layer, weight, bias) in enumerate(zip(layers, params[::2], params[1::2])):
         w = weight.detach().permute(1, 2, 0).contiguous()
         b = bias.detach().T.contiguous() if bias is not None else w.new_zeros(1, 1)
+        if scale is not None and index == len(layers) - 1:
+            features = features * scale
         out = x.new_empty(n_b, w.shape[0], n_k)
         dense_forward(features.numpy(), w.numpy(), b.numpy(), bias is not None, layer.relu, out.numpy())
         inputs.append(features)
         weights.append(w)
+        outputs.append(out)
         features = out
-    return features, (x, inputs, weights, features, [bias is not None for bias in params[1::2]])
+    return features, (x, inputs, weights, outputs, [bias is not None for bias in params[1::2]], scale)
 
 
 def _head_backward(saved: tuple, grad: torch.Tensor, gap: bool, layers: tuple[_Op, ...],
@@ -283,17 +292,18 @@ def _head_backward(saved: tuple, grad: torch.Tensor, gap: bool, layers: tuple[_O
     given the gradient of its logits ``grad [B, classes, K]`` (overwritten). ``into``: per layer,
     the ``(weight [out, in, K], bias [out, K])`` gradient sums to add this batch's to, image by
     image (``head_sums``); else zeros."""
-    x, inputs, weights, last, has_bias = saved
+    x, inputs, weights, outputs, has_bias, scale = saved
     into = head_sums(weights) if into is None else into
     grads: list[torch.Tensor | None] = []
     for index in reversed(range(len(layers))):
-        w, features = weights[index], inputs[index]
-        out = last if index == len(layers) - 1 else inputs[index + 1]
+        w, features, out = weights[index], inputs[index], outputs[index]
         grad_w, grad_b = into[index]
         need = index > 0 or need_x
         grad_in = torch.empty_like(features) if need else features.new_zeros((1, 1, 1))
         dense_backward(features.numpy(), w.numpy(), out.numpy(), grad.numpy(), layers[index].relu, grad_in.numpy(),
                        grad_w.numpy(), grad_b.numpy(), need)
+        if need and scale is not None and index == len(layers) - 1:
+            grad_in *= scale
         grads = [grad_w.permute(2, 0, 1), grad_b.T if has_bias[index] else None] + grads
         grad = grad_in
     if not need_x:
@@ -315,8 +325,8 @@ class _Head(torch.autograd.Function):
     """``_head_forward`` as an autograd function (logits ``[K, B, classes]``, a view)."""
 
     @staticmethod
-    def forward(ctx, x, gap: bool, layers: tuple[_Op, ...], *params):
-        logits, ctx.saved = _head_forward(x, gap, layers, params)
+    def forward(ctx, x, gap: bool, layers: tuple[_Op, ...], scale: torch.Tensor | None, *params):
+        logits, ctx.saved = _head_forward(x, gap, layers, params, scale)
         ctx.gap, ctx.layers = gap, layers
         return logits.permute(2, 0, 1)
 
@@ -324,7 +334,7 @@ class _Head(torch.autograd.Function):
     def backward(ctx, grad_logits):
         grad_x, grads = _head_backward(ctx.saved, grad_logits.permute(1, 2, 0).contiguous(), ctx.gap, ctx.layers,
                                        ctx.needs_input_grad[0])
-        return (grad_x, None, None, *grads)
+        return (grad_x, None, None, None, *grads)
 
 
 def _padded(source: "torch.Tensor | _Coded", padding: int, fill: float) -> "torch.Tensor | _Coded":
@@ -380,8 +390,9 @@ class PackedChain:
         return {key: value.index_select(self.network_axis(key) % value.dim(), indices).contiguous()
                 for key, value in tensors.items()}
 
-    def _run(self, params: Params, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, C, H, W, K]`` through the chain -> logits ``[K, B, classes]``."""
+    def _run(self, params: Params, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [B, C, H, W, K]`` through the chain -> logits ``[K, B, classes]``; ``scale [B, in, K]``:
+        the last Linear's input multiplier (``_head_forward``)."""
         for op in self.body:
             if op.kind == "conv":
                 bias = params.get(f"{op.prefix}.bias") if op.has_bias else None
@@ -389,7 +400,7 @@ class PackedChain:
             else:  # a ReLU on images
                 x = torch.relu(x)
         head = [params.get(f"{layer.prefix}.{leaf}") for layer in self.layers for leaf in ("weight", "bias")]
-        return _Head.apply(x, self.gap, self.layers, *head)
+        return _Head.apply(x, self.gap, self.layers, scale, *head)
 
     def source(self, images: torch.Tensor, device: torch.device, codes: tuple[torch.Tensor, torch.Tensor] | None = None):
         # [N, C, H, W]: each image read whole (a large set stays cache-friendly); uint8 codes when given
@@ -442,15 +453,26 @@ class PackedChain:
         """K, the number of networks in ``params``."""
         return next(iter(params.values())).shape[self.network_axis(self.keys[0])]
 
-    def forward(self, params: Params, batch: torch.Tensor) -> torch.Tensor:
-        return self._run(self._padded(params, batch.shape[-1]), batch)[: self.count(params)]
+    def _scale(self, scale: torch.Tensor | None, lanes: int) -> torch.Tensor | None:
+        """A last-input multiplier ``[K, B, in]`` laid out for the head, ``[B, in, lanes]`` (padding lanes 1)."""
+        if scale is None:
+            return None
+        spare = lanes - len(scale)
+        padded = torch.cat([scale, scale.new_ones(spare, *scale.shape[1:])]) if spare else scale
+        return padded.permute(1, 2, 0).contiguous()
 
-    def loss_and_grads(self, params: Params, batch: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, Params]:
+    def forward(self, params: Params, batch: torch.Tensor, last_input_scale: torch.Tensor | None = None) -> torch.Tensor:
+        lanes = batch.shape[-1]
+        return self._run(self._padded(params, lanes), batch, self._scale(last_input_scale, lanes))[: self.count(params)]
+
+    def loss_and_grads(self, params: Params, batch: torch.Tensor, labels: torch.Tensor,
+                       last_input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, Params]:
         """The training step's numbers without autograd: per network the mean cross-entropy of its
         images of ``batch`` (``forward``'s input) against ``labels [K, B]`` -> ``(losses [K],
         gradients of each network's loss keyed like params)``, the forward, loss and backward all
         through the numba kernels. Same results as autograd over ``forward`` and
-        ``F.cross_entropy``, up to rounding.
+        ``F.cross_entropy``, up to rounding. ``last_input_scale``: as in ``forward`` (one
+        elementwise multiply of the last layer's input, and of its gradient).
 
         The batch goes through in parts of ``PART_IMAGES`` images, each part's whole forward and
         backward before the next, so that its activations are still in the cache when the backward
@@ -463,6 +485,7 @@ class PackedChain:
         targets = torch.cat([labels, labels[:1].expand(lanes - n_k, -1)]).T.contiguous()
         head = [padded.get(f"{layer.prefix}.{leaf}") for layer in self.layers for leaf in ("weight", "bias")]
         losses, sums, head_into = batch.new_zeros(lanes), {}, None
+        scale = self._scale(last_input_scale, lanes)
         for start in range(0, n_b, PART_IMAGES):
             x, saved = batch[start : start + PART_IMAGES], []
             for op in self.body:
@@ -472,7 +495,8 @@ class PackedChain:
                 else:
                     x, context = torch.relu(x), x
                 saved.append(context)
-            logits, context = _head_forward(x, self.gap, self.layers, head)
+            part_scale = None if scale is None else scale[start : start + PART_IMAGES]
+            logits, context = _head_forward(x, self.gap, self.layers, head, part_scale)
             grad = torch.empty_like(logits)
             cross_entropy(logits.numpy(), targets[start : start + PART_IMAGES].numpy(), losses.numpy(), grad.numpy(), n_b)
             head_into = head_sums(context[2]) if head_into is None else head_into
@@ -520,6 +544,8 @@ class VmapNetworks:
             raise NotStackableError(f"{type(template).__name__}: buffers {buffers} are not trained by SGD")
         self.template = copy.deepcopy(template).to("meta")
         self.keys = [name for name, _ in template.named_parameters()]
+        linears = [module for module in self.template.modules() if isinstance(module, nn.Linear)]
+        self.last_linear = linears[-1] if linears else None
 
     def network_axis(self, key: str) -> int:
         return 0
@@ -555,8 +581,20 @@ class VmapNetworks:
         flat = crop_at(images.flatten(0, 1), padding, fill, offsets.permute(1, 0, 2).reshape(2, n_k * n_b))
         return flat.view(images.shape)
 
-    def forward(self, params: Params, batch: torch.Tensor) -> torch.Tensor:
-        return vmap(self._call)(params, batch)
+    def _scaled_call(self, params: Params, images: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """``_call`` with the last Linear's input multiplied by ``scale [B, in]``."""
+        handle = self.last_linear.register_forward_pre_hook(lambda _module, inputs: (inputs[0] * scale,))
+        try:
+            return self._call(params, images)
+        finally:
+            handle.remove()
+
+    def forward(self, params: Params, batch: torch.Tensor, last_input_scale: torch.Tensor | None = None) -> torch.Tensor:
+        if last_input_scale is None:
+            return vmap(self._call)(params, batch)
+        if self.last_linear is None:
+            raise NotStackableError(f"{type(self.template).__name__}: no Linear layer whose input to scale")
+        return vmap(self._scaled_call)(params, batch, last_input_scale.to(batch.device))
 
     def predict(self, params: Params, images: torch.Tensor) -> torch.Tensor:
         return vmap(self._call, in_dims=(0, None))(params, images)

@@ -235,7 +235,7 @@ def train_networks(
 
             labels = labels_on_device[idx]
             if fused is not None:  # the objective's own step without an autograd graph (the packed kernels)
-                losses, grads = fused(stack.params, gather(1), labels)
+                losses, grads = fused(stack.params, gather(1), labels, stack.indices)
                 for key, value in stack.params.items():
                     value.grad = grads[key]
             else:
