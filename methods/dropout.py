@@ -216,7 +216,7 @@ class DropoutMethod(PosteriorMethod):
         self._model = self._weights = None
         model, generator = self.built(seed)
         if seed in self._prefitted:
-            result = self._prefitted.pop(seed)
+            result = self._prefitted[seed]  # kept: a base shared by two units is trained once
             if isinstance(result, NonFiniteError):
                 raise result
             model.load_state_dict(result.state_dict)

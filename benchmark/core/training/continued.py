@@ -100,7 +100,7 @@ def continue_networks(
             for group in stack.optimizer.param_groups:
                 group["lr"] = plan.lr(step)
             if fused is not None:
-                losses, grads = fused(stack.params, batch, labels)
+                losses, grads = fused(stack.params, batch, labels, stack.indices)
                 for key, value in stack.params.items():
                     value.grad = grads[key]
             else:
@@ -146,5 +146,5 @@ class _StatesObjective(CrossEntropyObjective):
         self.stacked = stacked
         self.states = [{k: v.detach() for k, v in state.items()} for state in states]
         fused = getattr(stacked, "loss_and_grads", None)
-        if fused is not None:
-            self.loss_and_grads = fused
+        if fused is not None:  # the packed kernels compute the cross-entropy step themselves
+            self.loss_and_grads = lambda params, batch, labels, lanes: fused(params, batch, labels)
