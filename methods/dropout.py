@@ -201,7 +201,7 @@ class DropoutMethod(PosteriorMethod):
         objective = DropoutObjective(stacked_networks(template, self.device), models, generators, self.p, width)
         templates = [template] * len(todo)  # the architecture and device: the objective holds the parameters
         outcomes = train_networks(templates, self.data, self.recipe, todo, [f"dropout seed {s}" for s in todo],
-                                  objective=objective)
+                                  objective=objective, progress=f"dropout: {len(todo)} networks stacked")
         self._prefitted.update(zip(todo, outcomes))
 
     def fit(self, base: dict[str, torch.Tensor], seed: int) -> None:

@@ -260,12 +260,9 @@ def _train_claimed(exp: Experiment, claimed: dict[int, Claim], seed_range: SeedR
         bar.update()
 
     data = exp.training_data
-    # The seeds' bar moves only as networks finish (most at the last epoch): an epoch bar gives the stack's ETA.
-    with tqdm(total=exp.recipe.max_epochs, desc=f"epochs of {len(seeds)} stacked", unit="epoch", leave=False,
-              dynamic_ncols=True) as epochs:
-        train_networks(models, data, exp.recipe, seeds, [f"{exp.name} {role} seed {s}" for s in seeds], on_done=done,
-                       train_eval=data.train_tensors, on_epoch=lambda _epoch, training: epochs.update()
-                       if training else epochs.update(epochs.total - epochs.n))
+    # The seeds' bar moves only as networks finish (most at the last epoch): the epochs' bar gives the stack's ETA.
+    train_networks(models, data, exp.recipe, seeds, [f"{exp.name} {role} seed {s}" for s in seeds], on_done=done,
+                   train_eval=data.train_tensors, progress=f"{len(seeds)} seeds stacked")
 
 
 def _warn_imported(exp: Experiment, seeds: SeedRange, stored: list[int], training: int) -> None:

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 from torch.utils.data import Dataset
+from tqdm.auto import tqdm
 
 from benchmark.core.data import InMemoryImageDataset, as_in_memory, epoch_crop_offsets, in_memory_problem
 from benchmark.core.training.loop import (
@@ -144,7 +145,7 @@ def train_networks(
     train_eval: Tensors | None = None,
     implementation: str = "auto",
     objective: StackedObjective | None = None,
-    on_epoch: Callable[[int, int], None] | None = None,
+    progress: str | None = None,
 ) -> list[Outcome]:
     """Train ``models`` (K freshly built networks of one architecture, on one device) together.
 
@@ -156,9 +157,8 @@ def train_networks(
     ``stacked_networks``. ``objective``: what is trained (``benchmark.core.training.objective``; default
     the cross-entropy of the plain networks ``models``; another one, e.g. the vBNN's ELBO, brings its
     own parameters, losses and accuracies, and ``models`` then only give the architecture and
-    device). ``on_epoch(epoch, training)``: called after each epoch (1-based) with the number of
-    networks still training (a progress bar's hook). Raises ``NotStackableError`` if the
-    architecture or data cannot be stacked.
+    device). ``progress``: the description of a bar over the epochs (with the stack's ETA; none
+    without it). Raises ``NotStackableError`` if the architecture or data cannot be stacked.
 
     ``recipe.until_plateau``: each network trains on until it plateaus, as in ``train_network``; a
     plateaued network leaves the stack at the end of that epoch (its outcome reported then), the
@@ -208,6 +208,8 @@ def train_networks(
     source = stacked.source(dataset.images.to(dtype), device, dataset.codes)
     labels_on_device = dataset.labels.to(device)
     fused = getattr(objective, "loss_and_grads", None)
+    bar = tqdm(total=recipe.max_epochs, desc=progress, unit="epoch", leave=False, dynamic_ncols=True,
+               disable=progress is None)
     for epoch in range(recipe.max_epochs):
         if not stack.lanes:
             break
@@ -297,8 +299,8 @@ def train_networks(
             if plateaued:
                 finish_trained(plateaued, epoch + 1, True)
                 stack.keep(torch.tensor([p not in plateaued for p in range(len(stack.lanes))], device="cpu"))
-        if on_epoch is not None:
-            on_epoch(epoch + 1, len(stack.lanes))
+        bar.update()
+    bar.close()
     if stack.lanes:
         finish_trained(list(range(len(stack.lanes))), recipe.max_epochs, None)
     return outcomes  # type: ignore[return-value]
