@@ -22,11 +22,11 @@ from benchmark.core.store import SampleSet, stack_state_dicts
 from benchmark.core.training import (
     LossFn, NonFiniteError, OptimizerChain, Recipe, RecipeOverrides, TrainResult, make_optimizer, seeded, train_network,
 )
-from benchmark.core.training.stacked import NotStackableError, stacked_networks
+from benchmark.core.training.stacked import NotStackableError, StackedNetworks, stacked_networks
 from benchmark.core.training.vectorised import check_stackable, train_networks
 from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod
 from methods.bayesian_layers import BayesianNetwork, BNNLayers, check_convertible, to_bayesian
-from methods.bnn_stacked import VariationalObjective
+from methods.bnn_stacked import Transform, VariationalObjective
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,10 @@ class BNNMethod(PosteriorMethod):
     label = "BNN"
     fits_can_fail = True
     Settings = BNNSettings
+    network_stacks = True
+    """Declared by the class that defines ``variational_network``: ``VariationalObjective`` reproduces
+    that network (with ``stacked_template``, ``stacked_form`` and ``stacked_transforms``). A subclass
+    that builds another network without declaring it is trained one at a time through BLiTZ."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -185,9 +189,11 @@ class BNNMethod(PosteriorMethod):
     # --- interface ------------------------------------------------------------------------
     def stacking_problem(self) -> str | None:
         """Why this vBNN cannot be trained as stacked networks (``methods.bnn_stacked``), or None:
-        it needs the plain vBNN (not a variant's network), every layer variational, the recipe's SGD
-        for the scales, an in-memory training set and an architecture the stacked networks run."""
-        if type(self).variational_network is not BNNMethod.variational_network:
+        it needs a network the stacked objective reproduces (``network_stacks``), every layer
+        variational, the recipe's SGD for the scales, an in-memory training set and an architecture
+        the stacked networks run."""
+        owner = next(c for c in type(self).__mro__ if "variational_network" in c.__dict__)
+        if not owner.__dict__.get("network_stacks", False):
             return f"method={self.name} builds its own network"
         if self.settings.layers != BNNLayers.all:
             return f"layers={self.settings.layers.value}: the point-estimate layers are not stacked"
@@ -198,10 +204,24 @@ class BNNMethod(PosteriorMethod):
         try:
             check_stackable(self.data.train)
             with seeded(0):  # building a model draws from the global RNG; leave it as it was
-                stacked_networks(self.new_model(), self.device)
+                self.stacked_form(self.stacked_template())
         except NotStackableError as err:
             return str(err)
         return None
+
+    def stacked_template(self) -> nn.Module:
+        """A plain network of the architecture the vBNN's draws run in (on the device; built from
+        torch's global RNG, whose values do not matter): the plain model. Variants change it."""
+        return self.new_model()
+
+    def stacked_form(self, template: nn.Module) -> StackedNetworks:
+        """How K networks of ``template``'s architecture run stacked (``stacked_networks``)."""
+        return stacked_networks(template, self.device)
+
+    def stacked_transforms(self) -> dict[str, Transform]:
+        """``{plain key: transform}`` of the parameters that are a transform of their Gaussian draw
+        (``VariationalObjective``): none for the plain vBNN."""
+        return {}
 
     def prefit(self, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]]) -> None:
         """Train the vBNNs of ``seeds`` together as stacked networks when the vBNN can be
@@ -218,9 +238,10 @@ class BNNMethod(PosteriorMethod):
                 nets[-1].model.to(self.device)
                 states.append(torch.get_rng_state())  # where BLiTZ's draws would start
         with seeded(0):  # building a model draws from the global RNG; leave it as it was
-            template = self.new_model()
-        objective = VariationalObjective(template, stacked_networks(template, self.device), nets, states,
-                                         self.settings.elbo_samples, self.kl_weight(), self.data.input_shape)
+            template = self.stacked_template()
+        objective = VariationalObjective(template, self.stacked_form(template), nets, states,
+                                         self.settings.elbo_samples, self.kl_weight(), self.data.input_shape,
+                                         transforms=self.stacked_transforms())
         templates = [template] * len(todo)  # the architecture and device: the objective holds the parameters
         outcomes = train_networks(templates, self.data, self.bnn_recipe(), todo, [f"bnn seed {s}" for s in todo],
                                   objective=objective)

@@ -21,6 +21,10 @@ plain network carrying them computes exactly the vBNN's function, so predictions
 NS form treat them like every method's. The posterior means start from the plain model's
 initialisation under the fit's seed with each ordered layer's units sorted by bias (a
 function-preserving permutation), so the starting network is the plain vBNN's, reordered.
+
+A round's vBNNs train stacked as the plain vBNN's do (``methods.bnn_stacked``, the packed kernels on
+a CPU): the ordered biases are ``VariationalObjective``'s transform ``ordered_transform`` of their
+draw, with its log-Jacobian in the KL, so each network follows its BLiTZ fit to float rounding.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from benchmark.core.training import seeded
 from methods.base import MethodConfigError
 from methods.bayesian_layers import BayesianNetwork, BNNLayers, to_bayesian
 from methods.bnn import BNNMethod, BNNSettings
+from methods.bnn_stacked import Transform
 from methods.layer_chain import ACTIVATIONS, PARAMETRISED, layer_chain
 
 MIN_GAP = 1e-6  # smallest gap between sorted initial biases (exp(y) > 0 needs a positive gap)
@@ -58,6 +63,12 @@ def log_abs_det_jacobian(y: torch.Tensor) -> torch.Tensor:
     """``log |det d ordered(y) / dy|`` = ``sum_{k >= 2} y_k`` (the Jacobian is lower triangular
     with diagonal ``1, exp(y_2), ..., exp(y_n)``); ``[...]``."""
     return y[..., 1:].sum(dim=-1)
+
+
+def ordered_transform(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ordered(y), log |det d ordered(y) / dy|)`` for ``y [K, n]`` (one vector per network): the
+    ordered bias as ``methods.bnn_stacked.VariationalObjective`` trains it (a ``Transform``)."""
+    return ordered(y), log_abs_det_jacobian(y)
 
 
 def ordered_moments(mu: torch.Tensor, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,6 +194,7 @@ class OrderedBiasBNNMethod(BNNMethod):
     # The seed's claim is about one variational posterior; a multi-mode row would add 10 vBNN
     # trainings per repetition, beyond the default experiment's time budget.
     modes = ("one",)
+    network_stacks = True  # VariationalObjective with the ordered biases' transform (stacked_transforms)
 
     def check(self, mode: str) -> None:
         super().check(mode)
@@ -216,6 +228,13 @@ class OrderedBiasBNNMethod(BNNMethod):
                 sigmas[key] = float(std.mean())
         out["sigma_mean"] = sum(sigmas.values()) / len(sigmas)
         return out
+
+    def stacked_transforms(self) -> dict[str, Transform]:
+        """The ordered layers' biases: ``ordered(y)`` of the draw ``y``, with its log-Jacobian in the KL
+        (as ``OrderedBiasLinear`` computes them in BLiTZ's layers)."""
+        with seeded(0):  # building a model draws from the global RNG; leave it as it was
+            model = self.model_factory()
+        return {f"{name}.bias": ordered_transform for name, _ in ordered_layers(model)}
 
     def variational_network(self) -> BayesianNetwork:
         """The plain model (initialised under the fit's seed) with its ordered layers' units sorted

@@ -26,23 +26,34 @@ computes for each of them, with each network's own random numbers:
 
 So a network trained here follows its one-at-a-time BLiTZ training up to float rounding (the
 packed kernels sum in another order), whatever the other networks of the stack.
+
+The symmetry-breaking variants train here too: a layer whose parameter is a transform of its
+Gaussian draw (``methods.bnn_ordered``: the ordered bias ``b = ordered(y)``) names it in
+``transforms`` (the draw ``y`` is BLiTZ's, the network runs on ``b``, the KL is ``log q(y) - log
+p(b) - log |det db/dy|``), and an architecture with fixed tensors of its own (``methods.bnn_skip``:
+the skip matrices, buffers of its ``SkipChain``) runs through ``ConstantBuffersVmap``.
 """
 from __future__ import annotations
 
+import copy
 import math
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from blitz.modules.base_bayesian_module import BayesianModule
 from torch import nn
+from torch.func import functional_call
 
 from benchmark.core.training.objective import Gather, stacked_accuracies
-from benchmark.core.training.stacked import Params, StackedNetworks
+from benchmark.core.training.stacked import NotStackableError, Params, StackedNetworks, VmapNetworks
 from methods.bayesian_layers import BayesianNetwork
 
 ACCURACY_BATCH = 2048  # images per forward pass of benchmark.core.training.accuracy (one draw each)
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # as BLiTZ's log_posterior computes it
+Transform = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""``transform(y [K, ...]) -> (b [K, ...], log |det db/dy| [K])``: a parameter ``b`` that is a function
+of its Gaussian draw ``y``, for K networks stacked along axis 0 (``VariationalObjective``)."""
 
 
 def draw_order(net: BayesianNetwork, template: nn.Module, input_shape: Sequence[int]) -> list[str]:
@@ -62,6 +73,21 @@ def draw_order(net: BayesianNetwork, template: nn.Module, input_shape: Sequence[
             hook.remove()
     keys = [f"{name}.{leaf}" for name in called for leaf in ("weight", "bias")]
     return [key for key in keys if key in net.samplers]
+
+
+def _unvalidated(prior):
+    """BLiTZ's prior ``prior`` (``PriorWeightDistribution``) whose densities take any value: a network
+    whose weights became NaN trains on in the stack until the end of its epoch (where the trainer
+    records its ``NonFiniteError``), and torch's argument validation would raise a ValueError for
+    the whole stack instead. The same densities to the bit (the same ``log_prob``)."""
+    prior = copy.copy(prior)
+    for part in ("dist1", "dist2"):
+        dist = getattr(prior, part, None)
+        if dist is not None:
+            dist = copy.copy(dist)
+            dist._validate_args = False
+            setattr(prior, part, dist)
+    return prior
 
 
 class _StaleNoise(torch.autograd.Function):
@@ -85,11 +111,15 @@ class VariationalObjective:
     ``template``: a plain model of the architecture, ``stacked`` its stacked form; ``rng_states``: torch's global RNG
     state right after each network was built (its draws start there); ``elbo_samples``,
     ``kl_weight``: as ``methods.bnn.BNNSettings``. Parameters are keyed ``<plain key>.mu`` and
-    ``<plain key>.rho``. Every plain parameter must be variational (``layers=all``).
+    ``<plain key>.rho``. Every plain parameter must be variational (``layers=all``). ``transforms``:
+    ``{plain key: Transform}`` for the parameters that are a transform of their Gaussian draw (the
+    network runs on the transformed value, the prior density is taken there, and the KL estimate
+    subtracts the log-Jacobian; ``mu`` and ``rho`` stay those of the draw).
     """
 
     def __init__(self, template: nn.Module, stacked: StackedNetworks, nets: Sequence[BayesianNetwork],
-                 rng_states: Sequence[torch.Tensor], elbo_samples: int, kl_weight: float, input_shape: Sequence[int]) -> None:
+                 rng_states: Sequence[torch.Tensor], elbo_samples: int, kl_weight: float, input_shape: Sequence[int],
+                 transforms: Mapping[str, Transform] | None = None) -> None:
         template_model, template = template, nets[0]
         plain = [key for key in template.plain_keys if key not in template.samplers]
         if plain:
@@ -98,12 +128,16 @@ class VariationalObjective:
         self.generators = [torch.Generator().set_state(state) for state in rng_states]
         self.elbo_samples, self.kl_weight = elbo_samples, kl_weight
         self.order = draw_order(template, template_model, input_shape)
+        self.transforms = dict(transforms or {})
+        unknown = sorted(set(self.transforms) - set(self.order))
+        if unknown:
+            raise ValueError(f"VariationalObjective: transforms for {unknown}, which are not variational parameters")
         self.priors = {}
         for name, module in template.model.named_modules():
             if isinstance(module, BayesianModule):
                 for leaf in ("weight", "bias"):
                     if f"{name}.{leaf}" in template.samplers:
-                        self.priors[f"{name}.{leaf}"] = getattr(module, f"{leaf}_prior_dist")
+                        self.priors[f"{name}.{leaf}"] = _unvalidated(getattr(module, f"{leaf}_prior_dist"))
 
     def initial(self) -> Params:
         out = {}
@@ -123,12 +157,12 @@ class VariationalObjective:
     def _eps(self, params: Params, lanes: Sequence[int]) -> dict[str, torch.Tensor]:
         """One draw of every network's ``eps``, stacked like the parameters (per network in BLiTZ's order)."""
         per_lane = []
-        for lane in lanes:
+        for lane in lanes:  # drawn in the parameters' dtype, as BLiTZ's eps buffer of that dtype draws them
             generator = self.generators[lane]
-            per_lane.append({key: torch.randn(self.nets[lane].samplers[key].mu.shape, generator=generator)
-                             for key in self.order})
+            per_lane.append({key: torch.randn(self.nets[lane].samplers[key].mu.shape, generator=generator,
+                                              dtype=params[f"{key}.mu"].dtype) for key in self.order})
         return {key: torch.stack([d[key] for d in per_lane], dim=self.stacked.network_axis(key)).to(
-            params[f"{key}.mu"].device, params[f"{key}.mu"].dtype) for key in self.order}
+            params[f"{key}.mu"].device) for key in self.order}
 
     def _sum_per_network(self, values: torch.Tensor, key: str) -> torch.Tensor:
         axis = self.stacked.network_axis(key) % values.dim()
@@ -143,9 +177,15 @@ class VariationalObjective:
             mu, rho = params[f"{key}.mu"], params[f"{key}.rho"]
             sigma = torch.log1p(torch.exp(rho))
             noise = sigma * eps[key] if eps_grad is None else _StaleNoise.apply(sigma, eps[key], eps_grad[key])
-            w = mu + noise
+            y = mu + noise
+            log_q = -LOG_SQRT_2PI - torch.log(sigma) - ((y - mu) ** 2) / (2 * sigma**2) - 0.5
+            w = y
+            if key in self.transforms:
+                axis = self.stacked.network_axis(key) % y.dim()
+                w, log_det = self.transforms[key](y.movedim(axis, 0))
+                w = w.movedim(0, axis)
+                kl = kl - log_det
             weights[key] = w
-            log_q = -LOG_SQRT_2PI - torch.log(sigma) - ((w - mu) ** 2) / (2 * sigma**2) - 0.5
             prior = self.priors[key]
             density = torch.exp(prior.dist1.log_prob(w))
             second = torch.exp(prior.dist2.log_prob(w)) if prior.dist2 is not None else 0
@@ -189,3 +229,23 @@ class VariationalObjective:
                 net.samplers[key].mu.copy_(state[f"{key}.mu"])
                 net.samplers[key].rho.copy_(state[f"{key}.rho"])
 
+
+class ConstantBuffersVmap(VmapNetworks):
+    """``VmapNetworks`` for an architecture whose buffers are constants of the architecture, the same
+    for every network and never trained (``methods.bnn_skip``'s skip matrices): each network's
+    forward pass reads the template's buffers (as they are on its device) with its own parameters.
+    Refuses what ``VmapNetworks`` refuses otherwise (BatchNorm, active dropout)."""
+
+    def __init__(self, template: nn.Module) -> None:
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in template.modules()):
+            raise NotStackableError(f"{type(template).__name__}: BatchNorm running statistics are updated in place, "
+                                    "which vmap cannot batch")
+        if any(isinstance(m, nn.Dropout) and m.p > 0 for m in template.modules()):
+            raise NotStackableError(f"{type(template).__name__}: active dropout; stacked training draws no dropout masks")
+        self.buffers = {name: buffer.detach() for name, buffer in template.named_buffers()}
+        self.template = copy.deepcopy(template).to("meta")
+        self.keys = [name for name, _ in template.named_parameters()]
+
+    def _call(self, params: Params, images: torch.Tensor) -> torch.Tensor:
+        buffers = {name: buffer.to(images.dtype) for name, buffer in self.buffers.items()}  # a no-op unless float64
+        return functional_call(self.template, {**params, **buffers}, (images,))

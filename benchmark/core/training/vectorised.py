@@ -157,8 +157,9 @@ def train_networks(
     ``stacked_networks``. ``objective``: what is trained (``benchmark.core.training.objective``; default
     the cross-entropy of the plain networks ``models``; another one, e.g. the vBNN's ELBO, brings its
     own parameters, losses and accuracies, and ``models`` then only give the architecture and
-    device). ``progress``: the description of a bar over the epochs (with the stack's ETA; none
-    without it). Raises ``NotStackableError`` if the architecture or data cannot be stacked.
+    device, or only the device when the objective has its stacked form as ``stacked``). ``progress``:
+    the description of a bar over the epochs (with the stack's ETA; none without it). Raises
+    ``NotStackableError`` if the architecture or data cannot be stacked.
 
     ``recipe.until_plateau``: each network trains on until it plateaus, as in ``train_network``; a
     plateaued network leaves the stack at the end of that epoch (its outcome reported then), the
@@ -169,7 +170,8 @@ def train_networks(
         raise ValueError(f"train_networks: {len(models)} models, {len(seeds)} seeds and {len(where)} names; need as many of each (>= 1)")
     dataset = check_stackable(data.train)
     device = next(models[0].parameters()).device
-    stacked = stacked_networks(models[0], device, implementation)
+    # an objective that runs its own stacked form (``stacked``) gets the batches laid out for it
+    stacked = getattr(objective, "stacked", None) or stacked_networks(models[0], device, implementation)
     lanes = [Lane(i, where[i], torch.Generator().manual_seed(int(seed))) for i, seed in enumerate(seeds)]
     objective = CrossEntropyObjective(stacked, models) if objective is None else objective
     problem = plateau_problem(recipe, train_eval, callable(getattr(objective, "fit", None)))
