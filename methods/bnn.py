@@ -244,7 +244,7 @@ class BNNMethod(PosteriorMethod):
                                          transforms=self.stacked_transforms())
         templates = [template] * len(todo)  # the architecture and device: the objective holds the parameters
         outcomes = train_networks(templates, self.data, self.bnn_recipe(), todo, [f"bnn seed {s}" for s in todo],
-                                  objective=objective)
+                                  objective=objective, progress=f"{self.name}: {len(todo)} networks stacked")
         for seed, net, outcome in zip(todo, nets, outcomes):
             if isinstance(outcome, TrainResult):
                 objective.load_into(net, outcome.state_dict)
