@@ -30,8 +30,8 @@ model's posterior sits from the plain one, not how well it approximates it.
 A round's vBNNs train stacked (``methods.bnn_stacked``), each following its BLiTZ fit to float
 rounding, through ``torch.func.vmap`` over the skip network (``ConstantBuffersVmap``: the skips are
 buffers shared by the stack): the packed CPU kernels run a chain of layers, not its two streams.
-On digits, K = 10 on one thread, that is 2.7x faster than one at a time through BLiTZ
-(``bench/bench_bnn_variants.py``; the plain and ordered vBNNs, on the packed kernels, ~10x).
+On digits, K = 10 on one thread, that is 2.5-2.7x faster than one at a time through BLiTZ
+(``bench/bench_bnn_variants.py``; the plain and ordered vBNNs, on the packed kernels, 7-12x).
 """
 from __future__ import annotations
 
