@@ -9,7 +9,7 @@ One function per method (``BENCHES``): it builds the method, times both ways for
 ``main`` prints them and records each K's speed-up (one at a time / stacked) with
 ``bench/summary.py``'s ``record``. A method is added with one more function in ``BENCHES``.
 
-Usage: ``python bench/bench_methods_stacked.py [--methods dropout swag] [--networks 10] [--epochs 2]
+Usage: ``python bench/bench_methods_stacked.py [--methods dropout swag bnn bnn_ordered bnn_skip] [--networks 10] [--epochs 2]
 [--repeats 3] [--data digits|mnist]`` (a few minutes on an idle core; MNIST: use ``--epochs 1 --repeats 1``). Each way runs ``--repeats`` times, alternating,
 and its fastest run counts (the machine's neighbours slow single runs).
 """
@@ -118,9 +118,23 @@ def bench_swag(exp: Experiment, networks: int, repeats: int) -> dict[str, float]
     return best
 
 
+def vbnn(name: str) -> Callable[[Experiment, int, int], dict[str, float]]:
+    """The vBNN ``name`` (``bnn``, or a symmetry-breaking variant ``bnn_ordered``, ``bnn_skip``):
+    K vBNNs trained stacked (``methods.bnn_stacked``: the packed kernels, vmap for the skips)
+    against the same seeds one at a time through BLiTZ's layers."""
+    def bench(exp: Experiment, networks: int, repeats: int) -> dict[str, float]:
+        problem = exp.build_method(name).stacking_problem()
+        assert problem is None, problem
+        return side_by_side(lambda: exp.build_method(name), [networks], repeats)
+
+    bench.__doc__ = vbnn.__doc__.replace("``name``", name)
+    return bench
+
+
 BENCHES: dict[str, Callable[[Experiment, int, int], dict[str, float]]] = {
     "dropout": bench_dropout,
     "swag": bench_swag,
+    **{name: vbnn(name) for name in ("bnn", "bnn_ordered", "bnn_skip")},
 }
 EXPERIMENT: Experiment  # set by main
 
