@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from benchmark.config import EvaluateConfig, compose_config
-from benchmark.core.models import build_model, predict_with_weights
+from benchmark.core.models import build_model
+from benchmark.core.training.predict import predict_samples
 from benchmark.core.store import load_sample_set, stack_state_dicts, validate_tensors
 from benchmark.experiment import Experiment
 from benchmark.references.zoo import SUMMARIES, Reference
@@ -174,7 +175,7 @@ def _predictive(model: nn.Module, zoo: dict[str, torch.Tensor], samples: dict[st
     """``n_samples`` and the predictive metrics of ``samples`` on ``data``, agreement and TV against
     the reference's ensemble predictive (the mean of its members' probabilities)."""
     images, labels, ood = data
-    reference = predict_with_weights(model, zoo, images).double().sum(0) / next(iter(zoo.values())).shape[0]
+    reference = predict_samples(model, zoo, images).double().sum(0) / next(iter(zoo.values())).shape[0]
     numbers = {"n_samples": int(next(iter(samples.values())).shape[0])}
-    return numbers | predictive_metrics(predict_with_weights(model, samples, images), labels,
-                                        predict_with_weights(model, samples, ood), reference_id=reference)
+    return numbers | predictive_metrics(predict_samples(model, samples, images), labels,
+                                        predict_samples(model, samples, ood), reference_id=reference)

@@ -21,7 +21,7 @@ from typing import Callable, ClassVar, Optional, Sequence
 import torch
 from torch import nn
 
-from benchmark.core.models import predict_with_weights
+from benchmark.core.training.predict import predict_samples
 from benchmark.core.store import MODES, ChainFiles, SampleSet
 from benchmark.core.training import Recipe, TrainingData
 
@@ -173,7 +173,7 @@ class PosteriorMethod(ABC):
         ``sample_set`` parameterises: the plain model carrying it (what the sample stage stores).
         Only a method whose network computes another function of the same weights overrides it
         (``methods.bnn_skip``: fixed skip connections that are not weights)."""
-        return predict_with_weights(self.new_model(), sample_set, images)
+        return predict_samples(self.new_model(), sample_set, images)
 
     def diagnostics(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         """Numbers that explain the fitted approximation (e.g. its variances; accuracies as

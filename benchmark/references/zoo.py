@@ -29,7 +29,8 @@ import torch
 from tqdm.auto import tqdm
 
 from benchmark.core.fingerprint import source_fingerprint, stable_hash
-from benchmark.core.models import fit_with_weights, predict_with_weights
+from benchmark.core.models import fit_with_weights
+from benchmark.core.training.predict import predict_samples
 from benchmark.core.training import squared_norm, training_potential
 from benchmark.core.store import (
     CheckpointError, CheckpointFiles, SampleSetFile, StoreError, Unit, check_file, clear_non_file,
@@ -283,7 +284,7 @@ class Reference:
         def build():
             images = self.exp.test_tensors[0]
             batches = [self.weights()] if self.in_memory else iter_checkpoint_batches(self.checked_paths(), self.batch, validated=True)
-            total = sum(predict_with_weights(self.model, b, images).double().sum(0) for b in batches)
+            total = sum(predict_samples(self.model, b, images).double().sum(0) for b in batches)
             return {"id": (total / len(self.seeds))[None]}
         return self._cached("predictive", build)["id"][0]
 

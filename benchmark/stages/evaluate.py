@@ -58,7 +58,7 @@ from tqdm.auto import tqdm
 from benchmark.baselines import BASELINE_MODE, BASELINES, baseline_samples, second_zoo_seeds
 from benchmark.config import BaselineChoice
 from benchmark.core.fingerprint import stable_hash
-from benchmark.core.models import predict_with_weights
+from benchmark.core.training.predict import predict_samples
 from benchmark.design import Design
 from benchmark.core.store import (
     CheckpointError, SampleSetMetadata, StoreError, Unit, atomic_write_text, clear_non_file, load_checkpoints_as_sample_set,
@@ -261,8 +261,8 @@ def _baseline_numbers(exp: Experiment, zoo: Reference, against: Reference, name:
     hit = _cached_numbers(cached, key)
     if hit is None:
         samples, _ = baseline_samples(exp, zoo, name, repetition)
-        preds = {"id": predict_with_weights(exp.model(), samples, exp.test_tensors[0]),
-                 "ood": predict_with_weights(exp.model(), samples, exp.ood_tensors[0])}
+        preds = {"id": predict_samples(exp.model(), samples, exp.test_tensors[0]),
+                 "ood": predict_samples(exp.model(), samples, exp.ood_tensors[0])}
         bad = [split for split, probs in preds.items() if not bool(torch.isfinite(probs).all())]
         if bad:  # e.g. a deep network under a broad prior overflows float32: the row says so, as a method's would
             hit = {"failed": f"baseline {name}: non-finite predictions on the {' and '.join(bad)} set(s) (the networks' "
@@ -363,8 +363,8 @@ def _zoo_block_numbers(exp: Experiment, hmc: Reference, zoo: Reference, k: int, 
     checked = set(zoo.checked_paths())  # validated whole once (checksums, keys, shapes, finite)
     samples = load_checkpoints_as_sample_set(paths, validated=all(p in checked for p in paths))
     model = exp.model()
-    preds = {"id": predict_with_weights(model, samples, exp.test_tensors[0]),
-             "ood": predict_with_weights(model, samples, exp.ood_tensors[0])}
+    preds = {"id": predict_samples(model, samples, exp.test_tensors[0]),
+             "ood": predict_samples(model, samples, exp.ood_tensors[0])}
     numbers = hmc.score_samples(samples, preds, full=full)
     _store_numbers(cached, key, numbers)
     return numbers

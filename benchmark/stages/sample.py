@@ -56,7 +56,7 @@ import torch
 
 from benchmark.config import ConfigError
 from benchmark.core.fingerprint import library_versions
-from benchmark.core.models import predict_with_weights
+from benchmark.core.training.predict import predict_samples
 from benchmark.core.store import (
     AlreadyPublishedError, ChainFiles, CheckpointError, SampleSet, quarantine, SampleSetMetadata, StoreError, Unit, load_checkpoint, load_sample_set,
     remove_temp_files_of, save_sample_set, validate_tensors,
@@ -155,8 +155,8 @@ def predictions(exp: Experiment, samples: SampleSet, method: PosteriorMethod | N
                 "ood": method.predict_weights(samples, exp.ood_tensors[0])}
     model = exp.model().to(exp.device)
     return {
-        "id": predict_with_weights(model, samples, exp.test_tensors[0]),
-        "ood": predict_with_weights(model, samples, exp.ood_tensors[0]),
+        "id": predict_samples(model, samples, exp.test_tensors[0]),
+        "ood": predict_samples(model, samples, exp.ood_tensors[0]),
     }
 
 
