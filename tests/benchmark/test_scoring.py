@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from benchmark import Score, score, store_zoo
-from benchmark.core.models import optunet, predict_with_weights
+from benchmark.core.models import optunet
+from benchmark.core.training.predict import predict_samples
 from benchmark.core.store import save_sample_set, stack_state_dicts
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
@@ -57,8 +58,8 @@ def evaluate_stage_row(samples: dict[str, torch.Tensor], *overrides: str) -> dic
     its predictions made as the sample stage makes them."""
     exp = Experiment(compose_config(["store=store", "results=results", *overrides]))
     model = exp.model()
-    preds = {"id": predict_with_weights(model, samples, exp.test_tensors[0]),
-             "ood": predict_with_weights(model, samples, exp.ood_tensors[0])}
+    preds = {"id": predict_samples(model, samples, exp.test_tensors[0]),
+             "ood": predict_samples(model, samples, exp.ood_tensors[0])}
     return Reference(exp).score_samples(samples, preds, full=True)
 
 

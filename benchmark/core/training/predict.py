@@ -42,7 +42,7 @@ def predict_samples(model: nn.Module, sample_set: Mapping[str, torch.Tensor], im
         for start in range(0, n, batch):
             logits = chain.predict(params, images[start : start + batch].to(dtype))  # [K, b, C]
             if out is None:
-                out = torch.empty(samples, n, logits.shape[-1], dtype=torch.float32)
+                out = torch.empty(samples, n, logits.shape[-1], dtype=torch.float32, device="cpu")  # on the CPU by contract
             out[first:last, start : start + batch] = torch.softmax(logits, dim=-1).float()
     assert out is not None
     return out
