@@ -36,6 +36,8 @@ MAX_CHECKED_SWEEP = 256  # sweep combinations composed up front; larger sweeps a
 
 def stages_of(stage: Stage) -> tuple[str, ...]:
     """The stages ``stage=<value>`` runs, in order."""
+    if stage == Stage.finish:
+        return tuple(name for name in PIPELINE if name not in ("zoo", "sample"))
     return PIPELINE if stage == Stage.all else (stage.value,)
 
 
@@ -130,6 +132,7 @@ def check_slurm_request(argv: Sequence[str]) -> str | None:
         from hydra import compose, initialize_config_dir
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
+        register_configs()
         first = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(overrides), max_batch_size=1)[0][0]
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             launcher = compose(config_name="config", overrides=list(first), return_hydra_config=True).hydra.launcher
@@ -171,7 +174,7 @@ def check_slurm_request(argv: Sequence[str]) -> str | None:
 def _help(what: str) -> str:
     """Text for the help template (``${bench:<what>}``)."""
     if what == "stages":
-        return ", ".join([*PIPELINE, "all", *(name for name in STAGES if name not in PIPELINE)])
+        return ", ".join([*PIPELINE, "all", "finish", *(name for name in STAGES if name not in PIPELINE)])
     if what == "methods":
         return ", ".join(f"{name} ({cls.label}: mode={'|'.join(cls.modes)})" for name, cls in registry.METHODS.items())
     if what == "analyses":

@@ -42,9 +42,10 @@ class ConfigError(ValueError):
 
 
 # ``import`` is a Python keyword, so the enum is built by name (Stage["import"], Stage.zoo ...).
-Stage = Enum("Stage", {name: name for name in ("zoo", "sample", "evaluate", "report", "analyze", "all", "verify", "import")},
+Stage = Enum("Stage", {name: name for name in ("zoo", "sample", "evaluate", "report", "analyze", "all", "finish", "verify", "import")},
              type=str)
 Stage.__doc__ = ("What ``python -m benchmark`` runs (``all`` = zoo, sample, evaluate, report, analyze in order; "
+                 "``finish`` = evaluate, report, analyze: the last job of ``make benchmark CLUSTER=slurm``; "
                  "``verify`` checks the store and is not part of ``all``; ``import`` = write a zoo made elsewhere "
                  "into the store instead of training it).")
 

@@ -2,6 +2,8 @@
 refuse a configuration that cannot run before any work starts."""
 from __future__ import annotations
 
+import os
+
 import subprocess
 import sys
 
@@ -74,6 +76,33 @@ def test_the_cli_exits_with_the_one_line_error_before_hydra_starts(tmp_path):
 def test_stage_all_is_the_pipeline_in_order():
     assert stages_of(Stage.all) == ("zoo", "sample", "evaluate", "report", "analyze")
     assert stages_of(Stage.evaluate) == ("evaluate",)
+    assert stages_of(Stage.finish) == ("evaluate", "report", "analyze")  # make benchmark CLUSTER=slurm's last job
+
+
+def test_a_slurm_job_size_that_fits_no_node_is_refused_before_submitting(tmp_path, monkeypatch):
+    """Issue 38: the README's sample command asked for 8 CPUs, 32 GB and a GPU per job and pended
+    forever on a smaller node. The request is checked against sinfo's nodes (a fake sinfo here)."""
+    from benchmark.cli import check_slurm_request
+
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text("#!/bin/sh\necho 'vm|2|21694|(null)'\necho 'gpu1|16|64000|gpu:a100:2(S:0-1)'\n")
+    sinfo.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    readme = ["-m", "cluster=slurm", "stage=sample", "method=swag,laplace"]
+    assert check_slurm_request(readme) is None  # 8 CPUs, 32 GB, 1 GPU: fits gpu1
+    assert check_slurm_request([*readme, "hydra.launcher.mem_gb=100"]) == (
+        "cluster=slurm: each job asks for 8 CPU(s), 100 GB and 1 GPU(s) (hydra.launcher.cpus_per_task x tasks_per_node, "
+        "mem_gb, gpus_per_node), but no node of any partition has as much (sinfo: at most 16 CPUs, 62 GB, 2 GPUs per "
+        "node): the jobs would pend forever. Size them to fit, e.g. hydra.launcher.mem_gb=62, or choose another "
+        "hydra.launcher.partition")
+    sinfo.write_text("#!/bin/sh\necho 'vm|2|21694|(null)'\n")
+    problem = check_slurm_request([*readme, "hydra.launcher.gpus_per_node=0"])
+    assert "asks for 8 CPU(s), 32 GB and 0 GPU(s)" in problem and "at most 2 CPUs, 21 GB, 0 GPUs" in problem
+    assert problem.endswith("e.g. hydra.launcher.cpus_per_task=2 hydra.launcher.mem_gb=21, or choose another "
+                            "hydra.launcher.partition")
+    assert check_slurm_request([*readme, "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
+                                "hydra.launcher.mem_gb=1"]) is None
+    assert check_slurm_request(readme[1:]) is None and check_slurm_request(["-m", "stage=zoo"]) is None  # no sweep; joblib
 
 
 def _nothing_written(root):

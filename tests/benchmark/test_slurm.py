@@ -1,0 +1,296 @@
+"""The README's cluster path on a real SLURM (issue 38): a single-node SLURM from Debian's packages
+(``make slurm-up``, ``.ci/slurm-up.sh``; CI starts one) runs the commands of README "On a cluster"
+and ``make benchmark CLUSTER=slurm`` on a tiny digits configuration, 1 CPU per job, at most 2 jobs
+at a time (the node's 2 CPUs, ``array_parallelism=2``):
+
+- ``make benchmark CLUSTER=slurm``: the zoo as an array job, the sample sweep as another, then
+  evaluate, report and analyze: the store and the results' CSVs byte-identical to one local process's;
+- ``scancel`` of one array task on "node-a" (``$POSTERIOR_BENCH_HOST``), then the same command
+  again on "node-b": the cancelled job released its claims on SIGTERM (``cli.stop_on_sigterm``), so
+  the resubmitted job takes its seeds over at once, and finishes; nothing published is redone;
+- ``scontrol requeue`` of a running job: it resumes and finishes;
+- a time limit: submitit's USR2 before the limit requeues the job until the zoo is done.
+
+A requeued job waits SLURM's fixed 120 s before it may start again; the tests move its start to now
+(``scontrol update StartTime=now``, as an administrator can) so that they last seconds, not minutes.
+Without a SLURM here (no ``sbatch``/``sinfo``/``sacct``, no idle node, accounting not answering)
+every test skips, naming why (and the setup's status when ``.ci/slurm-up.sh`` failed).
+Marked ``slurm`` and ``slow`` (``make test-fast`` skips them)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+SLURM_DIR = Path(os.environ.get("PB_SLURM_DIR", "/tmp/posterior-bench-slurm"))
+TINY = ("train.epochs=2", "train.fail_rule.epoch=null", "seeds.reference=[0,8]", "seeds.heldout=[100000,100004]",
+        "sample.per_method=2", "sample.modes_multi=2", "sample.repetitions=1", "sample.repetitions_per_method=null",
+        "threads=1", "zoo.vectorize=1", "evaluate.reference_resamples=0", "evaluate.test_permutations=0",
+        "evaluate.baselines=[]", "analysis=marginals")
+JOB = ("hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
+       "hydra.launcher.array_parallelism=2")
+METHODS = "ensemble,dropout"
+
+
+def slurm_problem() -> str | None:
+    """Why the SLURM tests cannot run here, or ``None``."""
+    status = (SLURM_DIR / "status").read_text().strip() if (SLURM_DIR / "status").is_file() else ""
+    setup = f" (.ci/slurm-up.sh: {status})" if status else " (make slurm-up starts one: root, Debian's packages)"
+    missing = [c for c in ("sbatch", "sinfo", "sacct", "scontrol", "scancel") if not shutil.which(c)]
+    if missing:
+        return f"no SLURM here: {', '.join(missing)} not found{setup}"
+    try:
+        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20)
+        accounting = subprocess.run(["sacct", "-n", "-X", "-S", "now-1minute"], capture_output=True, text=True,
+                                    timeout=20)
+    except subprocess.TimeoutExpired as err:
+        return f"SLURM does not answer: {err}{setup}"
+    if states.returncode != 0 or not re.search(r"^(idle|mixed)", states.stdout, re.M):
+        return f"no idle SLURM node: sinfo says {(states.stdout + states.stderr).strip()!r}{setup}"
+    if accounting.returncode != 0:
+        return f"sacct does not answer (submitit polls it): {accounting.stderr.strip()}{setup}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    problem = slurm_problem()
+    if problem:
+        pytest.skip(problem)
+
+
+def benchmark_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "benchmark", *args]
+
+
+def env_with(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            **extra}
+
+
+def submitit_logs(sweep: Path) -> str:
+    """The jobs' own output (it never reaches the submitting process)."""
+    return "\n".join(f"== {p}\n{p.read_text(errors='replace')}" for p in sorted(sweep.glob(".submitit/*/*_log.*")))
+
+
+def until(condition, timeout: float, what: str, poll: float = 0.2):
+    """Poll ``condition()`` until it returns something truthy (returned), at most ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def squeue(job: str) -> list[tuple[str, str, str]]:
+    """``(job id, state, reason)`` of each task of ``job`` in the queue."""
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i|%T|%r"], capture_output=True, text=True).stdout
+    return [tuple(line.split("|")) for line in out.split()]
+
+
+def start_requeued_now(job: str) -> None:
+    """SLURM holds a requeued job for 120 s (BeginTime); let it start now."""
+    for task, state, reason in squeue(job):
+        if state == "PENDING" and reason == "BeginTime":
+            subprocess.run(["scontrol", "update", f"JobId={task}", "StartTime=now"], capture_output=True)
+
+
+def job_ids(sweep: Path) -> list[str]:
+    """The SLURM ids of the sweep's jobs (submitit's folders: ``<array id>_<task>``, ``<id>`` for a single job)."""
+    names = {p.name for p in sweep.glob(".submitit/*") if p.is_dir()}
+    arrays = {n.split("_")[0] for n in names if "_" in n}
+    return sorted((n for n in names if n not in arrays), key=lambda n: [int(x) for x in n.split("_")])
+
+
+def store_files(root: Path) -> dict[str, bytes]:
+    """Every file of the experiment's zoo, failure records, sample sets and predictions, by path."""
+    base = root / "digits_optunet"
+    return {str(p.relative_to(base)): p.read_bytes() for folder in ("zoo", "samples", "preds")
+            for p in sorted((base / folder).rglob("*")) if p.is_file() and not p.name.startswith(".")}
+
+
+def csv_files(results: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((results / "digits_optunet").glob("*.csv"))}
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """The same work done by one local process (in this one, one torch thread): the store and results."""
+    from benchmark.cli import run
+    from tests.conftest import compose_config, one_thread
+
+    if slurm_problem():
+        pytest.skip("no SLURM")
+    root = tmp_path_factory.mktemp("single")
+    where = [f"store={root / 'store'}", f"results={root / 'results'}", *TINY]
+    started = time.monotonic()
+    with one_thread():
+        run(compose_config(["stage=zoo", *where]))
+        for method in METHODS.split(","):
+            run(compose_config(["stage=sample", f"method={method}", *where]))
+        for stage in ("evaluate", "report", "analyze"):
+            run(compose_config([f"stage={stage}", *where]))
+    print(f"single process: {time.monotonic() - started:.0f} s")
+    return root
+
+
+def test_make_benchmark_on_slurm_gives_the_single_process_store_and_results(slurm, single, tmp_path):
+    """``make benchmark CLUSTER=slurm``: zoo and sample array jobs, then evaluate, report and analyze,
+    each step waited for; every store file and results CSV byte-identical to one process's."""
+    stamp = tmp_path / "installed"
+    stamp.touch()  # make's install step is not this test's business
+    args = " ".join(TINY + (f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}",
+                            f"hydra.sweep.dir={tmp_path / 'sweep'}"))
+    started = time.monotonic()
+    done = subprocess.run(["make", "--no-print-directory", "benchmark", "CLUSTER=slurm", "SHARDS=2", f"METHODS={METHODS}",
+                           f"PY={sys.executable}", f"STAMP={stamp}", f"ARGS={args}", f"SLURM_ARGS={' '.join(JOB)} "
+                           "hydra.launcher.timeout_min=10"], cwd=REPO, env=env_with(), capture_output=True, text=True,
+                          timeout=900)
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:] + submitit_logs(tmp_path / "sweep")
+    print(f"make benchmark CLUSTER=slurm: {took:.0f} s")
+    ids = job_ids(tmp_path / "sweep")
+    assert len(ids) == 2 + 2 + 1 and len({i.split("_")[0] for i in ids}) == 1 + 1 + 1, f"not the jobs expected: {ids}"
+    assert store_files(tmp_path / "store") == store_files(single / "store")
+    assert csv_files(tmp_path / "results") == csv_files(single / "results") and csv_files(single / "results")
+    for method in METHODS.split(","):  # complete for what was asked: stage=verify exits 0
+        verify = subprocess.run(benchmark_command("stage=verify", f"method={method}", f"store={tmp_path / 'store'}",
+                                                  f"results={tmp_path / 'results'}", *TINY,
+                                                  f"hydra.run.dir={tmp_path / 'verify'}"),
+                                cwd=REPO, env=env_with(), capture_output=True, text=True, timeout=300)
+        assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
+
+
+def zoo_sweep(tmp_path: Path, *extra: str) -> list[str]:
+    return benchmark_command("-m", "cluster=slurm", *JOB, "hydra.launcher.timeout_min=10", "stage=zoo",
+                             "zoo.num_shards=2", "zoo.shard=range(2)", f"store={tmp_path / 'store'}",
+                             f"hydra.sweep.dir={tmp_path / 'sweep'}", *TINY, *extra)
+
+
+def published(store: Path) -> dict[str, int]:
+    """The zoo's published files and their inodes."""
+    zoo = store / "digits_optunet" / "zoo"
+    return {p.name: p.stat().st_ino for p in zoo.rglob("seed_*") if p.is_file() and "quarantine" not in p.parts}
+
+
+def test_scancel_of_one_task_on_one_host_then_the_same_command_on_another_resumes(slurm, single, tmp_path):
+    """Task 0 of the zoo array, on "node-a", is cancelled mid-training; the same command on "node-b"
+    (claims of node-a judged by their heartbeat only, claims.timeout_s=600) finishes at once: the
+    cancelled job released its claims on SIGTERM. Before issue 38 the resubmitted job skipped the
+    seeds "in progress elsewhere" and ended COMPLETED with them untrained."""
+    claims = ("claims.timeout_s=600", "claims.heartbeat_s=2", "claims.wait_s=120")
+    first = subprocess.Popen(zoo_sweep(tmp_path, *claims), cwd=REPO, env=env_with(POSTERIOR_BENCH_HOST="node-a"),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    store = tmp_path / "store"
+    try:
+        task = until(lambda: next((i for i in job_ids(tmp_path / "sweep") if i.endswith("_0")), None), 300, "task 0")
+        until(lambda: len(published(store)) >= 2 and any((store / "digits_optunet" / ".claims").glob("*.claim")), 300,
+              "training under way")
+        subprocess.run(["scancel", task], check=True)
+        out, _ = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode != 0, "the launcher did not see the cancelled task"
+    logs = submitit_logs(tmp_path / "sweep")
+    assert "SIGTERM in SLURM job" in logs, logs
+    before = published(store)
+    assert 2 <= len(before) < 12, f"cancelled too late to test anything: {sorted(before)}"
+    started = time.monotonic()
+    again = subprocess.run(zoo_sweep(tmp_path, *claims), cwd=REPO, env=env_with(POSTERIOR_BENCH_HOST="node-b"),
+                           capture_output=True, text=True, timeout=600)
+    print(f"resubmitted on node-b: {time.monotonic() - started:.0f} s")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:] + submitit_logs(tmp_path / "sweep")
+    after = published(store)
+    assert all(after[name] == inode for name, inode in before.items()), "a published seed was redone"
+    zoo = {k: v for k, v in store_files(single / "store").items() if k.startswith("zoo")}
+    assert store_files(store) == zoo
+    assert not list((store / "digits_optunet" / ".claims").glob("*.claim")), "claims left behind"
+
+
+def test_scontrol_requeue_resumes_the_job(slurm, single, tmp_path):
+    """A running zoo task requeued by the administrator (SIGTERM, then back to the queue) starts
+    again, skips what it published, and the sweep ends with the single process's zoo."""
+    sweep = subprocess.Popen(zoo_sweep(tmp_path), cwd=REPO, env=env_with(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    store = tmp_path / "store"
+    try:
+        task = until(lambda: next((i for i in job_ids(tmp_path / "sweep") if i.endswith("_1")), None), 300, "task 1")
+        until(lambda: len(published(store)) >= 2, 300, "training under way")
+        subprocess.run(["scontrol", "requeue", task], check=True)
+        before = published(store)
+        until(lambda: (start_requeued_now(task), sweep.poll() is not None)[1], 300, "the sweep to end", poll=1)
+        out, _ = sweep.communicate()
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 0, out[-3000:] + submitit_logs(tmp_path / "sweep")
+    logs = submitit_logs(tmp_path / "sweep")
+    assert "DUE TO JOB REQUEUE" in logs, logs
+    after = published(store)
+    assert all(after[name] == inode for name, inode in before.items() if name in after), "a published seed was redone"
+    assert store_files(store) == {k: v for k, v in store_files(single / "store").items() if k.startswith("zoo")}
+
+
+def test_a_time_limit_makes_submitit_requeue_until_the_zoo_is_done(slurm, tmp_path):
+    """A job whose time limit comes near gets submitit's USR2 (``signal_delay_s`` before the limit),
+    is requeued by submitit (counted against ``max_num_timeout``) and goes on from the store in its
+    next run: the zoo ends complete, a seed retrained here byte-identical. The limit is cut to
+    2 min once the job trains (``scontrol update TimeLimit``): a limit short from the start would
+    signal the job while Python still imports, before submitit's handler exists (USR2 then kills
+    it), and slurmctld checks limits only every 30 s. The requeued run gets 10 min again."""
+    from benchmark.core.store import ExperimentStore
+    from benchmark.stages.zoo import run_zoo
+    from benchmark.experiment import Experiment, SeedRange
+    from tests.conftest import compose_config, one_thread
+
+    seeds = ("seeds.reference=[0,60]", "zoo.range=reference")
+    command = benchmark_command("-m", "cluster=slurm", *JOB, "hydra.launcher.timeout_min=10",
+                                "hydra.launcher.signal_delay_s=100", "stage=zoo", f"store={tmp_path / 'store'}",
+                                f"hydra.sweep.dir={tmp_path / 'sweep'}", *TINY, *seeds)
+    sweep = subprocess.Popen(command, cwd=REPO, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    store = ExperimentStore(tmp_path / "store", "digits_optunet")
+    started = time.monotonic()
+    try:
+        job = until(lambda: next(iter(job_ids(tmp_path / "sweep")), None), 300, "the job")
+        until(lambda: len(published(tmp_path / "store")) >= 2, 300, "training under way")
+        subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"], check=True)  # 100 s or less left
+        requeued = []
+
+        def restart_requeued() -> bool:
+            for task, state, reason in squeue(job):
+                if state == "PENDING":
+                    subprocess.run(["scontrol", "update", f"JobId={task}", "StartTime=now", "TimeLimit=10"],
+                                   capture_output=True)
+                    requeued.append(task)
+            return sweep.poll() is not None
+
+        until(restart_requeued, 480, "the sweep to end", poll=1)
+        out, _ = sweep.communicate()
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    print(f"time-limited zoo: {time.monotonic() - started:.0f} s")
+    logs = submitit_logs(tmp_path / "sweep")
+    assert sweep.returncode == 0, out[-3000:] + logs
+    assert "Caught signal SIGUSR2" in logs and "this job is timed-out" in logs and requeued, logs
+    assert sorted([*store.completed_seeds(), *store.failed_seeds()]) == list(range(60))
+    exp = Experiment(compose_config([f"store={tmp_path / 'here'}", *TINY, *seeds]))
+    with one_thread(), exp.backends():
+        run_zoo(exp, SeedRange("reference", 59, 60))
+    ours = next(p for p in (exp.store.checkpoint_path(59), exp.store.failed_path(59)) if p.exists())
+    assert ours.read_bytes() == (store.zoo_dir if ours.suffix == ".safetensors" else store.failed_dir).joinpath(
+        ours.name).read_bytes()
