@@ -21,4 +21,5 @@ stop slurmctld "$DIR/run/slurmctld.pid"
 stop slurmdbd "$DIR/run/slurmdbd.pid"
 stop mariadbd "$DIR/run/mariadbd.pid"
 stop munged "$DIR/run/munged.pid"
+[ -d "$DIR" ] && echo "stopped by .ci/slurm-down.sh" > "$DIR/status"
 exit 0

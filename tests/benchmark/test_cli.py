@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # the command line through its stages: make test,
 def test_help_introduces_the_suite(cli):
     code, out = cli("--help")
     assert code == 0 and out.startswith("posterior-bench:") and "powered by Hydra" not in out
-    assert "zoo, sample, evaluate, report, analyze, all, verify, import" in out
+    assert "zoo, sample, evaluate, report, analyze, all, finish, verify, import" in out
     assert "toy, min_mass, collapse, permutation_frequency, marginals, hmc, all" in out
     assert "cifar100_resnet18, digits_optunet, mnist_optunet, tinyimagenet_resnet18" in out
     assert all(f"{name} (" in out for name in method_names()) and "Deep Ensembles: mode=multi" in out
@@ -36,7 +36,7 @@ def test_help_introduces_the_suite(cli):
     "argv, message",
     [
         (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, analyze, all, "
-                          "verify, import]"),
+                          "finish, verify, import]"),
         (["analysis=hist"], "analysis: Invalid value 'hist', expected one of [toy, min_mass, collapse, "
                             "permutation_frequency, marginals, hmc, all]"),
         (["analyze.collapse.max_pairs=0"], "analyze.collapse.max_pairs=0: expected a positive integer"),

@@ -77,7 +77,7 @@ def test_bad_seed_ranges_are_refused(value, message):
     "args, message",
     [
         (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, analyze, all, "
-                          "verify, import]"),
+                          "finish, verify, import]"),
         (["stage=zoo", "seeds.reference=[4,2]"], "seeds.reference=[4, 2]: expected [start, stop)"),
         (["stage=zoo", "zoo.shard=3", "zoo.num_shards=2"], "zoo.shard=3: expected an integer in [0, num_shards=2)"),
         (["stage=zoo", "store=/proc/version/x"], "store=/proc/version/x: cannot write"),
