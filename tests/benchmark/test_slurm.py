@@ -8,8 +8,8 @@ at a time (the node's 2 CPUs, ``array_parallelism=2``):
 - ``scancel`` of one array task on "node-a" (``$POSTERIOR_BENCH_HOST``), then the same command
   again on "node-b": the cancelled job released its claims on SIGTERM (``cli.stop_on_sigterm``), so
   the resubmitted job takes its seeds over at once, and finishes; nothing published is redone;
-- ``scontrol requeue`` of a running job: it resumes and finishes;
-- a time limit: submitit's USR2 before the limit requeues the job until the zoo is done.
+- ``scontrol requeue`` of a running job, then a time limit: submitit's USR2 before the limit
+  requeues the job; the zoo is finished by its third run.
 
 A requeued job waits SLURM's fixed 120 s before it may start again; the tests move its start to now
 (``scontrol update StartTime=now``, as an administrator can) so that they last seconds, not minutes.
@@ -220,37 +220,14 @@ def test_scancel_of_one_task_on_one_host_then_the_same_command_on_another_resume
     assert not list((store / "digits_optunet" / ".claims").glob("*.claim")), "claims left behind"
 
 
-def test_scontrol_requeue_resumes_the_job(slurm, single, tmp_path):
-    """A running zoo task requeued by the administrator (SIGTERM, then back to the queue) starts
-    again, skips what it published, and the sweep ends with the single process's zoo."""
-    sweep = subprocess.Popen(zoo_sweep(tmp_path), cwd=REPO, env=env_with(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    store = tmp_path / "store"
-    try:
-        task = until(lambda: next((i for i in job_ids(tmp_path / "sweep") if i.endswith("_1")), None), 300, "task 1")
-        until(lambda: len(published(store)) >= 2, 300, "training under way")
-        subprocess.run(["scontrol", "requeue", task], check=True)
-        before = published(store)
-        until(lambda: (start_requeued_now(task), sweep.poll() is not None)[1], 300, "the sweep to end", poll=1)
-        out, _ = sweep.communicate()
-    finally:
-        if sweep.poll() is None:
-            sweep.kill()
-    assert sweep.returncode == 0, out[-3000:] + submitit_logs(tmp_path / "sweep")
-    logs = submitit_logs(tmp_path / "sweep")
-    assert "DUE TO JOB REQUEUE" in logs, logs
-    after = published(store)
-    assert all(after[name] == inode for name, inode in before.items() if name in after), "a published seed was redone"
-    assert store_files(store) == {k: v for k, v in store_files(single / "store").items() if k.startswith("zoo")}
-
-
-def test_a_time_limit_makes_submitit_requeue_until_the_zoo_is_done(slurm, tmp_path):
-    """A job whose time limit comes near gets submitit's USR2 (``signal_delay_s`` before the limit),
-    is requeued by submitit (counted against ``max_num_timeout``) and goes on from the store in its
-    next run: the zoo ends complete, a seed retrained here byte-identical. The limit is cut to
-    2 min once the job trains (``scontrol update TimeLimit``): a limit short from the start would
-    signal the job while Python still imports, before submitit's handler exists (USR2 then kills
-    it), and slurmctld checks limits only every 30 s. The requeued run gets 10 min again."""
+def test_scontrol_requeue_then_a_time_limit_resume_the_job_until_the_zoo_is_done(slurm, tmp_path):
+    """One zoo job, three runs. ``scontrol requeue`` (SIGTERM, then back to the queue): the next run
+    skips what was published and goes on. Then its time limit comes near: submitit's USR2
+    (``signal_delay_s`` before the limit) makes submitit requeue it (counted against
+    ``max_num_timeout``), and the third run finishes the zoo: complete, nothing published redone, a
+    seed retrained here byte-identical. The limit is cut to 2 min once the run trains (``scontrol
+    update TimeLimit``): a limit short from the start would signal the job while Python still imports,
+    before submitit's handler exists (USR2 then kills it), and slurmctld checks limits only every 30 s."""
     from benchmark.core.store import ExperimentStore
     from benchmark.stages.zoo import run_zoo
     from benchmark.experiment import Experiment, SeedRange
@@ -263,30 +240,38 @@ def test_a_time_limit_makes_submitit_requeue_until_the_zoo_is_done(slurm, tmp_pa
     sweep = subprocess.Popen(command, cwd=REPO, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
     store = ExperimentStore(tmp_path / "store", "digits_optunet")
+    restarted = []
+
+    def restart_requeued(job: str) -> bool:
+        for task, state, reason in squeue(job):
+            if state == "PENDING" and reason in ("BeginTime", "None", "Priority"):
+                subprocess.run(["scontrol", "update", f"JobId={task}", "StartTime=now", "TimeLimit=10"],
+                               capture_output=True)
+                restarted.append(task)
+        return sweep.poll() is not None
+
     started = time.monotonic()
     try:
         job = until(lambda: next(iter(job_ids(tmp_path / "sweep")), None), 300, "the job")
         until(lambda: len(published(tmp_path / "store")) >= 2, 300, "training under way")
+        subprocess.run(["scontrol", "requeue", job], check=True)
+        until(lambda: any(state == "PENDING" for _, state, _ in squeue(job)), 120, "the job back in the queue")
+        first = published(tmp_path / "store")
+        until(lambda: (restart_requeued(job), len(published(tmp_path / "store")) >= len(first) + 2)[1], 300,
+              "the requeued run training")
         subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"], check=True)  # 100 s or less left
-        requeued = []
-
-        def restart_requeued() -> bool:
-            for task, state, reason in squeue(job):
-                if state == "PENDING":
-                    subprocess.run(["scontrol", "update", f"JobId={task}", "StartTime=now", "TimeLimit=10"],
-                                   capture_output=True)
-                    requeued.append(task)
-            return sweep.poll() is not None
-
-        until(restart_requeued, 480, "the sweep to end", poll=1)
+        until(lambda: restart_requeued(job), 480, "the sweep to end", poll=1)
         out, _ = sweep.communicate()
     finally:
         if sweep.poll() is None:
             sweep.kill()
-    print(f"time-limited zoo: {time.monotonic() - started:.0f} s")
+    print(f"requeued, then time-limited zoo: {time.monotonic() - started:.0f} s")
     logs = submitit_logs(tmp_path / "sweep")
     assert sweep.returncode == 0, out[-3000:] + logs
-    assert "Caught signal SIGUSR2" in logs and "this job is timed-out" in logs and requeued, logs
+    assert "DUE TO JOB REQUEUE" in logs, logs
+    assert "Caught signal SIGUSR2" in logs and "this job is timed-out" in logs and len(restarted) >= 2, logs
+    after = published(tmp_path / "store")
+    assert all(after[name] == inode for name, inode in first.items()), "a published seed was redone"
     assert sorted([*store.completed_seeds(), *store.failed_seeds()]) == list(range(60))
     exp = Experiment(compose_config([f"store={tmp_path / 'here'}", *TINY, *seeds]))
     with one_thread(), exp.backends():
