@@ -200,3 +200,28 @@ def test_stage_all_refuses_a_heldout_range_too_small_for_the_repetitions_before_
                                                 r"use 'seeds.heldout=\[100000,\d+\]'"):
         run(cfg)
     assert _nothing_written(tmp_path / "store")
+
+
+def test_sigterm_in_a_slurm_job_stops_the_stage_and_releases_its_claims_at_once(tmp_path, monkeypatch):
+    """Issue 38: scancel, scontrol requeue and preemption send SIGTERM, which submitit ignores (SLURM
+    SIGKILLs the job later, leaving its claims to go stale): in a SLURM job the stage stops at once
+    and its claims are released. Outside SLURM the handler is not touched."""
+    import signal
+    import time
+
+    from benchmark.cli import stop_on_sigterm
+    from benchmark.core.store.claims import try_claim
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with stop_on_sigterm():
+        assert signal.getsignal(signal.SIGTERM) is before
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    path = tmp_path / "seed_000001.claim"
+    with pytest.raises(SystemExit) as stopped:
+        with stop_on_sigterm(), try_claim(path) as claim:
+            assert claim is not None and path.exists()
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)  # interrupted by the handler
+    assert stopped.value.code == 128 + signal.SIGTERM and not path.exists()
+    assert signal.getsignal(signal.SIGTERM) is before
