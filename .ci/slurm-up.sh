@@ -96,7 +96,7 @@ done
 node=$(slurmd -C | head -n 1)   # NodeName=<host> CPUs=.. Boards=.. SocketsPerBoard=.. ... RealMemory=..
 memory=$(sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' <<<"$node")
 memory=$((memory * 9 / 10))     # leave room for the daemons
-node=$(sed -e "s/RealMemory=[0-9]*/RealMemory=$memory/" -e "s/^NodeName=[^ ]*/NodeName=$host/" <<<"$node")
+node=$(sed -e "s/RealMemory=[0-9]*/RealMemory=$memory/" -e "s/^NodeName=[^ ]*/NodeName=$host NodeAddr=127.0.0.1/" <<<"$node")
 cat > $CONF <<CONF
 $MARKER
 ClusterName=pbench

@@ -179,6 +179,10 @@ def zoo_sweep(tmp_path: Path, *extra: str) -> list[str]:
                              f"hydra.sweep.dir={tmp_path / 'sweep'}", *TINY, *extra)
 
 
+def seed_of(name: str) -> int:
+    return int(re.search(r"seed_(\d+)", name).group(1))
+
+
 def published(store: Path) -> dict[str, int]:
     """The zoo's published files and their inodes."""
     zoo = store / "digits_optunet" / "zoo"
@@ -196,8 +200,11 @@ def test_scancel_of_one_task_on_one_host_then_the_same_command_on_another_resume
     store = tmp_path / "store"
     try:
         task = until(lambda: next((i for i in job_ids(tmp_path / "sweep") if i.endswith("_0")), None), 300, "task 0")
-        until(lambda: len(published(store)) >= 2 and any((store / "digits_optunet" / ".claims").glob("*.claim")), 300,
-              "training under way")
+        def task_0_trains() -> bool:  # a seed of shard 0 (even) published, another claimed: task 0 is in its stage
+            claims = (store / "digits_optunet" / ".claims").glob("*seed_*.claim")  # zoo-seed_000002.claim
+            return any(seed_of(n) % 2 == 0 for n in published(store)) and any(seed_of(p.name) % 2 == 0 for p in claims)
+
+        until(task_0_trains, 300, "task 0 training")
         subprocess.run(["scancel", task], check=True)
         out, _ = first.communicate(timeout=300)
     finally:
