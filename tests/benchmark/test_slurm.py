@@ -193,9 +193,10 @@ def test_scancel_of_one_task_on_one_host_then_the_same_command_on_another_resume
     """Task 0 of the zoo array, on "node-a", is cancelled mid-training; the same command on "node-b"
     (claims of node-a judged by their heartbeat only, claims.timeout_s=600) finishes at once: the
     cancelled job released its claims on SIGTERM. Before issue 38 the resubmitted job skipped the
-    seeds "in progress elsewhere" and ended COMPLETED with them untrained; without the release (SLURM
-    SIGKILLs the job KillWait=10 s after the SIGTERM submitit ignores) it would wait for node-a's
-    live claim and fail after claims.wait_s, naming it."""
+    seeds "in progress elsewhere" and ended COMPLETED with them untrained. Without the release, SLURM
+    SIGKILLs the job KillWait=10 s after the SIGTERM submitit ignores; a claim it then holds keeps the
+    resubmitted job waiting until claims.wait_s, then failing, naming it (the log of the cancelled
+    job must show the release: whether the SIGKILL lands while a claim is held depends on timing)."""
     from benchmark.core.store import ExperimentStore
     from benchmark.experiment import Experiment, SeedRange
     from benchmark.stages.zoo import run_zoo
