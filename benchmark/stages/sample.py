@@ -73,7 +73,7 @@ from benchmark.inventory import (
     base_digests, chain_key, sample_settings_hash, unit_state, untrained_seeds,
 )
 from benchmark.core.store.importing import imported_archives
-from benchmark.core.store.claims import HeldElsewhereError, wait_for_claims  # noqa: F401 (the stage's error)
+from benchmark.core.store.claims import HeldElsewhereError, held_elsewhere, wait_for_claims  # noqa: F401 (the stage's error)
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
 from methods.modes import ModePlan, run_mode
 from metrics.mcmc import predictive_convergence
@@ -426,8 +426,11 @@ def finish_busy(exp: Experiment, summary: SampleSummary, once) -> None:
         summary.quarantined.update(again.quarantined)
         summary.done_elsewhere += [label for label in again.skipped_done if label in waited]
         summary.skipped_busy, summary.busy_units = again.skipped_busy, again.busy_units
-        if set(again.skipped_busy) >= set(free):
-            time.sleep(claims.poll_s)  # no progress: chains still running elsewhere, or a third process took them
+        if set(again.skipped_busy) >= set(free):  # no progress: chains running elsewhere, or a third process took them
+            if time.monotonic() >= deadline:
+                raise held_elsewhere(f"sample {exp.name}", {label: store.claim_path(summary.busy_units[label])
+                                                            for label in summary.skipped_busy}, claims.timeout_s)
+            time.sleep(claims.poll_s)
     if summary.done_elsewhere:
         log.info("sample stage: waited for %s, done elsewhere", summary.done_elsewhere)
 

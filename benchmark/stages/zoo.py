@@ -38,7 +38,7 @@ from benchmark.config import ZooRange
 from benchmark.core.fingerprint import library_versions
 from benchmark.core.store.importing import imported_archives
 from benchmark.core.store import AlreadyPublishedError, CheckpointMetadata, Claim, read_metadata, remove_temp_files_of, save_checkpoint, CheckpointError
-from benchmark.core.store.claims import HeldElsewhereError, wait_for_claims  # noqa: F401 (the stage's error)
+from benchmark.core.store.claims import HeldElsewhereError, held_elsewhere, wait_for_claims  # noqa: F401 (the stage's error)
 from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
 from benchmark.core.training.vectorised import train_networks
 from benchmark.experiment import Experiment, SeedRange
@@ -217,8 +217,12 @@ def finish_busy(exp: Experiment, summaries: list[ZooSummary]) -> None:
             summary.done_elsewhere += again.skipped_done
             summary.skipped_busy += again.skipped_busy
             progress |= len(again.skipped_busy) < len(retry)
-        if not progress:
-            time.sleep(claims.poll_s)  # a claim judged stale but taken by a third process meanwhile
+        if not progress:  # a claim judged stale but taken by a third process meanwhile
+            busy = [seed for _, summary in pairs for seed in summary.skipped_busy]
+            if busy and time.monotonic() >= deadline:
+                raise held_elsewhere(f"zoo {exp.name}", {s: store.claim_path(store.seed_unit(s)) for s in busy},
+                                     claims.timeout_s, lambda seed: f"seed {seed}")
+            time.sleep(claims.poll_s)
     for seeds, summary in pairs:
         summary.state = range_state(exp, seeds, strict=False)
         log.info("%s", summary.describe())

@@ -179,6 +179,18 @@ def describe_holder(info: ClaimInfo | None, timeout_s: float) -> str:
             + (f", stale: {stale}" if stale else ""))
 
 
+def held_elsewhere(what: str, claims: Mapping[K, Path], timeout_s: float,
+                   name: Callable[[K], str] = str) -> HeldElsewhereError:
+    """The error of a stage (``what``) whose units ``claims`` (unit -> its claim's shared name) are
+    still not published after ``claims.wait_s``, naming each unit and its holder."""
+    holders = "; ".join(f"{name(key)}: {describe_holder(read_claim(path), timeout_s)}" for key, path in claims.items())
+    return HeldElsewhereError(
+        f"{what}: {len(claims)} unit(s) this job was asked for are still claimed by other processes and not "
+        f"published after claims.wait_s: {holders}. This job did not do them: if those processes are gone, "
+        f"their claims go stale after claims.timeout_s={timeout_s:g} s and the same command then takes them "
+        "over; stage=verify lists what is missing")
+
+
 def wait_for_claims(claims: Mapping[K, Path], done: Callable[[K], bool], timeout_s: float, deadline: float,
                     poll_s: float, what: str, name: Callable[[K], str] = str) -> list[K]:
     """Wait for units claimed elsewhere (``claims``: unit -> its claim's shared name) until each is
@@ -204,11 +216,7 @@ def wait_for_claims(claims: Mapping[K, Path], done: Callable[[K], bool], timeout
         now = time.monotonic()
         holders = "; ".join(f"{name(key)}: {describe_holder(info, timeout_s)}" for key, info in held.items())
         if now >= deadline:
-            raise HeldElsewhereError(
-                f"{what}: {len(held)} unit(s) this job was asked for are still claimed by other processes and not "
-                f"published after claims.wait_s: {holders}. This job did not do them: if those processes are "
-                f"gone, their claims go stale after claims.timeout_s={timeout_s:g} s and the same command then "
-                "takes them over; stage=verify lists what is missing")
+            raise held_elsewhere(what, {key: claims[key] for key in held}, timeout_s, name)
         if logged is None or now - logged >= 60:
             log.info("%s: waiting for %d unit(s) claimed by other processes (until each is published or its claim "
                      "goes stale, claims.timeout_s=%g s; at most %.0f s more): %s", what, len(held), timeout_s,
