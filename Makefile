@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 EXPERIMENT ?= digits_optunet
 STAMP := $(VENV)/.installed
 
-.PHONY: install benchmark hmc test test-fast bench gpu-check wheels verify reliability clean
+.PHONY: install benchmark hmc test test-fast bench gpu-check wheels verify reliability slurm-up slurm-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,12 +22,27 @@ JOBS ?= 2
 # Extra overrides for every command of make benchmark / make hmc, e.g. on a GPU node
 # make hmc ARGS='device=cuda methods@methods.hmc=hmc_gpu' (docs/hmc.md: the GPU preset).
 ARGS ?=
-METHODS = $(shell $(PY) -c 'import methods; print(",".join(methods.default_run_names()))')
+METHODS ?= $(shell $(PY) -c 'import methods; print(",".join(methods.default_run_names()))')
 HYDRA_MULTI := $(PY) -m benchmark -m experiment=$(EXPERIMENT) cluster.parallel_jobs=$(JOBS) $(ARGS)
+# On a cluster (docs/cluster.md): make benchmark CLUSTER=slurm SHARDS=4 SLURM_ARGS='hydra.launcher.partition=<p>
+# hydra.launcher.account=<a> hydra.launcher.gpus_per_node=0 hydra.launcher.cpus_per_task=2 hydra.launcher.mem_gb=8'
+# submits the zoo as an array job of $(SHARDS) tasks and the sample stage as one of a task per method, then
+# evaluate, report and analyze as one job (stage=finish: only the methods of $(METHODS) are drawn), waiting
+# for each step; a job size that fits no node is refused before anything is submitted.
+CLUSTER ?= local
+SHARDS ?= $(JOBS)
+SLURM_ARGS ?=
+ifeq ($(CLUSTER),local)
+SWEEP := $(HYDRA_MULTI)
+FINAL := $(PY) -m benchmark experiment=$(EXPERIMENT) $(ARGS) stage=all
+else
+SWEEP := $(PY) -m benchmark -m cluster=$(CLUSTER) experiment=$(EXPERIMENT) $(SLURM_ARGS) $(ARGS)
+FINAL := $(SWEEP) stage=finish
+endif
 benchmark: $(STAMP)
-	$(HYDRA_MULTI) stage=zoo zoo.num_shards=$(JOBS) 'zoo.shard=range($(JOBS))'
-	$(HYDRA_MULTI) stage=sample 'method=$(METHODS)'
-	$(PY) -m benchmark experiment=$(EXPERIMENT) stage=all $(ARGS)
+	$(SWEEP) stage=zoo zoo.num_shards=$(SHARDS) 'zoo.shard=range($(SHARDS))'
+	$(SWEEP) stage=sample 'method=$(METHODS)'
+	$(FINAL)
 
 # Full-batch HMC as a second reference (issue 19; docs/hmc.md): make benchmark's run, then
 # HMC's multi-mode chains (the HMC reference) in $(JOBS) sample jobs that share the units' chains under
@@ -88,6 +103,15 @@ verify: $(STAMP)
 # SIGKILLs at random moments, 4 processes on overlapping seeds, 6 kinds of damage (a few minutes).
 reliability: $(STAMP)
 	$(PY) bench/reliability.py
+
+# A single-node SLURM on this machine from Debian's packages (root; installs them if missing): munge, MariaDB,
+# slurmdbd, slurmctld, slurmd, each stopped by its pid by slurm-down (.ci/slurm-up.sh; docs/cluster.md).
+# make test runs the SLURM tests (tests/benchmark/test_slurm.py, marker slurm) against it; without it they skip.
+slurm-up:
+	.ci/slurm-up.sh
+
+slurm-down:
+	.ci/slurm-down.sh
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -7,8 +7,14 @@ settings and mode) before any work starts.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -32,6 +38,8 @@ MAX_CHECKED_SWEEP = 256  # sweep combinations composed up front; larger sweeps a
 
 def stages_of(stage: Stage) -> tuple[str, ...]:
     """The stages ``stage=<value>`` runs, in order."""
+    if stage == Stage.finish:
+        return tuple(name for name in PIPELINE if name not in ("zoo", "sample"))
     return PIPELINE if stage == Stage.all else (stage.value,)
 
 
@@ -53,10 +61,35 @@ def run(cfg: DictConfig) -> None:
     if exp.device.type == "cuda" and exp.device.index is not None:
         torch.cuda.set_device(exp.device)  # pinned: what a library puts on "cuda" goes to this worker's GPU
     log.info("experiment %s, stage %s, device %s, %d torch thread(s)", exp.name, exp.config.stage.value, exp.device, threads)
-    with exp.backends():
+    with exp.backends(), stop_on_sigterm():
         preflight(exp, stages)
         for name in stages:
             STAGES[name].run(exp)
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """In a SLURM job (``SLURM_JOB_ID``), SIGTERM stops the stage at once: ``scancel``, ``scontrol
+    requeue`` and preemption send it, submitit's own handler ignores it, and SLURM SIGKILLs the job
+    ``KillWait`` later, which would leave the claims of the units in flight to go stale
+    (``claims.timeout_s``) before a job on another host could take them over. Raising ``SystemExit``
+    unwinds the stage, which releases its claims (what was published stays; a unit in flight is
+    redone by the next job). Elsewhere, and off the main thread, nothing changes."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        log.warning("SIGTERM in SLURM job %s: stopping, releasing the claims of the units in flight (another job takes "
+                    "them over at once)", job)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
@@ -96,10 +129,62 @@ def check_command_line(argv: Sequence[str]) -> str | None:
     return None
 
 
+def check_slurm_request(argv: Sequence[str]) -> str | None:
+    """A ``-m`` sweep through the SLURM launcher whose job size fits no node of its partition (as
+    ``sinfo`` reports them) would pend forever without a word: refused with the request, the largest
+    node and the overrides that fit. Nothing is checked without ``sinfo`` (a submit host without the
+    SLURM client, which submitit needs anyway) or with ``hydra.launcher.additional_parameters``
+    naming other resources."""
+    if not any(a in ("-m", "--multirun") for a in argv) or not shutil.which("sinfo"):
+        return None
+    overrides = [a for a in argv if not a.startswith("-")]
+    try:
+        from hydra import compose, initialize_config_dir
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+        register_configs()
+        first = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(overrides), max_batch_size=1)[0][0]
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            launcher = compose(config_name="config", overrides=list(first), return_hydra_config=True).hydra.launcher
+    except Exception:  # noqa: BLE001 (Hydra reports a bad command line itself)
+        return None
+    if not str(launcher.get("_target_", "")).endswith("SlurmLauncher"):
+        return None
+    cpus = (launcher.get("cpus_per_task") or 1) * (launcher.get("tasks_per_node") or 1)
+    mem_gb, gpus, partition = launcher.get("mem_gb"), launcher.get("gpus_per_node") or 0, launcher.get("partition")
+    command = ["sinfo", "-h", "-N", "-o", "%N|%c|%m|%G", *(["-p", str(partition)] if partition else [])]
+    try:
+        listed = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    nodes = []
+    for line in listed.stdout.splitlines():
+        name, node_cpus, memory, gres = (line.split("|") + ["", "", "", ""])[:4]
+        try:
+            node_gpus = sum(int(g.split("(")[0].split(":")[-1]) for g in gres.split(",") if g.startswith("gpu"))
+            nodes.append((name, int(node_cpus), int(memory.rstrip("+")), node_gpus))
+        except ValueError:
+            continue
+    where = f"partition {partition}" if partition else "any partition"
+    if listed.returncode != 0 or not nodes:
+        return None if listed.returncode != 0 else f"cluster=slurm: sinfo lists no node in {where} ({' '.join(command)})"
+    mem_mb = mem_gb * 1024 if mem_gb else 0
+    if any(c >= cpus and m >= mem_mb and g >= gpus for _, c, m, g in nodes):
+        return None
+    most = (max(n[1] for n in nodes), max(n[2] for n in nodes) // 1024, max(n[3] for n in nodes))
+    fits = [f"hydra.launcher.cpus_per_task={max(1, most[0] // (launcher.get('tasks_per_node') or 1))}"
+            if cpus > most[0] else "", f"hydra.launcher.mem_gb={most[1]}" if mem_mb > most[1] * 1024 else "",
+            f"hydra.launcher.gpus_per_node={most[2]}" if gpus > most[2] else ""]
+    return (f"cluster=slurm: each job asks for {cpus} CPU(s), {mem_gb or 0} GB and {gpus} GPU(s) "
+            f"(hydra.launcher.cpus_per_task x tasks_per_node, mem_gb, gpus_per_node), but no node of {where} has as much "
+            f"(sinfo: at most {most[0]} CPUs, {most[1]} GB, {most[2]} GPUs per node): the jobs would pend forever. "
+            f"Size them to fit, e.g. {' '.join(f for f in fits if f)}, or choose another hydra.launcher.partition")
+
+
 def _help(what: str) -> str:
     """Text for the help template (``${bench:<what>}``)."""
     if what == "stages":
-        return ", ".join([*PIPELINE, "all", *(name for name in STAGES if name not in PIPELINE)])
+        return ", ".join([*PIPELINE, "all", "finish", *(name for name in STAGES if name not in PIPELINE)])
     if what == "methods":
         return ", ".join(f"{name} ({cls.label}: mode={'|'.join(cls.modes)})" for name, cls in registry.METHODS.items())
     if what == "analyses":
@@ -114,7 +199,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     register_configs()
     if not OmegaConf.has_resolver("bench"):
         OmegaConf.register_new_resolver("bench", _help)
-    problem = check_command_line(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    problem = check_command_line(argv) or check_slurm_request(argv)
     if problem:
         print(f"posterior-bench: error: {problem}", file=sys.stderr)
         sys.exit(2)

@@ -42,9 +42,10 @@ class ConfigError(ValueError):
 
 
 # ``import`` is a Python keyword, so the enum is built by name (Stage["import"], Stage.zoo ...).
-Stage = Enum("Stage", {name: name for name in ("zoo", "sample", "evaluate", "report", "analyze", "all", "verify", "import")},
+Stage = Enum("Stage", {name: name for name in ("zoo", "sample", "evaluate", "report", "analyze", "all", "finish", "verify", "import")},
              type=str)
 Stage.__doc__ = ("What ``python -m benchmark`` runs (``all`` = zoo, sample, evaluate, report, analyze in order; "
+                 "``finish`` = evaluate, report, analyze: the last job of ``make benchmark CLUSTER=slurm``; "
                  "``verify`` checks the store and is not part of ``all``; ``import`` = write a zoo made elsewhere "
                  "into the store instead of training it).")
 
@@ -378,10 +379,16 @@ class VerifyConfig:
 class ClaimConfig:
     """Claims on units of work shared by processes and cluster nodes (``benchmark/core/store/claims.py``):
     a held claim is refreshed every ``heartbeat_s`` seconds; one not refreshed for ``timeout_s``
-    seconds is taken over (a claimant on the same host whose process is gone, at once)."""
+    seconds is taken over (a claimant on the same host whose process is gone, at once). A stage that
+    found units it was asked for claimed by live processes elsewhere waits for them, polling every
+    ``min(heartbeat_s, 10)`` seconds, until each is published or its claim goes stale (then it takes
+    the unit over), for at most ``wait_s`` seconds; then it fails, naming the units and their holders
+    (0: fail at once). Keep ``wait_s`` above ``timeout_s``, so that a dead holder's units are taken over
+    within the wait, and above the time one unit takes, so that a live holder can finish it."""
 
     timeout_s: float = DEFAULT_TIMEOUT_S
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    wait_s: float = 3600.0
     # A store shared by the users of one group: new folders setgid and group-writable, files
     # group-readable and -writable (umask 002 semantics for this process). Here and not under
     # ``store`` because ``store`` is the store's path. Off by default: a personal store stays private.
@@ -391,6 +398,12 @@ class ClaimConfig:
         require(self.heartbeat_s > 0, "heartbeat_s", self.heartbeat_s, "a positive number of seconds")
         require(self.timeout_s >= 2 * self.heartbeat_s, "timeout_s", self.timeout_s,
                 f"at least twice heartbeat_s={self.heartbeat_s:g} (several missed heartbeats before a takeover)")
+        require(self.wait_s >= 0, "wait_s", self.wait_s, "a number of seconds >= 0")
+
+    @property
+    def poll_s(self) -> float:
+        """How often a waiting stage reads the claims it waits for."""
+        return min(self.heartbeat_s, 10.0)
 
 
 @dataclass

@@ -32,6 +32,12 @@ other (its ``fit``/``sample`` read the finished chains); the chain states stay i
 per-chain diagnostics: acceptance, energies, step sizes, divergences). A unit whose chains run
 elsewhere is skipped as busy.
 
+Never done while others hold its units: a unit claimed by a live process elsewhere (or whose chains
+run elsewhere) is skipped on a pass (``draw``: ``skipped_busy``); the stage (``run``) then waits
+for those units (``claims.wait_s``, ``claims.wait_for_claims``) until each is published by its holder,
+or its claim is released or goes stale and another pass takes it over; after ``claims.wait_s`` it
+fails (``HeldElsewhereError``) naming the units and their holders.
+
 Self-healing: a stored unit whose sample set or predictions fail validation (unreadable,
 truncated, checksum mismatch, NaN/Inf, wrong keys or shapes, another experiment's) has the bad
 file moved to ``quarantine/`` beside it (one log line naming it) and is redrawn. A unit whose
@@ -49,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +76,7 @@ from benchmark.inventory import (
     base_digests, chain_key, read_seeds, sample_settings_hash, trained_prefix, unit_state, untrained_seeds,
 )
 from benchmark.core.store.importing import imported_archives
+from benchmark.core.store.claims import HeldElsewhereError, held_elsewhere, wait_for_claims  # noqa: F401 (the stage's error)
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
 from methods.modes import ModePlan, run_mode
 from metrics.mcmc import predictive_convergence
@@ -100,6 +108,13 @@ class SampleSummary:
     unavailable: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     quarantined: dict[str, str] = field(default_factory=dict)  # unit -> what was wrong with its file(s)
+    done_elsewhere: list[str] = field(default_factory=list)  # busy at first, published by their holders while waited for
+    busy_units: dict[str, Unit] = field(default_factory=dict)  # the units of ``skipped_busy``, by label
+
+    def busy(self, unit: Unit) -> None:
+        """``unit`` is claimed elsewhere (or its chains run elsewhere): skipped on this pass."""
+        self.skipped_busy.append(unit.label)
+        self.busy_units[unit.label] = unit
 
 
 @dataclass
@@ -409,9 +424,48 @@ def fit_together(exp: Experiment, todo: list[Job]) -> None:
 
 
 def run(exp: Experiment) -> SampleSummary:
-    """Run the units of ``method`` x ``mode`` that the store lacks (see module doc)."""
-    if exp.config.method.value == "external":
-        return run_external(exp)
+    """The sample stage: a pass over the units of ``method`` x ``mode`` that the store lacks
+    (``draw``, or ``run_external``), then the units other processes held, waited for."""
+    once = run_external if exp.config.method.value == "external" else draw
+    summary = once(exp)
+    finish_busy(exp, summary, once)
+    return summary
+
+
+def finish_busy(exp: Experiment, summary: SampleSummary, once) -> None:
+    """Wait for the units of ``summary.skipped_busy`` until each is published by its holder, or its
+    claim is released or stale and another pass (``once(exp)``) takes it over; raises
+    ``HeldElsewhereError`` after ``claims.wait_s`` (``claims.wait_for_claims``)."""
+    store, claims = exp.store, exp.config.claims
+    deadline = time.monotonic() + claims.wait_s
+    while summary.skipped_busy:
+        units = {label: summary.busy_units[label] for label in summary.skipped_busy}
+        free = wait_for_claims({label: store.claim_path(unit) for label, unit in units.items()},
+                               lambda label: unit_state(exp, units[label]).problem is None, claims.timeout_s, deadline,
+                               claims.poll_s, f"sample {exp.name}")
+        if not free:  # every one published by its holder
+            summary.done_elsewhere += summary.skipped_busy
+            summary.skipped_busy = []
+            break
+        log.info("sample %s: taking over %s (their claims were released or went stale)", exp.name, free)
+        waited = set(summary.skipped_busy)
+        again = once(exp)  # a whole pass: every unit is checked again (those done are skipped)
+        summary.written += again.written
+        summary.quarantined.update(again.quarantined)
+        summary.done_elsewhere += [label for label in again.skipped_done if label in waited]
+        summary.skipped_busy, summary.busy_units = again.skipped_busy, again.busy_units
+        if set(again.skipped_busy) >= set(free):  # no progress: chains running elsewhere, or a third process took them
+            if time.monotonic() >= deadline:
+                raise held_elsewhere(f"sample {exp.name}", {label: store.claim_path(summary.busy_units[label])
+                                                            for label in summary.skipped_busy}, claims.timeout_s)
+            time.sleep(claims.poll_s)
+    if summary.done_elsewhere:
+        log.info("sample stage: waited for %s, done elsewhere", summary.done_elsewhere)
+
+
+def draw(exp: Experiment) -> SampleSummary:
+    """One pass over the units of ``method`` x ``mode`` that the store lacks (see module doc);
+    units claimed elsewhere are left in ``skipped_busy``."""
     single = exp.config.method.value != "all"
     store = exp.store
     store.ensure_writable()
@@ -431,12 +485,12 @@ def run(exp: Experiment) -> SampleSummary:
         unit = job.unit
         if isinstance(job.method, ResumableChains) and not advance_chains(exp, job):
             log.info("%s: chains in progress elsewhere, skipped", unit.label)
-            summary.skipped_busy.append(unit.label)
+            summary.busy(unit)
             continue
         with store.claim(unit) as claim:
             if claim is None:
                 log.info("%s: in progress elsewhere, skipped", unit.label)
-                summary.skipped_busy.append(unit.label)
+                summary.busy(unit)
                 continue
             for path in store.unit_paths(unit):
                 remove_temp_files_of(path)  # left by a writer killed mid-write
@@ -459,11 +513,11 @@ def run(exp: Experiment) -> SampleSummary:
                 continue
             except (AlreadyPublishedError, ClaimLostError) as err:
                 log.warning("%s: stopped, nothing more written (%s)", unit.label, err)
-                summary.skipped_busy.append(unit.label)
+                summary.busy(unit)
                 continue
             if seeds is None:
                 log.warning("%s: the claim was taken over while drawing; nothing written", unit.label)
-                summary.skipped_busy.append(unit.label)
+                summary.busy(unit)
                 continue
             log.info("%s: %d samples from base seeds %s written", unit.label, job.plan.n_samples, list(seeds))
             summary.written.append(unit.label)
@@ -524,7 +578,7 @@ def run_external(exp: Experiment) -> SampleSummary:
     with exp.store.claim(unit) as claim:
         if claim is None:
             log.info("%s: in progress elsewhere, skipped", unit.label)
-            summary.skipped_busy.append(unit.label)
+            summary.busy(unit)
             return summary
         state = unit_state(exp, unit, expected)
         if state.problem is None:
@@ -540,7 +594,7 @@ def run_external(exp: Experiment) -> SampleSummary:
             publish_unit(exp, unit, samples, preds, metadata, claim)
         except (AlreadyPublishedError, ClaimLostError) as err:
             log.warning("%s: stopped, nothing more written (%s)", unit.label, err)
-            summary.skipped_busy.append(unit.label)
+            summary.busy(unit)
             return summary
     log.info("%s: %d external samples from %s written", unit.label, len(preds["id"]), source)
     summary.written.append(unit.label)

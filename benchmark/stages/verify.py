@@ -17,14 +17,21 @@ moved by ``repair=true``, and another experiment's files are never moved as stal
   ``config_hash`` (imported, or written by another tool) is not stale. Another experiment's
   stale files are judged against its yaml defaults, not the overrides it was made with: they
   are reported as possibly stale and do not fail the stage.
-- missing (not trained or drawn yet), failed to converge, quarantined: reported, not bad.
+- missing (not trained or drawn yet): in the current experiment, the store is incomplete: each
+  missing zoo seed of its ranges, and each missing unit of what ``method=`` x ``mode=`` select
+  (default: every method of the default run, both modes), is reported with the claim on it (live:
+  in progress elsewhere; stale: its holder is dead, the next run takes it over) and the command that
+  makes it, and the stage fails (``StoreIncompleteError``). Another experiment's missing files are
+  only reported.
+- failed to converge, quarantined: reported, not bad.
 - temp files of writes killed mid-way: reported; ``repair`` removes them (under the unit's claim).
 
 Every file is read whole once (bounded memory); its identity (device, inode, size, mtime) is
 recorded before it is read, and a repair moves it only while it is still that version (a file
 healed by a concurrent run meanwhile is left alone). Exit status: non-zero
 (``StoreIntegrityError``) when anything corrupt, or stale in the current experiment, was found,
-also when ``repair`` moved it.
+also when ``repair`` moved it; non-zero (``StoreIncompleteError``) when the current experiment
+is incomplete (see missing).
 """
 from __future__ import annotations
 
@@ -43,12 +50,13 @@ from benchmark.core.store import (
     read_metadata, remove_temp_files_of, stale_reason, stored_checksums, unsealed_json,
 )
 from benchmark.core.store.atomic import is_temp_file
+from benchmark.core.store.claims import describe_holder, read_claim
 from benchmark.experiment import Experiment
 from benchmark.references import Reference
 from benchmark.inventory import (
     UnitState, checkpoint_staleness, expected_units, quarantine_and_redo, quarantined_seeds, seed_problem, unit_state,
 )
-from methods import method_names
+from methods import method_names, selected
 
 log = logging.getLogger(__name__)
 NAME = "verify"
@@ -56,6 +64,11 @@ NAME = "verify"
 
 class StoreIntegrityError(StoreError):
     """``stage=verify`` found corrupt or stale files (listed in the log above the error)."""
+
+
+class StoreIncompleteError(StoreError):
+    """``stage=verify`` found the current experiment incomplete: zoo seeds or sample units missing
+    (listed in the log above the error, with their claims and the commands that make them)."""
 
 
 @dataclass
@@ -89,6 +102,9 @@ class ExperimentHealth:
     damaged_caches: dict[Path, str] = field(default_factory=dict)  # cache file -> what is wrong
     orphans: dict[Path, int] = field(default_factory=dict)  # cache folder of no current key -> its size in bytes
     cache_actions: dict[Path, str] = field(default_factory=dict)  # what this run did about each of the two above
+    missing_seeds: dict[str, list[int]] = field(default_factory=dict)  # range label -> seeds with no file
+    missing_units: list[Unit] = field(default_factory=list)  # expected sample units not (wholly) on disk
+    incomplete: list[str] = field(default_factory=list)  # the current experiment's missing parts, in words
 
     @property
     def bad(self) -> bool:
@@ -121,6 +137,7 @@ class ExperimentHealth:
         for problem in self.problems:
             kind = problem.kind.upper() if problem.counts else f"POSSIBLY {problem.kind.upper()}"
             out.append(f"  {kind}: {problem.reason} -> {problem.action}")
+        out += [f"  INCOMPLETE: {line}" for line in self.incomplete]
         return out
 
 
@@ -176,6 +193,8 @@ def run(exp: Experiment) -> list[ExperimentHealth]:
         check_caches(target, store, health)
         repair_caches(health, mode)
         current = name == exp.name
+        if current:
+            check_complete(exp, store, health)
         for problem in health.problems:
             problem.counts = problem.kind == "corrupt" or current or not problem.judged
             problem.action = _repair(store, problem, mode, current)
@@ -184,11 +203,14 @@ def run(exp: Experiment) -> list[ExperimentHealth]:
             reaped = store.reap_stale_claims() if store.claims_dir.is_dir() else 0
             health.claims["stale"] -= min(reaped, health.claims["stale"])
         for line in health.lines():
-            (log.error if health.bad and line.lstrip().startswith(("CORRUPT", "STALE")) else
+            (log.error if (health.bad and line.lstrip().startswith(("CORRUPT", "STALE")))
+             or line.lstrip().startswith("INCOMPLETE") else
              log.warning if line.lstrip().startswith(("POSSIBLY", "ORPHANED")) else log.info)("%s", line)
         reports.append(health)
     bad = [h for h in reports if h.bad]
     n = sum(p.counts for h in bad for p in h.problems) + sum(len(h.damaged_caches) for h in bad)
+    incomplete = next((h for h in reports if h.incomplete), None)
+    missing = (f"; and {exp.name} is incomplete: {'; '.join(incomplete.incomplete)}") if incomplete else ""
     if bad:
         done = {Repair.off: "run with verify.repair=true to quarantine what is corrupt (verify.repair=stale: "
                             "also what is stale in this experiment)",
@@ -196,7 +218,10 @@ def run(exp: Experiment) -> list[ExperimentHealth]:
                                 "also quarantines what is stale in this experiment",
                 Repair.stale: "quarantined (the next run redoes them)"}[mode]
         raise StoreIntegrityError(f"store {exp.store.root}: {n} corrupt or stale file(s) in "
-                                  f"{', '.join(h.name for h in bad)} (listed above); {done}")
+                                  f"{', '.join(h.name for h in bad)} (listed above); {done}{missing}")
+    if incomplete:
+        raise StoreIncompleteError(f"store {exp.store.root}: nothing corrupt or stale, but {exp.name} is incomplete: "
+                                   f"{'; '.join(incomplete.incomplete)}")
     log.info("store %s: %d experiment(s) checked, nothing corrupt or stale", exp.store.root, len(reports))
     return reports
 
@@ -271,8 +296,47 @@ def check_zoo(exp: Experiment | None, store: ExperimentStore, health: Experiment
         counter_of(seed)["quarantined"] += 1
     on_disk = set(seeds_on_disk) | set(store.failed_seeds()) | set(store.unreadable_failure_records())
     for label, r in ranges:
-        counters[label]["missing"] = sum(s not in on_disk for s in r)
+        health.missing_seeds[label] = [s for s in r if s not in on_disk]
+        counters[label]["missing"] = len(health.missing_seeds[label])
     health.zoo = {label: c for label, c in counters.items() if label != "other seeds" or sum(c.values())}
+
+
+def check_complete(exp: Experiment, store: ExperimentStore, health: ExperimentHealth) -> None:
+    """The current experiment's missing parts (``health.incomplete``), each with the claims on it and
+    the command that makes it: the zoo seeds of its ranges, and the sample units of what ``method=``
+    x ``mode=`` select (none for ``method=external``)."""
+    def claims_on(units: list[Unit]) -> str:
+        live, dead = [], []
+        for unit in units:
+            info = read_claim(store.claim_path(unit))
+            if info is not None:
+                (dead if stale_reason(info, store.claim_timeout_s) else live).append(
+                    f"{unit.label} ({describe_holder(info, store.claim_timeout_s)})")
+        parts = ([f"in progress elsewhere (live claims): {', '.join(live)}; wait for them"] if live else []) + \
+            ([f"claimed by dead holders (stale claims): {', '.join(dead)}; the next run takes them over"] if dead else [])
+        return f" [{'; '.join(parts)}]" if parts else ""
+
+    def listed(units: list[Unit]) -> str:
+        names = [u.label for u in units]
+        return ", ".join(names[:8]) + (f", ... ({len(names) - 8} more)" if len(names) > 8 else "")
+
+    for label, seeds in health.missing_seeds.items():
+        if seeds:
+            units = [store.seed_unit(s) for s in seeds]
+            health.incomplete.append(
+                f"zoo {label}: {len(seeds)} seed(s) missing ({listed(units)}){claims_on(units)} -> python -m benchmark "
+                f"stage=zoo experiment={exp.name} <this command's overrides> trains them (a cluster: the same zoo "
+                "command again)")
+    method, mode = exp.config.method.value, exp.config.mode.value
+    if method == "external":
+        return
+    wanted = set(selected(method, mode))
+    units = sorted({u for u in health.missing_units if u.row() in wanted}, key=lambda u: u.label)
+    if units:
+        health.incomplete.append(
+            f"samples: {len(units)} unit(s) of method={method} mode={mode} missing ({listed(units)}){claims_on(units)} "
+            f"-> python -m benchmark stage=sample experiment={exp.name} method={method} mode={mode} <this command's "
+            "overrides> draws them (stage=verify method=<name> checks only the methods you ran)")
 
 
 def _unverified(path: Path, health: ExperimentHealth | None = None) -> str | None:
@@ -295,7 +359,8 @@ def check_samples(exp: Experiment | None, store: ExperimentStore, health: Experi
     counter = health.samples
     on_disk = store.sample_units()
     if exp is not None:
-        counter["missing"] = sum(u not in on_disk for u in expected_units(exp))
+        health.missing_units = [u for u in expected_units(exp) if u not in on_disk]
+        counter["missing"] = len(health.missing_units)
     for unit in _progress(on_disk, f"{store.experiment} samples"):
         identities = {p: _identity(p) for p in store.unit_paths(unit)}  # before anything is read
         method, mode = unit.row()
@@ -313,6 +378,7 @@ def check_samples(exp: Experiment | None, store: ExperimentStore, health: Experi
             continue
         if state.missing:
             counter["missing"] += 1
+            health.missing_units.append(unit)
             continue
         stale = state.stale or next((r for p in store.unit_paths(unit) if (r := _unverified(p, health))), None)
         if stale:

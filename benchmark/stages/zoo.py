@@ -11,6 +11,13 @@ are recorded as failed; a seed that diverges (NaN/Inf) is counted, and recorded 
 reason ``diverged`` in the ``zoo.max_attempts``-th run that sees it diverge. Publication is fenced
 (``store/atomic.py``): a worker paused past its claim never replaces what another published.
 
+Never done while others hold its seeds: a seed claimed by a live process elsewhere is skipped on the
+first pass (``run_zoo``: ``skipped_busy``); the stage (``run``) then waits for those seeds
+(``claims.wait_s``, ``claims.wait_for_claims``): each is published by its holder, or its claim is
+released or goes stale and this job takes it over and trains it. After ``claims.wait_s`` it fails
+(``HeldElsewhereError``) naming the seeds and their holders, so a job never ends successfully with
+seeds of its shard untrained.
+
 Self-healing: every checkpoint of the range already in the store is validated first (checksum,
 keys and shapes, finite values, experiment and seed in its metadata; failure records must parse).
 One that fails is moved to ``zoo/quarantine/`` with the reason, logged in one line, and its seed
@@ -21,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -30,6 +38,7 @@ from benchmark.config import ZooRange
 from benchmark.core.fingerprint import library_versions
 from benchmark.core.store.importing import imported_archives
 from benchmark.core.store import AlreadyPublishedError, CheckpointMetadata, Claim, read_metadata, remove_temp_files_of, save_checkpoint, CheckpointError
+from benchmark.core.store.claims import HeldElsewhereError, held_elsewhere, wait_for_claims  # noqa: F401 (the stage's error)
 from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
 from benchmark.core.training.vectorised import train_networks
 from benchmark.experiment import Experiment, SeedRange
@@ -53,6 +62,7 @@ class ZooSummary:
     failed: list[int] = field(default_factory=list)
     skipped_done: list[int] = field(default_factory=list)
     skipped_busy: list[int] = field(default_factory=list)
+    done_elsewhere: list[int] = field(default_factory=list)  # busy at first, published by their holders while waited for
     diverged: dict[int, str] = field(default_factory=dict)
     quarantined: dict[int, str] = field(default_factory=dict)  # this run: seed -> what was wrong
     state: RangeState | None = None
@@ -62,7 +72,8 @@ class ZooSummary:
         head = self.state.describe() if self.state else ""
         return (f"{head}; this run trained {len(self.trained)}, recorded {len(self.failed)} failures, quarantined "
                 f"{len(self.quarantined)}, skipped {len(self.skipped_done)} done and {len(self.skipped_busy)} "
-                "in progress elsewhere")
+                "in progress elsewhere" + (f", waited for {len(self.done_elsewhere)} done elsewhere"
+                                           if self.done_elsewhere else ""))
 
 
 def ranges(exp: Experiment) -> tuple[SeedRange, ...]:
@@ -159,9 +170,62 @@ def crosscheck_record(ours: TrainResult | NonFiniteError, theirs: TrainResult | 
 
 
 def run(exp: Experiment) -> list[ZooSummary]:
-    """The zoo stage: the ranges ``zoo.range`` selects, this job's shard of each."""
+    """The zoo stage: the ranges ``zoo.range`` selects, this job's shard of each; then the seeds
+    other processes held, waited for (``finish_busy``)."""
     zoo = exp.config.zoo
-    return [run_zoo(exp, seeds, zoo.shard, zoo.num_shards) for seeds in ranges(exp)]
+    summaries = [run_zoo(exp, seeds, zoo.shard, zoo.num_shards) for seeds in ranges(exp)]
+    finish_busy(exp, summaries)
+    return summaries
+
+
+def _published(exp: Experiment, seed: int) -> bool:
+    store = exp.store
+    return store.checkpoint_path(seed).exists() or store.failed_path(seed).exists()
+
+
+def finish_busy(exp: Experiment, summaries: list[ZooSummary]) -> None:
+    """Wait for the seeds of ``summaries`` (one per range of ``ranges(exp)``) that were skipped as
+    claimed elsewhere, until each is published by its holder or this job took it over and trained
+    it (``claims.wait_for_claims``); raises ``HeldElsewhereError`` after ``claims.wait_s``."""
+    store, claims, zoo = exp.store, exp.config.claims, exp.config.zoo
+    if not any(s.skipped_busy for s in summaries):
+        return
+    deadline = time.monotonic() + claims.wait_s
+    pairs = list(zip(ranges(exp), summaries))
+    while True:
+        busy = [seed for _, summary in pairs for seed in summary.skipped_busy]
+        if not busy:
+            break
+        free = set(wait_for_claims({seed: store.claim_path(store.seed_unit(seed)) for seed in busy},
+                                   lambda seed: _published(exp, seed), claims.timeout_s, deadline, claims.poll_s,
+                                   f"zoo {exp.name}", lambda seed: f"seed {seed}"))
+        progress = False
+        for seeds, summary in pairs:
+            published = [s for s in summary.skipped_busy if s not in free and _published(exp, s)]
+            summary.done_elsewhere += published
+            retry = [s for s in summary.skipped_busy if s in free]
+            summary.skipped_busy = [s for s in summary.skipped_busy if s not in free and s not in published]
+            progress |= bool(published)
+            if not retry:
+                continue
+            log.info("zoo %s %s: taking over seeds %s (their claims were released or went stale)", exp.name,
+                     seeds.role, retry)
+            again = run_zoo(exp, seeds, zoo.shard, zoo.num_shards, only=retry)
+            summary.trained += again.trained
+            summary.failed += again.failed
+            summary.quarantined.update(again.quarantined)
+            summary.done_elsewhere += again.skipped_done
+            summary.skipped_busy += again.skipped_busy
+            progress |= len(again.skipped_busy) < len(retry)
+        if not progress:  # a claim judged stale but taken by a third process meanwhile
+            busy = [seed for _, summary in pairs for seed in summary.skipped_busy]
+            if busy and time.monotonic() >= deadline:
+                raise held_elsewhere(f"zoo {exp.name}", {s: store.claim_path(store.seed_unit(s)) for s in busy},
+                                     claims.timeout_s, lambda seed: f"seed {seed}")
+            time.sleep(claims.poll_s)
+    for seeds, summary in pairs:
+        summary.state = range_state(exp, seeds, strict=False)
+        log.info("%s", summary.describe())
 
 
 def _claim(exp: Experiment, pending: Iterator[int], count: int, held: contextlib.ExitStack, shapes: dict,
@@ -277,10 +341,12 @@ def _warn_imported(exp: Experiment, seeds: SeedRange, stored: list[int], trainin
                     [seeds.start, seeds.stop], sources, seeds.role, seeds.role)
 
 
-def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int = 1) -> ZooSummary:
-    """Train the missing seeds of ``seeds`` (this shard's share: seed % num_shards == shard),
-    K at a time (``Experiment.zoo_trainer``), after quarantining those whose stored checkpoint or
-    failure record fails validation.
+def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int = 1,
+            only: list[int] | None = None) -> ZooSummary:
+    """Train the missing seeds of ``seeds`` (this shard's share: seed % num_shards == shard; of
+    those, ``only`` the ones listed when given), K at a time (``Experiment.zoo_trainer``), after
+    quarantining those whose stored checkpoint or failure record fails validation. One pass:
+    seeds claimed by live processes elsewhere are left in ``skipped_busy`` (``run`` waits for them).
 
     Raises ``TrainingDivergedError`` at the end if any seed produced NaN/Inf.
     """
@@ -288,7 +354,7 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
     store.ensure_writable()
     store.reap_stale_claims()  # claims of runs killed after they stored their seed
     summary = ZooSummary()
-    mine = [s for s in seeds if s % num_shards == shard]
+    mine = [s for s in seeds if s % num_shards == shard and (only is None or s in only)]
     shapes = exp.shapes()
     recorded = set(store.failed_seeds())  # valid failure records: checked for their recipe only
     stored = sorted(set(mine) & (set(store.completed_seeds()) | set(store.unreadable_failure_records()) | recorded))

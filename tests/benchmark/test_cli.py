@@ -2,6 +2,8 @@
 refuse a configuration that cannot run before any work starts."""
 from __future__ import annotations
 
+import os
+
 import subprocess
 import sys
 
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.slow  # the command line through its stages: make test,
 def test_help_introduces_the_suite(cli):
     code, out = cli("--help")
     assert code == 0 and out.startswith("posterior-bench:") and "powered by Hydra" not in out
-    assert "zoo, sample, evaluate, report, analyze, all, verify, import" in out
+    assert "zoo, sample, evaluate, report, analyze, all, finish, verify, import" in out
     assert "toy, min_mass, collapse, permutation_frequency, marginals, hmc, all" in out
     assert "cifar100_resnet18, digits_optunet, mnist_optunet, tinyimagenet_resnet18" in out
     assert all(f"{name} (" in out for name in method_names()) and "Deep Ensembles: mode=multi" in out
@@ -34,7 +36,7 @@ def test_help_introduces_the_suite(cli):
     "argv, message",
     [
         (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, analyze, all, "
-                          "verify, import]"),
+                          "finish, verify, import]"),
         (["analysis=hist"], "analysis: Invalid value 'hist', expected one of [toy, min_mass, collapse, "
                             "permutation_frequency, marginals, hmc, all]"),
         (["analyze.collapse.max_pairs=0"], "analyze.collapse.max_pairs=0: expected a positive integer"),
@@ -74,6 +76,33 @@ def test_the_cli_exits_with_the_one_line_error_before_hydra_starts(tmp_path):
 def test_stage_all_is_the_pipeline_in_order():
     assert stages_of(Stage.all) == ("zoo", "sample", "evaluate", "report", "analyze")
     assert stages_of(Stage.evaluate) == ("evaluate",)
+    assert stages_of(Stage.finish) == ("evaluate", "report", "analyze")  # make benchmark CLUSTER=slurm's last job
+
+
+def test_a_slurm_job_size_that_fits_no_node_is_refused_before_submitting(tmp_path, monkeypatch):
+    """Issue 38: the README's sample command asked for 8 CPUs, 32 GB and a GPU per job and pended
+    forever on a smaller node. The request is checked against sinfo's nodes (a fake sinfo here)."""
+    from benchmark.cli import check_slurm_request
+
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text("#!/bin/sh\necho 'vm|2|21694|(null)'\necho 'gpu1|16|64000|gpu:a100:2(S:0-1)'\n")
+    sinfo.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    readme = ["-m", "cluster=slurm", "stage=sample", "method=swag,laplace"]
+    assert check_slurm_request(readme) is None  # 8 CPUs, 32 GB, 1 GPU: fits gpu1
+    assert check_slurm_request([*readme, "hydra.launcher.mem_gb=100"]) == (
+        "cluster=slurm: each job asks for 8 CPU(s), 100 GB and 1 GPU(s) (hydra.launcher.cpus_per_task x tasks_per_node, "
+        "mem_gb, gpus_per_node), but no node of any partition has as much (sinfo: at most 16 CPUs, 62 GB, 2 GPUs per "
+        "node): the jobs would pend forever. Size them to fit, e.g. hydra.launcher.mem_gb=62, or choose another "
+        "hydra.launcher.partition")
+    sinfo.write_text("#!/bin/sh\necho 'vm|2|21694|(null)'\n")
+    problem = check_slurm_request([*readme, "hydra.launcher.gpus_per_node=0"])
+    assert "asks for 8 CPU(s), 32 GB and 0 GPU(s)" in problem and "at most 2 CPUs, 21 GB, 0 GPUs" in problem
+    assert problem.endswith("e.g. hydra.launcher.cpus_per_task=2 hydra.launcher.mem_gb=21, or choose another "
+                            "hydra.launcher.partition")
+    assert check_slurm_request([*readme, "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
+                                "hydra.launcher.mem_gb=1"]) is None
+    assert check_slurm_request(readme[1:]) is None and check_slurm_request(["-m", "stage=zoo"]) is None  # no sweep; joblib
 
 
 def _nothing_written(root):
@@ -194,3 +223,28 @@ def test_threads_auto_takes_every_core_unless_the_process_is_one_job_of_a_sweep(
     assert code == 0 and "4 torch thread(s)" in out, out
     code, out = cli("-m", *common, "threads=3", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert code == 0 and "3 torch thread(s)" in out, out
+
+
+def test_sigterm_in_a_slurm_job_stops_the_stage_and_releases_its_claims_at_once(tmp_path, monkeypatch):
+    """scancel, scontrol requeue and preemption send SIGTERM, which submitit ignores (SLURM
+    SIGKILLs the job later, leaving its claims to go stale): in a SLURM job the stage stops at once
+    and its claims are released. Outside SLURM the handler is not touched."""
+    import signal
+    import time
+
+    from benchmark.cli import stop_on_sigterm
+    from benchmark.core.store.claims import try_claim
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with stop_on_sigterm():
+        assert signal.getsignal(signal.SIGTERM) is before
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    path = tmp_path / "seed_000001.claim"
+    with pytest.raises(SystemExit) as stopped:
+        with stop_on_sigterm(), try_claim(path) as claim:
+            assert claim is not None and path.exists()
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)  # interrupted by the handler
+    assert stopped.value.code == 128 + signal.SIGTERM and not path.exists()
+    assert signal.getsignal(signal.SIGTERM) is before

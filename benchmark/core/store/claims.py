@@ -38,6 +38,11 @@ A claim is stale, and may be taken over, when
   namespace, by a process that no longer exists (taken over at once). A claim of another boot or
   namespace on the same host name (containers) is judged by its heartbeat only.
 
+Waiting (``wait_for_claims``): a stage that found units claimed by live processes elsewhere does
+not report done while they are unpublished: it polls their claims until each unit is published,
+or its claim is released or goes stale (then it takes the unit over), and raises
+``HeldElsewhereError`` naming the units and their holders after ``claims.wait_s``.
+
 Litter (``litter``): tickets, orphaned unique names and probes older than the timeout; reaped
 by the next run of a stage, counted by verify.
 
@@ -56,9 +61,11 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Hashable, Iterator, Mapping, TypeVar
 
 import psutil
+
+from benchmark.core.store.errors import StoreError
 
 HOST_ENV = "POSTERIOR_BENCH_HOST"
 DEFAULT_TIMEOUT_S = 300.0  # a claim not refreshed for this long is taken over (config: claims.timeout_s)
@@ -153,6 +160,69 @@ def stale_reason(info: ClaimInfo, timeout_s: float) -> str | None:
     if info.pid and same_process_space(info) and not _process_alive(info.pid, info.started):
         return f"process {info.pid} on this host ({info.host}) is gone"
     return None
+
+
+class HeldElsewhereError(StoreError):
+    """Units a stage was asked for stayed claimed by live processes elsewhere, unpublished, past
+    ``claims.wait_s``: the stage did not finish them and must not report done."""
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def describe_holder(info: ClaimInfo | None, timeout_s: float) -> str:
+    """Who holds a claim, in words (host, pid, heartbeat age; stale or not)."""
+    if info is None:
+        return "no claim (released)"
+    stale = stale_reason(info, timeout_s)
+    return (f"{info.host} pid {info.pid}, heartbeat {info.heartbeat_age_s:.0f} s old"
+            + (f", stale: {stale}" if stale else ""))
+
+
+def held_elsewhere(what: str, claims: Mapping[K, Path], timeout_s: float,
+                   name: Callable[[K], str] = str) -> HeldElsewhereError:
+    """The error of a stage (``what``) whose units ``claims`` (unit -> its claim's shared name) are
+    still not published after ``claims.wait_s``, naming each unit and its holder."""
+    holders = "; ".join(f"{name(key)}: {describe_holder(read_claim(path), timeout_s)}" for key, path in claims.items())
+    return HeldElsewhereError(
+        f"{what}: {len(claims)} unit(s) this job was asked for are still claimed by other processes and not "
+        f"published after claims.wait_s: {holders}. This job did not do them: if those processes are gone, "
+        f"their claims go stale after claims.timeout_s={timeout_s:g} s and the same command then takes them "
+        "over; stage=verify lists what is missing")
+
+
+def wait_for_claims(claims: Mapping[K, Path], done: Callable[[K], bool], timeout_s: float, deadline: float,
+                    poll_s: float, what: str, name: Callable[[K], str] = str) -> list[K]:
+    """Wait for units claimed elsewhere (``claims``: unit -> its claim's shared name) until each is
+    ``done`` (published) or some can be taken: return those not done whose claim is released or
+    stale (the caller claims them, taking a stale one over), ``[]`` once all are done. Logs what it
+    waits for (once a minute); after ``deadline`` (``time.monotonic()``) raises
+    ``HeldElsewhereError`` naming each unit still held (``name``) and its holder (``what`` names the stage)."""
+    logged = None
+    while True:
+        pending = [k for k in claims if not done(k)]
+        if not pending:
+            return []
+        held: dict[K, ClaimInfo] = {}
+        free = []
+        for key in pending:
+            info = read_claim(claims[key])
+            if info is None or stale_reason(info, timeout_s):
+                free.append(key)
+            else:
+                held[key] = info
+        if free:
+            return free
+        now = time.monotonic()
+        holders = "; ".join(f"{name(key)}: {describe_holder(info, timeout_s)}" for key, info in held.items())
+        if now >= deadline:
+            raise held_elsewhere(what, {key: claims[key] for key in held}, timeout_s, name)
+        if logged is None or now - logged >= 60:
+            log.info("%s: waiting for %d unit(s) claimed by other processes (until each is published or its claim "
+                     "goes stale, claims.timeout_s=%g s; at most %.0f s more): %s", what, len(held), timeout_s,
+                     deadline - now, holders)
+            logged = now
+        time.sleep(max(0.0, min(poll_s, deadline - now)))
 
 
 def _unique(path: Path, token: str) -> Path:

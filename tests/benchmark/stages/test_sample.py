@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from methods import selected as selected_units
 from benchmark.design import Design, pool_size
 from benchmark.stages.sample import MissingBasesError, SampleStageError, select_bases
 from benchmark.stages.sample import jobs as prepare_units
-from benchmark.stages.sample import run as run_sample
+from benchmark.stages.sample import draw, run as run_sample
 from benchmark.stages.zoo import run_zoo
 from benchmark.core.store import load_checkpoint, load_sample_set, read_metadata
 from benchmark.core.training import NonFiniteError
@@ -163,8 +164,33 @@ def test_busy_unit_is_skipped(make_exp) -> None:
     exp = make_exp("method=ensemble", "sample.per_method=2")
     with exp.store.claim(exp.store.sample_unit("ensemble", "multi", 0)) as claim:
         assert claim is not None
-        assert run_sample(exp).skipped_busy == ["ensemble/multi/r0"]
+        assert draw(exp).skipped_busy == ["ensemble/multi/r0"]  # one pass
     assert _written(exp) == []
+
+
+def test_the_stage_waits_for_a_busy_unit_and_fails_naming_it_and_its_holder(make_exp) -> None:
+    """Issue 38: the stage does not end successfully while a unit it was asked for is held elsewhere:
+    it waits (claims.wait_s), then fails naming the unit and the holder; once the holder releases
+    the claim, the stage draws the unit."""
+    import threading
+
+    from benchmark.core.store.claims import HeldElsewhereError, host_name
+
+    exp = make_exp("method=ensemble", "sample.per_method=2", "claims.wait_s=0")
+    with exp.store.claim(exp.store.sample_unit("ensemble", "multi", 0)) as claim:
+        assert claim is not None
+        with pytest.raises(HeldElsewhereError, match=rf"sample digits_optunet: 1 unit\(s\) .* ensemble/multi/r0: "
+                                                     rf"{host_name()} pid {os.getpid()}, heartbeat"):
+            run_sample(exp)
+    waiting = make_exp("method=ensemble", "sample.per_method=2", "claims.wait_s=60", "claims.heartbeat_s=0.5",
+                       "claims.timeout_s=60")
+    held = waiting.store.claim(waiting.store.sample_unit("ensemble", "multi", 0))
+    assert held.__enter__() is not None
+    releaser = threading.Timer(1.5, lambda: held.__exit__(None, None, None))
+    releaser.start()
+    summary = run_sample(waiting)
+    releaser.join()
+    assert summary.written == ["ensemble/multi/r0"] and summary.skipped_busy == []
 
 
 def test_nan_in_a_named_method_fails_at_once_and_writes_nothing(make_exp) -> None:
@@ -525,7 +551,7 @@ def test_hmc_chains_resume_bit_for_bit_after_a_kill_and_are_shared_under_claims(
     assert saved.phase == "sampling" and 0 < len(saved.draws) < 4, "killed mid-sampling"
     with exp.store.chain_claim(unit, seeds[1]) as claim:  # another job runs the second chain
         assert claim is not None
-        summary = run_sample(exp)
+        summary = draw(exp)  # one pass
         assert summary.skipped_busy == ["hmc/multi/r0"] and _written(exp) == []
     assert run_sample(exp).written == ["hmc/multi/r0"]
     resumed = load_sample_set(exp.store.samples_path(unit))

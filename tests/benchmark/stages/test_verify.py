@@ -290,3 +290,39 @@ def test_verify_checks_the_reference_and_number_caches_and_removes_orphaned_fold
     assert pd_first.equals(again.drop(columns=[c for c in again.columns if c.endswith("_hw")]))
     (health,) = verify.run(streamed)
     assert not health.bad and not health.orphans
+
+
+def test_an_incomplete_store_fails_naming_what_is_missing_its_claims_and_the_commands(exp, cli, monkeypatch, caplog):
+    """Issue 38: verify reported "5 missing ... claims: 8 live", exited 0 and ended "nothing corrupt or
+    stale". Missing seeds and units of the current experiment now fail it, each named with its claim
+    (live: in progress elsewhere; stale: a dead holder) and the command that makes it."""
+    import json
+    import os
+    import time
+
+    from benchmark.core.store.claims import HOST_ENV
+
+    monkeypatch.setenv(HOST_ENV, "node-b")
+    for seed in (1, 100001):
+        exp.store.checkpoint_path(seed).unlink()
+    for seed, age in ((1, 0), (100001, 3600)):  # node-a: one claim live, one whose heartbeat stopped an hour ago
+        path = exp.store.claim_path(exp.store.seed_unit(seed))
+        path.write_text(json.dumps({"host": "node-a", "pid": 4242, "started": time.time(), "token": f"t{seed}"}))
+        os.utime(path, (time.time() - age, time.time() - age))
+    exp.store.preds_path(exp.store.sample_unit("ensemble", "multi", 0)).unlink()
+    with caplog.at_level(logging.INFO, logger="benchmark.stages.verify"):
+        with pytest.raises(verify.StoreIncompleteError, match=r"nothing corrupt or stale, but digits_optunet is "
+                                                              r"incomplete: zoo reference \[0, 2\): 1 seed\(s\) missing"):
+            verify.run(exp)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert ("INCOMPLETE: zoo reference [0, 2): 1 seed(s) missing (seed 1) [in progress elsewhere (live claims): "
+            "seed 1 (node-a pid 4242, heartbeat 0 s old); wait for them] -> python -m benchmark stage=zoo "
+            "experiment=digits_optunet") in text
+    assert ("INCOMPLETE: zoo heldout [100000, 100003): 1 seed(s) missing (seed 100001) [claimed by dead holders "
+            "(stale claims): seed 100001 (node-a pid 4242, heartbeat 3600 s old, stale: heartbeat 3600 s old "
+            "(timeout 300 s)); the next run takes them over]") in text
+    assert ("INCOMPLETE: samples: 1 unit(s) of method=ensemble mode=both missing (ensemble/multi/r0) -> python -m "
+            "benchmark stage=sample experiment=digits_optunet method=ensemble mode=both") in text
+    assert "nothing corrupt or stale" not in text
+    code, out = cli("stage=verify", f"store={exp.store.root}", *TINY, "threads=1")
+    assert code == 1 and "StoreIncompleteError: store" in out and "INCOMPLETE: zoo heldout" in out, out

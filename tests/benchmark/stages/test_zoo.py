@@ -77,7 +77,7 @@ def test_bad_seed_ranges_are_refused(value, message):
     "args, message",
     [
         (["stage=train"], "stage: Invalid value 'train', expected one of [zoo, sample, evaluate, report, analyze, all, "
-                          "verify, import]"),
+                          "finish, verify, import]"),
         (["stage=zoo", "seeds.reference=[4,2]"], "seeds.reference=[4, 2]: expected [start, stop)"),
         (["stage=zoo", "zoo.shard=3", "zoo.num_shards=2"], "zoo.shard=3: expected an integer in [0, num_shards=2)"),
         (["stage=zoo", "store=/proc/version/x"], "store=/proc/version/x: cannot write"),
@@ -331,3 +331,95 @@ def test_a_recipe_change_retrains_the_zoo_unless_kept(tiny_cfg):
     for seed in again.trained:
         assert read_metadata(other.store.checkpoint_path(seed))["config_hash"] == other.config_hash
     assert sorted(run_zoo(other, two).skipped_done) == [0, 1]
+
+
+def _claimed_on(exp: Experiment, seeds, host: str = "node-a") -> list:
+    """Claims on ``seeds`` written as by a process of ``host`` (pid 4242) that never publishes them."""
+    exp.store.ensure_writable()
+    paths = [exp.store.claim_path(exp.store.seed_unit(s)) for s in seeds]
+    for path in paths:
+        path.write_text(json.dumps({"host": host, "pid": 4242, "started": time.time(), "token": f"t{path.stem}"}))
+    return paths
+
+
+def _busy_exp(tmp_path, *overrides: str) -> Experiment:
+    return Experiment(compose_config([f"store={tmp_path / 'store'}", "seeds.reference=[0,3]", "zoo.range=reference",
+                                      "zoo.vectorize=1", *TINY_TRAIN, *overrides]))
+
+
+def test_the_stage_waits_for_seeds_claimed_on_another_host_and_takes_them_over_once_stale(tmp_path, monkeypatch,
+                                                                                        caplog):
+    """Issue 38: a job whose seeds were claimed by a job killed on another host (its claims not yet
+    stale) skipped them and ended successfully with them untrained. The stage now waits: it trains
+    its own seeds, polls the claims until they go stale (claims.timeout_s) and trains those seeds."""
+    import threading
+
+    exp = _busy_exp(tmp_path, "claims.timeout_s=3", "claims.heartbeat_s=1", "claims.wait_s=60")
+    claims = _claimed_on(exp, (1, 2))
+
+    def node_a_beats_until_killed():  # node-a's heartbeats go on until the job here has trained seed 0
+        end = time.monotonic() + 120
+        while time.monotonic() < end and not zoo._published(exp, 0):
+            for path in claims:
+                os.utime(path)
+            time.sleep(0.2)
+
+    heartbeat = threading.Thread(target=node_a_beats_until_killed)
+    heartbeat.start()
+    monkeypatch.setenv(HOST_ENV, "node-b")
+    with exp.backends(), caplog.at_level("INFO"):
+        (summary,) = zoo.run(exp)
+    heartbeat.join()
+    assert sorted(summary.trained + summary.failed) == [0, 1, 2] and summary.skipped_busy == []
+    assert not any(p.exists() for p in claims)
+    assert sorted(int(p.name[5:11]) for p in exp.store.zoo_dir.rglob("seed_*") if "quarantine" not in str(p)) == [0, 1, 2]
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "waiting for 2 unit(s) claimed by other processes" in text and "seed 1: node-a pid 4242" in text
+    assert "taking over seeds [1, 2]" in text
+
+
+def test_the_stage_fails_naming_seeds_and_hosts_when_claims_stay_live_past_wait_s(tmp_path, monkeypatch, cli):
+    """claims.wait_s bounds the wait: a holder whose heartbeat stays fresh (timeout_s=600) keeps its
+    seeds; the job trains its own, then exits non-zero naming each held seed and its host."""
+    exp = _busy_exp(tmp_path, "claims.timeout_s=600", "claims.wait_s=1")
+    _claimed_on(exp, (1, 2))
+    monkeypatch.setenv(HOST_ENV, "node-b")
+    with exp.backends(), pytest.raises(zoo.HeldElsewhereError,
+                                       match=r"2 unit\(s\) this job was asked for are still claimed.*"
+                                             r"seed 1: node-a pid 4242, heartbeat \d+ s old; seed 2: node-a pid 4242"):
+        zoo.run(exp)
+    assert [int(p.name[5:11]) for p in exp.store.zoo_dir.rglob("seed_*")] == [0], "its own seed first"
+    code, out = cli("stage=zoo", f"store={tmp_path / 'store'}", "seeds.reference=[0,3]", "zoo.range=reference",
+                    "zoo.vectorize=1", *TINY_TRAIN, "claims.timeout_s=600", "claims.wait_s=0", "threads=1")
+    assert code == 1 and "HeldElsewhereError: zoo digits_optunet: 2 unit(s)" in out and "seed 2: node-a pid 4242" in out
+
+
+def test_the_stage_waits_for_a_seed_its_holder_publishes(tmp_path, monkeypatch):
+    """A live holder on another host publishes its seed while the job waits: counted as done
+    elsewhere, not trained twice, and the job succeeds."""
+    import shutil
+    import threading
+
+    other = _busy_exp(tmp_path / "other")
+    with other.backends():
+        run_zoo(other, SeedRange("reference", 1, 2))
+    made = next(p for p in (other.store.checkpoint_path(1), other.store.failed_path(1)) if p.exists())
+    exp = _busy_exp(tmp_path, "claims.timeout_s=600", "claims.heartbeat_s=1", "claims.wait_s=60")
+    (claim,) = _claimed_on(exp, (1,))
+    target = exp.store.checkpoint_path(1) if made.suffix == ".safetensors" else exp.store.failed_path(1)
+
+    def holder_publishes():
+        time.sleep(2)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(made, target)
+        claim.unlink()
+
+    monkeypatch.setenv(HOST_ENV, "node-b")
+    thread = threading.Thread(target=holder_publishes)
+    thread.start()
+    with exp.backends():
+        (summary,) = zoo.run(exp)
+    thread.join()
+    assert summary.done_elsewhere == [1] and 1 not in summary.trained + summary.failed
+    assert sorted(summary.trained + summary.failed) == [0, 2] and summary.skipped_busy == []
+    assert target.read_bytes() == made.read_bytes()
