@@ -236,15 +236,7 @@ class ConstantBuffersVmap(VmapNetworks):
     forward pass reads the template's buffers (as they are on its device) with its own parameters.
     Refuses what ``VmapNetworks`` refuses otherwise (BatchNorm, active dropout)."""
 
-    def __init__(self, template: nn.Module) -> None:
-        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in template.modules()):
-            raise NotStackableError(f"{type(template).__name__}: BatchNorm running statistics are updated in place, "
-                                    "which vmap cannot batch")
-        if any(isinstance(m, nn.Dropout) and m.p > 0 for m in template.modules()):
-            raise NotStackableError(f"{type(template).__name__}: active dropout; stacked training draws no dropout masks")
-        self.buffers = {name: buffer.detach() for name, buffer in template.named_buffers()}
-        self.template = copy.deepcopy(template).to("meta")
-        self.keys = [name for name, _ in template.named_parameters()]
+    keeps_buffers = True
 
     def _call(self, params: Params, images: torch.Tensor) -> torch.Tensor:
         buffers = {name: buffer.to(images.dtype) for name, buffer in self.buffers.items()}  # a no-op unless float64

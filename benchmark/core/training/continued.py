@@ -80,7 +80,6 @@ def continue_networks(
     n, batch_size = len(dataset), recipe.batch_size
     source = stacked.source(dataset.images.to(dtype), device, dataset.codes)
     labels_on_device = dataset.labels.to(device)
-    fused = getattr(objective, "loss_and_grads", None)
     bar = tqdm(total=plan.total_steps, desc=f"{len(states)} networks stacked", unit="step", disable=not progress,
                dynamic_ncols=True)
     step = 0
@@ -96,19 +95,9 @@ def continue_networks(
             idx = order[:, start : start + batch_size]
             offsets = None if crops is None else crops[:, :, start : start + idx.shape[1]]
             batch = stacked.batch(source, idx, offsets, dataset.augment_padding, dataset.fill)
-            labels = labels_on_device[idx]
             for group in stack.optimizer.param_groups:
                 group["lr"] = plan.lr(step)
-            if fused is not None:
-                losses, grads = fused(stack.params, batch, labels, stack.indices)
-                for key, value in stack.params.items():
-                    value.grad = grads[key]
-            else:
-                losses = objective.losses(stack.params, lambda copies, b=batch: b, labels, stack.indices)
-                stack.optimizer.zero_grad(set_to_none=True)
-                torch.where(torch.isfinite(losses.detach()), losses, 0.0).sum().backward()
-            stack.optimizer.step()
-            losses = losses.detach()
+            losses = stack.step(lambda copies, b=batch: b, labels_on_device[idx])
             first = (bad_step < 0) & ~torch.isfinite(losses)
             bad_step = torch.where(first, step, bad_step)
             bad_loss = torch.where(first, losses.double(), bad_loss)

@@ -533,6 +533,10 @@ class VmapNetworks:
     """K networks of any architecture without BatchNorm or active dropout, on any device,
     through ``torch.func.vmap`` (see the module docstring)."""
 
+    # Whether the template's buffers are constants of the architecture that every network of the stack
+    # reads (a subclass's choice, e.g. methods.bnn_stacked.ConstantBuffersVmap); else buffers are refused.
+    keeps_buffers = False
+
     def __init__(self, template: nn.Module) -> None:
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in template.modules()):
             raise NotStackableError(f"{type(template).__name__}: BatchNorm running statistics are updated in place, "
@@ -540,8 +544,9 @@ class VmapNetworks:
         if any(isinstance(m, nn.Dropout) and m.p > 0 for m in template.modules()):
             raise NotStackableError(f"{type(template).__name__}: active dropout; stacked training draws no dropout masks")
         buffers = [name for name, _ in template.named_buffers()]
-        if buffers:
+        if buffers and not self.keeps_buffers:
             raise NotStackableError(f"{type(template).__name__}: buffers {buffers} are not trained by SGD")
+        self.buffers = {name: buffer.detach() for name, buffer in template.named_buffers()}
         self.template = copy.deepcopy(template).to("meta")
         self.keys = [name for name, _ in template.named_parameters()]
         linears = [module for module in self.template.modules() if isinstance(module, nn.Linear)]

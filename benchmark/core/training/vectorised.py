@@ -28,7 +28,7 @@ from benchmark.core.training.loop import (
     NonFiniteError, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer, plateau_problem,
 )
 from benchmark.core.training.potential import squared_norm, training_potential
-from benchmark.core.training.objective import EVAL_ELEMENTS, CrossEntropyObjective, StackedObjective
+from benchmark.core.training.objective import EVAL_ELEMENTS, CrossEntropyObjective, Gather, StackedObjective
 from benchmark.core.training.recipe import Recipe
 from benchmark.core.training.stacked import NotStackableError, Params, stacked_networks
 
@@ -120,6 +120,23 @@ class Stack:
             self.optimizer.state[self.params[key]]["momentum_buffer"] = buffer
         self.lanes = [lane for lane, kept in zip(self.lanes, mask.tolist()) if kept]
 
+    def step(self, gather: Gather, labels: torch.Tensor) -> torch.Tensor:
+        """One SGD step of every network at the optimizer's rate, each on its own batch (``gather``,
+        ``labels [K, B]``): through the objective's fused ``loss_and_grads`` where it has one, else
+        autograd over its ``losses``. Returns the ``[K]`` losses (detached). A network whose loss is
+        not finite adds nothing to the others (each loss depends on its own parameters alone)."""
+        fused = getattr(self.objective, "loss_and_grads", None)
+        if fused is not None:  # the objective's own step without an autograd graph (the packed kernels)
+            losses, grads = fused(self.params, gather(1), labels, self.indices)
+            for key, value in self.params.items():
+                value.grad = grads[key]
+        else:
+            losses = self.objective.losses(self.params, gather, labels, self.indices)
+            self.optimizer.zero_grad(set_to_none=True)
+            torch.where(torch.isfinite(losses.detach()), losses, 0.0).sum().backward()
+        self.optimizer.step()
+        return losses.detach()
+
     @property
     def indices(self) -> list[int]:
         """The index (into the trainer's models) of the network at each position."""
@@ -209,7 +226,6 @@ def train_networks(
     n, rule = len(dataset), recipe.fail_rule
     source = stacked.source(dataset.images.to(dtype), device, dataset.codes)
     labels_on_device = dataset.labels.to(device)
-    fused = getattr(objective, "loss_and_grads", None)
     bar = tqdm(total=recipe.max_epochs, desc=progress, unit="epoch", leave=False, dynamic_ncols=True,
                disable=progress is None)
     for epoch in range(recipe.max_epochs):
@@ -237,19 +253,7 @@ def train_networks(
                 return stacked.batch(source, idx.repeat(copies, 1), None if offsets is None else offsets.repeat(copies, 1, 1),
                                      dataset.augment_padding, dataset.fill)
 
-            labels = labels_on_device[idx]
-            if fused is not None:  # the objective's own step without an autograd graph (the packed kernels)
-                losses, grads = fused(stack.params, gather(1), labels, stack.indices)
-                for key, value in stack.params.items():
-                    value.grad = grads[key]
-            else:
-                losses = objective.losses(stack.params, gather, labels, stack.indices)
-                stack.optimizer.zero_grad(set_to_none=True)
-                # A network whose loss is not finite adds nothing (its gradient stays its own: each
-                # network's loss depends on its parameters alone); it leaves at the end of the epoch.
-                torch.where(torch.isfinite(losses.detach()), losses, 0.0).sum().backward()
-            stack.optimizer.step()
-            losses = losses.detach()
+            losses = stack.step(gather, labels_on_device[idx])  # a non-finite one leaves at the epoch's end
             first = (bad_step < 0) & ~torch.isfinite(losses)
             bad_step = torch.where(first, step, bad_step)
             bad_loss = torch.where(first, losses.double(), bad_loss)
