@@ -216,13 +216,14 @@ def test_threads_auto_takes_every_core_unless_the_process_is_one_job_of_a_sweep(
     assert not sweep_job()
     monkeypatch.setattr("benchmark.experiment.available_cores", lambda: 8)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the count is what is tested, not this machine's
+    # verify of an empty store: it logs the threads, then exits 1 (the store is incomplete)
     common = ("stage=verify", f"store={tmp_path / 'store'}", "threads=auto", "cluster.parallel_jobs=2")
     code, out = cli(*common)
-    assert code == 0 and "8 torch thread(s)" in out, out
+    assert code == 1 and "8 torch thread(s)" in out and "StoreIncompleteError" in out, out
     code, out = cli("-m", *common, "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'sweep'}")
-    assert code == 0 and "4 torch thread(s)" in out, out
+    assert code == 1 and "4 torch thread(s)" in out, out
     code, out = cli("-m", *common, "threads=3", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'sweep'}")
-    assert code == 0 and "3 torch thread(s)" in out, out
+    assert code == 1 and "3 torch thread(s)" in out, out
 
 
 def test_sigterm_in_a_slurm_job_stops_the_stage_and_releases_its_claims_at_once(tmp_path, monkeypatch):
