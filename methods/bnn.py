@@ -22,8 +22,8 @@ from benchmark.core.store import SampleSet, stack_state_dicts
 from benchmark.core.training import (
     LossFn, NonFiniteError, OptimizerChain, Recipe, RecipeOverrides, TrainResult, make_optimizer, seeded, train_network,
 )
-from benchmark.core.training.stacked import NotStackableError, StackedNetworks, stacked_networks
-from benchmark.core.training.vectorised import check_stackable, train_networks
+from benchmark.core.training.stacked import StackedNetworks, stacked_networks
+from benchmark.core.training.vectorised import stacking_problem, train_networks
 from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod
 from methods.bayesian_layers import BayesianNetwork, BNNLayers, check_convertible, to_bayesian
 from methods.bnn_stacked import Transform, VariationalObjective
@@ -201,13 +201,7 @@ class BNNMethod(PosteriorMethod):
             return "variance.optimizer/lr: the scales have their own optimizer"
         if self.data.check is None:
             return "no validation split to judge the convergence rule on"
-        try:
-            check_stackable(self.data.train)
-            with seeded(0):  # building a model draws from the global RNG; leave it as it was
-                self.stacked_form(self.stacked_template())
-        except NotStackableError as err:
-            return str(err)
-        return None
+        return stacking_problem(self.data.train, lambda: self.stacked_form(self.stacked_template()))
 
     def stacked_template(self) -> nn.Module:
         """A plain network of the architecture the vBNN's draws run in (on the device; built from

@@ -30,8 +30,8 @@ from benchmark.core.settings import require
 from benchmark.core.store import SampleSet
 from benchmark.core.training import NonFiniteError, TrainResult, seeded, train_network
 from benchmark.core.training.objective import CrossEntropyObjective, Gather
-from benchmark.core.training.stacked import NotStackableError, Params, StackedNetworks, stacked_networks
-from benchmark.core.training.vectorised import check_stackable, train_networks
+from benchmark.core.training.stacked import Params, StackedNetworks, stacked_networks
+from benchmark.core.training.vectorised import stacking_problem, train_networks
 from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod
 
 # Fewest dropout networks worth stacking (bench/bench_methods_stacked.py, 2 digits epochs, one thread,
@@ -178,13 +178,7 @@ class DropoutMethod(PosteriorMethod):
         stacked networks run (its plain form: the mask is the objective's)."""
         if self.data.check is None:
             return "no validation split to judge the convergence rule on"
-        try:
-            check_stackable(self.data.train)
-            with seeded(0):  # building a model draws from the global RNG; leave it as it was
-                stacked_networks(self.new_model(), self.device)
-        except NotStackableError as err:
-            return str(err)
-        return None
+        return stacking_problem(self.data.train, lambda: stacked_networks(self.new_model(), self.device))
 
     def prefit(self, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]]) -> None:
         """Train the dropout networks of ``seeds`` together as stacked networks when they can be

@@ -35,8 +35,8 @@ from benchmark.core.training import (
     NonFiniteError, check_weights_finite, iterate_batches, learning_rate, make_optimizer, seeded,
 )
 from benchmark.core.training.continued import StepPlan, continue_networks
-from benchmark.core.training.stacked import NotStackableError, stacked_networks
-from benchmark.core.training.vectorised import check_stackable
+from benchmark.core.training.stacked import stacked_networks
+from benchmark.core.training.vectorised import stacking_problem
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
 
 VAR_CLAMP = 1e-30  # the reference implementation's floor on the diagonal variance
@@ -203,13 +203,7 @@ class SWAGMethod(PosteriorMethod):
         fit runs stacked, alone or with others, so that a base's fit does not depend on which
         bases share its stack)."""
         if self._stacking is None:
-            try:
-                check_stackable(self.data.train)
-                with seeded(0):  # building a model draws from the global RNG; leave it as it was
-                    stacked_networks(self.new_model(), self.device)
-                self._stacking = (None,)
-            except NotStackableError as err:
-                self._stacking = (str(err),)
+            self._stacking = (stacking_problem(self.data.train, lambda: stacked_networks(self.new_model(), self.device)),)
         return self._stacking[0]
 
     def prefit(self, seeds: Sequence[int], load_base: Callable[[int], dict[str, torch.Tensor]]) -> None:

@@ -72,9 +72,9 @@ def continue_networks(
     dataset = check_stackable(train)
     device = next(template.parameters()).device
     stacked = stacked_networks(template, device, implementation)
-    objective = _StatesObjective(stacked, states)
-    stack = Stack(objective, objective.initial(), recipe, [Lane(i, where[i], torch.Generator().manual_seed(int(s)))
-                                                            for i, s in enumerate(seeds)])
+    objective = CrossEntropyObjective(stacked, [])  # the zoo's loss; the networks start from ``states``
+    lanes = [Lane(i, where[i], torch.Generator().manual_seed(int(s))) for i, s in enumerate(seeds)]
+    stack = Stack(objective, stacked.pack([{k: v.detach() for k, v in state.items()} for state in states]), recipe, lanes)
     dtype = next(iter(stack.params.values())).dtype
     outcomes: list[dict[str, torch.Tensor] | NonFiniteError | None] = [None] * len(states)
     n, batch_size = len(dataset), recipe.batch_size
@@ -127,13 +127,3 @@ def continue_networks(
         outcomes[lane.index] = stacked.unpack(stack.params, position)
     return outcomes  # type: ignore[return-value]
 
-
-class _StatesObjective(CrossEntropyObjective):
-    """The zoo's cross-entropy objective, starting from given state dicts instead of built models."""
-
-    def __init__(self, stacked, states: Sequence[Mapping[str, torch.Tensor]]) -> None:
-        self.stacked = stacked
-        self.states = [{k: v.detach() for k, v in state.items()} for state in states]
-        fused = getattr(stacked, "loss_and_grads", None)
-        if fused is not None:  # the packed kernels compute the cross-entropy step themselves
-            self.loss_and_grads = lambda params, batch, labels, lanes: fused(params, batch, labels)

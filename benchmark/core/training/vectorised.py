@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from benchmark.core.data import InMemoryImageDataset, as_in_memory, epoch_crop_offsets, in_memory_problem
 from benchmark.core.training.loop import (
-    NonFiniteError, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer, plateau_problem,
+    NonFiniteError, seeded, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer, plateau_problem,
 )
 from benchmark.core.training.potential import squared_norm, training_potential
 from benchmark.core.training.objective import EVAL_ELEMENTS, CrossEntropyObjective, Gather, StackedObjective
@@ -60,6 +60,20 @@ def check_stackable(train: Dataset) -> InMemoryImageDataset:
     if memory.flip:
         raise NotStackableError("the stacked trainer draws no random flips (an augmented RGB set): one at a time")
     return memory
+
+
+def stacking_problem(train: Dataset, stacked_form: Callable[[], object]) -> str | None:
+    """Why networks cannot be trained stacked on ``train``, or None: the training set must be one
+    the stacked trainer slices (``check_stackable``) and ``stacked_form()`` (building the stacked
+    form of their architecture, e.g. ``stacked_networks(template, device)``; run under a fixed
+    global seed, which is then restored) must not raise ``NotStackableError``."""
+    try:
+        check_stackable(train)
+        with seeded(0):  # building a model draws from the global RNG; leave it as it was
+            stacked_form()
+    except NotStackableError as err:
+        return str(err)
+    return None
 
 
 def network_bytes(template: nn.Module, input_shape: Sequence[int], batch_size: int, dtype: torch.dtype = torch.float32) -> int:
