@@ -94,6 +94,13 @@ def until(condition, timeout: float, what: str, poll: float = 0.2):
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def exited(process: subprocess.Popen) -> None:
+    """Fail with its output when ``process`` (a sweep waited for) has already ended."""
+    if process.poll() is not None:
+        raise AssertionError(f"the sweep ended (exit {process.returncode}) before it was expected to:\n"
+                             f"{process.communicate()[0][-3000:]}")
+
+
 def squeue(job: str) -> list[tuple[str, str, str]]:
     """``(job id, state, reason)`` of each task of ``job`` in the queue."""
     out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i|%T|%r"], capture_output=True, text=True).stdout
@@ -245,26 +252,45 @@ def test_scancel_of_one_task_on_one_host_then_the_same_command_on_another_resume
         ours.name).read_bytes()
 
 
+HOLD_CLAIM = """
+import sys
+from benchmark.core.store import ExperimentStore
+from pathlib import Path
+store = ExperimentStore(Path(sys.argv[1]), "digits_optunet", claim_timeout_s=600, claim_heartbeat_s=2)
+with store.claim(store.seed_unit(int(sys.argv[2]))) as claim:
+    print("held" if claim else "not held", flush=True)
+    sys.stdin.read()
+"""
+
+
 def test_scontrol_requeue_then_a_time_limit_resume_the_job_until_the_zoo_is_done(slurm, tmp_path):
     """One zoo job, three runs. ``scontrol requeue`` (SIGTERM, then back to the queue): the next run
     skips what was published and goes on. Then its time limit comes near: submitit's USR2
     (``signal_delay_s`` before the limit) makes submitit requeue it (counted against
-    ``max_num_timeout``), and the third run finishes the zoo: complete, nothing published redone, a
-    seed retrained here byte-identical. The limit is cut to 2 min once the run trains (``scontrol
-    update TimeLimit``): a limit short from the start would signal the job while Python still imports,
-    before submitit's handler exists (USR2 then kills it), and slurmctld checks limits only every 30 s."""
+    ``max_num_timeout``), and the third run finishes the zoo: complete, nothing published redone.
+    The limit is cut to 2 min once the second run trains (``scontrol update TimeLimit``): a limit
+    short from the start would signal the job while Python still imports, before submitit's handler
+    exists (USR2 then kills it), and slurmctld checks limits only every 30 s. So that no run can
+    finish before its signal, however fast the machine, a process on "node-z" holds the claim of the
+    last seed: the runs wait for it (``claims.wait_s``) until the third one has started; then it lets
+    go and the third run trains that seed, byte-identical to one trained here."""
     from benchmark.core.store import ExperimentStore
     from benchmark.stages.zoo import run_zoo
     from benchmark.experiment import Experiment, SeedRange
     from tests.conftest import compose_config, one_thread
 
     seeds = ("seeds.reference=[0,60]", "zoo.range=reference")
+    claims = ("claims.timeout_s=600", "claims.heartbeat_s=2", "claims.wait_s=600")
     command = benchmark_command("-m", "cluster=slurm", *JOB, "hydra.launcher.timeout_min=10",
                                 "hydra.launcher.signal_delay_s=100", "stage=zoo", f"store={tmp_path / 'store'}",
-                                f"hydra.sweep.dir={tmp_path / 'sweep'}", *TINY, *seeds)
+                                f"hydra.sweep.dir={tmp_path / 'sweep'}", *TINY, *seeds, *claims)
+    store = ExperimentStore(tmp_path / "store", "digits_optunet", claim_timeout_s=600, claim_heartbeat_s=2)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_CLAIM, str(tmp_path / "store"), "59"], cwd=REPO,
+                              env=env_with(POSTERIOR_BENCH_HOST="node-z"), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held", "the claim of seed 59 on node-z"
     sweep = subprocess.Popen(command, cwd=REPO, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
-    store = ExperimentStore(tmp_path / "store", "digits_optunet")
     restarted = []
 
     def restart_requeued(job: str) -> bool:
@@ -277,7 +303,7 @@ def test_scontrol_requeue_then_a_time_limit_resume_the_job_until_the_zoo_is_done
 
     started = time.monotonic()
     try:
-        job = until(lambda: next(iter(job_ids(tmp_path / "sweep")), None), 300, "the job")
+        job = until(lambda: next(iter(job_ids(tmp_path / "sweep")), None) or exited(sweep), 300, "the job")
         until(lambda: len(published(tmp_path / "store")) >= 2, 300, "training under way")
         subprocess.run(["scontrol", "requeue", job], check=True)
         until(lambda: any(state == "PENDING" for _, state, _ in squeue(job)), 120, "the job back in the queue")
@@ -285,11 +311,14 @@ def test_scontrol_requeue_then_a_time_limit_resume_the_job_until_the_zoo_is_done
         until(lambda: (restart_requeued(job), len(published(tmp_path / "store")) >= len(first) + 2)[1], 300,
               "the requeued run training")
         subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"], check=True)  # 100 s or less left
-        until(lambda: restart_requeued(job), 480, "the sweep to end", poll=1)
+        until(lambda: (restart_requeued(job), len(restarted) >= 2)[1], 300, "the time-limited run requeued")
+        holder.communicate("")  # node-z lets go of seed 59: the third run takes it
+        until(lambda: restart_requeued(job), 300, "the sweep to end", poll=1)
         out, _ = sweep.communicate()
     finally:
-        if sweep.poll() is None:
-            sweep.kill()
+        for process in (sweep, holder):
+            if process.poll() is None:
+                process.kill()
     print(f"requeued, then time-limited zoo: {time.monotonic() - started:.0f} s")
     logs = submitit_logs(tmp_path / "sweep")
     assert sweep.returncode == 0, out[-3000:] + logs
