@@ -38,7 +38,7 @@ import pandas as pd
 
 from benchmark.references import REFERENCE_METHODS, ZOO_ROW
 from benchmark.report.hmc import RANKED_COLUMNS, agreement
-from benchmark.report.tables import variant_notes
+from benchmark.report.tables import UNCONVERGED_MARK, not_converged, variant_notes
 from benchmark.results import check_metrics, check_repetitions, half_width, parse_base_seeds
 from metrics.kendall import BOOTSTRAP_DRAWS
 from methods import METHODS
@@ -295,9 +295,18 @@ def render(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float = ALPHA,
              for e in summary]
     if not summary:
         head = ["No claim can be checked: they compare rows this run does not have."]
+    unsettled = failed[failed["status"] == "ok"]
+    failed = failed[failed["status"] != "ok"]
     if len(failed):
         names = ", ".join(f"{label} ({mode})" for label, mode in zip(failed["method_label"], failed["mode"]))
         head += ["", f"Rows that failed are left out: {names}."]
+    if len(unsettled):
+        names = ", ".join(f"{row.method_label} ({row.mode}: stationary in {round(row.stationary * row.n_repetitions)} of "
+                          f"{row.n_repetitions:.0f} repetitions)" for row in unsettled.itertuples())
+        head += ["", f"Markov-chain rows whose chains failed their own convergence check (split R-hat of the training "
+                     f"log-likelihood between each chain's halves 1.05 or above in some repetition) are left out of "
+                     f"every comparison, because their samples do not yet describe the distribution the method names: "
+                     f"{names}. Table 1 marks them {UNCONVERGED_MARK}."]
     notes = variant_notes(frame.index.get_level_values("method"))
     if notes:
         lines += ["## Reading the vBNN rows", "", *[f"- {note}" for note in notes], ""]
@@ -305,11 +314,14 @@ def render(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float = ALPHA,
 
 
 def _ok_rows(df: pd.DataFrame, repetitions: pd.DataFrame) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
-    """The rows that did not fail (indexed by (method, mode)), their repetitions, and the failed rows."""
+    """The rows that neither failed nor failed their chains' convergence check (``tables.not_converged``),
+    indexed by (method, mode); their repetitions; and the rows left out (``status`` failed, or ok and
+    not converged)."""
     frame = check_metrics(df)
-    failed = frame[frame["status"] != "ok"]
-    frame = frame[frame["status"] == "ok"].set_index(["method", "mode"])
-    return frame, _repetitions_of(frame, check_repetitions(repetitions)), failed
+    kept = (frame["status"] == "ok") & ~not_converged(frame)
+    left_out = frame[~kept]
+    frame = frame[kept].set_index(["method", "mode"])
+    return frame, _repetitions_of(frame, check_repetitions(repetitions)), left_out
 
 
 def _claim_section(claim: Claim, frame: pd.DataFrame, per_row: dict, alpha: float, summary: list) -> list[str]:

@@ -87,6 +87,7 @@ NS MMD and WM MMD within their experiment (``RANK_SOURCES``)."""
 RANK_SOURCES = {"NS rank": "ns_mmd_median", "WM rank": "wm_mmd_median"}
 
 FAILED = "failed"
+UNCONVERGED_MARK = "†"  # on the label of a Markov-chain row whose chains failed their convergence check
 MISSING = "n/a"
 
 STEP_TEXT = {
@@ -340,8 +341,30 @@ def failure_reasons(df: pd.DataFrame) -> dict[tuple[str, str, str], str]:
     return {label: _reason(reason) for label, reason in zip(failed.index, failed["reason"])}
 
 
-def render_markdown(table: pd.DataFrame, caption: str, reasons: dict[tuple, str]) -> str:
-    """Markdown text: the caption line, the table (repeated row labels blanked), then the notes."""
+def not_converged(df: pd.DataFrame) -> pd.Series:
+    """Per row of ``df`` (metrics.csv), True where the row did not fail but its Markov chains failed
+    their sampler's own convergence check in at least one repetition (``stationary`` below 1: the
+    fraction of repetitions that passed). Such a row is marked with ``UNCONVERGED_MARK`` in the
+    tables and left out of findings.md's comparisons; rows without the check (NaN) are not."""
+    stationary = df["stationary"] if "stationary" in df.columns else pd.Series(np.nan, index=df.index)
+    return (df["status"] != "failed") & stationary.notna() & (stationary < 1)
+
+
+def convergence_notes(df: pd.DataFrame) -> dict[tuple[str, str, str], str]:
+    """Rows marked ``UNCONVERGED_MARK`` in table order: row label (experiment, group, method with
+    its mark) -> how many repetitions' chains failed the check."""
+    rows = _ordered(df, ["stationary", "n_repetitions"])
+    rows = rows[rows["unconverged"]]
+    return {label: (f"its chains failed their convergence check in {round((1 - row.stationary) * row.n_repetitions)} "
+                    f"of {row.n_repetitions:.0f} repetitions (split R-hat of the training log-likelihood between "
+                    "each chain's halves 1.05 or above); shown, but left out of the comparisons of findings.md")
+            for label, row in zip(rows.index, rows.itertuples())}
+
+
+def render_markdown(table: pd.DataFrame, caption: str, reasons: dict[tuple, str],
+                    unsettled: dict[tuple, str] | None = None) -> str:
+    """Markdown text: the caption line, the table (repeated row labels blanked), then the notes on
+    failed rows (``reasons``) and on rows whose chains did not converge (``unsettled``)."""
     flat = _flat(table)
     # Blank a label that repeats the row above within the same enclosing block (as the paper).
     repeats = {
@@ -358,11 +381,16 @@ def render_markdown(table: pd.DataFrame, caption: str, reasons: dict[tuple, str]
     text = f"{caption.format(**_MARKDOWN_UNITS)}\n\n{body}\n"
     if reasons:
         text += "\nFailed runs:\n\n" + "".join(f"- {note}\n" for note in _notes(reasons))
+    if unsettled:
+        text += (f"\n{UNCONVERGED_MARK} Not converged:\n\n"
+                 + "".join(f"- {note}\n" for note in _notes(unsettled)))
     return text
 
 
-def render_latex(table: pd.DataFrame, caption: str, reasons: dict[tuple, str], label: str) -> str:
-    """A LaTeX ``table`` (booktabs rules, multirow row labels) with caption, label and the notes."""
+def render_latex(table: pd.DataFrame, caption: str, reasons: dict[tuple, str], label: str,
+                 unsettled: dict[tuple, str] | None = None) -> str:
+    """A LaTeX ``table`` (booktabs rules, multirow row labels) with caption, label and the notes
+    (failed rows, ``reasons``; rows whose chains did not converge, ``unsettled``)."""
     text = table.to_latex(
         caption=caption.replace('"same distribution"', "``same distribution''").format(**_LATEX_UNITS),
         label=label,
@@ -378,13 +406,21 @@ def render_latex(table: pd.DataFrame, caption: str, reasons: dict[tuple, str], l
     if reasons:
         lines = r" \\ ".join(_escape_latex(note) for note in _notes(reasons))
         text = text.replace(r"\end{table}", f"\\par\\smallskip{{\\footnotesize Failed runs: {lines}}}\n\\end{{table}}")
+    if unsettled:
+        lines = r" \\ ".join(_escape_latex(note) for note in _notes(unsettled))
+        text = text.replace(r"\end{table}",
+                            f"\\par\\smallskip{{\\footnotesize {UNCONVERGED_MARK} Not converged: {lines}}}\n\\end{{table}}")
     return text
 
 
-def render_csv(table: pd.DataFrame, reasons: dict[tuple, str]) -> str:
-    """CSV text: the row labels as columns, flattened column names, and a Note column (failure reasons)."""
+def render_csv(table: pd.DataFrame, reasons: dict[tuple, str], unsettled: dict[tuple, str] | None = None) -> str:
+    """CSV text: the row labels as columns, flattened column names, and a Note column (failure
+    reasons; ``not converged: ...`` for the rows of ``unsettled``)."""
     flat = _flat(table)
-    flat["Note"] = [f"{FAILED}: {reasons[row]}" if row in reasons else "" for row in map(tuple, flat[INDEX_NAMES].values)]
+    unsettled = unsettled or {}
+    flat["Note"] = [f"{FAILED}: {reasons[row]}" if row in reasons else
+                    f"not converged: {unsettled[row]}" if row in unsettled else ""
+                    for row in map(tuple, flat[INDEX_NAMES].values)]
     return flat.to_csv(index=False)
 
 
@@ -396,15 +432,15 @@ def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     """
     caption1, caption2 = captions(check_metrics(df))
     tables = {"table1": (table1, caption1), "table2": (table2, caption2), "table3": (table3, table3_caption(df))}
-    reasons = failure_reasons(df)
+    reasons, unsettled = failure_reasons(df), convergence_notes(df)
     out_dir = Path(out_dir)
     written = []
     rendered = {name: (build(df), build(df, separate=True), caption) for name, (build, caption) in tables.items()}
     for name, (table, numbers, caption) in rendered.items():
         texts = {
-            "md": render_markdown(table, caption, reasons),
-            "csv": render_csv(numbers, reasons),
-            "tex": render_latex(table, caption, reasons, label=f"tab:{name}"),
+            "md": render_markdown(table, caption, reasons, unsettled),
+            "csv": render_csv(numbers, reasons, unsettled),
+            "tex": render_latex(table, caption, reasons, label=f"tab:{name}", unsettled=unsettled),
         }
         for suffix, text in texts.items():
             path = out_dir / f"{name}.{suffix}"
@@ -425,17 +461,19 @@ def _ordered(df: pd.DataFrame, value_columns) -> pd.DataFrame:
         _g=rows["mode"].map(list(GROUP_LABELS).index),
         _m=rows["method"].map(methods.index),
     ).sort_values(["_e", "_g", "_m"], kind="stable")
+    rows["unconverged"] = not_converged(rows)
     rows.index = pd.MultiIndex.from_arrays(
         [
             [label or name for label, name in zip(rows["experiment_label"], rows["experiment"])],
             rows["mode"].map(GROUP_LABELS),
-            [label or name for label, name in zip(rows["method_label"], rows["method"])],
+            [f"{label or name} {UNCONVERGED_MARK}" if mark else label or name
+             for label, name, mark in zip(rows["method_label"], rows["method"], rows["unconverged"])],
         ],
         names=INDEX_NAMES,
     )
     value_columns = list(value_columns)
     widths = [half_width(c) for c in value_columns if half_width(c) in rows.columns]
-    return rows[["status", "reason", "mode", *value_columns, *widths]]
+    return rows[["status", "reason", "mode", "unconverged", *value_columns, *widths]]
 
 
 def display_cells(rows: pd.DataFrame, sources: dict, separate: bool = False, with_half_widths: bool = True) -> pd.DataFrame:

@@ -254,6 +254,18 @@ def test_failed_rows_are_named_and_left_out():
     assert "Rows that failed are left out: SWAG (one), SWAG (multi)." in text and "SWAG (multi) <" not in text
 
 
+def test_rows_whose_chains_did_not_converge_are_named_and_left_out_of_the_comparisons():
+    metrics, reps = _rows()
+    swag_one = (metrics["method"] == "swag") & (metrics["mode"] == "one")
+    metrics.loc[swag_one, "stationary"] = 0.3  # as if SWAG one-mode were a chain that failed in 7 of 10 repetitions
+    text = render(metrics, reps)
+    assert "are left out of every comparison" in text and "SWAG (one: stationary in 3 of 10 repetitions)" in text
+    compared = [line for line in text.splitlines() if line.startswith("| ") and "SWAG (one)" in line]
+    assert not compared, compared  # in no comparison row
+    kept = render(metrics.assign(stationary=1.0), reps)
+    assert "left out of every comparison" not in kept and kept != text
+
+
 def _vbnn_rows(spread=None, **variants):
     """The plain vBNN (one mode) and the variants given as ``name={column: mean}``, as
     ``_frames``; ``spread``: ``{name: {column: R offsets}}`` for a row whose repetitions scatter."""

@@ -35,7 +35,8 @@ METHOD_LABELS = {"dropout": "Dropout", "bnn": "BNN", "sghmc": "SGHMC", "swag": "
 def row(experiment, method, mode, status="ok", reason="", wm_anchor="seed 0", reference="zoo", **values):
     """A metrics.csv row scored against ``reference``; labels as the evaluate stage writes them (raw names when unknown)."""
     filled = {c: 0.01 for c in VALUE_COLUMNS} | {half_width(c): np.nan for c in MEASURED}
-    filled |= {"n_samples": 100, "n_repetitions": 1, "nll": 0.5, "agreement": 0.9, "tv": 0.1, "ess": np.nan} | values
+    filled |= {"n_samples": 100, "n_repetitions": 1, "nll": 0.5, "agreement": 0.9, "tv": 0.1, "ess": np.nan,
+               "stationary": np.nan} | values
     return dict(experiment=experiment, experiment_label=EXPERIMENT_LABELS.get(experiment, experiment), method=method,
                 method_label=METHOD_LABELS.get(method, method), mode=mode, reference=reference, status=status, reason=reason,
                 ns_steps="scale+sort", wm_anchor=wm_anchor, **filled)
@@ -264,3 +265,26 @@ def test_table1_caption_gives_the_effective_sample_size_of_the_markov_chain_rows
     caption = captions(pd.DataFrame(rows))[0]
     assert "the samples of SGHMC, sghmc_sa are states of Markov chains" in caption
     assert "SGHMC 98 of 100; sghmc_sa 2 of 100, mean over repetitions" in caption
+
+
+def test_a_chain_row_that_failed_its_convergence_check_is_marked_and_explained(tmp_path):
+    rows = paper_rows("digits_optunet")
+    rows[2] |= {"ess": 11.0, "stationary": 0.25, "n_repetitions": 8}  # SGHMC: 2 of 8 repetitions stationary
+    rows[0] |= {"stationary": 1.0}  # a row whose chains all passed: not marked
+    table = table1(pd.DataFrame(rows))
+    assert ("Digits - OptuNet", "One Mode", "SGHMC †") in table.index
+    assert ("Digits - OptuNet", "Multi Mode", "Deep Ensembles") in table.index
+    assert sum("†" in label for label in table.index.get_level_values("Method")) == 1
+    write_tables(pd.DataFrame(rows), tmp_path)
+    md = (tmp_path / "table1.md").read_text()
+    assert "† Not converged:" in md and "SGHMC †: its chains failed their convergence check in 6 of 8 repetitions" in md
+    csv = pd.read_csv(tmp_path / "table1.csv")
+    note = csv.loc[csv["Method"] == "SGHMC †", "Note"].item()
+    assert note.startswith("not converged: its chains failed") and csv["Note"].notna().sum() == 2  # + the failed BNN
+    assert "Not converged: " in (tmp_path / "table1.tex").read_text()
+
+
+def test_rows_without_a_convergence_check_are_not_marked():
+    rows = paper_rows("digits_optunet")
+    rows[2] |= {"ess": 11.0, "stationary": np.nan}
+    assert not any("†" in label for label in table1(pd.DataFrame(rows)).index.get_level_values("Method"))
