@@ -70,11 +70,6 @@ BASELINES: dict[str, Baseline] = {b.name: b for b in (
 ``benchmark.config.BaselineChoice``'s)."""
 
 
-def baseline_names() -> tuple[str, ...]:
-    """The baselines' names in table order."""
-    return tuple(BASELINES)
-
-
 def _generator(name: str, repetition: int) -> torch.Generator:
     """A CPU generator seeded by the baseline and the repetition alone."""
     seed = int.from_bytes(hashlib.sha256(f"baseline {name} repetition {repetition}".encode()).digest()[:8], "little")

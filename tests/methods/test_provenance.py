@@ -108,8 +108,7 @@ def source_copy(tmp_path, monkeypatch) -> Path:
             shutil.copy(REPO / path, tmp_path / path)
     (tmp_path / "benchmark" / "__init__.py").write_text("")
     monkeypatch.setattr(fingerprint, "SOURCE_ROOT", tmp_path)
-    yield tmp_path
-    fingerprint.forget()
+    return tmp_path
 
 
 def _keys() -> dict[str, str]:
