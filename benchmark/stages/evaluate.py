@@ -67,8 +67,9 @@ from benchmark.core.store import (
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
     MissingInputsError, ReferenceRecipe, StaleSamplesError, available_rows, describe_store, incomplete_range,
-    reference_recipe, reference_seeds, reap_results_litter, require_inputs, row_label, row_units,
+    reference_recipe, reference_seeds, require_inputs, row_label, row_units,
 )
+from benchmark.inventory.actions import reap_results_litter
 from benchmark.references import REFERENCES, ZOO_ROW, Reference, evaluated, problems as reference_problems
 from benchmark.results import (
     LEGACY_FILES, MEASURED, MMD_COLUMNS, half_width, metrics_path, repetition_rows, repetitions_path, write_metrics,

@@ -72,9 +72,10 @@ from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
 from benchmark.design import Design
 from benchmark.inventory import (
-    converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, quarantine_and_redo,
-    base_digests, chain_key, read_seeds, sample_settings_hash, trained_prefix, unit_state, untrained_seeds,
+    base_digests, chain_key, converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, read_seeds,
+    sample_settings_hash, trained_prefix, unit_state, untrained_seeds,
 )
+from benchmark.inventory.actions import quarantine_and_redo
 from benchmark.core.store.importing import imported_archives
 from benchmark.core.store.claims import HeldElsewhereError, held_elsewhere, wait_for_claims  # noqa: F401 (the stage's error)
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class

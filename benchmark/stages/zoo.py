@@ -43,8 +43,9 @@ from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seede
 from benchmark.core.training.vectorised import train_networks
 from benchmark.experiment import Experiment, SeedRange
 from benchmark.inventory import (
-    RangeState, heldout_shortfall, quarantine_and_redo, range_state, seed_problem, seed_staleness,
+    RangeState, heldout_shortfall, range_state, seed_problem, seed_staleness,
 )
+from benchmark.inventory.actions import quarantine_and_redo
 
 log = logging.getLogger(__name__)
 NAME = "zoo"
