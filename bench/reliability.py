@@ -14,7 +14,7 @@
    a NaN with valid checksums, verify.repair=true during a concurrent heal, a code change between
    two evaluate runs, an imported store verified, a predictions/sample-set pair mixed from two
    writers.
-   Issue 30 (same form): a code edit in a module no import of the forms' code reaches (a symmetry
+   Provenance (same form): a code edit in a module no import of the forms' code reaches (a symmetry
    spec), a reference zoo of another recipe, a damaged streamed reference cache, a dangling
    symlink and a loop in place of checkpoints, a stale HMC unit's chains, ``store=`` empty.
 
@@ -469,7 +469,7 @@ def scenario_imported_store_verifies_clean(work: Path) -> tuple[bool, str]:
     try:
         reports = verify.run(_with_verify(exp, repair="stale"))
         clean = not any(h.bad for h in reports)
-    except verify.StoreIncompleteError:  # nothing corrupt or stale; only the sample units not drawn (issue 38)
+    except verify.StoreIncompleteError:  # nothing corrupt or stale; only the sample units not drawn: incomplete, not damaged
         clean = True
     except verify.StoreIntegrityError:
         clean = False
@@ -520,7 +520,7 @@ def _edited_source(work: Path, module: str, old: str, new: str) -> Path:
 def scenario_spec_edit_rebuilds_the_forms(work: Path) -> tuple[bool, str]:
     """An edit of ``chain_spec`` (metrics/symmetries/architectures.py), reached through
     ``spec_for_model`` and not through the imports of the canonical form's code: the canonical and
-    aligned caches must be rebuilt (issue 30, item 1)."""
+    aligned caches must be rebuilt."""
     import benchmark.core.fingerprint as fingerprint
     from benchmark.core.store import read_metadata
     from benchmark.references import Reference
@@ -546,7 +546,7 @@ def scenario_spec_edit_rebuilds_the_forms(work: Path) -> tuple[bool, str]:
 def scenario_reference_of_another_recipe(work: Path) -> tuple[bool, str]:
     """A reference zoo trained under train.epochs=3, evaluated with train.epochs=4: refused in one
     line naming the field and the override; with evaluate.allow_other_recipe=true scored, and
-    metrics.csv records the zoo's config hash and the acceptance (issue 30, item 2)."""
+    metrics.csv records the zoo's config hash and the acceptance."""
     import dataclasses
 
     from benchmark.experiment import Experiment
@@ -554,7 +554,7 @@ def scenario_reference_of_another_recipe(work: Path) -> tuple[bool, str]:
 
     older = _tiny_experiment(work, "train.epochs=3")
     newer = Experiment(dataclasses.replace(older.config, train=dataclasses.replace(older.config.train, epochs=4)))
-    _write_ensemble(newer)  # drawn under the new recipe, as in the issue
+    _write_ensemble(newer)  # samples drawn under the new recipe: only the reference is of another one
     try:
         evaluate.run(newer)
         message = ""
@@ -683,7 +683,7 @@ SCENARIOS_PROVENANCE = [
     ("stale_hmc_unit", scenario_stale_hmc_unit),
     ("empty_store_refused", scenario_empty_store_refused),
 ]
-"""Issue 30's scenarios (provenance keys, the zoo's recipe, healing caches, symlinks); in process,
+"""The provenance scenarios (code keys, the zoo's recipe, healing caches, symlinks); in process,
 seconds each. Their behaviours are tested in the suite; ``make reliability`` runs them end to end."""
 
 
@@ -856,7 +856,7 @@ def scenario_litter_reaped() -> bool:
     return ok
 
 
-SCENARIOS_17A = [scenario_paused_worker, scenario_takeover_races, scenario_diverging_seed, scenario_litter_reaped]
+SCENARIOS_FENCED_PUBLICATION = [scenario_paused_worker, scenario_takeover_races, scenario_diverging_seed, scenario_litter_reaped]
 # ---- end of the fenced-publication block ----
 
 
@@ -886,7 +886,7 @@ def main() -> None:
                  lambda: damage(store, reference),
                  *[functools.partial(store_content_scenario, name, scenario) for name, scenario in SCENARIOS_STORE_CONTENT],
                  *[functools.partial(store_content_scenario, name, scenario) for name, scenario in SCENARIOS_PROVENANCE],
-                 *SCENARIOS_17A]
+                 *SCENARIOS_FENCED_PUBLICATION]
     results = [held(scenario) for scenario in scenarios]
     print(f"reliability: {len(FAILURES)} failed check(s) in {time.time() - start:.0f} s")
     print(f"{len(results)} scenarios, {sum(results)} held")

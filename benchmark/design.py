@@ -1,6 +1,6 @@
 """The repetition design: how many repetitions every row has, and which networks each one reads.
 
-One object (``Design``, from ``Design.of(exp)``) owns what used to be read in several places:
+One object (``Design``, from ``Design.of(exp)``) owns it, so that no stage reads these settings on its own:
 
 - ``repetitions``: ``sample.repetitions``, the independent repetitions of every method x mode,
   unless ``sample.repetitions_per_method`` names the method (``repetitions_of``: cheap rows can

@@ -51,9 +51,9 @@ rows of the tables and the findings), ``hmc`` (``reference=hmc``: full-batch HMC
 ``n_reference``: the pooled HMC draws; ``agreement``/``tv``: against HMC's predictive; no WM
 columns; plus a ``zoo`` row: blocks of ``sample.per_method`` reference checkpoints scored as a
 method would be), or another registered reference; a row is keyed by (experiment, method, mode,
-reference), in both files. ``rows_against`` selects one reference's rows. The per-reference files
-of older runs (``LEGACY_FILES``: ``metrics_hmc.csv``, ``repetitions_hmc.csv``) are no longer
-written; the evaluate stage removes them.
+reference), in both files. ``rows_against`` selects one reference's rows. Files that hold one
+reference's rows apart (``LEGACY_FILES``: ``metrics_hmc.csv``, ``repetitions_hmc.csv``) are not
+written: the evaluate stage removes them, so that no stale table is read beside metrics.csv.
 """
 from __future__ import annotations
 
@@ -85,7 +85,8 @@ TEST_COLUMNS = ["mmd_reject", "ns_mmd_reject"]
 
 
 LEGACY_FILES = ("metrics_hmc.csv", "repetitions_hmc.csv")
-"""The per-reference files older runs wrote beside metrics.csv (now rows with ``reference`` = ``hmc``)."""
+"""Files holding the HMC reference's rows apart from metrics.csv and repetitions.csv, which hold them
+as rows with ``reference`` = ``hmc``: the evaluate stage removes them, so that no stale table is read."""
 
 
 def metrics_path(results_dir: Path) -> Path:

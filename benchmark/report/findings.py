@@ -104,7 +104,7 @@ def paper_claims(rows: set[tuple[str, str]]) -> list[Claim]:
 
 def seed_claims(rows: set[tuple[str, str]]) -> list[Claim]:
     """The symmetry-breaking vBNNs against the plain vBNN (one mode), as seeds 000 and 001 claim:
-    better fits (001: less underfitting; 000: better predictions), and, the question of issue 12,
+    better fits (001: less underfitting; 000: better predictions), and, the question the seeds raise,
     a posterior closer to the reference once the symmetries are broken during training."""
     bnn = ("bnn", "one")
     variants = [v for v in (("bnn_skip", "one"), ("bnn_ordered", "one")) if v in rows and bnn in rows]

@@ -410,7 +410,7 @@ def fit_together(exp: Experiment, todo: list[Job]) -> None:
     Each unit is still claimed, drawn and published on its own; a run killed meanwhile has written
     nothing of the group and fits it again. Markov-chain methods (``ResumableChains``) keep their
     per-chain claims and are left alone. Only the first round of candidates (``plan.bases`` of
-    them) is fitted here; a base that fails moves its unit to the next candidate as before."""
+    them) is fitted here; a base that fails moves its unit to the next candidate, as in a unit fitted on its own."""
     groups: dict[str, list[Job]] = {}
     for job in todo:
         if type(job.method).prefit is not PosteriorMethod.prefit and not isinstance(job.method, ResumableChains):
