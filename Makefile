@@ -100,7 +100,7 @@ wheels:
 verify: $(STAMP)
 	$(PY) -m benchmark stage=verify experiment=$(EXPERIMENT) $(if $(REPAIR),verify.repair=$(if $(filter stale,$(REPAIR)),stale,true))
 
-# SIGKILLs at random moments, 4 processes on overlapping seeds, 6 kinds of damage (a few minutes).
+# SIGKILLs at random moments, 4 processes on overlapping seeds, 7 kinds of damage (a few minutes).
 reliability: $(STAMP)
 	$(PY) bench/reliability.py
 
