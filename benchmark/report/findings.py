@@ -152,11 +152,11 @@ def verdict(outcomes: list[str]) -> str:
 
 def starts_from_base(method: str, overrides: Mapping[str, bool] | None = None) -> bool:
     """Whether row ``method``'s fit starts from the repetition's base network: ``overrides[method]``
-    when given, else the registered class's ``starts_from_base`` (False when it does not set it),
-    else False (a row the registry does not know, e.g. a baseline, is an independent sample)."""
+    when given, else the registered class's ``PosteriorMethod.starts_from_base``, else False (a row
+    the registry does not know, e.g. a baseline, is an independent sample)."""
     if overrides is not None and method in overrides:
         return bool(overrides[method])
-    return bool(getattr(METHODS[method], "starts_from_base", False)) if method in METHODS else False
+    return METHODS[method].starts_from_base if method in METHODS else False
 
 
 SHARED, SEPARATE, SOME_SHARED, REUSED, UNKNOWN = (

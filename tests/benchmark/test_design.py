@@ -35,7 +35,7 @@ def test_the_design_gives_the_default_digits_config_the_bases_it_had(digits):
     assert (design.repetitions, design.per_method, design.modes_multi) == (5, 100, 10)
     # the rows that start from the base run 8 (conf/experiment/digits_optunet.yaml), the others 5
     assert dict(design.per_method_repetitions) == {"swag": 8, "laplace": 8, "ensemble": 8, "sghmc": 8}
-    assert all(getattr(method_class(m), "starts_from_base", False) for m, _ in design.per_method_repetitions)
+    assert all(method_class(m).starts_from_base for m, _ in design.per_method_repetitions)
     assert [design.repetitions_of(m) for m in ("dropout", "bnn", "sghmc_sa", "hmc")] == [5] * 4
     assert design.stride == 100 and design.reach == 800 and design.needed(100) == 800
     assert set(selected("all", "both")) == set(DIGITS_BEFORE)
