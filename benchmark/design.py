@@ -102,10 +102,16 @@ class Design:
 
     # ---- the layout --------------------------------------------------------------------------
 
+    def plan_counts(self, method: type[PosteriorMethod] | PosteriorMethod, mode: str) -> tuple[int, int]:
+        """``(bases, samples per base)`` of one repetition of ``method`` in ``mode``: ``per_method``
+        samples split over ``modes_multi`` bases in multi mode, one base in one mode, or the method's
+        fixed ``samples_per_base`` (``methods.modes.plan_counts``; ``MethodConfigError`` when the
+        sample counts do not split)."""
+        return plan_counts(method, mode, self.per_method, self.modes_multi)
+
     def bases(self, method: type[PosteriorMethod] | PosteriorMethod, mode: str) -> int:
-        """How many base networks a repetition of ``method`` in ``mode`` takes (``plan_counts``;
-        ``MethodConfigError`` when the sample counts do not split)."""
-        return plan_counts(method, mode, self.per_method, self.modes_multi)[0]
+        """How many base networks a repetition of ``method`` in ``mode`` takes (``plan_counts``)."""
+        return self.plan_counts(method, mode)[0]
 
     @cached_property
     def stride(self) -> int:

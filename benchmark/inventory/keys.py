@@ -33,10 +33,11 @@ def sample_settings_hash(exp: Experiment, method: str) -> str:
     (``base_digests``, ``changed_bases``), so a range grown at its end (``seeds.heldout=[a,b]`` to
     ``[a,c]``) keeps every unit drawn, while one whose start or end moves the seeds at a unit's
     block's positions makes that unit stale."""
+    design = Design.of(exp)
     return stable_hash({
         "zoo": exp.config_hash,
         "method": exp.method_settings(method),
-        "sample": {"per_method": exp.config.sample.per_method, "modes_multi": exp.config.sample.modes_multi},
+        "sample": {"per_method": design.per_method, "modes_multi": design.modes_multi},
         "code": code_fingerprint(sample_code(method)),
     })
 

@@ -252,7 +252,7 @@ def _baseline_numbers(exp: Experiment, zoo: Reference, against: Reference, name:
     """Repetition ``repetition`` of baseline ``name`` scored against ``against`` (cached, keyed by the
     baseline, the repetition, its size, the networks it reads and the scoring key), and the seeds
     of the networks it holds (None for draws)."""
-    per_method = exp.config.sample.per_method
+    per_method = Design.of(exp).per_method
     networks = second_zoo_seeds(exp, repetition, per_method) if name == "second_zoo" else []
     inputs = {"baseline": name, "repetition": repetition, "n": per_method, "full": full,
               "zoo": [zoo.key(c) for c in ("zoo", "canonical")], "recipe": exp.config_hash}

@@ -252,7 +252,7 @@ def jobs(exp: Experiment, summary: SampleSummary | None = None, check_bases: boo
     Under ``method=all``, methods the experiment marks ``unavailable`` are skipped (logged, and
     listed in ``summary.unavailable``).
     """
-    planned, skipped = exp.planned_methods()
+    planned, skipped = exp.planned_methods(Design.of(exp).plan_counts)
     for reason in skipped:
         log.info("%s skipped: %s", *reason.split(": ", 1))
         if summary is not None:
