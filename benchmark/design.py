@@ -4,8 +4,8 @@ One object (``Design``, from ``Design.of(exp)``) owns it, so that no stage reads
 
 - ``repetitions``: ``sample.repetitions``, the independent repetitions of every method x mode,
   unless ``sample.repetitions_per_method`` names the method (``repetitions_of``: cheap rows can
-  run more, so that their paired exact tests can reach the claims' level); the reference rows
-  have the default count: HMC's (the config refuses an entry for it: ``benchmark.references.hmc``
+  run more, so that their paired exact tests can reach the claims' level); the rows of the references
+  and the baselines have the default count: HMC's (the config refuses an entry for it: ``benchmark.references.hmc``
   pools its repetitions), the zoo's blocks under ``reference=hmc``, the second zoo at most that
   (a baseline is compared with every method, unpaired);
 - ``most``: the largest count of any method (the held-out blocks laid out: ``reach``, ``needed``);
@@ -189,7 +189,7 @@ class Design:
         start, size = block
         return f"converged held-out seeds {start}..{start + size - 1}"
 
-    # ---- the repetitions of the reference rows -------------------------------------------------
+    # ---- the repetitions of the references' and the baselines' rows ---------------------------
 
     def reference_blocks(self, seeds: Sequence[T]) -> list[list[T]]:
         """The zoo row's repetitions (``reference=hmc``): ``repetitions`` (the default count, whatever

@@ -144,7 +144,10 @@ class ZooTrainer:
 
 
 class Experiment:
-    """The resolved experiment of a config. ``config`` is the typed root ``Config``."""
+    """The resolved experiment of a config. ``config`` is the typed root ``Config``; ``reference``
+    and ``heldout`` are the zoo's two seed ranges (``SeedRange``: ``seeds.reference``, the reference
+    range, whose converged checkpoints are the reference zoo; ``seeds.heldout``, the base networks
+    and Deep-Ensemble members), not the reference plug-in a run scores against (``config.reference``)."""
 
     config: Config
 

@@ -69,7 +69,7 @@ def incomplete_range(exp: Experiment, seeds: SeedRange) -> str | None:
 
 
 def reference_seeds(exp: Experiment) -> list[int]:
-    """Converged zoo seeds of ``seeds.reference``: the reference posterior."""
+    """Converged seeds of the reference range (``seeds.reference``, ``exp.reference``): the reference zoo."""
     return converged(exp, exp.reference)
 
 

@@ -148,7 +148,7 @@ class ExperimentStore:
         return self.eval_dir / f"{self._own(unit).cache_name}.json"
 
     def baseline_eval_path(self, baseline: str, repetition: int, against: str = "zoo") -> Path:
-        """The evaluate stage's number cache of repetition ``repetition`` of reference row ``baseline``
+        """The evaluate stage's number cache of repetition ``repetition`` of baseline row ``baseline``
         (``benchmark.baselines``) scored against reference ``against``."""
         if not baseline.isidentifier() or int(repetition) < 0:
             raise ValueError(f"baseline_eval_path: expected an identifier and a repetition >= 0, got {baseline!r}, {repetition}")
