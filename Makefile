@@ -44,7 +44,7 @@ benchmark: $(STAMP)
 	$(SWEEP) stage=sample 'method=$(METHODS)'
 	$(FINAL)
 
-# Full-batch HMC as a second reference (issue 19; docs/hmc.md): make benchmark's run, then
+# Full-batch HMC as a second reference (docs/hmc.md): make benchmark's run, then
 # HMC's multi-mode chains (the HMC reference) in $(JOBS) sample jobs that share the units' chains under
 # claims (the zoo.shard sweep only starts $(JOBS) identical jobs; the sample stage does not read it), then
 # every stage again scoring against the zoo and HMC (reference=hmc): metrics.csv rows with reference=hmc, table_hmc.md, the
@@ -100,7 +100,7 @@ wheels:
 verify: $(STAMP)
 	$(PY) -m benchmark stage=verify experiment=$(EXPERIMENT) $(if $(REPAIR),verify.repair=$(if $(filter stale,$(REPAIR)),stale,true))
 
-# SIGKILLs at random moments, 4 processes on overlapping seeds, 6 kinds of damage (a few minutes).
+# SIGKILLs at random moments, 4 processes on overlapping seeds, 7 kinds of damage (a few minutes).
 reliability: $(STAMP)
 	$(PY) bench/reliability.py
 

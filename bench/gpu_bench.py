@@ -1,5 +1,5 @@
 """GPU speed bench (run by ``make gpu-check`` on a CUDA host; ``--device cpu --smoke`` runs its code
-paths in seconds anywhere, as a test does): the figures of issue 29 next to their goals.
+paths in seconds anywhere, as a test does): the GPU figures next to their goals.
 
 1. The float32 matmul peak of the device (8192^3 ``torch.mm``, TF32 off, best of 5, CUDA events).
 2. The vectorised zoo (``train_networks``, the zoo stage's trainer) on digits (45 epochs) and on
@@ -12,7 +12,7 @@ paths in seconds anywhere, as a test does): the figures of issue 29 next to thei
    training split, milliseconds on the device next to the CPU's packed kernels. Goal <= 2 ms.
 4. ResNet-18 on CIFAR-sized batches (128 x 3 x 32 x 32, the experiment's acceleration: bf16
    autocast and channels_last on CUDA): milliseconds per training step, compute only, and the cost
-   of a 75-epoch checkpoint at that rate (reported, no goal: the issue asks for measured numbers).
+   of a 75-epoch checkpoint at that rate (reported, no goal: a measured cost to plan a run by).
 
 Every figure goes to ``$BENCH_SUMMARY`` through ``bench/summary.py``'s ``record``.
 Usage: ``python bench/gpu_bench.py [--device cuda] [--seeds 1024] [--mnist-seeds 512] [--smoke]``.

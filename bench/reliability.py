@@ -14,7 +14,7 @@
    a NaN with valid checksums, verify.repair=true during a concurrent heal, a code change between
    two evaluate runs, an imported store verified, a predictions/sample-set pair mixed from two
    writers.
-   Issue 30 (same form): a code edit in a module no import of the forms' code reaches (a symmetry
+   Provenance (same form): a code edit in a module no import of the forms' code reaches (a symmetry
    spec), a reference zoo of another recipe, a damaged streamed reference cache, a dangling
    symlink and a loop in place of checkpoints, a stale HMC unit's chains, ``store=`` empty.
 
@@ -56,7 +56,7 @@ TINY = ["threads=1", "train.epochs=3", "train.milestones=[2]", "train.fail_rule.
         "seeds.reference=[0,10]", "seeds.heldout=[100000,100008]", "sample.per_method=4", "sample.modes_multi=2",
         "sample.repetitions=2", "sample.repetitions_per_method=null",  # every method at 2 (not digits' 8 for some)
         "methods.swag.snapshots=4", "methods.swag.rank=3", "methods.swag.epochs_factor=1",
-        "evaluate.baseline_repetitions=1"]  # the drills are about the store, not the reference rows
+        "evaluate.baseline_repetitions=1"]  # the drills are about the store, not the baseline rows
 SAMPLE = ["method=swag"]
 FAILURES: list[str] = []
 
@@ -123,7 +123,7 @@ def baseline() -> tuple[Path, dict[str, tuple[float, float]]]:
     return store, times
 
 
-def kills(reference: dict[str, str], times: dict[str, tuple[float, float]], total: int, rng: random.Random) -> None:
+def kills(expected: dict[str, str], times: dict[str, tuple[float, float]], total: int, rng: random.Random) -> None:
     """Kill each stage at random moments, resume, and compare with the uninterrupted run."""
     counts = {"zoo": 0, "sample": 0}
     left = {"temp files": 0, "claims": 0}  # what the kills left behind for the next run to clean up
@@ -148,7 +148,7 @@ def kills(reference: dict[str, str], times: dict[str, tuple[float, float]], tota
         code, out = finish(cli(store, f"stage={stage}", *extra))
         base = store / EXP
         got = digests(base)
-        wanted = {k: v for k, v in reference.items() if k.startswith(("zoo", "samples", "preds") if stage == "sample" else "zoo")}
+        wanted = {k: v for k, v in expected.items() if k.startswith(("zoo", "samples", "preds") if stage == "sample" else "zoo")}
         check(code == 0, f"kill cycle {cycles} ({stage}): the resumed run failed: {out[-2000:]}")
         check(got == wanted, f"kill cycle {cycles} ({stage}): files differ from the uninterrupted run: "
                              f"{sorted(k for k in set(got) | set(wanted) if got.get(k) != wanted.get(k))}")
@@ -186,7 +186,7 @@ def concurrency() -> None:
           f"for {len(set(names))} seeds stored (each seed trained once: {'yes' if worked == 14 else 'NO'})")
 
 
-def damage(source: Path, reference: dict[str, str]) -> None:
+def damage(source: Path, expected: dict[str, str]) -> None:
     """Every kind of damage of ``CORRUPTIONS`` to reference checkpoints and to a sample set: refused, quarantined, redone."""
     store = WORK / "damage" / "store"
     shutil.copytree(source, store)
@@ -205,7 +205,7 @@ def damage(source: Path, reference: dict[str, str]) -> None:
     quarantined = sorted(p.name for p in (base / "zoo" / "quarantine").glob("*.safetensors"))
     lines = [l for l in out.splitlines() if "moved to" in l and "will be trained again" in l]
     redone = {k: v for k, v in digests(base).items() if k.startswith("zoo")} == \
-        {k: v for k, v in reference.items() if k.startswith("zoo")}
+        {k: v for k, v in expected.items() if k.startswith("zoo")}
     check(code == 0 and quarantined == sorted(p.name for p in victims.values()) and len(lines) == len(kinds) and redone,
           f"damage: zoo stage quarantined {quarantined}, {len(lines)} log lines, byte-identical {redone}: {out[-2000:]}")
     print(f"(3a) damage to checkpoints: {len(kinds)} kinds ({', '.join(kinds)}); evaluate refused, naming "
@@ -221,9 +221,9 @@ def damage(source: Path, reference: dict[str, str]) -> None:
     code, out = finish(cli(store, "stage=sample", *SAMPLE))
     moved = sorted(p.name for folder in ("samples", "preds") for p in (base / folder / "quarantine").glob("*.safetensors"))
     healed = sum(target.name in moved and f"{target.parent.name}/{target.name}" in digests(base) for target in targets.values())
-    ok = code == 0 and digests(base) == reference and healed == len(kinds)
+    ok = code == 0 and digests(base) == expected and healed == len(kinds)
     check(ok, f"damage to sample sets: quarantined {moved}, {healed} of {len(kinds)} healed, store byte-identical "
-              f"{digests(base) == reference}: {out[-2000:]}")
+              f"{digests(base) == expected}: {out[-2000:]}")
     print(f"(3b) damage to sample sets and predictions: {len(kinds)} kinds on {len(targets)} files at once; detected, "
           f"quarantined ({len(moved)} files) and redrawn byte-identical by one sample run: {healed} of {len(kinds)}")
 
@@ -469,7 +469,7 @@ def scenario_imported_store_verifies_clean(work: Path) -> tuple[bool, str]:
     try:
         reports = verify.run(_with_verify(exp, repair="stale"))
         clean = not any(h.bad for h in reports)
-    except verify.StoreIncompleteError:  # nothing corrupt or stale; only the sample units not drawn (issue 38)
+    except verify.StoreIncompleteError:  # nothing corrupt or stale; only the sample units not drawn: incomplete, not damaged
         clean = True
     except verify.StoreIntegrityError:
         clean = False
@@ -520,7 +520,7 @@ def _edited_source(work: Path, module: str, old: str, new: str) -> Path:
 def scenario_spec_edit_rebuilds_the_forms(work: Path) -> tuple[bool, str]:
     """An edit of ``chain_spec`` (metrics/symmetries/architectures.py), reached through
     ``spec_for_model`` and not through the imports of the canonical form's code: the canonical and
-    aligned caches must be rebuilt (issue 30, item 1)."""
+    aligned caches must be rebuilt."""
     import benchmark.core.fingerprint as fingerprint
     from benchmark.core.store import read_metadata
     from benchmark.references import Reference
@@ -546,7 +546,7 @@ def scenario_spec_edit_rebuilds_the_forms(work: Path) -> tuple[bool, str]:
 def scenario_reference_of_another_recipe(work: Path) -> tuple[bool, str]:
     """A reference zoo trained under train.epochs=3, evaluated with train.epochs=4: refused in one
     line naming the field and the override; with evaluate.allow_other_recipe=true scored, and
-    metrics.csv records the zoo's config hash and the acceptance (issue 30, item 2)."""
+    metrics.csv records the zoo's config hash and the acceptance."""
     import dataclasses
 
     from benchmark.experiment import Experiment
@@ -554,7 +554,7 @@ def scenario_reference_of_another_recipe(work: Path) -> tuple[bool, str]:
 
     older = _tiny_experiment(work, "train.epochs=3")
     newer = Experiment(dataclasses.replace(older.config, train=dataclasses.replace(older.config.train, epochs=4)))
-    _write_ensemble(newer)  # drawn under the new recipe, as in the issue
+    _write_ensemble(newer)  # samples drawn under the new recipe: only the reference is of another one
     try:
         evaluate.run(newer)
         message = ""
@@ -683,7 +683,7 @@ SCENARIOS_PROVENANCE = [
     ("stale_hmc_unit", scenario_stale_hmc_unit),
     ("empty_store_refused", scenario_empty_store_refused),
 ]
-"""Issue 30's scenarios (provenance keys, the zoo's recipe, healing caches, symlinks); in process,
+"""The provenance scenarios (code keys, the zoo's recipe, healing caches, symlinks); in process,
 seconds each. Their behaviours are tested in the suite; ``make reliability`` runs them end to end."""
 
 
@@ -856,7 +856,7 @@ def scenario_litter_reaped() -> bool:
     return ok
 
 
-SCENARIOS_17A = [scenario_paused_worker, scenario_takeover_races, scenario_diverging_seed, scenario_litter_reaped]
+SCENARIOS_FENCED_PUBLICATION = [scenario_paused_worker, scenario_takeover_races, scenario_diverging_seed, scenario_litter_reaped]
 # ---- end of the fenced-publication block ----
 
 
@@ -869,12 +869,12 @@ def main() -> None:
     WORK.mkdir(parents=True)
     start = time.time()
     store, times = baseline()
-    reference = digests(store / EXP)
+    expected = digests(store / EXP)
     print(f"baseline: uninterrupted zoo {sum(times['zoo']):.1f} s ({times['zoo'][1]:.1f} s after its first claim) and "
           f"sample {sum(times['sample']):.1f} s ({times['sample'][1]:.1f} s); "
-          f"{sum(k.startswith('zoo/seed') for k in reference)} checkpoints, "
-          f"{sum(k.startswith('zoo/failed') for k in reference)} failure records, "
-          f"{sum(k.startswith(('samples', 'preds')) for k in reference)} sample/prediction files", flush=True)
+          f"{sum(k.startswith('zoo/seed') for k in expected)} checkpoints, "
+          f"{sum(k.startswith('zoo/failed') for k in expected)} failure records, "
+          f"{sum(k.startswith(('samples', 'preds')) for k in expected)} sample/prediction files", flush=True)
 
     def held(scenario) -> bool:
         before, began = len(FAILURES), time.time()
@@ -882,11 +882,11 @@ def main() -> None:
         print(f"  ({time.time() - began:.0f} s)", flush=True)
         return len(FAILURES) == before
 
-    scenarios = [lambda: kills(reference, times, args.kills, random.Random(args.seed)), concurrency,
-                 lambda: damage(store, reference),
+    scenarios = [lambda: kills(expected, times, args.kills, random.Random(args.seed)), concurrency,
+                 lambda: damage(store, expected),
                  *[functools.partial(store_content_scenario, name, scenario) for name, scenario in SCENARIOS_STORE_CONTENT],
                  *[functools.partial(store_content_scenario, name, scenario) for name, scenario in SCENARIOS_PROVENANCE],
-                 *SCENARIOS_17A]
+                 *SCENARIOS_FENCED_PUBLICATION]
     results = [held(scenario) for scenario in scenarios]
     print(f"reliability: {len(FAILURES)} failed check(s) in {time.time() - start:.0f} s")
     print(f"{len(results)} scenarios, {sum(results)} held")

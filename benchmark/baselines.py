@@ -70,11 +70,6 @@ BASELINES: dict[str, Baseline] = {b.name: b for b in (
 ``benchmark.config.BaselineChoice``'s)."""
 
 
-def baseline_names() -> tuple[str, ...]:
-    """The baselines' names in table order."""
-    return tuple(BASELINES)
-
-
 def _generator(name: str, repetition: int) -> torch.Generator:
     """A CPU generator seeded by the baseline and the repetition alone."""
     seed = int.from_bytes(hashlib.sha256(f"baseline {name} repetition {repetition}".encode()).digest()[:8], "little")
@@ -167,7 +162,7 @@ def baseline_samples(exp: Experiment, zoo: Reference, name: str, repetition: int
     """Repetition ``repetition``'s ``sample.per_method`` weight samples ``{key: [n, ...]}`` of
     baseline ``name`` (``BASELINES``), and the seeds of the networks they are (``second_zoo``,
     ``init``; ``None`` for draws). ``zoo``: the reference the Gaussians are fitted to."""
-    n = exp.config.sample.per_method
+    n = Design.of(exp).per_method
     if name == "prior":
         return prior_samples(exp, n, _generator(name, repetition)), None
     if name == "init":

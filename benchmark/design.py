@@ -1,11 +1,11 @@
 """The repetition design: how many repetitions every row has, and which networks each one reads.
 
-One object (``Design``, from ``Design.of(exp)``) owns what used to be read in several places:
+One object (``Design``, from ``Design.of(exp)``) owns it, so that no stage reads these settings on its own:
 
 - ``repetitions``: ``sample.repetitions``, the independent repetitions of every method x mode,
   unless ``sample.repetitions_per_method`` names the method (``repetitions_of``: cheap rows can
-  run more, so that their paired exact tests can reach the claims' level); the reference rows
-  have the default count: HMC's (the config refuses an entry for it: ``benchmark.references.hmc``
+  run more, so that their paired exact tests can reach the claims' level); the rows of the references
+  and the baselines have the default count: HMC's (the config refuses an entry for it: ``benchmark.references.hmc``
   pools its repetitions), the zoo's blocks under ``reference=hmc``, the second zoo at most that
   (a baseline is compared with every method, unpaired);
 - ``most``: the largest count of any method (the held-out blocks laid out: ``reach``, ``needed``);
@@ -102,10 +102,16 @@ class Design:
 
     # ---- the layout --------------------------------------------------------------------------
 
+    def plan_counts(self, method: type[PosteriorMethod] | PosteriorMethod, mode: str) -> tuple[int, int]:
+        """``(bases, samples per base)`` of one repetition of ``method`` in ``mode``: ``per_method``
+        samples split over ``modes_multi`` bases in multi mode, one base in one mode, or the method's
+        fixed ``samples_per_base`` (``methods.modes.plan_counts``; ``MethodConfigError`` when the
+        sample counts do not split)."""
+        return plan_counts(method, mode, self.per_method, self.modes_multi)
+
     def bases(self, method: type[PosteriorMethod] | PosteriorMethod, mode: str) -> int:
-        """How many base networks a repetition of ``method`` in ``mode`` takes (``plan_counts``;
-        ``MethodConfigError`` when the sample counts do not split)."""
-        return plan_counts(method, mode, self.per_method, self.modes_multi)[0]
+        """How many base networks a repetition of ``method`` in ``mode`` takes (``plan_counts``)."""
+        return self.plan_counts(method, mode)[0]
 
     @cached_property
     def stride(self) -> int:
@@ -183,7 +189,7 @@ class Design:
         start, size = block
         return f"converged held-out seeds {start}..{start + size - 1}"
 
-    # ---- the repetitions of the reference rows -------------------------------------------------
+    # ---- the repetitions of the references' and the baselines' rows ---------------------------
 
     def reference_blocks(self, seeds: Sequence[T]) -> list[list[T]]:
         """The zoo row's repetitions (``reference=hmc``): ``repetitions`` (the default count, whatever

@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from omegaconf import DictConfig
@@ -30,7 +30,7 @@ from benchmark.core.training.stacked import NotStackableError, stacked_networks
 from benchmark.core.training.vectorised import AUTO_NETWORKS, check_stackable, networks_that_fit
 from benchmark.core.settings import SettingsError
 from methods import MethodConfigError, PosteriorMethod, method_class, selected
-from methods.modes import ModePlan, plan_counts
+from methods.modes import ModePlan
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,10 @@ class ZooTrainer:
 
 
 class Experiment:
-    """The resolved experiment of a config. ``config`` is the typed root ``Config``."""
+    """The resolved experiment of a config. ``config`` is the typed root ``Config``; ``reference``
+    and ``heldout`` are the zoo's two seed ranges (``SeedRange``: ``seeds.reference``, the reference
+    range, whose converged checkpoints are the reference zoo; ``seeds.heldout``, the base networks
+    and Deep-Ensemble members), not the reference plug-in a run scores against (``config.reference``)."""
 
     config: Config
 
@@ -357,14 +360,17 @@ class Experiment:
         cls = method_class(name)
         return cls(self.model, self.training_data, self.method_settings(name), recipe=self.recipe, device=self.device)
 
-    def planned_methods(self) -> tuple[list[tuple[PosteriorMethod, ModePlan]], list[str]]:
+    def planned_methods(self, counts: Callable[[PosteriorMethod, str], tuple[int, int]]
+                        ) -> tuple[list[tuple[PosteriorMethod, ModePlan]], list[str]]:
         """Every method x mode that ``method=`` and ``mode=`` select, built and checked before any
-        training: ``([(method, plan without candidate bases)], [skipped "name/mode: why"])``. Under
-        ``method=all`` a method the experiment marks ``unavailable`` is skipped. Raises
-        ``MethodConfigError`` listing every refused combination (bad method/model/mode, sample
-        counts that do not split) and ``ConfigError`` for a setting out of range."""
+        training: ``([(method, plan without candidate bases)], [skipped "name/mode: why"])``.
+        ``counts``: method x mode -> ``(bases, samples per base)`` of one repetition, the repetition
+        design's ``Design.of(exp).plan_counts`` (the design, which sits above the experiment, reads
+        the sample counts). Under ``method=all`` a method the experiment marks ``unavailable`` is
+        skipped. Raises ``MethodConfigError`` listing every refused combination (bad
+        method/model/mode, sample counts that do not split) and ``ConfigError`` for a setting out
+        of range."""
         method, mode = self.config.method.value, self.config.mode.value
-        sample = self.config.sample
         planned, skipped, refused = [], [], []
         for name, m in selected(method, mode):
             instance = self.build_method(name)
@@ -373,7 +379,7 @@ class Experiment:
                 continue
             try:
                 instance.check(m)
-                bases, per_base = plan_counts(instance, m, sample.per_method, sample.modes_multi)
+                bases, per_base = counts(instance, m)
             except SettingsError as err:
                 raise ConfigError(f"methods.{name}.{err}") from None
             except MethodConfigError as err:

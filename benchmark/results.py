@@ -30,7 +30,7 @@ accuracy and ``reference_potential_n`` how many checkpoints these describe: what
 the zoo is (an SGD ensemble whose members differ by hundreds of nats, not draws from the T = 1
 posterior); the same on every row scored against the zoo, NaN against HMC and in older files.
 
-Rows of ``mode`` ``baseline`` are reference rows (``benchmark.baselines``: the prior, untrained
+Rows of ``mode`` ``baseline`` are baseline rows (``benchmark.baselines``: the prior, untrained
 networks, Gaussians fitted to the zoo, a second zoo), scored like a method's samples over the same
 repetitions and never ranked among the methods.
 
@@ -46,14 +46,15 @@ unknown, e.g. an external sample set), its status, every measured column, ``<col
 for the MMD columns (the reference zoo's standard error from its halves; first repetition only,
 NaN elsewhere) and the test columns. The paired comparisons of the findings read it.
 
-``reference``: what the row was scored against (``benchmark.references``): ``zoo`` (every run: the
+``reference`` (the column): the name of the reference the row was scored against (a registered
+reference, ``benchmark.references``): ``zoo`` (every run: the
 rows of the tables and the findings), ``hmc`` (``reference=hmc``: full-batch HMC's draws;
 ``n_reference``: the pooled HMC draws; ``agreement``/``tv``: against HMC's predictive; no WM
 columns; plus a ``zoo`` row: blocks of ``sample.per_method`` reference checkpoints scored as a
 method would be), or another registered reference; a row is keyed by (experiment, method, mode,
-reference), in both files. ``rows_against`` selects one reference's rows. The per-reference files
-of older runs (``LEGACY_FILES``: ``metrics_hmc.csv``, ``repetitions_hmc.csv``) are no longer
-written; the evaluate stage removes them.
+reference), in both files. ``rows_against`` selects one reference's rows. Files that hold one
+reference's rows apart (``LEGACY_FILES``: ``metrics_hmc.csv``, ``repetitions_hmc.csv``) are not
+written: the evaluate stage removes them, so that no stale table is read beside metrics.csv.
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ from benchmark.core.store import MODES, atomic_path
 
 STATUSES = ("ok", "failed")
 RESULT_MODES = (*MODES, "baseline")
-"""A row's ``mode``: a method's (``one``, ``multi``) or ``baseline`` (a reference row, ``benchmark.baselines``)."""
+"""A row's ``mode``: a method's (``one``, ``multi``) or ``baseline`` (a baseline row, ``benchmark.baselines``)."""
 KEY_COLUMNS = ["experiment", "method", "mode", "reference"]
 TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "reference", "status", "reason", "ns_steps",
                 "wm_anchor", "reference_config_hash", "reference_recipe"]
@@ -85,7 +86,8 @@ TEST_COLUMNS = ["mmd_reject", "ns_mmd_reject"]
 
 
 LEGACY_FILES = ("metrics_hmc.csv", "repetitions_hmc.csv")
-"""The per-reference files older runs wrote beside metrics.csv (now rows with ``reference`` = ``hmc``)."""
+"""Files holding the HMC reference's rows apart from metrics.csv and repetitions.csv, which hold them
+as rows with ``reference`` = ``hmc``: the evaluate stage removes them, so that no stale table is read."""
 
 
 def metrics_path(results_dir: Path) -> Path:

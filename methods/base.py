@@ -91,12 +91,9 @@ class PosteriorMethod(ABC):
     A method whose ``fit`` starts from the trained base network it is given (its weights are
     the approximation's starting point or centre: SWAG, Laplace, Deep Ensembles, SGHMC) sets the
     class attribute ``starts_from_base = True``; repetition k of two such rows then shares its
-    base network and ``findings.md`` compares them paired. A method that does not set it (read
-    with ``getattr(cls, "starts_from_base", False)``) trains its own network, at most under the
-    base's seed (dropout, the vBNNs, the scale-adapted SGHMC), and is compared as an independent
-    sample. (Stated here, not as a class default, so that the declaration leaves the cache key of
-    every method that does not set it unchanged: the sample sets are keyed by their modules'
-    syntax trees, docstrings left out.)
+    base network and ``findings.md`` compares them paired. A method that keeps the default
+    (``False``) trains its own network, at most under the base's seed (dropout, the vBNNs, the
+    scale-adapted SGHMC), and is compared as an independent sample.
     """
 
     name: ClassVar[str]
@@ -115,6 +112,9 @@ class PosteriorMethod(ABC):
     # Whether ``method=all`` (and the Makefile's sweep) runs the method; False: only when named
     # (``method=hmc``: its cost is the experiment's choice).
     in_default_run: ClassVar[bool] = True
+    # Whether ``fit`` starts from the trained base network it is given (SWAG, Laplace, Deep
+    # Ensembles, SGHMC), so that two such rows pair on their repetitions (``report.findings``).
+    starts_from_base: ClassVar[bool] = False
 
     def __init__(
         self,

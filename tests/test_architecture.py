@@ -3,7 +3,9 @@ repository: the packages, ``bench/``, ``studies/`` and ``tests/`` (function-leve
 
 Each module belongs to the first rule whose prefix matches its name, and may import only the
 prefixes that rule allows. On top of the layers: no stage imports another stage; the report and
-the analyses import no stage; no package imports itself through others (a cycle). The checks run
+the analyses import no stage; only the stages import the inventory's writes
+(``benchmark.inventory.actions``: the rest of the inventory is read-only); no package imports
+itself through others (a cycle). The checks run
 on any tree, so the tests below also plant each kind of violation in a small fake repository and
 show that it is caught.
 """
@@ -23,6 +25,8 @@ COMPUTE = ("methods", "metrics", *CORE)
 BASE = ("benchmark.experiment", "benchmark.config", "benchmark.results")
 QUERY = ("benchmark.inventory", "benchmark.references", "benchmark.baselines", "benchmark.design")
 CONFIG_LIBRARIES = ("hydra", "omegaconf")
+WRITES = ("benchmark.inventory.actions",)  # the inventory's writes (temp-file reaping, quarantine)
+WRITERS = ("benchmark.stages", "bench", "tests", *WRITES)  # who may import them
 CONFIG_READERS = ("benchmark.cli", "benchmark.config", "benchmark.experiment", "tests", "bench", "studies")
 
 RULES: list[tuple[str, tuple[str, ...]]] = [
@@ -37,7 +41,7 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("benchmark.report", ("benchmark.report", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.analyses", ("benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.baselines", ("benchmark.references", "benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
-    ("benchmark.inventory", ("benchmark.design", *BASE, *COMPUTE)),
+    ("benchmark.inventory", ("benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
     ("benchmark.design", (*BASE, *COMPUTE)),  # the repetition design: positions, never the store
     ("benchmark.references", ("benchmark.references", "benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
     ("benchmark.experiment", ("benchmark.config", *COMPUTE)),
@@ -112,6 +116,15 @@ def stage_violations(modules: dict[str, set[str]]) -> list[str]:
     return out
 
 
+def write_violations(modules: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for every import of the inventory's writes (``WRITES``) outside the
+    stages (and ``bench/``, ``tests/``): the report, the analyses, the references, the baselines
+    and the inventory's queries only read the store."""
+    return [f"{name} -> {target} (only the stages write to the store through the inventory)"
+            for name, imports in sorted(modules.items()) for target in sorted(imports)
+            if _within(target, WRITES) and not _within(name, WRITERS)]
+
+
 def package_of(name: str, modules: dict[str, set[str]]) -> str:
     """The node of a module in the package graph: its package, or, for a module directly in
     ``benchmark/`` (a package of layers), the module itself."""
@@ -166,6 +179,10 @@ def test_stages_are_siblings_and_the_report_and_analyses_import_no_stage():
     assert stage_violations(MODULES) == []
 
 
+def test_only_the_stages_import_the_inventorys_writes():
+    assert write_violations(MODULES) == []
+
+
 def test_no_package_imports_itself_through_others():
     assert package_cycles(MODULES) == []
 
@@ -176,6 +193,7 @@ def test_this_test_sees_the_arrows():
     assert "metrics.mmd" in MODULES["benchmark.references.zoo"]
     assert "benchmark.stages.zoo" in MODULES["benchmark.stages"]
     assert "benchmark.inventory" in MODULES["benchmark.stages.evaluate"]
+    assert "benchmark.inventory.actions" in MODULES["benchmark.stages.sample"]
     assert any(_within(m, ("benchmark",)) for m in MODULES["tests.conftest"])
     assert any(_within(m, ("benchmark.core",)) for m in MODULES["bench.reliability"])
 
@@ -195,7 +213,8 @@ def _tree(root: Path, files: dict[str, str]) -> dict[str, set[str]]:
 CLEAN = {
     "benchmark/stages/zoo.py": "from benchmark.inventory import converged\n",
     "benchmark/stages/sample.py": "from benchmark.inventory import converged\n",
-    "benchmark/inventory.py": "from benchmark.core.store import Unit\n",
+    "benchmark/inventory/zoo.py": "from benchmark.core.store import Unit\n",
+    "benchmark/inventory/actions.py": "from benchmark.core.store import quarantine\n",
     "benchmark/report/tables.py": "from benchmark.results import COLUMNS\n",
     "benchmark/core/store/units.py": "",
 }
@@ -204,6 +223,17 @@ CLEAN = {
 def test_a_clean_fake_tree_passes(tmp_path):
     modules = _tree(tmp_path, CLEAN)
     assert layer_violations(modules) == [] and stage_violations(modules) == [] and package_cycles(modules) == []
+    assert write_violations(modules) == []
+
+
+def test_a_query_module_importing_the_inventorys_writes_is_caught(tmp_path):
+    modules = _tree(tmp_path, {**CLEAN, "benchmark/report/tables.py": "from benchmark.inventory import actions\n",
+                               "benchmark/inventory/zoo.py": "from benchmark.inventory.actions import quarantine_and_redo\n"})
+    assert write_violations(modules) == [
+        "benchmark.inventory.zoo -> benchmark.inventory.actions (only the stages write to the store through the inventory)",
+        "benchmark.report.tables -> benchmark.inventory.actions (only the stages write to the store through the inventory)",
+    ]
+    assert layer_violations(modules) == []  # allowed by the layers: the rule above is what catches it
 
 
 def test_a_stage_importing_another_stage_is_caught(tmp_path):

@@ -239,11 +239,3 @@ def code_fingerprint(roots: tuple[str, ...]) -> str:
         digest.update(_module_digest(_root_file(name, root)).encode())
     digest.update(json.dumps(library_versions(), sort_keys=True).encode())
     return digest.hexdigest()[:16]
-
-
-def forget() -> None:
-    """Drop the parsed sources this process remembers (an edited file is read again anyway: the
-    caches are keyed by its mtime and size)."""
-    _parsed_at.cache_clear()
-    _digest_at.cache_clear()
-    _dependencies_at.cache_clear()

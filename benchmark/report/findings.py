@@ -104,7 +104,7 @@ def paper_claims(rows: set[tuple[str, str]]) -> list[Claim]:
 
 def seed_claims(rows: set[tuple[str, str]]) -> list[Claim]:
     """The symmetry-breaking vBNNs against the plain vBNN (one mode), as seeds 000 and 001 claim:
-    better fits (001: less underfitting; 000: better predictions), and, the question of issue 12,
+    better fits (001: less underfitting; 000: better predictions), and, the question the seeds raise,
     a posterior closer to the reference once the symmetries are broken during training."""
     bnn = ("bnn", "one")
     variants = [v for v in (("bnn_skip", "one"), ("bnn_ordered", "one")) if v in rows and bnn in rows]
@@ -152,11 +152,11 @@ def verdict(outcomes: list[str]) -> str:
 
 def starts_from_base(method: str, overrides: Mapping[str, bool] | None = None) -> bool:
     """Whether row ``method``'s fit starts from the repetition's base network: ``overrides[method]``
-    when given, else the registered class's ``starts_from_base`` (False when it does not set it),
-    else False (a row the registry does not know, e.g. a baseline, is an independent sample)."""
+    when given, else the registered class's ``PosteriorMethod.starts_from_base``, else False (a row
+    the registry does not know, e.g. a baseline, is an independent sample)."""
     if overrides is not None and method in overrides:
         return bool(overrides[method])
-    return bool(getattr(METHODS[method], "starts_from_base", False)) if method in METHODS else False
+    return METHODS[method].starts_from_base if method in METHODS else False
 
 
 SHARED, SEPARATE, SOME_SHARED, REUSED, UNKNOWN = (

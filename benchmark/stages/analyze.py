@@ -18,7 +18,8 @@ from pathlib import Path
 from benchmark import analyses
 from benchmark.core.store import atomic_write_text
 from benchmark.experiment import Experiment
-from benchmark.inventory import MissingInputsError, reap_results_litter
+from benchmark.inventory import MissingInputsError
+from benchmark.inventory.actions import reap_results_litter
 
 log = logging.getLogger(__name__)
 NAME = "analyze"

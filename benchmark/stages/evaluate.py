@@ -67,8 +67,9 @@ from benchmark.core.store import (
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
     MissingInputsError, ReferenceRecipe, StaleSamplesError, available_rows, describe_store, incomplete_range,
-    reference_recipe, reference_seeds, reap_results_litter, require_inputs, row_label, row_units,
+    reference_recipe, reference_seeds, require_inputs, row_label, row_units,
 )
+from benchmark.inventory.actions import reap_results_litter
 from benchmark.references import REFERENCES, ZOO_ROW, Reference, evaluated, problems as reference_problems
 from benchmark.results import (
     LEGACY_FILES, MEASURED, MMD_COLUMNS, half_width, metrics_path, repetition_rows, repetitions_path, write_metrics,
@@ -251,7 +252,7 @@ def _baseline_numbers(exp: Experiment, zoo: Reference, against: Reference, name:
     """Repetition ``repetition`` of baseline ``name`` scored against ``against`` (cached, keyed by the
     baseline, the repetition, its size, the networks it reads and the scoring key), and the seeds
     of the networks it holds (None for draws)."""
-    per_method = exp.config.sample.per_method
+    per_method = Design.of(exp).per_method
     networks = second_zoo_seeds(exp, repetition, per_method) if name == "second_zoo" else []
     inputs = {"baseline": name, "repetition": repetition, "n": per_method, "full": full,
               "zoo": [zoo.key(c) for c in ("zoo", "canonical")], "recipe": exp.config_hash}

@@ -23,7 +23,8 @@ import pandas as pd
 
 from benchmark.core.store import CheckpointMetadata, atomic_write_text, read_metadata
 from benchmark.experiment import Experiment
-from benchmark.inventory import MissingInputsError, range_state, reap_results_litter, require_inputs
+from benchmark.inventory import MissingInputsError, range_state, require_inputs
+from benchmark.inventory.actions import reap_results_litter
 from benchmark.baselines import BASELINE_MODE
 from benchmark.references import ZOO, HMCReference, evaluated
 from benchmark.report import diagnostics, findings, hmc, write_tables

@@ -72,9 +72,10 @@ from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
 from benchmark.design import Design
 from benchmark.inventory import (
-    converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, quarantine_and_redo,
-    base_digests, chain_key, read_seeds, sample_settings_hash, trained_prefix, unit_state, untrained_seeds,
+    base_digests, chain_key, converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, read_seeds,
+    sample_settings_hash, trained_prefix, unit_state, untrained_seeds,
 )
+from benchmark.inventory.actions import quarantine_and_redo
 from benchmark.core.store.importing import imported_archives
 from benchmark.core.store.claims import HeldElsewhereError, held_elsewhere, wait_for_claims  # noqa: F401 (the stage's error)
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
@@ -251,7 +252,7 @@ def jobs(exp: Experiment, summary: SampleSummary | None = None, check_bases: boo
     Under ``method=all``, methods the experiment marks ``unavailable`` are skipped (logged, and
     listed in ``summary.unavailable``).
     """
-    planned, skipped = exp.planned_methods()
+    planned, skipped = exp.planned_methods(Design.of(exp).plan_counts)
     for reason in skipped:
         log.info("%s skipped: %s", *reason.split(": ", 1))
         if summary is not None:
@@ -409,7 +410,7 @@ def fit_together(exp: Experiment, todo: list[Job]) -> None:
     Each unit is still claimed, drawn and published on its own; a run killed meanwhile has written
     nothing of the group and fits it again. Markov-chain methods (``ResumableChains``) keep their
     per-chain claims and are left alone. Only the first round of candidates (``plan.bases`` of
-    them) is fitted here; a base that fails moves its unit to the next candidate as before."""
+    them) is fitted here; a base that fails moves its unit to the next candidate, as in a unit fitted on its own."""
     groups: dict[str, list[Job]] = {}
     for job in todo:
         if type(job.method).prefit is not PosteriorMethod.prefit and not isinstance(job.method, ResumableChains):

@@ -54,8 +54,9 @@ from benchmark.core.store.claims import describe_holder, read_claim
 from benchmark.experiment import Experiment
 from benchmark.references import Reference
 from benchmark.inventory import (
-    UnitState, checkpoint_staleness, expected_units, quarantine_and_redo, quarantined_seeds, seed_problem, unit_state,
+    UnitState, checkpoint_staleness, expected_units, quarantined_seeds, seed_problem, unit_state,
 )
+from benchmark.inventory.actions import quarantine_and_redo
 from methods import method_names, selected
 
 log = logging.getLogger(__name__)

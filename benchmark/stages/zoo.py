@@ -41,10 +41,12 @@ from benchmark.core.store import AlreadyPublishedError, CheckpointMetadata, Clai
 from benchmark.core.store.claims import HeldElsewhereError, held_elsewhere, wait_for_claims  # noqa: F401 (the stage's error)
 from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
 from benchmark.core.training.vectorised import train_networks
+from benchmark.design import Design
 from benchmark.experiment import Experiment, SeedRange
 from benchmark.inventory import (
-    RangeState, heldout_shortfall, quarantine_and_redo, range_state, seed_problem, seed_staleness,
+    RangeState, heldout_shortfall, range_state, seed_problem, seed_staleness,
 )
+from benchmark.inventory.actions import quarantine_and_redo
 
 log = logging.getLogger(__name__)
 NAME = "zoo"
@@ -100,7 +102,7 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
     _ = exp.zoo_trainer
     _ = exp.acceleration
     if exp.config.method.value != "external":
-        planned, _ = exp.planned_methods()
+        planned, _ = exp.planned_methods(Design.of(exp).plan_counts)
         problem = heldout_shortfall(exp, max((plan.bases for _, plan in planned), default=0))
         if problem and exp.config.zoo.range.value != "reference":
             log.warning("%s (the sample stage will refuse it)", problem)

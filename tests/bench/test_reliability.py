@@ -1,4 +1,4 @@
-"""Short forms of the scenarios of ``make reliability`` (bench/reliability.py) added for issue 17."""
+"""Short forms of the fenced-publication and claim scenarios of ``make reliability`` (bench/reliability.py)."""
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,5 @@
 """The repetition design (``benchmark.design``): the same bases as before it owned them, its
-layout, and that no other module reads ``sample.repetitions`` or the stride."""
+layout, and that no other module reads the sample counts (``sample.repetitions``, ``per_method``, ...) or the stride."""
 from __future__ import annotations
 
 import ast
@@ -35,7 +35,7 @@ def test_the_design_gives_the_default_digits_config_the_bases_it_had(digits):
     assert (design.repetitions, design.per_method, design.modes_multi) == (5, 100, 10)
     # the rows that start from the base run 8 (conf/experiment/digits_optunet.yaml), the others 5
     assert dict(design.per_method_repetitions) == {"swag": 8, "laplace": 8, "ensemble": 8, "sghmc": 8}
-    assert all(getattr(method_class(m), "starts_from_base", False) for m, _ in design.per_method_repetitions)
+    assert all(method_class(m).starts_from_base for m, _ in design.per_method_repetitions)
     assert [design.repetitions_of(m) for m in ("dropout", "bnn", "sghmc_sa", "hmc")] == [5] * 4
     assert design.stride == 100 and design.reach == 800 and design.needed(100) == 800
     assert set(selected("all", "both")) == set(DIGITS_BEFORE)
@@ -159,7 +159,7 @@ def test_the_heldout_shortfall_uses_the_largest_count_and_names_the_keys(tmp_pat
     assert "sample.repetitions_per_method.laplace" not in problem
 
 
-# ---- no module but the design reads the repetitions or the stride -------------------------------
+# ---- no module but the design reads the sample counts or the stride ----------------------------
 
 OWNER = "benchmark/design.py"
 SCHEMA = "benchmark/config.py"  # the config schema declares and range-checks sample.repetitions
@@ -168,15 +168,17 @@ PENDING: set[str] = set()
 was introduced: switch each to ``Design.of(exp)`` and remove it here (the test fails for one that
 no longer reads it, so this list cannot outlive the reads)."""
 PACKAGES = ("benchmark", "methods", "metrics")
+DESIGN_KEYS = ("repetitions", "repetitions_per_method", "per_method", "modes_multi")
+"""The ``sample`` node's keys only the design (and the schema) read."""
 
 
 def design_reads(source: str) -> list[str]:
     """Where ``source`` reads what the design owns: ``<x>.sample.repetitions`` or
-    ``sample.repetitions`` (or their ``repetitions_per_method``), and any use of a
-    ``repetition_stride``; as ``line: text``."""
+    ``sample.repetitions`` (or their ``repetitions_per_method``, ``per_method``, ``modes_multi``),
+    and any use of a ``repetition_stride``; as ``line: text``."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and node.attr in ("repetitions", "repetitions_per_method"):
+        if isinstance(node, ast.Attribute) and node.attr in DESIGN_KEYS:
             inner = node.value
             if (isinstance(inner, ast.Attribute) and inner.attr == "sample") or (isinstance(inner, ast.Name) and inner.id == "sample"):
                 found.append(f"{node.lineno}: {ast.unparse(node)}")
@@ -213,7 +215,9 @@ def test_the_scanner_sees_each_kind_of_read():
                "    from benchmark.inventory import repetition_stride\n"
                "    return repetition_stride(2, 2), exp.config.evaluate.baseline_repetitions, exp.repetitions\n"
                "def g(exp):\n"
-               "    return exp.config.sample.repetitions_per_method\n")
-    assert [r.split(":")[0] for r in design_reads(planted)] == ["2", "3", "4", "5", "7"]
+               "    return exp.config.sample.repetitions_per_method\n"
+               "def h(exp, sample):\n"
+               "    return exp.config.sample.per_method, sample.modes_multi, exp.per_method\n")
+    assert [r.split(":")[0] for r in design_reads(planted)] == ["2", "3", "4", "5", "7", "9", "9"]
     assert design_reads("def repetition_stride():\n    pass\n")
     assert design_reads("x = '''sample.repetitions''' # sample.repetitions\n") == []  # text is not a read

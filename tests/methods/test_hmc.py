@@ -456,7 +456,8 @@ def test_saved_chains_are_keyed_by_their_unit_and_the_code_and_a_stale_one_is_ne
 
 
 class PerStepSyncHMC(StackedHMC):
-    """The leapfrog loop as it was before issue 31: the host asks ``alive.any()`` after every step."""
+    """A leapfrog loop that syncs with the host after every step (it asks ``alive.any()``): the reference
+    ``StackedHMC``'s loop must match draw for draw."""
 
     def _leapfrog(self, q, p, grad, u, inverse_mass, step, steps, start_energy):
         from methods.hmc_kernel import _kinetic

@@ -102,14 +102,15 @@ def source_copy(tmp_path, monkeypatch) -> Path:
     """An editable copy of the source the keys read (``SOURCE_PACKAGES``)."""
     for package in ("methods", "metrics", "benchmark/core"):
         shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in SOURCE_PACKAGES:
-        path = Path(*name.split(".")).with_suffix(".py")
-        if (REPO / path).is_file():
-            shutil.copy(REPO / path, tmp_path / path)
+    for name in SOURCE_PACKAGES:  # the runner modules and packages the cheap caches count
+        path = Path(*name.split("."))
+        if (REPO / path).is_dir() and not (tmp_path / path).exists():
+            shutil.copytree(REPO / path, tmp_path / path, ignore=shutil.ignore_patterns("__pycache__"))
+        elif (REPO / path.with_suffix(".py")).is_file():
+            shutil.copy(REPO / path.with_suffix(".py"), tmp_path / path.with_suffix(".py"))
     (tmp_path / "benchmark" / "__init__.py").write_text("")
     monkeypatch.setattr(fingerprint, "SOURCE_ROOT", tmp_path)
-    yield tmp_path
-    fingerprint.forget()
+    return tmp_path
 
 
 def _keys() -> dict[str, str]:

@@ -162,7 +162,9 @@ class FileReader:
         return raw.view(loc.dtype).reshape(loc.shape)
 
     def rows(self, key: str, axis: int, start: int, stop: int) -> torch.Tensor:
-        """``read_rows`` through this handle."""
+        """Rows ``start:stop`` of ``axis`` (0 or 1) of tensor ``key``, all leading indices kept: ``axis=0``
+        gives ``tensor[start:stop]`` (one contiguous range), ``axis=1`` ``tensor[:, start:stop]`` of a sample
+        set ``[S, a, ...]`` (S contiguous ranges). A new tensor."""
         return _rows(self.fd, self.path, self.header.location(self.path, key), key, axis, start, stop)
 
     def tensor(self, key: str) -> torch.Tensor:
@@ -185,11 +187,6 @@ class TensorLocation:
     @property
     def itemsize(self) -> int:
         return torch.empty((), dtype=self.dtype, device="cpu").element_size()
-
-
-def locate(path: str | os.PathLike, key: str) -> TensorLocation:
-    """Parse the header of ``path`` and return where tensor ``key`` lies."""
-    return read_header(path).location(path, key)
 
 
 def read_range(fd: int, path: str | os.PathLike, view: memoryview, offset: int) -> None:
@@ -219,21 +216,10 @@ def _read_ranges(fd: int, path: str | os.PathLike, ranges: list[tuple[int, int]]
     return buffer
 
 
-def read_rows(path: str | os.PathLike, key: str, axis: int, start: int, stop: int) -> torch.Tensor:
-    """Rows ``start:stop`` of ``axis`` (0 or 1) of tensor ``key``, all leading indices kept.
-
-    ``axis=0``: ``tensor[start:stop]`` (one contiguous range). ``axis=1``: ``tensor[:, start:stop]``
-    of a sample set ``[S, a, ...]`` (S contiguous ranges). Returns a new tensor. (Opens the file
-    for this one read: streamed readers use a ``FileReader`` for all the blocks of a file.)
-    """
-    with FileReader(path) as reader:
-        return reader.rows(key, axis, start, stop)
-
-
 def _rows(fd: int, path, loc: "TensorLocation", key: str, axis: int, start: int, stop: int) -> torch.Tensor:
     shape = loc.shape
     if axis not in (0, 1) or len(shape) <= axis:
-        raise ValueError(f"read_rows: axis {axis} out of range for {key!r} of shape {shape}")
+        raise ValueError(f"rows: axis {axis} out of range for {key!r} of shape {shape}")
     stop = min(stop, shape[axis])
     inner = math.prod(shape[axis + 1 :]) * loc.itemsize
     rows = max(0, stop - start)

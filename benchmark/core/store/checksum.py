@@ -186,15 +186,6 @@ def verify_tensors(
             remember(identity, key)
 
 
-def stable_identity(path: str | os.PathLike, before: tuple) -> tuple | None:
-    """``before`` (the identity of ``path`` taken before a read) if the file is still that version
-    after the read, else ``None`` (it was replaced meanwhile: what was read cannot be named)."""
-    try:
-        return before if file_identity(path) == before else None
-    except OSError:
-        return None
-
-
 def file_identity(path: str | os.PathLike) -> tuple:
     """What identifies one version of a file: (real path, device, inode, size, mtime in ns)."""
     return stat_identity(path, os.stat(path))

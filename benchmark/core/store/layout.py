@@ -97,16 +97,12 @@ class ExperimentStore:
         return self.base / "chains"
 
     def chains_dir(self, unit: Unit) -> Path:
-        """The folder of the chain states of a sample unit (one file per base: ``chain_path``)."""
+        """The folder of the chain states of a sample unit (one file per base: ``chain_files(unit).path(seed)``)."""
         return self.chains_root / self._own(unit).stem
 
     def chain_files(self, unit: Unit, key: str = "") -> ChainFiles:
         """The chain states of a sample unit, to be run under ``key`` (``chains.ChainFiles``)."""
         return ChainFiles(self.chains_dir(unit), key, self._own(unit))
-
-    def chain_path(self, unit: Unit, seed: int) -> Path:
-        """The saved state of the chain of base ``seed`` of a sample unit."""
-        return self.chain_files(unit).path(seed)
 
     def chain_claim(self, unit: Unit, seed: int) -> contextlib.AbstractContextManager[Claim | None]:
         """``with store.chain_claim(unit, seed) as claim:`` the claim on one chain of a sample unit
@@ -152,7 +148,7 @@ class ExperimentStore:
         return self.eval_dir / f"{self._own(unit).cache_name}.json"
 
     def baseline_eval_path(self, baseline: str, repetition: int, against: str = "zoo") -> Path:
-        """The evaluate stage's number cache of repetition ``repetition`` of reference row ``baseline``
+        """The evaluate stage's number cache of repetition ``repetition`` of baseline row ``baseline``
         (``benchmark.baselines``) scored against reference ``against``."""
         if not baseline.isidentifier() or int(repetition) < 0:
             raise ValueError(f"baseline_eval_path: expected an identifier and a repetition >= 0, got {baseline!r}, {repetition}")

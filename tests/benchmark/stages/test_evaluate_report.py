@@ -184,7 +184,7 @@ def test_the_stages_that_write_results_reap_temp_files_of_killed_writers(filled,
     for path in (killed, live):
         path.write_bytes(b"")
     os.utime(killed, (time.time() - 600, time.time() - 600))
-    with caplog.at_level(logging.INFO, logger="benchmark.inventory"):
+    with caplog.at_level(logging.INFO, logger="benchmark.inventory.actions"):
         run_evaluate(other)
     assert not killed.exists() and live.exists()  # a young one may be a live writer's
     assert f"{other.results_dir}: removed 1 temp file(s) left by killed writers" in caplog.text

@@ -529,7 +529,7 @@ def test_hmc_chains_resume_bit_for_bit_after_a_kill_and_are_shared_under_claims(
     loglik = np.log(np.take_along_axis(probs, labels[None, None, :, None], 3)[..., 0]).mean(-1)  # [chains, draws]
     assert diagnostics["rhat_loglik"] == az.rhat(loglik, method="rank")  # ArviZ's, on the stored chains
     assert diagnostics["ess_loglik_min"] == min(az.ess(loglik[c : c + 1], method="bulk") for c in range(2))
-    assert sorted(p.name for p in reference.store.chains_dir(unit).iterdir()) == [reference.store.chain_path(unit, s).name for s in seeds]
+    assert sorted(p.name for p in reference.store.chains_dir(unit).iterdir()) == [reference.store.chain_files(unit).path(s).name for s in seeds]
 
     exp = _hmc_exp(make_exp, "store")
     original, calls = StackedHMC.iterate, {"n": 0}
@@ -547,7 +547,7 @@ def test_hmc_chains_resume_bit_for_bit_after_a_kill_and_are_shared_under_claims(
     assert _written(exp) == []
     from methods.hmc_kernel import ChainState
 
-    saved = ChainState.load(exp.store.chain_path(unit, seeds[0]))
+    saved = ChainState.load(exp.store.chain_files(unit).path(seeds[0]))
     assert saved.phase == "sampling" and 0 < len(saved.draws) < 4, "killed mid-sampling"
     with exp.store.chain_claim(unit, seeds[1]) as claim:  # another job runs the second chain
         assert claim is not None

@@ -94,7 +94,7 @@ def test_chain_states_and_claims_are_named_by_the_store(tmp_path):
     store = ExperimentStore(tmp_path, "exp", claim_timeout_s=60, claim_heartbeat_s=30)
     store.ensure_writable()
     unit = store.sample_unit("hmc", "multi", 2)
-    assert store.chain_path(unit, 7) == tmp_path / "exp" / "chains" / "hmc_multi_r2" / "seed_000007.safetensors"
+    assert store.chain_files(unit).path(7) == tmp_path / "exp" / "chains" / "hmc_multi_r2" / "seed_000007.safetensors"
     with store.chain_claim(unit, 7) as claim, store.chain_claim(unit, 8) as other:
         assert claim is not None and other is not None  # one claim per chain
         assert (store.claims_dir / "sample-hmc-multi-r2-chain-7.claim").exists()
