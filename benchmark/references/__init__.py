@@ -18,7 +18,7 @@ from __future__ import annotations
 from benchmark.experiment import Experiment
 from benchmark.references.hmc import HMC_ROW, HMCReference
 from benchmark.references.other_zoo import OtherZooReference
-from benchmark.references.zoo import SUMMARIES, ZOO_ROW, Reference, files_key
+from benchmark.references.zoo import ZOO_ROW, Reference, files_key
 
 ZOO = Reference.name
 """The reference every run is evaluated against (Table 1, Table 2, Table 3 and the findings)."""
@@ -71,5 +71,5 @@ def problems(exp: Experiment, skip: frozenset[str] = frozenset()) -> list[str]:
     return out
 
 
-__all__ = ["HMC_ROW", "HMCReference", "OtherZooReference", "REFERENCES", "REFERENCE_METHODS", "Reference", "SUMMARIES",
+__all__ = ["HMC_ROW", "HMCReference", "OtherZooReference", "REFERENCES", "REFERENCE_METHODS", "Reference",
            "ZOO", "ZOO_ROW", "evaluated", "files_key", "problems", "reference_class", "register"]

@@ -43,12 +43,11 @@ from benchmark.experiment import Experiment
 from benchmark.inventory import (
     ReferenceRecipe, corrupt_zoo_error, describe_store, pairing_problem, reference_recipe, reference_seeds,
 )
-from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd, reference_bandwidths
-from metrics.predictive import predictive_metrics
+from metrics.mmd import MMDInputError, PermutationTestConfig, ReferenceResampling, reference_bandwidths
+from metrics.row import Forms, ScoreOptions, score_row
 from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
 
 log = logging.getLogger(__name__)
-SUMMARIES = ("median", "mean", "max")
 DTYPE = torch.float32  # what the forms and the predictive are computed in
 CACHES = ("zoo", "canonical", "aligned", "predictive")
 """The reference's caches that a row's numbers are computed from (``Reference.key``, ``numbers_key``);
@@ -147,6 +146,7 @@ class Reference:
             if settings.test_permutations else None
         self._bandwidths: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
         self._description: dict[str, float] | None = None
+        self._forms: dict[bool, Forms] = {}
         self.model = exp.model().to(exp.device)
         self.spec = spec_for_model(exp.model())
 
@@ -343,65 +343,33 @@ class Reference:
                     device=self.exp.device))
         return self._bandwidths[form]
 
-    def mmd(self, samples_path: Path | None, samples: dict[str, torch.Tensor], full: bool,
-            weight_matching: bool = True) -> dict[str, float]:
-        """Raw and NS MMD of a method's samples: ``{mmd_median, ..., ns_mmd_max}``, and their
-        medians with the bandwidths shared by every row (``mmd_shared_median``,
-        ``ns_mmd_shared_median``; ``shared_bandwidths``); with ``full`` also the standard errors
-        due to the reference (``<column>_ref_sd``, from its halves) and the fraction of layers
-        MMDAgg's test rejects (``mmd_reject``, ``ns_mmd_reject``). ``samples_path``: the file
-        ``samples`` were read from (a streamed reference reads it again in column blocks; None
-        for a reference held in memory). ``weight_matching=False`` leaves the WM columns NaN even
-        where the reference has an anchor (the baselines: matching 100 noise draws to the anchor
-        costs more than the rest of their numbers, and they are not ranked by it)."""
-        options: dict[str, Any] = {"device": self.exp.device}
+    def options(self, full: bool) -> ScoreOptions:
+        """How a row's MMD is measured (``metrics.row.ScoreOptions``): on the experiment's device; with
+        ``full``, the reference's random halves (``evaluate.reference_resamples``) and MMDAgg's test
+        (``evaluate.test_permutations``)."""
+        return ScoreOptions(device=self.exp.device, resampling=self.resampling if full else None,
+                            permutation_test=self.test if full else None)
+
+    def forms(self, weight_matching: bool = True) -> Forms:
+        """The reference's forms for ``metrics.row.score_row``: its raw, symmetry-free and (with an
+        anchor and ``weight_matching``) weight-matched networks, in memory or as the streamed
+        checkpoint files, its predictive and the shared bandwidth grids."""
+        shared = {form: self.shared_bandwidths(form) for form in ("mmd", "ns_mmd")}
         matching = self.anchor_seed is not None and weight_matching
-        if full:
-            options |= {"resampling": self.resampling, "permutation_test": self.test}
-        canonical = self.canonicalize(samples)
-        wm_options = {k: v for k, v in options.items() if k != "permutation_test"}  # no test column for WM
-        shared = {form: {"shared_bandwidths": self.shared_bandwidths(form)} for form in ("mmd", "ns_mmd")}
         if self.in_memory:
-            results = {"mmd": mmd(self.weights(), samples, **options, **shared["mmd"]),
-                       "ns_mmd": mmd(self.canonical(), canonical, **options, **shared["ns_mmd"])}
-            if matching:
-                results["wm_mmd"] = mmd(self.aligned(), self.align(samples), **wm_options)
-        else:
-            private = uuid.uuid4().hex[:12]  # two evaluate runs on one store never share these files
-            canonical_path = samples_path.with_name(f".{samples_path.stem}.canonical-{private}.safetensors")
-            aligned_path = samples_path.with_name(f".{samples_path.stem}.aligned-{private}.safetensors")
-            save_sample_set(canonical_path, canonical, {"experiment": self.exp.name})
-            try:
-                results = {"mmd": mmd(CheckpointFiles(self.checked_paths()), SampleSetFile(samples_path), **options,
-                                      **shared["mmd"]),
-                           "ns_mmd": self._healing(lambda: mmd(CheckpointFiles(self.canonical_paths()),
-                                                               SampleSetFile(canonical_path), **options, **shared["ns_mmd"]))}
-                if matching:
-                    save_sample_set(aligned_path, self.align(samples), {"experiment": self.exp.name})
-                    results["wm_mmd"] = self._healing(lambda: mmd(CheckpointFiles(self._form_paths("aligned", self.align)),
-                                                                  SampleSetFile(aligned_path), **wm_options))
-            finally:
-                canonical_path.unlink(missing_ok=True)
-                aligned_path.unlink(missing_ok=True)
-        out = {f"wm_mmd_{name}": math.nan for name in SUMMARIES}
-        for prefix, result in results.items():
-            for name in SUMMARIES:
-                out[f"{prefix}_{name}"] = result.aggregate[name]
-                if result.resampled:
-                    out[f"{prefix}_{name}_ref_sd"] = float(result.resampled[name].std())
-            if full and prefix != "wm_mmd":
-                out[f"{prefix}_reject"] = result.reject_fraction
-            if result.shared is not None:
-                out[f"{prefix}_shared_median"] = result.shared.aggregate["median"]
-                if result.shared.resampled:
-                    out[f"{prefix}_shared_median_ref_sd"] = float(result.shared.resampled["median"].std())
-        return out
+            if matching not in self._forms:  # read from the caches once per scoring object
+                self._forms[matching] = Forms(self.weights(), self.canonical(), self.aligned() if matching else None,
+                                              self.predictive(), shared)
+            return self._forms[matching]
+        return Forms(CheckpointFiles(self.checked_paths()), CheckpointFiles(self.canonical_paths()),
+                     CheckpointFiles(self._form_paths("aligned", self.align)) if matching else None, self.predictive(),
+                     shared)
 
     def score(self, unit: Unit, full: bool) -> dict[str, Any]:
         """The numbers of one repetition of a method (``full``: with the reference's standard
-        errors and MMDAgg's test): predictive metrics against the zoo ensemble, raw, NS and WM MMD;
-        ``{"failed": reason}`` when its samples or predictions are unusable. A damaged reference
-        stops with ``CorruptZooError``, never a failed row."""
+        errors and MMDAgg's test): ``score_samples`` of its stored samples and predictions;
+        ``{"failed": reason}`` when they are unusable. A damaged reference stops with
+        ``CorruptZooError``, never a failed row."""
         store = self.exp.store
         samples_path, preds_path = store.samples_path(unit), store.preds_path(unit)
         metas = {}
@@ -411,7 +379,7 @@ class Reference:
             if got != self.exp.name:
                 raise StoreError(f"{path}: holds samples of experiment {got!r}, expected {self.exp.name!r}; "
                                  f"the store holds: {describe_store(self.exp)}")
-        self.predictive()  # a damaged reference stops here, not as a failed row
+        self.forms()  # a damaged reference stops here, not as a failed row
         try:
             mixed = pairing_problem(metas[samples_path], metas[preds_path], preds_path)
             if mixed is not None:
@@ -419,36 +387,44 @@ class Reference:
             samples = load_sample_set(samples_path)
             validate_tensors(samples, self.exp.model(), source=str(samples_path), leading=1)
             preds = load_sample_set(preds_path, ["id", "ood"])
-            predictive = self.predictive_numbers(samples, preds)
+            return self.score_samples(samples, preds, full=full, path=samples_path)
+        except MMDInputError:  # the reference cannot be compared at all (e.g. too small to halve): every row would fail
+            raise
         except (CheckpointError, ValueError) as err:
             log.error("%s marked failed: %s", unit.label, err)
             return {"failed": str(err)}
-        return predictive | self.mmd(samples_path, samples, full=full)
-
-    def predictive_numbers(self, samples: dict[str, torch.Tensor], preds: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """``n_samples`` and the predictive metrics of ``preds`` (``{"id": [S, N, C], "ood": [S, M, C]}``,
-        the predictions of ``samples``), agreement and TV against this reference's predictive."""
-        numbers: dict[str, Any] = {"n_samples": int(next(iter(samples.values())).shape[0])}
-        return numbers | predictive_metrics(preds["id"], self.exp.test_tensors[1], preds["ood"],
-                                            reference_id=self.predictive())
 
     def score_samples(self, samples: dict[str, torch.Tensor], preds: dict[str, torch.Tensor], full: bool,
-                      weight_matching: bool = True) -> dict[str, Any]:
-        """The numbers of an in-memory sample set ``{key: [S, ...]}`` and its predictions
-        (``{"id": [S, N, C], "ood": [S, M, C]}``), as ``score`` gives those of a stored unit (e.g. a
-        block of zoo checkpoints scored against the HMC reference, a baseline's draws);
-        ``weight_matching``: as ``mmd``'s."""
-        numbers = self.predictive_numbers(samples, preds)
+                      weight_matching: bool = True, path: Path | None = None) -> dict[str, Any]:
+        """The numbers of a sample set ``{key: [S, ...]}`` and its predictions (``{"id": [S, N, C],
+        "ood": [S, M, C]}``) against this reference (``metrics.row.score_row``: the predictive metrics
+        against its predictive, raw, NS and WM MMD, and with ``full`` the ``*_ref_sd`` and ``*_reject``
+        columns). ``weight_matching=False`` leaves the WM columns NaN even where the reference has an
+        anchor (the baselines: matching their draws to the anchor costs more than the rest of their
+        numbers, and they are not ranked by it). ``path``: the file ``samples`` were read from, which
+        a streamed reference reads in column blocks (``None``: a private copy, removed after)."""
+        matching = self.anchor_seed is not None and weight_matching
+        options, labels = self.options(full), self.exp.test_tensors[1]
+        canonical = self.canonicalize(samples)
         if self.in_memory:
-            return numbers | self.mmd(None, samples, full=full, weight_matching=weight_matching)
-        # A streamed reference reads the samples from a file in column blocks: a private one, removed after.
-        path = self.exp.store.eval_dir / f".scored-{uuid.uuid4().hex[:12]}.safetensors"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_sample_set(path, samples, {"experiment": self.exp.name})
+            forms = Forms(samples, canonical, self.align(samples) if matching else None)
+            return score_row(self.forms(weight_matching), forms, options, preds, labels).row
+        private = uuid.uuid4().hex[:12]  # two evaluate runs on one store never share these files
+        folder = self.exp.store.eval_dir if path is None else path.parent
+        stem = "scored" if path is None else path.stem
+        own = [folder / f".{stem}.{form}-{private}.safetensors" for form in ("raw", "canonical", "aligned")]
+        folder.mkdir(parents=True, exist_ok=True)
         try:
-            return numbers | self.mmd(path, samples, full=full, weight_matching=weight_matching)
+            if path is None:
+                save_sample_set(own[0], samples, {"experiment": self.exp.name})
+            save_sample_set(own[1], canonical, {"experiment": self.exp.name})
+            if matching:
+                save_sample_set(own[2], self.align(samples), {"experiment": self.exp.name})
+            forms = Forms(SampleSetFile(path or own[0]), SampleSetFile(own[1]), SampleSetFile(own[2]) if matching else None)
+            return self._healing(lambda: score_row(self.forms(weight_matching), forms, options, preds, labels)).row
         finally:
-            path.unlink(missing_ok=True)
+            for file in own:
+                file.unlink(missing_ok=True)
 
 
 def _clear(path: Path) -> None:
