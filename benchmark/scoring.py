@@ -32,7 +32,7 @@ from benchmark.core.models import build_model
 from benchmark.core.training.predict import predict_samples
 from benchmark.core.store import load_sample_set, stack_state_dicts, validate_tensors
 from benchmark.experiment import Experiment
-from benchmark.references.zoo import Reference
+from benchmark.references.zoo import ZooReference
 from metrics.mmd import PermutationTestConfig, ReferenceResampling, reference_bandwidths
 from metrics.row import Forms, ScoreOptions, score_row
 from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
@@ -52,7 +52,7 @@ class StoreZoo:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The converged reference checkpoints as a sample set ``{key: [R, ...]}`` (validated)."""
-        return Reference(self.experiment).weights()
+        return ZooReference(self.experiment).weights()
 
     def data(self) -> Data:
         exp = self.experiment

@@ -15,7 +15,7 @@ from benchmark.core.training.predict import predict_samples
 from benchmark.core.store import save_sample_set, stack_state_dicts
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
-from benchmark.references import Reference
+from benchmark.references import ZooReference
 from benchmark.stages import import_zoo
 from tests.conftest import REPO, compose_config, one_thread
 
@@ -61,7 +61,7 @@ def evaluate_stage_row(samples: dict[str, torch.Tensor], *overrides: str) -> dic
     model = exp.model()
     preds = {"id": predict_samples(model, samples, exp.test_tensors[0]),
              "ood": predict_samples(model, samples, exp.ood_tensors[0])}
-    return Reference(exp).score_samples(samples, preds, full=True)
+    return ZooReference(exp).score_samples(samples, preds, full=True)
 
 
 def assert_same_numbers(ours: dict, theirs: dict) -> None:
