@@ -35,8 +35,10 @@ And, as a plug-in (class attributes and class methods, read without building it)
   section of the report stage, the extra analysis of the analyze stage), found by name so that
   the report and the analyses, above this layer, import them and not the other way round.
 
-The zoo (``benchmark.references.zoo``) implements it, and so does every other module of this
-package (``conf/reference/`` lists them).
+A new reference implements at least ``name``, ``needs``, ``__init__(exp)`` (calling
+``Reference.__init__(exp, inputs)`` with what identifies its inputs), ``weights()`` and
+``predictive()``; the rest has defaults. The zoo (``benchmark.references.zoo``) implements it, and
+so does every other module of this package (``conf/reference/`` lists them).
 """
 from __future__ import annotations
 
