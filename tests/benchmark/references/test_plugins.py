@@ -16,7 +16,7 @@ from benchmark.references import REFERENCES, Reference, ZooReference, evaluated,
 from benchmark.references.hmc import HMCReference
 from benchmark.references.other_zoo import OtherZooReference
 from benchmark.results import read_metrics, read_repetitions, rows_against
-from benchmark.stages import evaluate, preflight
+from benchmark.stages import evaluate, preflight, verify
 from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from tests.benchmark.hmc_store import OVERRIDES, draws_near, write_unit
@@ -123,3 +123,17 @@ def test_an_unregistered_reference_name_is_refused_before_any_work(tmp_path):
                                              r"\['hmc', 'other_zoo', 'zoo'\]"):
             preflight(exp, [stage])
     assert not (tmp_path / "store").exists() and not (tmp_path / "results").exists()
+
+
+def test_verify_checks_the_cache_folder_of_every_registered_reference(tmp_path):
+    """A damaged form cache in another store's zoo's folder (``reference-other_zoo/``) is named by
+    ``stage=verify``'s cache check, as one in ``reference/`` is; an intact one is counted."""
+    exp = _experiment(tmp_path)
+    for folder in (exp.store.reference_dir, OtherZooReference.cache_folder(exp.store)):
+        folder.mkdir(parents=True)
+        save_checkpoint(folder / "canonical.safetensors", {"w": torch.ones(3)}, {"seed": 0})
+    damaged = OtherZooReference.cache_folder(exp.store) / "predictive.safetensors"
+    damaged.write_bytes(b"not a safetensors file")
+    health = verify.ExperimentHealth(exp.name, "test")
+    verify.check_caches(None, exp.store, health)
+    assert list(health.damaged_caches) == [damaged] and health.caches["reference"] == 3
