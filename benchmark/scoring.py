@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Mapping, Sequence, Union
 
 import pandas as pd
 import torch

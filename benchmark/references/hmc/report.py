@@ -30,7 +30,7 @@ from benchmark.references import REFERENCE_METHODS, ZOO, ZOO_ROW
 from benchmark.references.hmc import HMC_ROW, HMCReference
 from benchmark.report.findings import RANKED_COLUMNS, Claim, Comparison, ReferenceSection
 from benchmark.report.tables import GROUP_LABELS, INDEX_NAMES, MISSING, display_cells, render_csv, render_markdown
-from benchmark.results import check_metrics, check_repetitions, half_width, rows_against
+from benchmark.results import check_metrics, half_width, rows_against
 from methods import method_names
 from methods.hmc import start_seed
 from metrics.mcmc import RHAT_CONVERGED, predictive_convergence
