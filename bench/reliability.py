@@ -415,7 +415,7 @@ def scenario_code_change_between_evaluates(work: Path) -> tuple[bool, str]:
     checksum; metrics.csv the same each time."""
     import json
 
-    import benchmark.references.zoo as reference
+    import benchmark.references.base as reference
     from benchmark.stages import evaluate
 
     exp = _tiny_experiment(work)
@@ -523,16 +523,16 @@ def scenario_spec_edit_rebuilds_the_forms(work: Path) -> tuple[bool, str]:
     aligned caches must be rebuilt."""
     import benchmark.core.fingerprint as fingerprint
     from benchmark.core.store import read_metadata
-    from benchmark.references import Reference
+    from benchmark.references import ZooReference
 
     exp = _tiny_experiment(work)
-    Reference(exp).canonical(), Reference(exp).aligned()
+    ZooReference(exp).canonical(), ZooReference(exp).aligned()
     keys = {name: read_metadata(exp.store.reference_dir / f"{name}.safetensors")["key"] for name in ("canonical", "aligned")}
     copy = _edited_source(work, "metrics/symmetries/architectures.py", "def chain_spec(", "EDITED = 1\n\n\ndef chain_spec(")
     real = fingerprint.SOURCE_ROOT
     fingerprint.SOURCE_ROOT = copy
     try:
-        again = Reference(exp)
+        again = ZooReference(exp)
         again.canonical(), again.aligned()
         rebuilt = [name for name in keys
                    if read_metadata(exp.store.reference_dir / f"{name}.safetensors")["key"] not in (keys[name],)]

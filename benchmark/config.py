@@ -87,24 +87,14 @@ class Precision(str, Enum):
     """``torch.autocast`` with float16 and a ``GradScaler`` (CUDA only)."""
 
 
-class BaselineChoice(str, Enum):
-    """A reference row of ``evaluate.baselines`` (what each draws: ``benchmark.baselines``)."""
-
-    prior = "prior"
-    init = "init"
-    gaussian = "gaussian"
-    gaussian_ns = "gaussian_ns"
-    second_zoo = "second_zoo"
-
-
 @dataclass
 class ReferenceConfig:
     """What the evaluate stage scores against besides the zoo (always evaluated: Table 1), chosen
     with ``reference=<name>`` (the config group ``conf/reference/``: one yaml per reference of
-    ``benchmark.references``). ``name``: ``zoo`` (only the zoo), ``hmc`` (also full-batch HMC's
-    draws: ``table_hmc.md``, the HMC claims of ``findings.md``, ``analysis=hmc``; needs
-    ``method=hmc mode=multi`` in the store) or ``other_zoo`` (also another store's zoo). Read by
-    ``other_zoo`` only: ``store`` (the other store's root; null: this run's), ``experiment`` (the
+    ``benchmark.references``). ``name``: a registered reference (``zoo``: only the zoo; another:
+    every row scored against it too, with what its report hooks add; an unregistered name is
+    refused by the stages' preflight, naming the registered ones). Read by ``other_zoo`` only (its
+    ``OtherZooSettings``): ``store`` (the other store's root; null: this run's), ``experiment`` (the
     experiment its checkpoints were written under; null: this run's), ``seeds`` (their reference
     range ``[start, stop)``; null: this run's ``seeds.reference``)."""
 
@@ -307,8 +297,10 @@ class EvaluateConfig:
     evaluate against reference checkpoints trained under another model, data or recipe config
     than this run's (by default the stage refuses, naming the differing fields; with it, one
     warning, and metrics.csv's ``reference_recipe`` says so); ``baselines``: the reference rows scored
-    beside the methods (``benchmark.baselines``: prior, untrained initialisations, Gaussians fitted to
-    the raw and the symmetry-free zoo, a second zoo of the same recipe; ``[]`` for none), over
+    beside the methods (names registered in ``benchmark.baselines``: prior, untrained initialisations,
+    Gaussians fitted to the raw and the symmetry-free zoo, a second zoo of the same recipe; null: every
+    registered one, in table order; ``[]`` for none; an unregistered name is refused by the stages'
+    preflight), over
     ``baseline_repetitions`` repetitions (null: ``sample.repetitions``; the second zoo's at most that);
     ``potential_checkpoints``: how many converged reference checkpoints (the first in seed order; 0 =
     all) the zoo's training potential is measured on (``Reference.training_potential``)."""
@@ -322,8 +314,8 @@ class EvaluateConfig:
     allow_partial: bool = False
     # Off by default: numbers against a zoo of another recipe are not this config's numbers.
     allow_other_recipe: bool = False
-    # Every reference row by default (benchmark/baselines.py): what a score means needs them.
-    baselines: List[BaselineChoice] = field(default_factory=lambda: list(BaselineChoice))
+    # Every reference row by default (benchmark/baselines/): what a score means needs them.
+    baselines: Optional[List[str]] = None
     # The zoo's training potential (its spread says how far the SGD ensemble is from a T = 1 posterior) is
     # measured on the first potential_checkpoints converged reference seeds: a full pass over the training split
     # per checkpoint, which for a 1,000-checkpoint ResNet-18 zoo would cost more than the rest of the stage.
@@ -339,7 +331,7 @@ class EvaluateConfig:
                 self.reference_resamples, "0 or an integer >= 2")
         require(self.test_permutations == 0 or self.test_permutations >= 100, "test_permutations",
                 self.test_permutations, "0 or an integer >= 100")
-        names = [BaselineChoice(b).value for b in self.baselines]
+        names = [str(b) for b in self.baselines or ()]
         require(len(set(names)) == len(names), "baselines", names, "each baseline at most once")
         require(self.baseline_repetitions is None or self.baseline_repetitions >= 1, "baseline_repetitions",
                 self.baseline_repetitions, "null (sample.repetitions) or a positive integer")

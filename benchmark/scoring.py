@@ -1,12 +1,13 @@
 """Score weight samples from Python: ``from benchmark import score``.
 
 ``score(samples, reference, model=..., data=...)`` gives one row of the tables for one
-repetition, computed as the evaluate stage computes it (``benchmark.references.Reference.score``)
-but on sample sets in memory: raw MMD and NS MMD (MMDAgg's 20 kernels per layer, median / mean /
+repetition, computed by the evaluate stage's own scoring function (``metrics.row.score_row``) on
+sample sets in memory: raw MMD and NS MMD (MMDAgg's 20 kernels per layer, median / mean /
 max, the mean over layers weighted by parameter count; ``metrics.mmd.mmd``) after removing the
 symmetries (``metrics.symmetries.canonicalize``; by default scaling then permutation, as the
 paper's Table 1), the reference's standard error from its random halves, MMDAgg's test per layer,
-and, with ``data``, the predictive metrics of the samples (``metrics.predictive``) with
+their medians with the bandwidths of the reference (``mmd_shared_median``, ``ns_mmd_shared_median``:
+every row compared with this reference on one scale), and, with ``data``, the predictive metrics of the samples (``metrics.predictive``) with
 agreement and total variation against the reference's ensemble predictive.
 
 ``samples`` and ``reference`` are each a list of state dicts, a sample set ``{key: [S, ...]}``,
@@ -17,11 +18,10 @@ data. Nothing is written.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Mapping, Sequence, Union
 
 import pandas as pd
 import torch
@@ -32,9 +32,9 @@ from benchmark.core.models import build_model
 from benchmark.core.training.predict import predict_samples
 from benchmark.core.store import load_sample_set, stack_state_dicts, validate_tensors
 from benchmark.experiment import Experiment
-from benchmark.references.zoo import SUMMARIES, Reference
-from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd
-from metrics.predictive import predictive_metrics
+from benchmark.references.zoo import ZooReference
+from metrics.mmd import PermutationTestConfig, ReferenceResampling, reference_bandwidths
+from metrics.row import Forms, ScoreOptions, score_row
 from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
 
 Weights = Union[str, os.PathLike, Mapping[str, torch.Tensor], Sequence[Mapping[str, torch.Tensor]]]
@@ -52,7 +52,7 @@ class StoreZoo:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The converged reference checkpoints as a sample set ``{key: [R, ...]}`` (validated)."""
-        return Reference(self.experiment).weights()
+        return ZooReference(self.experiment).weights()
 
     def data(self) -> Data:
         exp = self.experiment
@@ -70,7 +70,7 @@ def store_zoo(experiment: str = "digits_optunet", store: str | os.PathLike = "st
 class Score:
     """One row for one repetition. ``row``: the ``metrics.csv`` columns the evaluate stage writes
     for it (``mmd_median``, ``ns_mmd_median`` ..., ``<column>_ref_sd``, ``mmd_reject``,
-    ``ns_mmd_reject``, and with data ``n_samples``, ``acc``, ``ece`` ...: fractions, nats;
+    ``ns_mmd_reject``, ``mmd_shared_median``, ``ns_mmd_shared_median``, and with data ``n_samples``, ``acc``, ``ece`` ...: fractions, nats;
     the tables print MMD, NS MMD, Acc, ECE, Brier, AUPR, FPR95, MI x100). ``layers``: per layer
     (``layer``, ``n_params``) and form (``mmd`` raw, ``ns_mmd`` symmetry-free), the median, mean and
     max over the 20 kernels and MMDAgg's decision ``reject`` (level 0.05)."""
@@ -144,38 +144,22 @@ def score(samples: Weights, reference: Weights | StoreZoo, model: nn.Module | st
     reference_resamples = defaults.reference_resamples if reference_resamples is None else reference_resamples
     test_permutations = defaults.test_permutations if test_permutations is None else test_permutations
     spec = spec_for_model(model)
-    options: dict[str, Any] = {
-        "device": device,
-        "resampling": ReferenceResampling(count=reference_resamples) if reference_resamples else None,
-        "permutation_test": PermutationTestConfig(b1=test_permutations, b2=test_permutations) if test_permutations else None,
-    }
-    results = {"mmd": mmd(zoo, ys, **options),
-               "ns_mmd": mmd(canonicalize(zoo, spec, steps, device=device)[0], canonicalize(ys, spec, steps, device=device)[0],
-                             **options)}
+    options = ScoreOptions(
+        device=device, resampling=ReferenceResampling(count=reference_resamples) if reference_resamples else None,
+        permutation_test=PermutationTestConfig(b1=test_permutations, b2=test_permutations) if test_permutations else None)
+    canonical = canonicalize(zoo, spec, steps, device=device)[0]
+    aligned = None
     if weight_matching:
         anchor = {k: v[:1] for k, v in zoo.items()}
-        results["wm_mmd"] = mmd(align_to_anchor(zoo, spec, anchor, steps)[0], align_to_anchor(ys, spec, anchor, steps)[0],
-                                **{k: v for k, v in options.items() if k != "permutation_test"})
-    row: dict[str, float] = {f"wm_mmd_{name}": math.nan for name in SUMMARIES}
-    layers = []
-    for form, result in results.items():
-        for name in SUMMARIES:
-            row[f"{form}_{name}"] = result.aggregate[name]
-            if result.resampled:
-                row[f"{form}_{name}_ref_sd"] = float(result.resampled[name].std())
-        if form != "wm_mmd" and options["permutation_test"] is not None:
-            row[f"{form}_reject"] = result.reject_fraction
-        layers.append(result.per_layer.assign(form=form))
+        aligned = (align_to_anchor(zoo, spec, anchor, steps)[0], align_to_anchor(ys, spec, anchor, steps)[0])
+    preds = predictive = labels = None
     if data is not None:
-        row |= _predictive(model.to(device), zoo, ys, data)
-    return Score(row, pd.concat(layers, ignore_index=True))
-
-
-def _predictive(model: nn.Module, zoo: dict[str, torch.Tensor], samples: dict[str, torch.Tensor], data: Data) -> dict[str, float]:
-    """``n_samples`` and the predictive metrics of ``samples`` on ``data``, agreement and TV against
-    the reference's ensemble predictive (the mean of its members' probabilities)."""
-    images, labels, ood = data
-    reference = predict_samples(model, zoo, images).double().sum(0) / next(iter(zoo.values())).shape[0]
-    numbers = {"n_samples": int(next(iter(samples.values())).shape[0])}
-    return numbers | predictive_metrics(predict_samples(model, samples, images), labels,
-                                        predict_samples(model, samples, ood), reference_id=reference)
+        images, labels, ood = data
+        model = model.to(device)
+        predictive = predict_samples(model, zoo, images).double().sum(0) / next(iter(zoo.values())).shape[0]
+        preds = {"id": predict_samples(model, ys, images), "ood": predict_samples(model, ys, ood)}
+    shared = {"mmd": reference_bandwidths(zoo, device=device), "ns_mmd": reference_bandwidths(canonical, device=device)}
+    reference_forms = Forms(zoo, canonical, aligned[0] if aligned else None, predictive, shared)
+    sample_forms = Forms(ys, canonicalize(ys, spec, steps, device=device)[0], aligned[1] if aligned else None)
+    scored = score_row(reference_forms, sample_forms, options, preds, labels)
+    return Score(scored.row, scored.layers())

@@ -40,7 +40,8 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("benchmark.stages", ("benchmark.stages", "benchmark.report", "benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.report", ("benchmark.report", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.analyses", ("benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
-    ("benchmark.baselines", ("benchmark.references", "benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
+    ("benchmark.baselines", ("benchmark.baselines", "benchmark.references", "benchmark.inventory", "benchmark.design", *BASE,
+                             *COMPUTE)),
     ("benchmark.inventory", ("benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
     ("benchmark.design", (*BASE, *COMPUTE)),  # the repetition design: positions, never the store
     ("benchmark.references", ("benchmark.references", "benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
@@ -52,6 +53,20 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("methods", ("methods", "metrics", *CORE)),
     ("metrics", ("metrics",)),
 ]
+
+
+HOOKS = {"report": "benchmark.report", "figures": "benchmark.analyses"}
+"""A reference plug-in's hook modules (``benchmark/references/<name>/report.py``, ``figures.py``, named
+by its ``hooks`` and imported by name by the report and analyze stages) sit in the layer of what
+they add to: the report, the analyses. The rest of a plug-in's package is the references' layer."""
+
+
+def hook_layer(name: str) -> str | None:
+    """The layer a reference's hook module is judged in, or ``None`` for any other module."""
+    parts = name.split(".")
+    if len(parts) == 4 and parts[:2] == ["benchmark", "references"] and parts[3] in HOOKS:
+        return HOOKS[parts[3]]
+    return None
 
 
 def _within(name: str, prefixes: tuple[str, ...] | list[str]) -> bool:
@@ -83,6 +98,7 @@ def scan(root: Path) -> dict[str, set[str]]:
 
 
 def rule_of(name: str) -> tuple[str, tuple[str, ...]]:
+    name = hook_layer(name) or name
     for prefix, allowed in RULES:
         if _within(name, (prefix,)):
             return prefix, allowed
@@ -111,7 +127,7 @@ def stage_violations(modules: dict[str, set[str]]) -> list[str]:
         stages = sorted(t for t in imports if _within(t, ("benchmark.stages",)) and t != name)
         if _within(name, ("benchmark.stages",)) and name != "benchmark.stages" and stages:
             out.append(f"stage {name} imports {stages}: stages are siblings (share through benchmark.inventory/reference)")
-        if _within(name, ("benchmark.report", "benchmark.analyses")) and stages:
+        if (_within(name, ("benchmark.report", "benchmark.analyses")) or hook_layer(name)) and stages:
             out.append(f"{name} imports {stages}: the report and the analyses import no stage")
     return out
 
@@ -127,7 +143,12 @@ def write_violations(modules: dict[str, set[str]]) -> list[str]:
 
 def package_of(name: str, modules: dict[str, set[str]]) -> str:
     """The node of a module in the package graph: its package, or, for a module directly in
-    ``benchmark/`` (a package of layers), the module itself."""
+    ``benchmark/`` (a package of layers) or a reference's hook module (``hook_layer``), the module
+    itself; a reference plug-in's package is part of ``benchmark.references``."""
+    if hook_layer(name):
+        return name
+    if name.startswith("benchmark.references."):
+        return "benchmark.references"
     if name in modules and any(other.startswith(name + ".") for other in modules):
         package = name  # a package's __init__
     else:
@@ -196,6 +217,19 @@ def test_this_test_sees_the_arrows():
     assert "benchmark.inventory.actions" in MODULES["benchmark.stages.sample"]
     assert any(_within(m, ("benchmark",)) for m in MODULES["tests.conftest"])
     assert any(_within(m, ("benchmark.core",)) for m in MODULES["bench.reliability"])
+    assert "benchmark.report.findings" in MODULES["benchmark.references.hmc.report"]
+
+
+def test_a_reference_hook_is_judged_in_the_layer_it_adds_to(tmp_path):
+    """A reference's report hook may import the report's modules, the rest of its package may not."""
+    hooks = {**CLEAN, "benchmark/references/mine/report.py": "from benchmark.report.tables import x\n",
+             "benchmark/references/mine/__init__.py": "from benchmark.inventory import converged\n"}
+    assert layer_violations(_tree(tmp_path, hooks)) == [] and package_cycles(_tree(tmp_path, hooks)) == []
+    upward = {**hooks, "benchmark/references/mine/__init__.py": "from benchmark.report.tables import x\n"}
+    assert "benchmark.references.mine (benchmark.references) -> benchmark.report.tables" in layer_violations(
+        _tree(tmp_path / "b", upward))
+    staged = {**hooks, "benchmark/references/mine/figures.py": "from benchmark.stages.zoo import x\n"}
+    assert "the report and the analyses import no stage" in stage_violations(_tree(tmp_path / "c", staged))[0]
 
 
 def _tree(root: Path, files: dict[str, str]) -> dict[str, set[str]]:

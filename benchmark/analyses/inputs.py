@@ -8,7 +8,7 @@ import torch
 from benchmark.core.store import load_sample_set, validate_tensors
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, available_rows, reference_seeds, require_inputs
-from benchmark.references import Reference
+from benchmark.references import ZooReference
 
 __all__ = ["MissingInputsError", "NotApplicableError", "figures_dir", "first_repetition", "reference",
            "require_reference", "require_samples"]
@@ -37,9 +37,9 @@ def require_samples(exp: Experiment, analysis: str) -> list[tuple[str, str]]:
             if exp.store.samples_path(exp.store.sample_unit(m, mode, 0)).is_file()]
 
 
-def reference(exp: Experiment) -> Reference:
+def reference(exp: Experiment) -> ZooReference:
     """The reference zoo with its cached forms (``benchmark.references``), shared with the evaluate stage."""
-    return Reference(exp)
+    return ZooReference(exp)
 
 
 def first_repetition(exp: Experiment, method: str, mode: str) -> dict[str, torch.Tensor]:

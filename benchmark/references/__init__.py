@@ -1,37 +1,42 @@
-"""The references a method's samples are scored against, as plug-ins: each is one module here
-(a ``Reference`` subclass: its ``name``, what it ``needs`` from the store, why a store cannot give
-it (``problem``), how it is built (``build``), which rows are scored against it (``against``,
-``scores_zoo``)) and its settings in ``conf/reference/<name>.yaml`` (``reference=<name>``).
+"""The references a method's samples are scored against, as plug-ins: each is one module (or
+package) here with a subclass of ``benchmark.references.base.Reference``, the contract (its
+``name``, typed ``Settings``, what it ``needs`` from the store and why a store cannot give it
+(``problem``), its forms and predictive, its caches and its report hooks), and its settings in
+``conf/reference/<name>.yaml`` (``reference=<name>``). Nothing else is edited: every module of this
+package is imported and every ``Reference`` subclass it defines with a ``name`` is registered
+(``discover``; the zoo first, then by module name), and the schema's ``reference`` node accepts
+the registered names.
 
 The zoo (``zoo``) is always evaluated (Table 1 is against it); ``reference=<name>`` adds that one.
 The evaluate stage writes every row against every evaluated reference into the one
 ``metrics.csv``/``repetitions.csv``, told apart by their ``reference`` column; the report, the
 findings and the analyses take the reference's name as a parameter.
 
-- ``zoo``: the converged reference checkpoints of this store (``benchmark.references.zoo``);
-- ``hmc``: full-batch HMC's pooled draws (``benchmark.references.hmc``);
-- ``other_zoo``: the zoo of another store or experiment, e.g. a released zoo as the reference for a
-  locally trained one (``benchmark.references.other_zoo``).
+The zoo (``benchmark.references.zoo``: the converged reference checkpoints of this store) is one of
+them; the others are listed by ``conf/reference/`` and described in their modules.
 """
 from __future__ import annotations
 
-from benchmark.experiment import Experiment
-from benchmark.references.hmc import HMC_ROW, HMCReference
-from benchmark.references.other_zoo import OtherZooReference
-from benchmark.references.zoo import SUMMARIES, ZOO_ROW, Reference, files_key
+import importlib
+import inspect
+import pkgutil
 
-ZOO = Reference.name
+from benchmark.experiment import Experiment
+from benchmark.references.base import Reference, ReportHooks, files_key
+from benchmark.references.zoo import ZOO_ROW, ZooReference
+
+ZOO = ZooReference.name
 """The reference every run is evaluated against (Table 1, Table 2, Table 3 and the findings)."""
 REFERENCES: dict[str, type[Reference]] = {}
 """Every registered reference by name (``register``)."""
-REFERENCE_METHODS = (HMC_ROW[0], ZOO_ROW[0])
-"""The references' own rows (HMC's draws, the zoo's blocks): never ranked among the methods nor in the paper's claims."""
 
 
 def register(reference: type[Reference]) -> type[Reference]:
     """Add ``reference`` (a ``Reference`` subclass with a unique ``name``) to ``REFERENCES``; returns it."""
     if not (isinstance(reference, type) and issubclass(reference, Reference)):
         raise TypeError(f"register: expected a Reference subclass, got {reference!r}")
+    if not isinstance(getattr(reference, "name", None), str) or not reference.name.isidentifier():
+        raise TypeError(f"register: {reference.__name__} needs a class attribute 'name' (an identifier)")
     if reference.name in REFERENCES and REFERENCES[reference.name] is not reference:
         raise ValueError(f"register: a reference named {reference.name!r} is already registered "
                          f"({REFERENCES[reference.name].__module__})")
@@ -39,8 +44,22 @@ def register(reference: type[Reference]) -> type[Reference]:
     return reference
 
 
-for _reference in (Reference, HMCReference, OtherZooReference):
-    register(_reference)
+def discover() -> None:
+    """Register every ``Reference`` subclass with a ``name`` defined in a module of this package (its
+    ``__path__``; the zoo first, then by module name); raises what ``register`` raises on a clash."""
+    register(ZooReference)
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, Reference) and cls.__module__ == module.__name__ and "name" in vars(cls):
+                register(cls)
+
+
+discover()
+
+REFERENCE_METHODS = tuple(dict.fromkeys(r.own_row[0] for r in REFERENCES.values() if r.own_row is not None))
+"""The references' own rows (``Reference.own_row``: e.g. the zoo's blocks): never ranked among the
+methods nor in the paper's claims."""
 
 
 def reference_class(name: str) -> type[Reference]:
@@ -71,5 +90,6 @@ def problems(exp: Experiment, skip: frozenset[str] = frozenset()) -> list[str]:
     return out
 
 
-__all__ = ["HMC_ROW", "HMCReference", "OtherZooReference", "REFERENCES", "REFERENCE_METHODS", "Reference", "SUMMARIES",
-           "ZOO", "ZOO_ROW", "evaluated", "files_key", "problems", "reference_class", "register"]
+__all__ = ["REFERENCES", "REFERENCE_METHODS", "Reference", "ReportHooks",
+           "ZOO", "ZOO_ROW", "ZooReference", "discover", "evaluated", "files_key", "problems", "reference_class",
+           "register"]

@@ -13,29 +13,53 @@ by the other zoo's files.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
 
+from benchmark.core.store import ExperimentStore
 from benchmark.experiment import Experiment
 from benchmark.inventory import reference_seeds
-from benchmark.references.zoo import Reference
+from benchmark.references.zoo import ZooReference
 
 
-class OtherZooReference(Reference):
+@dataclass(frozen=True)
+class OtherZooSettings:
+    """``reference.store``: the other store's root (None: this run's ``store``);
+    ``reference.experiment``: the experiment its checkpoints were written under (None: this run's);
+    ``reference.seeds``: their reference range ``[start, stop)`` (None: this run's ``seeds.reference``)."""
+
+    store: Optional[str] = None
+    experiment: Optional[str] = None
+    seeds: Optional[List[int]] = None
+
+    def __post_init__(self) -> None:
+        if self.seeds is not None and len(self.seeds) != 2:
+            raise ValueError(f"reference.seeds={list(self.seeds)}: expected null or [start, stop)")
+
+
+class OtherZooReference(ZooReference):
     """The zoo of ``reference.experiment`` in ``reference.store`` (see the module docstring),
-    scored against exactly as this store's zoo is (``Reference``)."""
+    scored against exactly as this store's zoo is (``ZooReference``)."""
 
     name = "other_zoo"
+    Settings = OtherZooSettings
     needs = "the converged reference checkpoints of reference.experiment in reference.store"
 
     def __init__(self, exp: Experiment) -> None:
-        super().__init__(exp, source=self.source_of(exp),
-                         folder=exp.store.other_reference_dir(self.name))
+        super().__init__(exp, source=self.source_of(exp), folder=self.cache_folder(exp.store))
 
-    @staticmethod
-    def source_of(exp: Experiment) -> Experiment:
+    @classmethod
+    def cache_folder(cls, store: ExperimentStore) -> Path | None:
+        """``store/<experiment>/reference-other_zoo/``: this store's, never the other one's."""
+        return store.other_reference_dir(cls.name)
+
+    @classmethod
+    def source_of(cls, exp: Experiment) -> Experiment:
         """The experiment whose store holds the other zoo: ``exp``'s config with ``store``,
         ``experiment_name`` and ``seeds.reference`` replaced by ``reference.store``,
         ``reference.experiment`` and ``reference.seeds`` (each where set), and no held-out range."""
-        settings, config = exp.config.reference, exp.config
+        settings, config = cls.settings(exp), exp.config
         reference = config.seeds.reference if settings.seeds is None else list(settings.seeds)
         seeds = dataclasses.replace(config.seeds, reference=reference, heldout=[0, 0])  # only its zoo is read
         return Experiment(dataclasses.replace(

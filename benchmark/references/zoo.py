@@ -1,8 +1,9 @@
 """The zoo reference (``reference=zoo``, always evaluated: the paper's reference): the converged
 checkpoints of ``seeds.reference``, its symmetry-free forms and its ensemble predictive, computed
 once and cached in ``store/<experiment>/reference/``, and the numbers of one repetition of a method
-scored against it. Shared by the evaluate stage and the analyses; the other references
-(``benchmark.references``: HMC's draws, another store's zoo) score with the same machinery.
+scored against it (``ZooReference``, a ``benchmark.references.base.Reference``: the contract).
+Shared by the evaluate stage and the analyses; another store's zoo (``other_zoo``) is this class
+with another source.
 
 Every cache is keyed by everything it is made from (ARCHITECTURE.md, "Caches"): the identity of
 each file it was made from (its name in the store and its content digest: no absolute path, so a
@@ -28,55 +29,28 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.core.fingerprint import source_fingerprint, stable_hash
 from benchmark.core.models import fit_with_weights
-from benchmark.core.training.predict import predict_samples
-from benchmark.core.training import squared_norm, training_potential
 from benchmark.core.store import (
-    CheckpointError, CheckpointFiles, SampleSetFile, StoreError, Unit, check_file, clear_non_file,
-    content_digest,
-    iter_checkpoint_batches,
-    load_checkpoints_as_sample_set, load_sample_set, read_metadata, save_checkpoint, save_sample_set, unstack,
-    validate_tensors,
+    CheckpointError, CheckpointFiles, ExperimentStore, SampleSetFile, StoreError, check_file, clear_non_file,
+    iter_checkpoint_batches, load_checkpoints_as_sample_set, load_sample_set, read_metadata, save_checkpoint,
+    save_sample_set, unstack, validate_tensors,
 )
+from benchmark.core.training import squared_norm, training_potential
+from benchmark.core.training.predict import predict_samples
 from benchmark.experiment import Experiment
-from benchmark.inventory import (
-    ReferenceRecipe, corrupt_zoo_error, describe_store, pairing_problem, reference_recipe, reference_seeds,
-)
-from metrics.mmd import PermutationTestConfig, ReferenceResampling, mmd, reference_bandwidths
-from metrics.predictive import predictive_metrics
-from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
+from benchmark.inventory import ReferenceRecipe, corrupt_zoo_error, reference_recipe, reference_seeds
+from benchmark.references.base import Reference, files_key
+from metrics.mmd import reference_bandwidths
+from metrics.row import Forms, score_row
 
 log = logging.getLogger(__name__)
-SUMMARIES = ("median", "mean", "max")
-DTYPE = torch.float32  # what the forms and the predictive are computed in
-CACHES = ("zoo", "canonical", "aligned", "predictive")
-"""The reference's caches that a row's numbers are computed from (``Reference.key``, ``numbers_key``);
-each keyed by the whole source (``source_fingerprint``). ``potential`` (``training_potential``) is
-keyed the same way but describes the reference, not a row."""
 ZOO_ROW = ("zoo", "multi")
-"""The zoo's own row against another reference (HMC): blocks of reference checkpoints scored as samples."""
+"""The zoo's own row against another reference (one whose ``scores_zoo``): blocks of reference checkpoints scored as samples."""
+FORM_FOLDERS = ("canonical", "aligned")
+"""The forms a streamed zoo writes checkpoint by checkpoint, each in ``<form>-<key>/`` of its cache folder."""
 
 
-def files_key(paths: list[Path]) -> list[tuple[str, str]]:
-    """What identifies the versions of ``paths``, with no absolute path: each file's name in its
-    folder (``zoo/seed_000042.safetensors``) and its content digest (``store.content_digest`` of its
-    checksums), or its size and mtime for a file without checksums or with a damaged header (then
-    refused by the validation that follows)."""
-    out = []
-    for path in paths:
-        try:
-            digest = content_digest(read_metadata(path))
-        except CheckpointError:
-            digest = None
-        if digest is None:
-            stat = path.stat()
-            digest = f"size {stat.st_size} mtime {stat.st_mtime_ns}"
-        out.append((f"{path.parent.name}/{path.name}", digest))
-    return out
-
-
-class Reference:
+class ZooReference(Reference):
     """The reference zoo of ``exp`` with its cached forms (see the module docstring).
 
     ``source``: the experiment whose store holds the zoo (default ``exp`` itself; another store's
@@ -85,11 +59,11 @@ class Reference:
     source store's ``reference/``)."""
 
     name = "zoo"
-    """Which reference this is (metrics.csv's ``reference`` column; ``benchmark.references.REFERENCES``)."""
+    needs = "the converged reference checkpoints of seeds.reference (stage=zoo zoo.range=reference)"
+    own_row = ZOO_ROW
 
     def __init__(self, exp: Experiment, source: Experiment | None = None, folder: Path | None = None) -> None:
         settings = exp.config.evaluate
-        self._scoring(exp)
         source = exp if source is None else source
         self.source = source
         self.seeds = reference_seeds(source)
@@ -99,91 +73,31 @@ class Reference:
                 f"seeds.reference={[source.reference.start, source.reference.stop]}, found {len(self.seeds)}; run "
                 f"python -m benchmark stage=zoo experiment={source.name} store={source.config.store} zoo.range=reference"
             )
+        super().__init__(exp, {"files": files_key(source.store.checkpoint_paths(self.seeds)), "seeds": self.seeds})
         self.folder = source.store.reference_dir if folder is None else folder
         self._checked: list[Path] | None = None
+        self._description: dict[str, float] | None = None
         n_params = sum(math.prod(shape) for shape in exp.shapes().values())
         limit = float(settings.max_in_memory_gb)
         self.in_memory = len(self.seeds) * n_params * 4 <= limit * 2**30
         self.batch = max(1, int(limit * 2**30 // (8 * n_params * 4)))
         # WM MMD's anchor: the lowest converged reference seed (seed 002's code aligns to the first network).
         self.anchor_seed = self.seeds[0] if settings.weight_matching else None
-        self._inputs = {"files": files_key(source.store.checkpoint_paths(self.seeds)), "seeds": self.seeds}
         self.recipe: ReferenceRecipe | None = reference_recipe(source)
-        """The recipes the checkpoints were trained under (metrics.csv's ``reference_config_hash``)."""
-
-    needs = "the converged reference checkpoints of seeds.reference (stage=zoo zoo.range=reference)"
-    """What the reference reads from the store (named in ``problem``'s message)."""
-    scores_zoo = False
-    """Whether the zoo itself gets a row against this reference (``ZOO_ROW``: blocks of zoo checkpoints)."""
 
     @classmethod
-    def problem(cls, exp: Experiment) -> str | None:
-        """Why the store cannot give this reference, with the command that makes what is missing;
-        ``None`` when it can. The zoo's completeness is checked by the evaluate stage (its
-        ``evaluate.allow_partial`` and recipe rules), so ``None`` here."""
-        return None
+    def cache_folder(cls, store: ExperimentStore) -> Path | None:
+        """``store/<experiment>/reference/``."""
+        return store.reference_dir
 
-    @classmethod
-    def build(cls, exp: Experiment) -> "Reference":
-        """The scoring object of ``exp`` against this reference (its settings: ``exp.config.reference``)."""
-        return cls(exp)
-
-    def against(self, unit: Unit) -> "Reference":
-        """What ``unit``'s samples are scored against: this reference (HMC leaves an HMC unit's own draws out)."""
-        return self
-
-    def health(self) -> str | None:
-        """One log line on how trustworthy the reference itself is (HMC: how well its chains mixed),
-        or ``None`` when there is nothing to say (a zoo)."""
-        return None
-
-    def _scoring(self, exp: Experiment) -> None:
-        """What every reference scores with: the evaluate settings, the model and its symmetries."""
-        settings = exp.config.evaluate
-        self.exp = exp
-        self.steps = [step.value for step in settings.canonical_steps]
-        self.resampling = ReferenceResampling(count=settings.reference_resamples) if settings.reference_resamples else None
-        self.test = PermutationTestConfig(b1=settings.test_permutations, b2=settings.test_permutations) \
-            if settings.test_permutations else None
-        self._bandwidths: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
-        self._description: dict[str, float] | None = None
-        self.model = exp.model().to(exp.device)
-        self.spec = spec_for_model(exp.model())
+    def current_caches(self) -> set[str]:
+        """The streamed forms' folders of the current keys (``canonical-<key>``, ``aligned-<key>``)."""
+        return {f"{name}-{self.key(name)}" for name in FORM_FOLDERS}
 
     @property
     def size(self) -> int:
         """The number of networks in the reference (metrics.csv's ``n_reference``)."""
         return len(self.seeds)
-
-    def key(self, cache: str) -> str:
-        """The key of cache ``cache`` (one of ``CACHES``): the input files, the settings that shape
-        it, the whole computational source and the library versions (``source_fingerprint``), device
-        and dtype."""
-        shaping = {"zoo": {}, "canonical": {"steps": self.steps},
-                   "aligned": {"steps": self.steps, "anchor": self.anchor_seed},
-                   "predictive": {"config": self.exp.config_hash},
-                   "potential": {"config": self.exp.config_hash,
-                                 "checkpoints": self.exp.config.evaluate.potential_checkpoints}}
-        return stable_hash({"inputs": self._inputs, "cache": cache, "settings": shaping.get(cache, {}),
-                            "code": source_fingerprint(), "device": self.exp.device.type,
-                            "dtype": str(DTYPE)}, length=20)
-
-    def numbers_key(self, unit: Unit) -> str:
-        """The key of the cached numbers of ``unit``: its two files, the reference's canonical and
-        aligned keys, the evaluate settings, the scoring code."""
-        store = self.exp.store
-        return self.files_numbers_key([store.samples_path(unit), store.preds_path(unit)])
-
-    def files_numbers_key(self, paths: list[Path]) -> str:
-        """The key of the cached numbers of samples read from ``paths`` (see ``numbers_key``)."""
-        settings = self.exp.config.evaluate
-        return stable_hash({
-            "files": files_key(paths), "against": self.name,
-            "reference": [self.key(c) for c in CACHES],
-            "settings": {"resamples": settings.reference_resamples, "test": settings.test_permutations,
-                         "weight_matching": self.anchor_seed, "steps": self.steps},
-            "code": source_fingerprint(), "device": self.exp.device.type,
-        }, length=20)
 
     def checked_paths(self) -> list[Path]:
         """The reference checkpoints, each validated whole once (checksum, keys and shapes, finite
@@ -228,10 +142,6 @@ class Reference:
         """Symmetry-free reference ``{key: [R, ...]}``, computed once."""
         return self._cached("canonical", lambda: self.canonicalize(self.weights()))
 
-    def canonicalize(self, samples: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The NS form of a sample set: the ``evaluate.canonical_steps`` removed."""
-        return canonicalize(samples, self.spec, self.steps, device=self.exp.device)[0]
-
     def canonical_paths(self) -> list[Path]:
         """Streamed mode: one canonical checkpoint per reference seed, written once."""
         return self._form_paths("canonical", self.canonicalize)
@@ -269,11 +179,10 @@ class Reference:
                 path.unlink(missing_ok=True)
         return compute()
 
-    def align(self, samples: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The WM form of ``samples``: the NS steps with the permutation removed by weight matching
-        to the anchor checkpoint instead of sorting (``metrics.symmetries.align_to_anchor``)."""
-        anchor = load_checkpoints_as_sample_set(self.source.store.checkpoint_paths([self.anchor_seed]))
-        return align_to_anchor(samples, self.spec, anchor, self.steps)[0]
+    def anchor(self) -> dict[str, torch.Tensor]:
+        """The anchor checkpoint ``{key: [1, ...]}`` (``anchor_seed``: the lowest converged reference seed)."""
+        return self._remember("anchor", lambda: load_checkpoints_as_sample_set(
+            self.source.store.checkpoint_paths([self.anchor_seed])))
 
     def aligned(self) -> dict[str, torch.Tensor]:
         """The WM form of the reference ``{key: [R, ...]}``, computed once."""
@@ -327,128 +236,47 @@ class Reference:
                                  "reference_potential_n": float(len(potential))}
         return self._description
 
-    def shared_bandwidths(self, form: str) -> dict[str, dict[str, torch.Tensor]]:
-        """The bandwidth grid per layer shared by every row (``metrics.mmd.reference_bandwidths``)
-        of the raw zoo (``form="mmd"``) or the symmetry-free one (``"ns_mmd"``), computed once per
-        ``Reference``: ``{layer: {"laplace": [10], "gaussian": [10]}}``."""
-        if form not in self._bandwidths:
-            if form not in ("mmd", "ns_mmd"):
-                raise ValueError(f"shared_bandwidths: form must be 'mmd' or 'ns_mmd', got {form!r}")
-            if self.in_memory:
-                zoo = self.weights() if form == "mmd" else self.canonical()
-                self._bandwidths[form] = reference_bandwidths(zoo, device=self.exp.device)
-            else:
-                self._bandwidths[form] = self._healing(lambda: reference_bandwidths(
-                    CheckpointFiles(self.checked_paths() if form == "mmd" else self.canonical_paths()),
-                    device=self.exp.device))
-        return self._bandwidths[form]
-
-    def mmd(self, samples_path: Path | None, samples: dict[str, torch.Tensor], full: bool,
-            weight_matching: bool = True) -> dict[str, float]:
-        """Raw and NS MMD of a method's samples: ``{mmd_median, ..., ns_mmd_max}``, and their
-        medians with the bandwidths shared by every row (``mmd_shared_median``,
-        ``ns_mmd_shared_median``; ``shared_bandwidths``); with ``full`` also the standard errors
-        due to the reference (``<column>_ref_sd``, from its halves) and the fraction of layers
-        MMDAgg's test rejects (``mmd_reject``, ``ns_mmd_reject``). ``samples_path``: the file
-        ``samples`` were read from (a streamed reference reads it again in column blocks; None
-        for a reference held in memory). ``weight_matching=False`` leaves the WM columns NaN even
-        where the reference has an anchor (the baselines: matching 100 noise draws to the anchor
-        costs more than the rest of their numbers, and they are not ranked by it)."""
-        options: dict[str, Any] = {"device": self.exp.device}
-        matching = self.anchor_seed is not None and weight_matching
-        if full:
-            options |= {"resampling": self.resampling, "permutation_test": self.test}
-        canonical = self.canonicalize(samples)
-        wm_options = {k: v for k, v in options.items() if k != "permutation_test"}  # no test column for WM
-        shared = {form: {"shared_bandwidths": self.shared_bandwidths(form)} for form in ("mmd", "ns_mmd")}
+    def _bandwidth_grid(self, form: str) -> dict[str, dict[str, torch.Tensor]]:
         if self.in_memory:
-            results = {"mmd": mmd(self.weights(), samples, **options, **shared["mmd"]),
-                       "ns_mmd": mmd(self.canonical(), canonical, **options, **shared["ns_mmd"])}
-            if matching:
-                results["wm_mmd"] = mmd(self.aligned(), self.align(samples), **wm_options)
-        else:
-            private = uuid.uuid4().hex[:12]  # two evaluate runs on one store never share these files
-            canonical_path = samples_path.with_name(f".{samples_path.stem}.canonical-{private}.safetensors")
-            aligned_path = samples_path.with_name(f".{samples_path.stem}.aligned-{private}.safetensors")
-            save_sample_set(canonical_path, canonical, {"experiment": self.exp.name})
-            try:
-                results = {"mmd": mmd(CheckpointFiles(self.checked_paths()), SampleSetFile(samples_path), **options,
-                                      **shared["mmd"]),
-                           "ns_mmd": self._healing(lambda: mmd(CheckpointFiles(self.canonical_paths()),
-                                                               SampleSetFile(canonical_path), **options, **shared["ns_mmd"]))}
-                if matching:
-                    save_sample_set(aligned_path, self.align(samples), {"experiment": self.exp.name})
-                    results["wm_mmd"] = self._healing(lambda: mmd(CheckpointFiles(self._form_paths("aligned", self.align)),
-                                                                  SampleSetFile(aligned_path), **wm_options))
-            finally:
-                canonical_path.unlink(missing_ok=True)
-                aligned_path.unlink(missing_ok=True)
-        out = {f"wm_mmd_{name}": math.nan for name in SUMMARIES}
-        for prefix, result in results.items():
-            for name in SUMMARIES:
-                out[f"{prefix}_{name}"] = result.aggregate[name]
-                if result.resampled:
-                    out[f"{prefix}_{name}_ref_sd"] = float(result.resampled[name].std())
-            if full and prefix != "wm_mmd":
-                out[f"{prefix}_reject"] = result.reject_fraction
-            if result.shared is not None:
-                out[f"{prefix}_shared_median"] = result.shared.aggregate["median"]
-                if result.shared.resampled:
-                    out[f"{prefix}_shared_median_ref_sd"] = float(result.shared.resampled["median"].std())
-        return out
+            return super()._bandwidth_grid(form)
+        return self._healing(lambda: reference_bandwidths(
+            CheckpointFiles(self.checked_paths() if form == "mmd" else self.canonical_paths()), device=self.exp.device))
 
-    def score(self, unit: Unit, full: bool) -> dict[str, Any]:
-        """The numbers of one repetition of a method (``full``: with the reference's standard
-        errors and MMDAgg's test): predictive metrics against the zoo ensemble, raw, NS and WM MMD;
-        ``{"failed": reason}`` when its samples or predictions are unusable. A damaged reference
-        stops with ``CorruptZooError``, never a failed row."""
-        store = self.exp.store
-        samples_path, preds_path = store.samples_path(unit), store.preds_path(unit)
-        metas = {}
-        for path in (samples_path, preds_path):
-            metas[path] = read_metadata(path)
-            got = metas[path].get("experiment")
-            if got != self.exp.name:
-                raise StoreError(f"{path}: holds samples of experiment {got!r}, expected {self.exp.name!r}; "
-                                 f"the store holds: {describe_store(self.exp)}")
-        self.predictive()  # a damaged reference stops here, not as a failed row
-        try:
-            mixed = pairing_problem(metas[samples_path], metas[preds_path], preds_path)
-            if mixed is not None:
-                raise CheckpointError(mixed)
-            samples = load_sample_set(samples_path)
-            validate_tensors(samples, self.exp.model(), source=str(samples_path), leading=1)
-            preds = load_sample_set(preds_path, ["id", "ood"])
-            predictive = self.predictive_numbers(samples, preds)
-        except (CheckpointError, ValueError) as err:
-            log.error("%s marked failed: %s", unit.label, err)
-            return {"failed": str(err)}
-        return predictive | self.mmd(samples_path, samples, full=full)
-
-    def predictive_numbers(self, samples: dict[str, torch.Tensor], preds: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """``n_samples`` and the predictive metrics of ``preds`` (``{"id": [S, N, C], "ood": [S, M, C]}``,
-        the predictions of ``samples``), agreement and TV against this reference's predictive."""
-        numbers: dict[str, Any] = {"n_samples": int(next(iter(samples.values())).shape[0])}
-        return numbers | predictive_metrics(preds["id"], self.exp.test_tensors[1], preds["ood"],
-                                            reference_id=self.predictive())
+    def forms(self, weight_matching: bool = True) -> Forms:
+        """As ``Reference.forms``; a streamed zoo gives its checkpoint files and its forms' files."""
+        if self.in_memory:
+            return super().forms(weight_matching)
+        matching = self.anchor_seed is not None and weight_matching
+        shared = {form: self.shared_bandwidths(form) for form in ("mmd", "ns_mmd")}
+        return Forms(CheckpointFiles(self.checked_paths()), CheckpointFiles(self.canonical_paths()),
+                     CheckpointFiles(self._form_paths("aligned", self.align)) if matching else None, self.predictive(),
+                     shared)
 
     def score_samples(self, samples: dict[str, torch.Tensor], preds: dict[str, torch.Tensor], full: bool,
-                      weight_matching: bool = True) -> dict[str, Any]:
-        """The numbers of an in-memory sample set ``{key: [S, ...]}`` and its predictions
-        (``{"id": [S, N, C], "ood": [S, M, C]}``), as ``score`` gives those of a stored unit (e.g. a
-        block of zoo checkpoints scored against the HMC reference, a baseline's draws);
-        ``weight_matching``: as ``mmd``'s."""
-        numbers = self.predictive_numbers(samples, preds)
+                      weight_matching: bool = True, path: Path | None = None) -> dict[str, Any]:
+        """As ``Reference.score_samples``; a streamed zoo reads the samples' forms from files in column
+        blocks (``path``, the file ``samples`` were read from, and private files of their NS and WM
+        forms, removed after; ``path=None``: a private copy of the samples too)."""
         if self.in_memory:
-            return numbers | self.mmd(None, samples, full=full, weight_matching=weight_matching)
-        # A streamed reference reads the samples from a file in column blocks: a private one, removed after.
-        path = self.exp.store.eval_dir / f".scored-{uuid.uuid4().hex[:12]}.safetensors"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_sample_set(path, samples, {"experiment": self.exp.name})
+            return super().score_samples(samples, preds, full, weight_matching, path)
+        matching = self.anchor_seed is not None and weight_matching
+        options, labels = self.options(full), self.exp.test_tensors[1]
+        private = uuid.uuid4().hex[:12]  # two evaluate runs on one store never share these files
+        folder = self.exp.store.eval_dir if path is None else path.parent
+        stem = "scored" if path is None else path.stem
+        own = [folder / f".{stem}.{form}-{private}.safetensors" for form in ("raw", "canonical", "aligned")]
+        folder.mkdir(parents=True, exist_ok=True)
         try:
-            return numbers | self.mmd(path, samples, full=full, weight_matching=weight_matching)
+            if path is None:
+                save_sample_set(own[0], samples, {"experiment": self.exp.name})
+            save_sample_set(own[1], self.canonicalize(samples), {"experiment": self.exp.name})
+            if matching:
+                save_sample_set(own[2], self.align(samples), {"experiment": self.exp.name})
+            forms = Forms(SampleSetFile(path or own[0]), SampleSetFile(own[1]), SampleSetFile(own[2]) if matching else None)
+            return self._healing(lambda: score_row(self.forms(weight_matching), forms, options, preds, labels)).row
         finally:
-            path.unlink(missing_ok=True)
+            for file in own:
+                file.unlink(missing_ok=True)
 
 
 def _clear(path: Path) -> None:

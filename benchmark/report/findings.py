@@ -31,16 +31,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from benchmark.references import REFERENCE_METHODS, ZOO_ROW
-from benchmark.report.hmc import RANKED_COLUMNS, agreement
+from benchmark.references import REFERENCE_METHODS
 from benchmark.report.tables import UNCONVERGED_MARK, not_converged, variant_notes
 from benchmark.results import check_metrics, check_repetitions, half_width, parse_base_seeds
-from metrics.kendall import BOOTSTRAP_DRAWS
+from metrics.kendall import BOOTSTRAP_DRAWS, RankAgreement, rank_agreement
 from methods import METHODS
 from metrics.uncertainty import (
     ALPHA, MAX_REPETITIONS, POWER_TARGET, RowTest, compare_rows, holm, min_exact_p, reachable,
@@ -66,9 +65,46 @@ class Claim:
     comparisons: tuple[Comparison, ...]
 
 
+RANKED_COLUMNS = {"MMD": "mmd_median", "NS MMD": "ns_mmd_median"}
+"""The columns rows are ranked by under each reference (the median over kernels, as Table 1)."""
+
+
+@dataclass(frozen=True)
+class ReferenceSection:
+    """What a second reference adds to findings.md (a reference's report hook gives it): ``title``
+    (the section's heading), ``intro`` (its first paragraph), ``label`` (the reference's name in
+    the text), ``claims`` (its claims on the rows scored against it, given those rows) and
+    ``metrics``, ``repetitions`` (metrics.csv's and repetitions.csv's rows against it). Its
+    section holds its claims, then Kendall's tau between the rankings under the zoo and under it."""
+
+    title: str
+    intro: str
+    label: str
+    claims: Callable[[set[tuple[str, str]]], list[Claim]]
+    metrics: pd.DataFrame
+    repetitions: pd.DataFrame
+
+
+def agreement(zoo_repetitions: pd.DataFrame, other_repetitions: pd.DataFrame, ranked_rows: list[tuple[str, str]],
+              column: str) -> RankAgreement:
+    """Kendall's tau between the rankings of ``ranked_rows`` (method, mode) by ``column`` under the zoo
+    and under another reference (repetitions.csv's rows against each), with its bootstrap interval
+    over the repetitions (``metrics.kendall.rank_agreement``; repetition k of a row is the same
+    sample set under both references)."""
+    reps = {name: check_repetitions(frame) for name, frame in (("zoo", zoo_repetitions), ("other", other_repetitions))}
+    values: dict[str, list[np.ndarray]] = {"zoo": [], "other": []}
+    for method, mode in ranked_rows:
+        mine = {name: frame[(frame["method"] == method) & (frame["mode"] == mode) & (frame["status"] == "ok")]
+                .set_index("repetition")[column] for name, frame in reps.items()}
+        common = sorted(set(mine["zoo"].index) & set(mine["other"].index))
+        for name in values:
+            values[name].append(mine[name].loc[common].to_numpy())
+    return rank_agreement(values["zoo"], values["other"])
+
+
 def paper_claims(rows: set[tuple[str, str]]) -> list[Claim]:
-    """The paper's claims, as comparisons between the rows present (``(method, mode)``; HMC's rows,
-    a reference rather than one of the paper's methods, are left out)."""
+    """The paper's claims, as comparisons between the rows present (``(method, mode)``; a reference's
+    own rows, ``REFERENCE_METHODS``, are not the paper's methods and are left out)."""
     rows = {r for r in rows if r[0] not in REFERENCE_METHODS}
     paired = [m for m in PAIRED if (m, "one") in rows and (m, "multi") in rows]
     de = ("ensemble", "multi")
@@ -117,17 +153,6 @@ def seed_claims(rows: set[tuple[str, str]]) -> list[Claim]:
               "reference: lower NS MMD than the plain vBNN.", tuple(Comparison(v, bnn, "ns_mmd_median") for v in variants)),
         Claim("... and lower MMD.", tuple(Comparison(v, bnn, "mmd_median") for v in variants)),
     ]
-
-
-def hmc_claims(rows: set[tuple[str, str]]) -> list[Claim]:
-    """Against HMC (metrics.csv's rows with ``reference`` = ``hmc``): the zoo's row has a lower MMD and NS MMD than every
-    one-mode row of the paper's methods."""
-    one = sorted(r for r in rows if r[1] == "one" and r[0] not in REFERENCE_METHODS)
-    return [claim for claim in [
-        Claim("Against HMC, the zoo is closer to HMC than every one-mode method: lower MMD and NS MMD.",
-              tuple(Comparison(ZOO_ROW, r, column) for r in one for column in ("mmd_median", "ns_mmd_median"))
-              if ZOO_ROW in rows else ()),
-    ] if claim.comparisons]
 
 
 def tau_verdict(low: float, high: float) -> str:
@@ -273,12 +298,12 @@ def _side(c: Comparison, test: RowTest, adjusted: float, alpha: float) -> str:
 
 
 def render(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float = ALPHA,
-           hmc: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> str:
+           others: Sequence[ReferenceSection] = ()) -> str:
     """findings.md for the rows of one experiment's metrics frame (``df``, metrics.csv) and their
     repetitions (``repetitions``, repetitions.csv: every repetition of every row that did not
     fail); with vBNN rows, a closing note on how to read them
-    (``tables.variant_notes``); with ``hmc`` (the rows of metrics.csv and repetitions.csv with
-    ``reference`` = ``hmc``: ``reference=hmc``), the claims about the two references (``hmc_claims``, Kendall's tau).
+    (``tables.variant_notes``); for each of ``others`` (a second reference's ``ReferenceSection``),
+    its claims on the rows scored against it and Kendall's tau between the two rankings.
     Raises ``ValueError`` when a row's repetitions are missing."""
     frame, per_row, failed = _ok_rows(df, repetitions)
     experiment = frame["experiment_label"].iloc[0] if len(frame) else ""
@@ -287,8 +312,8 @@ def render(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float = ALPHA,
     summary = []
     for claim in paper_claims(set(frame.index)):
         lines += _claim_section(claim, frame, per_row, alpha, summary)
-    if hmc is not None:
-        lines += _hmc_sections(frame, repetitions, *hmc, alpha, summary)
+    for other in others:
+        lines += _reference_sections(frame, repetitions, other, alpha, summary)
     head = ["| Claim | Verdict | Hold | Fail | Underpowered | Not distinguishable | t-tests alone | "
             f"Repetitions for {POWER_TARGET:.0%} power |", "|:--|:--|--:|--:|--:|--:|:--|:--|"]
     head += [f"| {e['text']} | {e['verdict']} | {' | '.join(map(str, e['counts']))} | {e['t_verdict']} | {e['needed']} |"
@@ -365,26 +390,22 @@ def _largest(values: list[float]) -> float:
     return max(finite) if finite else math.nan
 
 
-def _hmc_sections(zoo: pd.DataFrame, zoo_repetitions: pd.DataFrame, hmc_metrics: pd.DataFrame,
-                  hmc_repetitions: pd.DataFrame, alpha: float, summary: list) -> list[str]:
-    """The claims about the two references (``reference=hmc``): ``hmc_claims`` on the rows scored
-    against HMC, then Kendall's tau between the rankings under the zoo and under HMC."""
-    frame, per_row, _ = _ok_rows(hmc_metrics, hmc_repetitions)
-    lines = ["## Against full-batch HMC (reference=hmc)", "",
-             "Every row was also scored against full-batch HMC's draws (metrics.csv's rows with reference=hmc, "
-             "table_hmc.md); the zoo's "
-             "row there is blocks of reference checkpoints of a method's sample size. The tests are those above, on "
-             "the rows scored against HMC.", ""]
-    for claim in hmc_claims(set(frame.index)):
+def _reference_sections(zoo: pd.DataFrame, zoo_repetitions: pd.DataFrame, other: ReferenceSection, alpha: float,
+                        summary: list) -> list[str]:
+    """The claims about a second reference (``other``): its claims on the rows scored against it,
+    then Kendall's tau between the rankings under the zoo and under it."""
+    frame, per_row, _ = _ok_rows(other.metrics, other.repetitions)
+    lines = [f"## {other.title}", "", other.intro, ""]
+    for claim in other.claims(set(frame.index)):
         lines += _claim_section(claim, frame, per_row, alpha, summary)
     both = [r for r in frame.index if r in zoo.index and r[0] not in REFERENCE_METHODS]
     if len(both) < 2:
         return lines
     text = ("The two references rank the methods alike: Kendall's tau between the rankings under the zoo and under "
-            "HMC is above 0.")
+            f"{other.label} is above 0.")
     rows, verdicts = [], []
     for label, column in RANKED_COLUMNS.items():
-        result = agreement(zoo_repetitions, hmc_repetitions, both, column)
+        result = agreement(zoo_repetitions, other.repetitions, both, column)
         verdicts.append(tau_verdict(result.low, result.high))
         rows.append({"Ranked by": label, "Rows": str(result.rows), "Kendall's tau": f"{result.tau:.2f}",
                      f"{result.level:.0%} interval": f"[{result.low:.2f}, {result.high:.2f}]",
@@ -394,7 +415,7 @@ def _hmc_sections(zoo: pd.DataFrame, zoo_repetitions: pd.DataFrame, hmc_metrics:
     summary.append({"text": text, "verdict": result, "counts": tuple(sum(v == w for v in verdicts) for w in OUTCOMES),
                     "t_verdict": "n/a", "needed": "n/a", "needed_value": math.nan, "needed_range": (math.nan, math.nan)})
     lines += [f"## {text} **{result}**", "",
-              "Tau-b between the rows' means under the two references, over the approximate methods (HMC's rows and "
+              f"Tau-b between the rows' means under the two references, over the approximate methods ({other.label}'s rows and "
               "the zoo's are the references, failed rows are left out); interval: percentile bootstrap over each "
               f"row's repetitions (the same resampled repetitions under both references, {BOOTSTRAP_DRAWS} draws; coarse with few "
               "repetitions); p: scipy's test of tau = 0 taking the rows as the sample. The claim holds when the "
@@ -501,8 +522,8 @@ def repetitions_to_decide(paired: Sequence[bool], alpha: float = ALPHA) -> int:
 
 
 def repetitions_needed(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float = ALPHA,
-                       hmc: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> pd.DataFrame:
-    """For each claim of ``render`` (metrics.csv ``df``, repetitions.csv ``repetitions``; ``hmc`` as
+                       others: Sequence[ReferenceSection] = ()) -> pd.DataFrame:
+    """For each claim of ``render`` (metrics.csv ``df``, repetitions.csv ``repetitions``; ``others`` as
     in ``render``): its comparisons (``paired``, ``unpaired``), the repetitions it has now
     (``repetitions``: the fewest any of its comparisons uses), its ``verdict`` and the t-tests'
     (``t_verdict``), ``to_decide``: the repetitions at which its exact tests could decide every
@@ -512,9 +533,9 @@ def repetitions_needed(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float
     (``inf``: an interval reaches 0)."""
     frame, per_row, _ = _ok_rows(df, repetitions)
     families = [(claim, per_row) for claim in paper_claims(set(frame.index))]
-    if hmc is not None:
-        hmc_frame, hmc_rows, _ = _ok_rows(*hmc)
-        families += [(claim, hmc_rows) for claim in hmc_claims(set(hmc_frame.index))]
+    for other in others:
+        other_frame, other_rows, _ = _ok_rows(other.metrics, other.repetitions)
+        families += [(claim, other_rows) for claim in other.claims(set(other_frame.index))]
     records = []
     for claim, rows in families:
         outcomes = check_claim(claim, rows, alpha)

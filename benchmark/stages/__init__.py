@@ -21,7 +21,9 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Sequence
 
+from benchmark.baselines import selected as selected_baselines
 from benchmark.experiment import Experiment
+from benchmark.references import reference_class
 from benchmark.stages import analyze, evaluate, import_zoo, report, sample, verify, zoo
 
 STAGES: dict[str, ModuleType] = {module.NAME: module for module in (zoo, sample, evaluate, report, analyze, verify, import_zoo)}
@@ -31,8 +33,11 @@ PIPELINE = ("zoo", "sample", "evaluate", "report", "analyze")
 
 
 def preflight(exp: Experiment, stages: Sequence[str]) -> None:
-    """Check every stage of ``stages`` in order before any of them runs: each with what the stages
-    before it produce (``made``)."""
+    """Check every stage of ``stages`` in order before any of them runs: the plug-ins the config
+    names (``reference.name``, ``evaluate.baselines``: registered ones, else ``ValueError`` naming
+    them), then each stage with what the stages before it produce (``made``)."""
+    reference_class(str(exp.config.reference.name))
+    selected_baselines(exp)
     made: frozenset[str] = frozenset()
     for name in stages:
         STAGES[name].check(exp, made)

@@ -33,15 +33,14 @@ failed rows. Damaged caches (a number cache or a reference form: NaN, bit flip, 
 directory or a dangling symlink in its place) are named and recomputed.
 
 ``reference=<name>`` (``benchmark.references``, ``conf/reference/<name>.yaml``) scores every row a
-second time, against that reference, with the same machinery: ``hmc``, full-batch HMC's draws
-(``HMCReference``: the chains of every repetition of ``hmc``/``multi``, pooled; an HMC repetition
-against the other repetitions' chains only), plus one row for the zoo itself (``scores_zoo``:
-repetition k is the k-th block of ``sample.per_method`` converged reference checkpoints, in seed
-order, scored as a method's samples would be); ``other_zoo``, another store's zoo. Every row against
-every reference goes to the one ``metrics.csv`` and ``repetitions.csv``, told apart by their
-``reference`` column (``benchmark.results``). The per-reference files of older runs
-(``results.LEGACY_FILES``: ``metrics_hmc.csv``, ``repetitions_hmc.csv``) are removed, with one log
-line, so that no stale table is read beside the new rows.
+second time, against that reference, with the same machinery (``Reference.against(unit)``: what
+each unit is scored against, e.g. a reference drawn by a method leaves that unit's own draws
+out), plus, where the reference ``scores_zoo``, one row for the zoo itself (repetition k is the
+k-th block of ``sample.per_method`` converged reference checkpoints, in seed order, scored as a
+method's samples would be). Every row against every reference goes to the one ``metrics.csv`` and
+``repetitions.csv``, told apart by their ``reference`` column (``benchmark.results``). The
+per-reference files of older runs (``results.LEGACY_FILES``) are removed, with one log line, so
+that no stale table is read beside the new rows.
 """
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.baselines import BASELINE_MODE, BASELINES, baseline_samples, second_zoo_seeds
-from benchmark.config import BaselineChoice
+from benchmark.baselines import BASELINE_MODE, BASELINES, selected as selected_baselines
 from benchmark.core.fingerprint import stable_hash
 from benchmark.core.training.predict import predict_samples
 from benchmark.design import Design
@@ -70,7 +68,7 @@ from benchmark.inventory import (
     reference_recipe, reference_seeds, require_inputs, row_label, row_units,
 )
 from benchmark.inventory.actions import reap_results_litter
-from benchmark.references import REFERENCES, ZOO_ROW, Reference, evaluated, problems as reference_problems
+from benchmark.references import REFERENCES, ZOO_ROW, Reference, ZooReference, evaluated, problems as reference_problems
 from benchmark.results import (
     LEGACY_FILES, MEASURED, MMD_COLUMNS, half_width, metrics_path, repetition_rows, repetitions_path, write_metrics,
     write_repetitions,
@@ -107,15 +105,10 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
         problem = reference_recipe(exp).problem(exp)
         if problem is not None and not exp.config.evaluate.allow_other_recipe:  # the warning comes with run
             raise OtherRecipeError(f"stage={NAME}: {problem}")
-    drawn = frozenset({"hmc"}) if "samples" in made and _samples_hmc(exp) else frozenset()  # by this run's sample stage
+    drawn = frozenset(name for name in evaluated(exp) if "samples" in made and REFERENCES[name].drawn_by(exp))
     problems = reference_problems(exp, skip=drawn)
     if problems:
         raise MissingInputsError(f"stage={NAME} " + " | ".join(problems))
-
-
-def _samples_hmc(exp: Experiment) -> bool:
-    """Whether this run's sample stage draws HMC's multi-mode units (``method=hmc``, a mode with multi)."""
-    return exp.config.method.value == "hmc" and exp.config.mode.value in ("both", "multi")
 
 
 def require_complete_reference(exp: Experiment) -> None:
@@ -192,7 +185,7 @@ def run(exp: Experiment) -> pd.DataFrame:
             problems.append((StaleSamplesError, str(err)))
     if problems:
         raise problems[0][0](" | ".join(message for _, message in problems))
-    zoo = Reference(exp)
+    zoo = ZooReference(exp)
     out, per_repetition = [], []
     for name in evaluated(exp):
         got, got_repetitions = _score_against(exp, units, zoo, zoo if name == zoo.name else REFERENCES[name].build(exp))
@@ -211,13 +204,13 @@ def run(exp: Experiment) -> pd.DataFrame:
     return frame
 
 
-def _baseline_rows(exp: Experiment, zoo: Reference, against: Reference) -> "Rows":
+def _baseline_rows(exp: Experiment, zoo: ZooReference, against: Reference) -> "Rows":
     """The reference rows of ``evaluate.baselines`` (``benchmark.baselines``), drawn from ``zoo`` and
     scored against ``against`` over ``baseline_repetitions`` (the first in full), each as
     ``(row, numbers per repetition, repetitions, seeds)``; a baseline the store cannot supply
     (``second_zoo`` without its held-out networks) is left out with one warning."""
     out = []
-    names = [BaselineChoice(b).value for b in exp.config.evaluate.baselines]
+    names = selected_baselines(exp)
     count = baseline_repetitions(exp)
     bar = tqdm(total=sum(count(name) for name in names), desc=f"evaluate {exp.name}: baselines against the {against.name}",
                unit="repetition", dynamic_ncols=True, disable=not names)
@@ -241,19 +234,21 @@ def _baseline_rows(exp: Experiment, zoo: Reference, against: Reference) -> "Rows
 
 def baseline_repetitions(exp: Experiment) -> Callable[[str], int]:
     """How many repetitions each baseline gets (``Design.baseline_repetitions``):
-    ``evaluate.baseline_repetitions`` (null: the design's repetitions), the second zoo at most the
-    design's repetitions (one held-out block each)."""
+    ``evaluate.baseline_repetitions`` (null: the design's repetitions), one that reads held-out
+    networks (``Baseline.held_out``: the second zoo) at most the design's repetitions (one held-out
+    block each)."""
     design, wanted = Design.of(exp), exp.config.evaluate.baseline_repetitions
-    return lambda name: design.baseline_repetitions(wanted, held_out=name == BaselineChoice.second_zoo.value)
+    return lambda name: design.baseline_repetitions(wanted, held_out=BASELINES[name].held_out)
 
 
-def _baseline_numbers(exp: Experiment, zoo: Reference, against: Reference, name: str, repetition: int, full: bool
+def _baseline_numbers(exp: Experiment, zoo: ZooReference, against: Reference, name: str, repetition: int, full: bool
                       ) -> tuple[dict[str, Any], list[int] | None]:
     """Repetition ``repetition`` of baseline ``name`` scored against ``against`` (cached, keyed by the
     baseline, the repetition, its size, the networks it reads and the scoring key), and the seeds
     of the networks it holds (None for draws)."""
     per_method = Design.of(exp).per_method
-    networks = second_zoo_seeds(exp, repetition, per_method) if name == "second_zoo" else []
+    baseline = BASELINES[name]
+    networks = baseline.networks(exp, repetition, per_method)
     inputs = {"baseline": name, "repetition": repetition, "n": per_method, "full": full,
               "zoo": [zoo.key(c) for c in ("zoo", "canonical")], "recipe": exp.config_hash}
     key = stable_hash({"numbers": against.files_numbers_key(exp.store.checkpoint_paths(networks)), "inputs": inputs},
@@ -261,7 +256,7 @@ def _baseline_numbers(exp: Experiment, zoo: Reference, against: Reference, name:
     cached = exp.store.baseline_eval_path(name, repetition, against.name)
     hit = _cached_numbers(cached, key)
     if hit is None:
-        samples, _ = baseline_samples(exp, zoo, name, repetition)
+        samples, _ = baseline.draw(exp, zoo, per_method, repetition)
         preds = {"id": predict_samples(exp.model(), samples, exp.test_tensors[0]),
                  "ood": predict_samples(exp.model(), samples, exp.ood_tensors[0])}
         bad = [split for split, probs in preds.items() if not bool(torch.isfinite(probs).all())]
@@ -272,9 +267,7 @@ def _baseline_numbers(exp: Experiment, zoo: Reference, against: Reference, name:
         else:
             hit = against.score_samples(samples, preds, full=full, weight_matching=False)
         _store_numbers(cached, key, hit)
-    if name == "second_zoo":
-        return hit, networks
-    return hit, None
+    return hit, networks or None
 
 
 Rows = list[tuple[dict[str, Any], list[dict[str, Any]], list[int], list[list[int] | None]]]
@@ -310,7 +303,7 @@ def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], refer
 def _row(exp: Experiment, method: str, label: str, mode: str, ref: Reference) -> dict[str, Any]:
     """The identifying columns of a metrics row scored against ``ref`` (and what the reference is:
     ``Reference.description``)."""
-    recipe = ref.recipe  # the zoo's (the HMC reference has none)
+    recipe = ref.recipe  # a zoo's (None for a reference that is not a trained zoo)
     return {**ref.description(), "experiment": exp.name, "experiment_label": exp.display_name, "method": method, "method_label": label,
             "mode": mode, "reference": ref.name, "status": "ok", "reason": "", "ns_steps": "+".join(ref.steps),
             "wm_anchor": "" if ref.anchor_seed is None else f"seed {ref.anchor_seed}", "n_reference": ref.size,
@@ -318,7 +311,7 @@ def _row(exp: Experiment, method: str, label: str, mode: str, ref: Reference) ->
             "reference_recipe": recipe.note() if recipe else ""}
 
 
-def _score_against(exp: Experiment, units: dict[tuple[str, str], list[Unit]], zoo: Reference, reference: Reference
+def _score_against(exp: Experiment, units: dict[tuple[str, str], list[Unit]], zoo: ZooReference, reference: Reference
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every row against ``reference`` (each unit against ``reference.against(unit)``), the baseline
     rows (drawn from ``zoo``) and, where ``reference.scores_zoo``, the zoo's row (``zoo_blocks``);
@@ -338,7 +331,7 @@ def _score_against(exp: Experiment, units: dict[tuple[str, str], list[Unit]], zo
     return _score_rows(exp, units, reference, [*extra, *_baseline_rows(exp, zoo, reference)])
 
 
-def zoo_blocks(exp: Experiment, zoo: Reference) -> list[list[int]]:
+def zoo_blocks(exp: Experiment, zoo: ZooReference) -> list[list[int]]:
     """The zoo row's repetitions (``Design.reference_blocks``): the design's repetitions as disjoint
     blocks of the converged reference seeds, in seed order, of ``sample.per_method`` each (the size
     of a method's sample set), or of an equal share of the zoo when it is smaller; ``StoreError``
@@ -351,13 +344,13 @@ def zoo_blocks(exp: Experiment, zoo: Reference) -> list[list[int]]:
     return blocks
 
 
-def _zoo_block_numbers(exp: Experiment, hmc: Reference, zoo: Reference, k: int, seeds: list[int], full: bool
+def _zoo_block_numbers(exp: Experiment, against: Reference, zoo: ZooReference, k: int, seeds: list[int], full: bool
                        ) -> dict[str, Any]:
-    """The numbers of the zoo's block ``k`` (checkpoints ``seeds``) against ``hmc`` (a reference
+    """The numbers of the zoo's block ``k`` (checkpoints ``seeds``) against ``against`` (a reference
     with ``scores_zoo``), cached as a unit's are."""
     paths = exp.store.checkpoint_paths(seeds)
-    key = hmc.files_numbers_key(paths)
-    cached = _cache_path(exp, exp.store.sample_unit(*ZOO_ROW, k), hmc.name)
+    key = against.files_numbers_key(paths)
+    cached = _cache_path(exp, exp.store.sample_unit(*ZOO_ROW, k), against.name)
     hit = _cached_numbers(cached, key)
     if hit is not None:
         return hit
@@ -366,7 +359,7 @@ def _zoo_block_numbers(exp: Experiment, hmc: Reference, zoo: Reference, k: int, 
     model = exp.model()
     preds = {"id": predict_samples(model, samples, exp.test_tensors[0]),
              "ood": predict_samples(model, samples, exp.ood_tensors[0])}
-    numbers = hmc.score_samples(samples, preds, full=full)
+    numbers = against.score_samples(samples, preds, full=full)
     _store_numbers(cached, key, numbers)
     return numbers
 

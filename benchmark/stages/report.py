@@ -7,14 +7,14 @@ The current experiment's files go to ``results/<experiment>/``; when several exp
 results, the side-by-side tables go to ``results/all/``.
 
 Tables 1-3, the findings and the diagnostics are of the rows scored against the zoo (metrics.csv's
-``reference`` column: ``zoo``). ``reference=hmc`` adds ``table_hmc.{md,csv}`` (every row's distance
-to the zoo next to its distance to full-batch HMC, ranks, agreement and TV with HMC's predictive,
-the convergence of every HMC chain group; ``benchmark.report.hmc``) and the claims about the two
-references to ``findings.md``, from the rows with ``reference`` = ``hmc``. Another reference
-(``reference=other_zoo``) adds its rows to metrics.csv only.
+``reference`` column: ``zoo``). ``reference=<name>`` adds what that reference's report hook writes
+(``Reference.hooks.report``, a module with ``write`` and ``findings``: its extra tables and its
+section of ``findings.md``, from the rows with ``reference`` = ``<name>``); a reference without a
+report hook adds its rows to metrics.csv only.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 from collections import Counter
 from pathlib import Path
@@ -26,8 +26,8 @@ from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, range_state, require_inputs
 from benchmark.inventory.actions import reap_results_litter
 from benchmark.baselines import BASELINE_MODE
-from benchmark.references import ZOO, HMCReference, evaluated
-from benchmark.report import diagnostics, findings, hmc, write_tables
+from benchmark.references import REFERENCES, ZOO, evaluated
+from benchmark.report import diagnostics, findings, write_tables
 from benchmark.results import metrics_path, read_metrics, read_repetitions, repetitions_path, rows_against
 
 log = logging.getLogger(__name__)
@@ -80,12 +80,15 @@ def run(exp: Experiment) -> list[Path]:
     written = write_tables(metrics, exp.results_dir)
     written.append(write_zoo_summary(exp, exp.results_dir / "zoo.md"))
     written += diagnostics.write(exp, exp.results_dir)
-    claims_hmc = None
-    if HMCReference.name in evaluated(exp):
-        written += hmc.write(exp, every_metric, exp.results_dir, reference=HMCReference.name)
-        claims_hmc = tuple(_methods_only(rows_against(frame, HMCReference.name))
-                           for frame in (every_metric, every_repetition))
-    text = findings.render(_methods_only(metrics), _methods_only(repetitions), hmc=claims_hmc)
+    sections = []
+    for name in evaluated(exp)[1:]:
+        hook = REFERENCES[name].hooks.report
+        if hook is None:
+            continue
+        module = importlib.import_module(hook)
+        written += module.write(exp, every_metric, every_repetition, exp.results_dir)
+        sections.append(module.findings(*(_methods_only(rows_against(frame, name)) for frame in (every_metric, every_repetition))))
+    text = findings.render(_methods_only(metrics), _methods_only(repetitions), others=sections)
     atomic_write_text(exp.results_dir / "findings.md", text + against_baselines(metrics, repetitions))
     written.append(exp.results_dir / "findings.md")
     results = exp.results_dir.parent

@@ -52,7 +52,8 @@ from benchmark.core.store import (
 from benchmark.core.store.atomic import is_temp_file
 from benchmark.core.store.claims import describe_holder, read_claim
 from benchmark.experiment import Experiment
-from benchmark.references import Reference
+from benchmark.references import REFERENCES, Reference, evaluated
+from benchmark.references.zoo import FORM_FOLDERS
 from benchmark.inventory import (
     UnitState, checkpoint_staleness, expected_units, quarantined_seeds, seed_problem, unit_state,
 )
@@ -61,6 +62,7 @@ from methods import method_names, selected
 
 log = logging.getLogger(__name__)
 NAME = "verify"
+FORM_PREFIXES = tuple(f"{name}-" for name in FORM_FOLDERS)
 
 
 class StoreIntegrityError(StoreError):
@@ -392,24 +394,42 @@ def check_samples(exp: Experiment | None, store: ExperimentStore, health: Experi
 
 
 def check_caches(exp: Experiment | None, store: ExperimentStore, health: ExperimentHealth) -> None:
-    """Validate every cache file of ``reference/`` (checksums, finite values; the streamed forms'
-    folders too) and ``eval/`` (sealed JSON), and list the form folders (``canonical-<key>``,
-    ``aligned-<key>``) no current key uses, with their size (judged only with an experiment whose
-    reference can be built)."""
-    current: set[str] | None = None
-    if exp is not None:
-        try:
-            reference = Reference(exp)
-            current = {f"{name}-{reference.key(name)}" for name in ("canonical", "aligned")}
-        except (StoreError, CheckpointError, OSError):
-            current = None  # no reference to judge against: folders are not called orphaned
-    folder = store.reference_dir
+    """Validate every cache file of each registered reference's cache folder (``Reference.cache_folder``:
+    ``reference/``, another store's zoo's ``reference-other_zoo/``; checksums, finite values, the
+    streamed forms' folders too) and of ``eval/`` (sealed JSON), and list the form folders
+    (``canonical-<key>``, ``aligned-<key>``) no current key uses, with their size (judged only with
+    an experiment that evaluates against that reference and whose reference can be built)."""
+    for reference in REFERENCES.values():
+        folder = reference.cache_folder(store)
+        if folder is not None:
+            _check_reference_caches(folder, _current_caches(exp, reference), health)
+    numbers = sorted(p for p in store.eval_dir.iterdir() if not p.name.startswith(".")) if store.eval_dir.is_dir() else []
+    for path in numbers:
+        health.caches["numbers"] += 1
+        problem = _cache_problem(path, lambda p: unsealed_json(p.read_text(encoding="utf-8"), str(p)))
+        if problem:
+            health.damaged_caches[path] = problem
+
+
+def _current_caches(exp: Experiment | None, reference: type[Reference]) -> set[str] | None:
+    """The form folders the current keys of ``reference`` use, or ``None`` when they cannot be
+    judged (no experiment, one not evaluated against it, or a reference that cannot be built)."""
+    if exp is None or reference.name not in evaluated(exp):
+        return None
+    try:
+        return reference.build(exp).current_caches()
+    except (StoreError, CheckpointError, OSError):
+        return None  # no reference to judge against: folders are not called orphaned
+
+
+def _check_reference_caches(folder: Path, current: set[str] | None, health: ExperimentHealth) -> None:
+    """Validate the cache files of ``folder`` (one reference's) and list its orphaned form folders."""
     entries = sorted(folder.iterdir()) if folder.is_dir() else []
     for entry in entries:
         if entry.name.startswith(".") or entry.name == "quarantine":
             continue
         if entry.is_dir() and not entry.is_symlink():
-            if current is not None and entry.name.startswith(("canonical-", "aligned-")) and entry.name not in current:
+            if current is not None and entry.name.startswith(FORM_PREFIXES) and entry.name not in current:
                 health.orphans[entry] = sum(p.lstat().st_size for p in entry.rglob("*"))
                 continue
             files = sorted(p for p in entry.iterdir() if not p.name.startswith("."))
@@ -420,12 +440,6 @@ def check_caches(exp: Experiment | None, store: ExperimentStore, health: Experim
             problem = _cache_problem(path, lambda p: check_file(p, expect={}))
             if problem:
                 health.damaged_caches[path] = problem
-    numbers = sorted(p for p in store.eval_dir.iterdir() if not p.name.startswith(".")) if store.eval_dir.is_dir() else []
-    for path in numbers:
-        health.caches["numbers"] += 1
-        problem = _cache_problem(path, lambda p: unsealed_json(p.read_text(encoding="utf-8"), str(p)))
-        if problem:
-            health.damaged_caches[path] = problem
 
 
 def _cache_problem(path: Path, read) -> str | None:

@@ -9,17 +9,17 @@ import pandas as pd
 import pytest
 import torch
 
-from benchmark.baselines import (
-    BASELINE_MODE, BASELINES, INIT_SEED_START, baseline_samples, gaussian_samples, init_samples, prior_samples,
-    reference_moments, second_zoo_seeds,
-)
-from benchmark.config import BaselineChoice
+from benchmark.baselines import BASELINE_MODE, BASELINES, baseline_class
+from benchmark.baselines.gaussian import gaussian_samples, reference_moments
+from benchmark.baselines.init import INIT_SEED_START, init_samples
+from benchmark.baselines.prior import prior_samples
+from benchmark.baselines.second_zoo import second_zoo_seeds
 from benchmark.core.models import fit_with_weights, predict_with_weights
 from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.design import Design
-from benchmark.references import Reference
+from benchmark.references import ZooReference
 from benchmark.report.tables import table1, table3
 from benchmark.results import read_metrics, read_repetitions
 from benchmark.stages.evaluate import run as run_evaluate
@@ -58,8 +58,10 @@ def store(tmp_path_factory):
     return exp
 
 
-def test_every_choice_of_the_config_is_a_baseline():
-    assert list(BASELINES) == [choice.value for choice in BaselineChoice]
+def test_the_registry_holds_every_baseline_in_table_order_and_refuses_others():
+    assert list(BASELINES) == ["prior", "init", "gaussian", "gaussian_ns", "second_zoo"]
+    with pytest.raises(ValueError, match=r"'nope' is not a registered baseline; expected some of \['prior', 'init', "):
+        baseline_class("nope")
 
 
 def test_the_prior_draws_have_the_recipes_prior_variance(store):
@@ -80,7 +82,7 @@ def test_untrained_networks_are_the_models_initialisation_under_their_seeds(stor
 
 
 def test_the_gaussians_are_fitted_to_the_raw_and_the_symmetry_free_zoo(store):
-    ref = Reference(store)
+    ref = ZooReference(store)
     zoo = load_checkpoints_as_sample_set(store.store.checkpoint_paths(range(10)))
     canonical = canonicalize(zoo, spec_for_model(store.model()), ["scale", "sort"])[0]
     for symmetry_free, fitted in ((False, zoo), (True, canonical)):
@@ -98,9 +100,9 @@ def test_the_gaussians_are_fitted_to_the_raw_and_the_symmetry_free_zoo(store):
 def test_a_streamed_zoo_gives_the_same_moments(store, tmp_path):
     streamed = Experiment(compose_config([f"store={store.store.root}", "seeds.reference=[0,10]",
                                           "seeds.heldout=[100000,100008]", "evaluate.max_in_memory_gb=1e-7"]))
-    ref = Reference(streamed)
+    ref = ZooReference(streamed)
     assert not ref.in_memory
-    in_memory = reference_moments(Reference(store), True)
+    in_memory = reference_moments(ZooReference(store), True)
     for key, (mean, sd) in reference_moments(ref, True).items():
         torch.testing.assert_close(mean, in_memory[key][0], rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(sd, in_memory[key][1], rtol=1e-6, atol=1e-7)
@@ -134,7 +136,7 @@ def test_evaluate_scores_each_baseline_as_its_draws_score_and_the_report_groups_
     frame = run_evaluate(store)
     rows = frame.set_index(["method", "mode"])
     assert [m for m, mode in rows.index if mode == BASELINE_MODE] == list(BASELINES)
-    ref = Reference(store)
+    ref = ZooReference(store)
     zoo = load_checkpoints_as_sample_set(store.store.checkpoint_paths(range(10)))
     images, labels = store.test_tensors
     per_rep = read_repetitions(store.results_dir / "repetitions.csv").set_index(["method", "mode", "repetition"])
@@ -142,7 +144,7 @@ def test_evaluate_scores_each_baseline_as_its_draws_score_and_the_report_groups_
     assert rows.loc[("second_zoo", BASELINE_MODE), "n_repetitions"] == 2  # one held-out block per method repetition
     for name in BASELINES:
         for k in range(2):
-            samples, _ = baseline_samples(store, ref, name, k)
+            samples, _ = BASELINES[name].draw(store, ref, 4, k)
             got = per_rep.loc[(name, BASELINE_MODE, k)]
             assert got["mmd_median"] == pytest.approx(mmd(zoo, samples).aggregate["median"], rel=1e-6), (name, k)
             probs = predict_with_weights(store.model(), samples, images)

@@ -14,7 +14,7 @@ from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError
-from benchmark.references import HMCReference
+from benchmark.references.hmc import HMCReference
 from benchmark.results import read_metrics, read_repetitions, rows_against, write_metrics
 from benchmark.stages import evaluate, report
 from metrics.mcmc import predictive_convergence

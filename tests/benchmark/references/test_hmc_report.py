@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmark.report.hmc import reading, start_convergence, start_groups
+from benchmark.references.hmc.report import reading, start_convergence, start_groups
 from metrics.mcmc import predictive_convergence
 
 

@@ -1,14 +1,14 @@
 """The HMC reference (``reference=hmc``): the pooled draws of every chain of full-batch HMC's
 multi-mode units (``method=hmc mode=multi``, every repetition), scored with the same machinery as
-the zoo (``Reference.score``: the same MMD, symmetries and predictive metrics, whose agreement and
+the zoo (``benchmark.references.base.Reference``: the same MMD, symmetries and predictive metrics, whose agreement and
 TV are then against HMC's predictive, as the NeurIPS 2021 competition scores). Every row is scored
 against it, an HMC repetition against the other repetitions' chains only (``against``), and the zoo
 itself gets a row (``scores_zoo``: blocks of reference checkpoints scored as a method's samples).
+
+Its report hooks: ``table_hmc.{md,csv}`` and the findings about the two references
+(``benchmark.references.hmc.report``), and ``analysis=hmc`` (``benchmark.references.hmc.figures``).
 """
 from __future__ import annotations
-
-from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -16,7 +16,7 @@ from benchmark.core.store import SampleSetMetadata, Unit, load_sample_set, read_
 from benchmark.design import Design
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, row_units
-from benchmark.references.zoo import Reference, files_key
+from benchmark.references.base import Reference, ReportHooks, files_key
 from metrics.mcmc import predictive_convergence
 
 HMC_ROW = ("hmc", "multi")
@@ -29,30 +29,26 @@ class HMCReference(Reference):
     in memory (HMC runs only models without BatchNorm: OptuNet-sized), and their mean predictive
     (from the units' stored predictions). ``exclude``: units left out of the pool, so that an HMC
     repetition is scored against the other repetitions' chains, never against its own draws.
-    Its forms are computed in memory per run (no disk cache: a few hundred small networks)."""
+    Its forms are computed in memory per run (no disk cache: a few hundred small networks); it has
+    no anchor network, so no WM columns."""
 
     name = "hmc"
     needs = "every repetition of hmc/multi (stage=sample method=hmc mode=multi)"
+    own_row = HMC_ROW
     scores_zoo = True
+    hooks = ReportHooks(report="benchmark.references.hmc.report", analysis="benchmark.references.hmc.figures")
 
     def __init__(self, exp: Experiment, exclude: tuple[Unit, ...] = ()) -> None:
         problem = self.problem(exp)
         if problem is not None:
             raise MissingInputsError(f"reference=hmc needs {problem}")
-        self._scoring(exp)
-        self.source = exp
-        self._own: dict[Unit, HMCReference] = {}
-        self.units = [u for u in row_units(exp, *HMC_ROW) if u not in exclude]
-        if not self.units:
+        units = [u for u in row_units(exp, *HMC_ROW) if u not in exclude]
+        if not units:
             raise ValueError(f"reference=hmc: every unit of {'/'.join(HMC_ROW)} is excluded ({[u.label for u in exclude]})")
-        self.seeds = []
-        self.recipe = None  # the chains' settings are in their units' keys
-        self.anchor_seed = None  # no WM columns against HMC: its draws have no anchor network
-        self.in_memory = True
-        self.folder = None
-        self._memory: dict[str, dict[str, torch.Tensor]] = {}
-        paths = [p for u in self.units for p in exp.store.unit_paths(u)]
-        self._inputs = {"files": files_key(paths), "units": [u.label for u in self.units]}
+        paths = [p for u in units for p in exp.store.unit_paths(u)]
+        super().__init__(exp, {"files": files_key(paths), "units": [u.label for u in units]})
+        self.units = units
+        self._own: dict[Unit, HMCReference] = {}
 
     @classmethod
     def problem(cls, exp: Experiment) -> str | None:
@@ -67,6 +63,11 @@ class HMCReference(Reference):
                 f"python -m benchmark stage=sample experiment={exp.name} method={HMC_ROW[0]} mode={HMC_ROW[1]} first "
                 "(make hmc runs it end to end)")
 
+    @classmethod
+    def drawn_by(cls, exp: Experiment) -> bool:
+        """Whether ``exp``'s sample stage draws HMC's multi-mode units (``method=hmc``, a mode with multi)."""
+        return exp.config.method.value == HMC_ROW[0] and exp.config.mode.value in ("both", HMC_ROW[1])
+
     def against(self, unit: Unit) -> Reference:
         """An HMC unit of the pool against the other units' chains (leave one repetition out); any other unit against the pool."""
         if unit not in self.units:
@@ -74,23 +75,6 @@ class HMCReference(Reference):
         if unit not in self._own:
             self._own[unit] = HMCReference(self.exp, exclude=(unit,))
         return self._own[unit]
-
-    def description(self) -> dict[str, float]:
-        """None of the zoo's columns: HMC's draws are the posterior's, not an SGD ensemble."""
-        return {}
-
-    @property
-    def size(self) -> int:
-        """The number of pooled HMC draws."""
-        return int(next(iter(self.weights().values())).shape[0])
-
-    def _cached(self, name: str, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        if name not in self._memory:
-            self._memory[name] = build()
-        return self._memory[name]
-
-    def checked_paths(self) -> list[Path]:
-        raise ValueError("the HMC reference has no checkpoint files: its draws are sample sets (HMCReference.weights)")
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The pooled draws ``{key: [R, ...]}`` of the reference's units, in unit order."""
@@ -102,7 +86,7 @@ class HMCReference(Reference):
                 validate_tensors(samples, self.exp.model(), source=str(path), leading=1)
                 parts.append(samples)
             return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        return self._cached("zoo", build)
+        return self._remember("weights", build)
 
     def chain_predictions(self) -> torch.Tensor:
         """The stored test-split softmax outputs of every draw, grouped by chain ``[chains, draws, N, C]``
@@ -121,7 +105,7 @@ class HMCReference(Reference):
 
     def predictive(self) -> torch.Tensor:
         """The mean predictive of the pooled draws on the ID test set ``[N, C]`` (float64)."""
-        return self._cached("predictive", lambda: {"id": self.chain_predictions().double().mean((0, 1))})["id"]
+        return self._remember("predictive", lambda: self.chain_predictions().double().mean((0, 1)))
 
     def health(self) -> str:
         """How well the pooled chains mixed (``convergence``), for the evaluate stage's log."""
@@ -138,5 +122,3 @@ class HMCReference(Reference):
         ess = report.pop("ess_loglik")
         return {**{k: float(v) for k, v in report.items()}, "ess_loglik_min": float(ess.min()),
                 "chains": float(probs.shape[0]), "draws_per_chain": float(probs.shape[1])}
-
-

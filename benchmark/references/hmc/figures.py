@@ -1,4 +1,5 @@
-"""``analysis=hmc`` (``reference=hmc``, issue 19): the zoo next to full-batch HMC. ``hmc``: per layer,
+"""The HMC reference's analysis hook (``HMCReference.hooks.analysis``), ``analysis=hmc``
+(``reference=hmc``): the zoo next to full-batch HMC. ``hmc``: per layer,
 the marginal distribution of the weights of the zoo, of HMC's pooled draws (the HMC reference,
 ``benchmark.references.HMCReference``) and of the approximate method closest to HMC (lowest NS MMD
 to HMC among metrics.csv's rows with ``reference`` = ``hmc``, first repetition), raw and symmetry-free (the NS MMD column's form).
@@ -26,7 +27,8 @@ from benchmark.analyses.marginals import FORMS, Layers, ZooLayers, bin_edges, dr
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, require_inputs, row_label
 from benchmark.baselines import BASELINE_MODE
-from benchmark.references import HMC_ROW, REFERENCE_METHODS, ZOO, HMCReference, evaluated
+from benchmark.references import REFERENCE_METHODS, ZOO, evaluated
+from benchmark.references.hmc import HMC_ROW, HMCReference
 from benchmark.results import half_width, metrics_path, read_metrics, rows_against
 from methods.hmc import stochastic_layers
 from metrics.symmetries import canonicalize

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from benchmark.analyses import NotApplicableError, hmc, marginals
+from benchmark.analyses import NotApplicableError, marginals
+from benchmark.references.hmc import figures as hmc
 from benchmark.experiment import Experiment
-from benchmark.references import HMCReference, Reference
+from benchmark.references import ZooReference
+from benchmark.references.hmc import HMCReference
 from benchmark.results import read_metrics, rows_against
 from benchmark.stages import evaluate
 from tests.benchmark.hmc_store import OVERRIDES, fill
@@ -30,7 +32,7 @@ def test_the_hmc_figures_plot_the_zoo_hmc_and_the_method_closest_to_hmc(tmp_path
     assert set(frame["source"]) == {"zoo", "HMC", f"{best['method_label']} [{best['mode']}]"}
     layer = frame[(frame["layer"] == "fc2.weight") & (frame["form"] == "raw") & (frame["source"] == "HMC")]
     pooled = HMCReference(exp).weights()["fc2.weight"].reshape(-1).numpy()
-    zoo = Reference(exp).weights()["fc2.weight"].reshape(-1).numpy()
+    zoo = ZooReference(exp).weights()["fc2.weight"].reshape(-1).numpy()
     edges = marginals.bin_edges(zoo, exp.config.analyze.marginals.bins)
     expected = marginals.histogram("HMC", "fc2.weight", "raw", pooled, edges, pooled.size)
     assert list(layer["density"]) == pytest.approx(list(expected["density"]), rel=1e-5)

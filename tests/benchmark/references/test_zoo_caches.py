@@ -12,7 +12,7 @@ import benchmark.core.fingerprint as fingerprint
 from benchmark.core.store import load_sample_set, read_metadata, save_checkpoint
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
-from benchmark.references import Reference
+from benchmark.references import ZooReference
 from metrics.symmetries import canonicalize, spec_for_model
 from tests.conftest import REPO, compose_config
 
@@ -36,11 +36,11 @@ def _cache_key(exp: Experiment, name: str) -> str:
 
 
 def test_an_edit_of_a_symmetry_spec_makes_every_reference_cache_stale(zoo, tmp_path, monkeypatch):
-    """Issue #30, item 1: ``metrics/symmetries/architectures.py`` is reached through
-    ``spec_for_model`` (data), not through the imports of ``metrics.symmetries.canonical``; an
-    edit of ``chain_spec`` kept the canonical and aligned caches. Every cache is now keyed by the
-    whole computational source."""
-    ref = Reference(zoo)
+    """``metrics/symmetries/architectures.py`` is reached through ``spec_for_model`` (data), not
+    through the imports of ``metrics.symmetries.canonical``: an edit of ``chain_spec`` must still
+    make the canonical and aligned caches stale, which keying every cache by the whole
+    computational source does."""
+    ref = ZooReference(zoo)
     ref.canonical()
     ref.predictive()
     keys = {name: _cache_key(zoo, name) for name in ("canonical", "predictive")} | {"aligned": ref.key("aligned"),
@@ -51,40 +51,40 @@ def test_an_edit_of_a_symmetry_spec_makes_every_reference_cache_stale(zoo, tmp_p
     spec = copy / "metrics" / "symmetries" / "architectures.py"
     spec.write_text(spec.read_text().replace("def chain_spec(", "FIXED_IN_A_LATER_VERSION = True\n\n\ndef chain_spec(", 1))
     monkeypatch.setattr(fingerprint, "SOURCE_ROOT", copy)
-    again = Reference(zoo)
+    again = ZooReference(zoo)
     assert all(again.key(name) != key for name, key in keys.items())
     again.canonical()  # rebuilt under the new key
     assert _cache_key(zoo, "canonical") == again.key("canonical")
 
 
 def test_the_canonical_cache_holds_the_canonical_zoo_and_is_rebuilt_when_damaged(zoo):
-    ref = Reference(zoo)
+    ref = ZooReference(zoo)
     canonical = ref.canonical()
     expected = canonicalize(ref.weights(), spec_for_model(zoo.model()), ref.steps)[0]
     assert all(torch.equal(canonical[k], expected[k]) for k in expected)
     path = zoo.store.reference_dir / "canonical.safetensors"
     path.write_bytes(path.read_bytes()[:-16])  # truncated
-    rebuilt = Reference(zoo).canonical()
+    rebuilt = ZooReference(zoo).canonical()
     assert all(torch.equal(rebuilt[k], expected[k]) for k in expected) and load_sample_set(path).keys() == expected.keys()
 
 
 def test_keys_follow_settings_inputs_and_device(zoo, tmp_path):
-    ref = Reference(zoo)
-    other_steps = Reference(Experiment(compose_config([f"store={tmp_path / 'store'}", "seeds.reference=[0,6]",
+    ref = ZooReference(zoo)
+    other_steps = ZooReference(Experiment(compose_config([f"store={tmp_path / 'store'}", "seeds.reference=[0,6]",
                                                        "seeds.heldout=[100000,100002]",
                                                        "evaluate.canonical_steps=[scale,sort,softmax]"])))
     assert other_steps.key("canonical") != ref.key("canonical") and other_steps.key("zoo") == ref.key("zoo")
-    fewer = Reference(Experiment(compose_config([f"store={tmp_path / 'store'}", "seeds.reference=[0,5]",
+    fewer = ZooReference(Experiment(compose_config([f"store={tmp_path / 'store'}", "seeds.reference=[0,5]",
                                                  "seeds.heldout=[100000,100002]"])))
     assert all(fewer.key(c) != ref.key(c) for c in ("zoo", "canonical", "aligned", "predictive"))
     on_cpu = ref.key("canonical")
     ref.exp.__dict__["device"] = torch.device("meta")  # a device type other than the one the caches were built on
-    assert Reference(ref.exp).key("canonical") != on_cpu
+    assert ZooReference(ref.exp).key("canonical") != on_cpu
 
 
 def test_the_input_files_key_holds_no_absolute_path_so_a_moved_store_keeps_its_caches(tmp_path):
-    """Issue #30, item 4: the caches' keys held absolute paths (and mtimes): a moved or copied
-    store rebuilt every cache and left the old folders behind."""
+    """A key holding absolute paths (or mtimes) would make a moved or copied store rebuild every
+    cache and leave the old folders behind: the key is each file's name and content digest."""
     import shutil
 
     from benchmark.core.store import save_checkpoint

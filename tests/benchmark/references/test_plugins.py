@@ -12,11 +12,11 @@ from benchmark.core.models import predict_with_weights
 from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
-from benchmark.references import (
-    REFERENCES, HMCReference, OtherZooReference, Reference, evaluated, problems, reference_class, register,
-)
+from benchmark.references import REFERENCES, Reference, ZooReference, evaluated, problems, reference_class, register
+from benchmark.references.hmc import HMCReference
+from benchmark.references.other_zoo import OtherZooReference
 from benchmark.results import read_metrics, read_repetitions, rows_against
-from benchmark.stages import evaluate
+from benchmark.stages import evaluate, preflight, verify
 from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from tests.benchmark.hmc_store import OVERRIDES, draws_near, write_unit
@@ -43,7 +43,7 @@ def _experiment(tmp_path, *overrides: str) -> Experiment:
 
 
 def test_the_registry_holds_one_class_per_reference_and_one_yaml_each():
-    assert {"zoo": Reference, "hmc": HMCReference, "other_zoo": OtherZooReference}.items() <= REFERENCES.items()
+    assert {"zoo": ZooReference, "hmc": HMCReference, "other_zoo": OtherZooReference}.items() <= REFERENCES.items()
     for name in REFERENCES:  # each reference's settings: conf/reference/<name>.yaml
         assert (REPO / "conf" / "reference" / f"{name}.yaml").is_file()
     with pytest.raises(ValueError, match=r"reference=nope: not a registered reference; expected one of \['hmc', 'other_zoo', 'zoo'\]"):
@@ -112,3 +112,28 @@ def test_another_stores_zoo_is_a_reference_with_rows_in_the_one_metrics_csv(tmp_
         zoo_cache = exp.store.eval_path(exp.store.sample_unit("swag", "one", r))
         assert zoo_cache.is_file() and zoo_cache.with_suffix(".other_zoo.json").is_file()
     assert (exp.store.base / "reference-other_zoo").is_dir()  # its forms cached in this store
+
+
+def test_an_unregistered_reference_name_is_refused_before_any_work(tmp_path):
+    """``reference.name=nope`` passes the schema (a string) and is refused by the preflight of every
+    stage, naming the registered references, before anything is written."""
+    exp = _experiment(tmp_path, "reference.name=nope")
+    for stage in ("zoo", "evaluate", "report"):
+        with pytest.raises(ValueError, match=r"reference=nope: not a registered reference; expected one of "
+                                             r"\['hmc', 'other_zoo', 'zoo'\]"):
+            preflight(exp, [stage])
+    assert not (tmp_path / "store").exists() and not (tmp_path / "results").exists()
+
+
+def test_verify_checks_the_cache_folder_of_every_registered_reference(tmp_path):
+    """A damaged form cache in another store's zoo's folder (``reference-other_zoo/``) is named by
+    ``stage=verify``'s cache check, as one in ``reference/`` is; an intact one is counted."""
+    exp = _experiment(tmp_path)
+    for folder in (exp.store.reference_dir, OtherZooReference.cache_folder(exp.store)):
+        folder.mkdir(parents=True)
+        save_checkpoint(folder / "canonical.safetensors", {"w": torch.ones(3)}, {"seed": 0})
+    damaged = OtherZooReference.cache_folder(exp.store) / "predictive.safetensors"
+    damaged.write_bytes(b"not a safetensors file")
+    health = verify.ExperimentHealth(exp.name, "test")
+    verify.check_caches(None, exp.store, health)
+    assert list(health.damaged_caches) == [damaged] and health.caches["reference"] == 3

@@ -1,4 +1,5 @@
-"""``results/<experiment>/table_hmc.{md,csv}`` (``reference=hmc``): each row's distance to the zoo next
+"""The HMC reference's report hook (``HMCReference.hooks.report``): ``write`` gives
+``results/<experiment>/table_hmc.{md,csv}`` (``reference=hmc``): each row's distance to the zoo next
 to its distance to full-batch HMC, with error bars, its rank under each reference, its predictive's
 agreement and total variation with HMC's (the NeurIPS 2021 competition's scores), one row for the zoo
 scored against HMC and one for HMC scored against the zoo; then the convergence of every HMC chain
@@ -6,9 +7,10 @@ group. Built from the rows of ``metrics.csv`` against the zoo and those against 
 ``reference`` column; ``benchmark.results.rows_against``) and, for the convergence, the HMC units'
 metadata.
 
-Ranks and Kendall's tau (``agreement``) are over the approximate methods: every row but HMC's own
+Ranks and Kendall's tau (``benchmark.report.findings.agreement``) are over the approximate methods: every row but HMC's own
 and the zoo's (the two references), the baselines (``benchmark.baselines``: shown, never ranked),
-and rows that failed under either reference.
+and rows that failed under either reference. ``findings`` gives findings.md's section on the two
+references (``hmc_claims``, then Kendall's tau: ``benchmark.report.findings.ReferenceSection``).
 """
 from __future__ import annotations
 
@@ -24,19 +26,18 @@ from benchmark.design import Design
 from benchmark.core.store import SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import row_units
-from benchmark.references import HMC_ROW, REFERENCE_METHODS, ZOO, ZOO_ROW, HMCReference
+from benchmark.references import REFERENCE_METHODS, ZOO, ZOO_ROW
+from benchmark.references.hmc import HMC_ROW, HMCReference
+from benchmark.report.findings import RANKED_COLUMNS, Claim, Comparison, ReferenceSection
 from benchmark.report.tables import GROUP_LABELS, INDEX_NAMES, MISSING, display_cells, render_csv, render_markdown
-from benchmark.results import check_metrics, check_repetitions, half_width, rows_against
+from benchmark.results import check_metrics, half_width, rows_against
 from methods import method_names
 from methods.hmc import start_seed
-from metrics.kendall import RankAgreement, rank_agreement
 from metrics.mcmc import RHAT_CONVERGED, predictive_convergence
 
-REFERENCES = {"zoo": "zoo", "hmc": "HMC"}
-"""Rows outside the ranks and Kendall's tau: the references themselves."""
+COMPARED = (ZOO, HMCReference.name)
+"""The two references table_hmc sets side by side (metrics.csv's ``reference`` values)."""
 REFERENCE_GROUP = "References"
-RANKED_COLUMNS = {"MMD": "mmd_median", "NS MMD": "ns_mmd_median"}
-"""The columns rows are ranked by under each reference (the median over kernels, as Table 1)."""
 SOURCES = {
     "MMD to zoo": "zoo:mmd_median", "MMD to HMC": "hmc:mmd_median",
     "NS MMD to zoo": "zoo:ns_mmd_median", "NS MMD to HMC": "hmc:ns_mmd_median",
@@ -111,26 +112,10 @@ def table(zoo: pd.DataFrame, hmc: pd.DataFrame, separate: bool = False) -> pd.Da
                 out[f"{label} ±"] = np.where(is_zoo, "", out[f"{label} ±"])
     keep = ranked(rows)
     for label, column in RANKED_COLUMNS.items():
-        ranks = {name: rows[f"{name}:{column}"].where(keep).rank(method="min") for name in REFERENCES}
+        ranks = {name: rows[f"{name}:{column}"].where(keep).rank(method="min") for name in COMPARED}
         out[f"{label} rank zoo / HMC"] = [f"{int(a)} / {int(b)}" if k and not (np.isnan(a) or np.isnan(b)) else ""
                                           for a, b, k in zip(ranks["zoo"], ranks["hmc"], keep)]
     return out
-
-
-def agreement(zoo_repetitions: pd.DataFrame, hmc_repetitions: pd.DataFrame, ranked_rows: list[tuple[str, str]],
-              column: str) -> RankAgreement:
-    """Kendall's tau between the rankings of ``ranked_rows`` (method, mode) by ``column`` under the zoo
-    and under HMC, with its bootstrap interval over the repetitions (``metrics.kendall.rank_agreement``;
-    repetition k of a row is the same sample set under both references)."""
-    reps = {name: check_repetitions(frame) for name, frame in (("zoo", zoo_repetitions), ("hmc", hmc_repetitions))}
-    values: dict[str, list[np.ndarray]] = {"zoo": [], "hmc": []}
-    for method, mode in ranked_rows:
-        mine = {name: frame[(frame["method"] == method) & (frame["mode"] == mode) & (frame["status"] == "ok")]
-                .set_index("repetition")[column] for name, frame in reps.items()}
-        common = sorted(set(mine["zoo"].index) & set(mine["hmc"].index))
-        for name in values:
-            values[name].append(mine[name].loc[common].to_numpy())
-    return rank_agreement(values["zoo"], values["hmc"])
 
 
 def start_groups(seeds: list[int], chains_per_start: int) -> list[list[int]]:
@@ -299,11 +284,35 @@ def render_convergence(frame: pd.DataFrame) -> str:
     )
 
 
-def write(exp: Experiment, metrics: pd.DataFrame, out_dir: Path, reference: str = HMCReference.name) -> list[Path]:
+def hmc_claims(rows: set[tuple[str, str]]) -> list[Claim]:
+    """Against HMC (metrics.csv's rows with ``reference`` = ``hmc``): the zoo's row has a lower MMD and NS MMD than every
+    one-mode row of the paper's methods."""
+    one = sorted(r for r in rows if r[1] == "one" and r[0] not in REFERENCE_METHODS)
+    return [claim for claim in [
+        Claim("Against HMC, the zoo is closer to HMC than every one-mode method: lower MMD and NS MMD.",
+              tuple(Comparison(ZOO_ROW, r, column) for r in one for column in ("mmd_median", "ns_mmd_median"))
+              if ZOO_ROW in rows else ()),
+    ] if claim.comparisons]
+
+
+def findings(metrics: pd.DataFrame, repetitions: pd.DataFrame) -> ReferenceSection:
+    """findings.md's section on the two references from metrics.csv's and repetitions.csv's rows
+    against HMC (the paper's methods only: no baseline row)."""
+    return ReferenceSection(
+        title="Against full-batch HMC (reference=hmc)",
+        intro=("Every row was also scored against full-batch HMC's draws (metrics.csv's rows with reference=hmc, "
+               "table_hmc.md); the zoo's row there is blocks of reference checkpoints of a method's sample size. The "
+               "tests are those above, on the rows scored against HMC."),
+        label="HMC", claims=hmc_claims, metrics=metrics, repetitions=repetitions)
+
+
+def write(exp: Experiment, metrics: pd.DataFrame, repetitions: pd.DataFrame, out_dir: Path,
+          reference: str = HMCReference.name) -> list[Path]:
     """Write ``table_hmc.md`` (table, caption, failure notes, convergence) and ``table_hmc.csv``
     (numbers with separate ± columns) into ``out_dir`` from ``metrics`` (metrics.csv's frame: the
-    rows against the zoo and those against ``reference``, HMC's draws); return their paths.
-    ``ValueError`` naming the reference when ``metrics`` holds none of its rows."""
+    rows against the zoo and those against ``reference``, HMC's draws; ``repetitions`` is not
+    read); return their paths. ``ValueError`` naming the reference when ``metrics`` holds none of
+    its rows."""
     zoo, hmc = rows_against(metrics, ZOO), rows_against(metrics, reference)
     if hmc.empty:
         raise ValueError(f"table_hmc: metrics.csv holds no row with reference={reference}; run python -m benchmark "

@@ -1,0 +1,52 @@
+"""The contract of a baseline (a reference row): what the evaluate stage gives it and gets back.
+
+``Baseline.draw(exp, zoo, n, repetition)``: given the experiment (its model, data, store and
+recipe), the reference zoo (``ZooReference``: its weights or forms, for draws fitted to it), how
+many networks a repetition holds (``sample.per_method``) and the repetition, it returns the weight
+samples ``{key: [n, ...]}`` and the seeds of the store's networks they are (``None`` for draws),
+a pure function of these inputs. ``networks(exp, repetition, n)`` names the store networks it will
+read (they key its cached numbers); ``held_out``: whether it reads held-out networks (then at most
+the design's repetitions). The evaluate stage predicts and scores them like a method's samples.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import ClassVar
+
+import torch
+
+from benchmark.experiment import Experiment
+from benchmark.references.zoo import ZooReference
+
+BASELINE_MODE = "baseline"
+"""The metrics.csv ``mode`` (table group) of the baseline rows."""
+
+
+class Baseline:
+    """A reference row (see the module docstring): ``name`` (metrics.csv's ``method``), ``label``
+    (the table's row name), ``about`` (what it is, for the captions), ``order`` (its place among
+    the baselines in the tables)."""
+
+    name: ClassVar[str]
+    label: ClassVar[str]
+    about: ClassVar[str]
+    order: ClassVar[int] = 100
+    held_out: ClassVar[bool] = False
+
+    @classmethod
+    def networks(cls, exp: Experiment, repetition: int, n: int) -> list[int]:
+        """The seeds of the store's networks repetition ``repetition``'s draws are (none by default)."""
+        return []
+
+    @classmethod
+    def draw(cls, exp: Experiment, zoo: ZooReference, n: int, repetition: int
+             ) -> tuple[dict[str, torch.Tensor], list[int] | None]:
+        """Repetition ``repetition``'s ``n`` weight samples ``{key: [n, ...]}`` and the seeds of the
+        networks they are (``None`` for draws)."""
+        raise NotImplementedError(f"{cls.__name__}.draw: a Baseline subclass draws its samples")
+
+
+def generator(name: str, repetition: int) -> torch.Generator:
+    """A CPU generator seeded by the baseline's name and the repetition alone."""
+    seed = int.from_bytes(hashlib.sha256(f"baseline {name} repetition {repetition}".encode()).digest()[:8], "little")
+    return torch.Generator(device="cpu").manual_seed(seed % 2**63)

@@ -1,0 +1,48 @@
+"""``second_zoo``: converged networks of the reference's own recipe that are not in it: repetition
+k's block of ``seeds.heldout`` (the networks Deep Ensembles' repetition k uses as members): the
+noise floor of the measure."""
+from __future__ import annotations
+
+import torch
+
+from benchmark.baselines.base import Baseline
+from benchmark.core.store import load_checkpoints_as_sample_set
+from benchmark.design import Design
+from benchmark.experiment import Experiment
+from benchmark.inventory import converged
+from benchmark.references.zoo import ZooReference
+
+
+def second_zoo_seeds(exp: Experiment, repetition: int, n: int) -> list[int]:
+    """The ``n`` converged held-out seeds of repetition ``repetition``'s block (``Design.block``:
+    from converged held-out seed ``repetition x Design.stride`` on, as the sample stage reads them);
+    raises ``ValueError`` naming the shortfall when the store holds fewer."""
+    design = Design.of(exp)
+    seeds = list(design.block(converged(exp, exp.heldout), repetition, n))
+    if len(seeds) < n:
+        raise ValueError(f"baseline second_zoo: repetition {repetition} needs {n} converged held-out networks from "
+                         f"converged seed {design.start(repetition)} of seeds.heldout={[exp.heldout.start, exp.heldout.stop]}, "
+                         f"the store has {len(seeds)}; train them (stage=zoo zoo.range=heldout) or drop 'second_zoo' "
+                         "from evaluate.baselines")
+    return seeds
+
+
+class SecondZoo(Baseline):
+    name = "second_zoo"
+    label = "Second zoo"
+    about = ("converged held-out networks of the reference's own recipe (the members of Deep Ensembles' repetition): "
+             "the noise floor, what a method sampling the reference exactly scores")
+    order = 4
+    held_out = True
+
+    @classmethod
+    def networks(cls, exp: Experiment, repetition: int, n: int) -> list[int]:
+        """``second_zoo_seeds`` of ``repetition``."""
+        return second_zoo_seeds(exp, repetition, n)
+
+    @classmethod
+    def draw(cls, exp: Experiment, zoo: ZooReference, n: int, repetition: int
+             ) -> tuple[dict[str, torch.Tensor], list[int] | None]:
+        """The held-out checkpoints of ``second_zoo_seeds`` and their seeds."""
+        seeds = second_zoo_seeds(exp, repetition, n)
+        return load_checkpoints_as_sample_set(exp.store.checkpoint_paths(seeds)), seeds

@@ -1,0 +1,145 @@
+"""What a new plug-in touches: a new reference is one module and one yaml, a new baseline one
+module, and no other file of the repository is edited. The test copies the packages and the
+configs, writes the two plug-ins into the copy, runs the evaluate stage of the copy in a
+subprocess on a tiny store, and checks their rows against the metrics called directly."""
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmark.core.store import load_checkpoints_as_sample_set, load_sample_set
+from benchmark.core.training.predict import predict_samples
+from benchmark.results import read_metrics, read_repetitions, rows_against
+from metrics.mmd import mmd
+from metrics.predictive import predictive_metrics
+from tests.benchmark.hmc_store import OVERRIDES, fill
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow  # runs the evaluate stage of a copy of the repository in a subprocess
+
+COPIED = ("benchmark", "methods", "metrics", "conf")
+REFERENCE_MODULE = '''"""The first half of this store's reference zoo, held in memory."""
+from __future__ import annotations
+
+from benchmark.core.store import load_checkpoints_as_sample_set, load_sample_set
+from benchmark.core.training.predict import predict_samples
+from benchmark.inventory import reference_seeds
+from benchmark.references.base import Reference, files_key
+
+
+class FirstHalf(Reference):
+    name = "first_half"
+    needs = "the converged reference checkpoints of seeds.reference"
+
+    def __init__(self, exp):
+        seeds = reference_seeds(exp)
+        self.seeds = seeds[: len(seeds) // 2]
+        super().__init__(exp, {"files": files_key(exp.store.checkpoint_paths(self.seeds))})
+
+    def weights(self):
+        return self._remember("weights", lambda: load_checkpoints_as_sample_set(self.exp.store.checkpoint_paths(self.seeds)))
+
+    def predictive(self):
+        return self._remember("predictive", lambda: predict_samples(self.model, self.weights(),
+                                                                    self.exp.test_tensors[0]).double().mean(0))
+'''
+REFERENCE_YAML = "name: first_half\n"
+BASELINE_MODULE = '''"""The last reference checkpoints, as many as a method's sample set."""
+from __future__ import annotations
+
+from benchmark.baselines.base import Baseline
+from benchmark.core.store import load_checkpoints_as_sample_set, load_sample_set
+
+
+class LastCheckpoints(Baseline):
+    name = "last_checkpoints"
+    label = "Last checkpoints"
+    about = "the last converged reference checkpoints"
+    order = 10
+
+    @classmethod
+    def networks(cls, exp, repetition, n):
+        return list(exp.reference)[-n:]
+
+    @classmethod
+    def draw(cls, exp, zoo, n, repetition):
+        seeds = cls.networks(exp, repetition, n)
+        return load_checkpoints_as_sample_set(exp.store.checkpoint_paths(seeds)), seeds
+'''
+ADDED = {"benchmark/references/first_half.py": REFERENCE_MODULE, "conf/reference/first_half.yaml": REFERENCE_YAML,
+         "benchmark/baselines/last_checkpoints.py": BASELINE_MODULE}
+
+
+def changed_files(copy: Path) -> set[str]:
+    """The files of ``copy`` that are new or differ from the repository's (``COPIED`` folders)."""
+    out = set()
+    for folder in COPIED:
+        for path in (copy / folder).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                rel = path.relative_to(copy)
+                if not (REPO / rel).is_file() or not filecmp.cmp(path, REPO / rel, shallow=False):
+                    out.add(rel.as_posix())
+    return out
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    """A copy of the repository with the new reference and baseline, and its evaluate stage run with
+    ``reference=first_half evaluate.baselines=[last_checkpoints]`` on the tiny HMC store; the
+    experiment, the copy."""
+    root = tmp_path_factory.mktemp("plugins")
+    copy = root / "repo"
+    for folder in COPIED:
+        shutil.copytree(REPO / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel, text in ADDED.items():
+        (copy / rel).write_text(text)
+    exp, _ = fill(root)
+    command = [sys.executable, "-m", "benchmark", "stage=evaluate", "reference=first_half",
+               "evaluate.baselines=[last_checkpoints]", "evaluate.baseline_repetitions=1", f"store={root / 'store'}",
+               f"results={root / 'results'}", *OVERRIDES, "evaluate.reference_resamples=0",
+               "evaluate.test_permutations=0", "sample.repetitions_per_method=null", "threads=1",
+               "hydra.run.dir=" + str(root / "hydra")]
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return exp, copy
+
+
+def test_a_new_reference_is_one_module_and_one_yaml(evaluated):
+    exp, copy = evaluated
+    assert changed_files(copy) == set(ADDED)
+    rows = rows_against(read_repetitions(exp.results_dir / "repetitions.csv"), "first_half").set_index(
+        ["method", "mode", "repetition"])
+    half = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(range(6)))  # seeds 0-11: the first half
+    predictive = predict_samples(exp.model(), half, exp.test_tensors[0]).double().mean(0)
+    for r in range(2):
+        unit = exp.store.sample_unit("swag", "one", r)
+        samples = load_sample_set(exp.store.samples_path(unit))
+        preds = load_sample_set(exp.store.preds_path(unit), ["id", "ood"])
+        got = rows.loc[("swag", "one", r)]
+        assert got["mmd_median"] == pytest.approx(mmd(half, samples).aggregate["median"], rel=1e-6)
+        expected = predictive_metrics(preds["id"], exp.test_tensors[1], preds["ood"], reference_id=predictive)
+        assert got["agreement"] == pytest.approx(expected["agreement"], abs=1e-9)
+    metrics = rows_against(read_metrics(exp.results_dir / "metrics.csv"), "first_half")
+    assert set(metrics["n_reference"]) == {6}
+
+
+def test_a_new_baseline_is_one_module(evaluated):
+    exp, copy = evaluated
+    assert {rel for rel in changed_files(copy) if rel.startswith("benchmark/baselines/")} == {
+        "benchmark/baselines/last_checkpoints.py"}
+    reps = rows_against(read_repetitions(exp.results_dir / "repetitions.csv"), "zoo").set_index(
+        ["method", "mode", "repetition"])
+    got = reps.loc[("last_checkpoints", "baseline", 0)]
+    zoo = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(range(12)))
+    last = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(range(8, 12)))  # sample.per_method=4
+    assert got["mmd_median"] == pytest.approx(mmd(zoo, last).aggregate["median"], rel=1e-6)
+    assert got["base_seeds"] == "8 9 10 11"
+    assert torch.isfinite(torch.tensor(got["acc"]))
