@@ -48,13 +48,14 @@ NaN elsewhere) and the test columns. The paired comparisons of the findings read
 
 ``reference`` (the column): the name of the reference the row was scored against (a registered
 reference, ``benchmark.references``): ``zoo`` (every run: the
-rows of the tables and the findings), ``hmc`` (``reference=hmc``: full-batch HMC's draws;
-``n_reference``: the pooled HMC draws; ``agreement``/``tv``: against HMC's predictive; no WM
-columns; plus a ``zoo`` row: blocks of ``sample.per_method`` reference checkpoints scored as a
-method would be), or another registered reference; a row is keyed by (experiment, method, mode,
-reference), in both files. ``rows_against`` selects one reference's rows. Files that hold one
-reference's rows apart (``LEGACY_FILES``: ``metrics_hmc.csv``, ``repetitions_hmc.csv``) are not
-written: the evaluate stage removes them, so that no stale table is read beside metrics.csv.
+rows of the tables and the findings) or the name of another registered reference
+(``reference=<name>``: ``n_reference`` counts its draws, ``agreement``/``tv`` are against its
+predictive, the WM columns are empty where it has no weight-matched form, and where it scores the
+zoo there is also a ``zoo`` row: blocks of ``sample.per_method`` reference checkpoints scored as a
+method would be); a row is keyed by (experiment, method, mode, reference), in both files.
+``rows_against`` selects one reference's rows. Files that would hold one reference's rows apart
+(``separate_files``: ``metrics_<reference>.csv``, ``repetitions_<reference>.csv``) are not written:
+the evaluate stage removes them, so that no stale table is read beside metrics.csv.
 """
 from __future__ import annotations
 
@@ -85,9 +86,11 @@ MEASURED = MMD_COLUMNS + METRIC_COLUMNS  # the columns that get an interval
 TEST_COLUMNS = ["mmd_reject", "ns_mmd_reject"]
 
 
-LEGACY_FILES = ("metrics_hmc.csv", "repetitions_hmc.csv")
-"""Files holding the HMC reference's rows apart from metrics.csv and repetitions.csv, which hold them
-as rows with ``reference`` = ``hmc``: the evaluate stage removes them, so that no stale table is read."""
+def separate_files(reference: str) -> tuple[str, str]:
+    """The names of files that would hold ``reference``'s rows apart from metrics.csv and
+    repetitions.csv (which hold them as rows with ``reference`` = its name): never written; the
+    evaluate stage removes any it finds, so that no stale table is read beside metrics.csv."""
+    return f"metrics_{reference}.csv", f"repetitions_{reference}.csv"
 
 
 def metrics_path(results_dir: Path) -> Path:

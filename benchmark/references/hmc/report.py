@@ -51,7 +51,7 @@ START_KEYS = {
     "across_rhat_loglik": "R-hat log-lik. across starts (spread between modes)",
     "across_softmax_median": "softmax R-hat median across starts",
 }
-"""Per chain group, from its stored predictions (``start_convergence``) and what the table calls them."""
+"""Per chain group, from its stored predictions (``summarised``) and what the table calls them."""
 CONVERGENCE_KEYS = {
     "accept_prob": "acceptance", "step_size": "step size", "leapfrog_per_draw": "leapfrog steps per draw",
     "truncated_fraction": "trajectories cut by the leapfrog cap", "divergences": "divergences", "restarts": "restarts",
@@ -128,10 +128,11 @@ def start_groups(seeds: list[int], chains_per_start: int) -> list[list[int]]:
     return list(groups.values())
 
 
-def start_convergence(probs, labels, groups: list[list[int]]) -> dict[str, float]:
+def summarised(probs, labels, groups: list[list[int]], within: list[dict]) -> dict[str, float]:
     """Convergence of chains ``probs [chains, draws, N, classes]`` (softmax outputs on the test split,
-    ``labels [N]``) grouped by start (``groups``: chain indices per start), all ArviZ's
-    (``metrics.mcmc.predictive_convergence``):
+    ``labels [N]``) grouped by start (``groups``: chain indices per start), all ArviZ's, from
+    ``within``: each start's ``metrics.mcmc.predictive_convergence`` (whose ``ess_loglik`` is each of
+    its chains' own ESS), already computed:
 
     - within a start: the R-hat of the test log-likelihood among the start's chains (a start with
       one chain: that chain's two halves, which detects drift only), its median over the starts
@@ -143,13 +144,6 @@ def start_convergence(probs, labels, groups: list[list[int]]) -> dict[str, float
       (``across_rhat_loglik``) and the median softmax R-hat (``across_softmax_median``): how far
       apart the modes the starts sit in are, not a failure of the sampler (NaN with one start);
     - ``starts`` and ``chains_per_start`` (the largest group)."""
-    within = [predictive_convergence(probs[group], labels) for group in groups]
-    return summarised(probs, labels, groups, within)
-
-
-def summarised(probs, labels, groups: list[list[int]], within: list[dict]) -> dict[str, float]:
-    """``start_convergence`` from ``within``, each start's ``predictive_convergence`` (whose
-    ``ess_loglik`` is each of its chains' own ESS) already computed."""
     ess = np.concatenate([np.asarray(w["ess_loglik"], dtype=np.float64) for w in within])
     out = {"within_rhat_loglik": float(np.median([w["rhat_loglik"] for w in within])),
            "within_softmax_converged": float(np.mean([w["softmax_converged"] for w in within])),

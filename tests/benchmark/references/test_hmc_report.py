@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmark.references.hmc.report import reading, start_convergence, start_groups
+from benchmark.references.hmc.report import reading, start_groups, summarised
 from metrics.mcmc import predictive_convergence
 
 
@@ -27,6 +27,11 @@ def synthetic(starts: int, per_start: int, draws: int, n: int = 12, classes: int
             logits = mean + 0.5 * torch.randn(draws, n, classes, generator=generator)
             chains.append(logits.softmax(-1))
     return torch.stack(chains), labels
+
+
+def start_convergence(probs, labels, groups):
+    """``summarised`` with each start's ``predictive_convergence``, as the report computes it."""
+    return summarised(probs, labels, groups, [predictive_convergence(probs[group], labels) for group in groups])
 
 
 def test_start_groups_follow_the_start_seed():
