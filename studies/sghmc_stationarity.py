@@ -1,4 +1,4 @@
-"""Study: can the one-mode SGHMC on digits, under its minibatches, reach a split R-hat of the train log-likelihood below 1.05 and an ESS of the mean of at least 30 of 100 kept states, and at what budget? Last result (issue 39, bases 100001/100145/100290): no affordable budget does. ESS of the mean 11.3/11.3/11.2 at 820 steps, 11.1/11.2/11.1 at the configured 7,380, 11.2 at 29,520 (base 100001); split R-hat 2.96/1.89/2.51, 1.65/1.60/1.34, 1.42; noise_margin 0.5 (9x the step) at 7,380: ESS 11.2, R-hat 1.93. 144 of the 355 Hessian eigenvalues at base 100001 are below 1e-3 (the prior alone: 2e-4): directions the data do not constrain, which the step the minibatch noise allows crosses only by diffusion (spread_growth ~2 at every budget).
+"""Study: can the one-mode SGHMC on digits, under its minibatches, reach a split R-hat of the train log-likelihood below 1.05 and an ESS of the mean of at least 30 of 100 kept states, and at what budget? Last result (issue 39, bases 100001/100145/100290): no affordable budget does. ESS of the mean 11.3/11.3/11.2 at 820 steps, 11.1/11.2/11.1 at the configured 7,380 (8 bases: 11.1-11.2, R-hat 1.34-1.89), 11.2 at 29,520 (base 100001); split R-hat 2.96/1.89/2.51, 1.65/1.60/1.34, 1.42; noise_margin 0.5 (9x the step) at 7,380: ESS 11.2, R-hat 1.93. 144 of the 355 Hessian eigenvalues at base 100001 are below 1e-3 (the prior alone: 2e-4): directions the data do not constrain, which the step the minibatch noise allows crosses only by diffusion (spread_growth ~2 at every budget).
 
 SGHMC (``methods/sghmc.py``) sets its step from the minibatch noise measured at the base
 (``noise_margin``: the top direction's noise at most that share of the injected noise). This study
@@ -42,6 +42,9 @@ Result (2026-11-28, 2-core machine shared with 4 other jobs; bases 100001, 10014
       split R-hat 2.96 / 1.89 / 2.51; ESS of the mean 11.26 / 11.27 / 11.25; spread_growth 2.08 / 2.03 / 2.01
     chains, 100 + 8, the configured budget (4,100 + 10 x 328 = 7,380 steps; 300-400 s wall each here, ~90 CPU s)
       split R-hat 1.65 / 1.60 / 1.34; ESS of the mean 11.15 / 11.16 / 11.12; spread_growth 1.87 / 2.01 / 1.95
+    chains, 100 + 8 on the bases of repetitions 3-7 (100435, 100580, 100725, 100870, 101015; --bases 8
+      --budgets 100:8): split R-hat 1.54 / 1.89 / 1.58 / 1.72 / 1.67; ESS of the mean 11.12 / 11.16 / 11.15 /
+      11.16 / 11.11 (81 s wall for 100725 once the machine had quietened)
     chains, 400 + 32 (16,400 + 10 x 1,312 = 29,520 steps; 1,323 s wall), base 100001
       split R-hat 1.42; ESS of the mean 11.16; spread_growth 2.05
     chains, 100 + 8 with noise_margin 0.5 (the step 0.05, 9x), base 100001
