@@ -59,7 +59,9 @@ of states per chain; ArviZ's per-chain bulk ESS beside it), so storage order pla
 Independence given the base is not convergence: directions flatter than about ``friction /
 (lr * steps)`` keep spreading from the base (``spread_growth``), and ``stationary`` (split R-hat
 of the kept states' train log-likelihood below 1.05) says whether the chains have settled; a row
-whose chains have not is marked so (``stationary`` 0), not run longer. Stackable models (OptuNet)
+whose chains have not is marked so (``stationary`` 0), not run longer. On digits no affordable
+budget settles them: 40-50% of the directions at a base are nearly as flat as the prior alone, and
+the step the minibatch noise allows crosses them by diffusion (``studies/sghmc_stationarity.py``). Stackable models (OptuNet)
 run all chains as one stack (``benchmark.core.training.stacked``); others (ResNet-18 with
 BatchNorm) one chain after another.
 """
