@@ -46,6 +46,8 @@ SOURCES = {
 """table_hmc column -> ``<reference>:<metrics column>``."""
 START_KEYS = {
     "within_rhat_loglik": "R-hat log-lik. within a start (median over starts)",
+    "within_rhat_loglik_max": "R-hat log-lik. within a start (largest)",
+    "within_unconverged": "starts with that R-hat >= 1.1",
     "within_softmax_converged": "softmax R-hat < 1.1 within a start",
     "ess_chain_min": "bulk ESS log-lik. per chain (min)", "ess_chain_median": "bulk ESS log-lik. per chain (median)",
     "across_rhat_loglik": "R-hat log-lik. across starts (spread between modes)",
@@ -58,7 +60,7 @@ CONVERGENCE_KEYS = {
 }
 """Per chain group: the diagnostics the sample stage recorded (``HMCMethod.diagnostics``, averaged
 over a unit's chains) and what the table calls them."""
-PERCENT_KEYS = ("within_softmax_converged", "truncated_fraction")
+PERCENT_KEYS = ("within_softmax_converged", "within_unconverged", "truncated_fraction")
 
 
 def merged(zoo: pd.DataFrame, hmc: pd.DataFrame) -> pd.DataFrame:
@@ -135,8 +137,9 @@ def summarised(probs, labels, groups: list[list[int]], within: list[dict]) -> di
     its chains' own ESS), already computed:
 
     - within a start: the R-hat of the test log-likelihood among the start's chains (a start with
-      one chain: that chain's two halves, which detects drift only), its median over the starts
-      (``within_rhat_loglik``), and the share of softmax outputs whose R-hat within their start is
+      one chain: that chain's two halves, which detects drift only), its median and largest over the
+      starts (``within_rhat_loglik``, ``within_rhat_loglik_max``), the share of starts where it is
+      not below 1.1 (``within_unconverged``, a fraction), and the share of softmax outputs whose R-hat within their start is
       below 1.1, averaged over the starts (``within_softmax_converged``, a fraction);
     - per chain: the bulk ESS of its test log-likelihood, smallest and median (``ess_chain_min``,
       ``ess_chain_median``);
@@ -145,7 +148,9 @@ def summarised(probs, labels, groups: list[list[int]], within: list[dict]) -> di
       apart the modes the starts sit in are, not a failure of the sampler (NaN with one start);
     - ``starts`` and ``chains_per_start`` (the largest group)."""
     ess = np.concatenate([np.asarray(w["ess_loglik"], dtype=np.float64) for w in within])
-    out = {"within_rhat_loglik": float(np.median([w["rhat_loglik"] for w in within])),
+    rhats = [w["rhat_loglik"] for w in within]
+    out = {"within_rhat_loglik": float(np.median(rhats)), "within_rhat_loglik_max": float(np.max(rhats)),
+           "within_unconverged": float(np.mean([not r < RHAT_CONVERGED for r in rhats])),
            "within_softmax_converged": float(np.mean([w["softmax_converged"] for w in within])),
            "ess_chain_min": float(ess.min()), "ess_chain_median": float(np.median(ess)),
            "across_rhat_loglik": math.nan, "across_softmax_median": math.nan,
@@ -196,6 +201,8 @@ def convergence(exp: Experiment) -> pd.DataFrame:
     if pooled_within["rhat"]:
         row |= {"starts": float(len(pooled_within["rhat"])),
                 "within_rhat_loglik": float(np.median(pooled_within["rhat"])),
+                "within_rhat_loglik_max": float(np.max(pooled_within["rhat"])),
+                "within_unconverged": float(np.mean([not r < RHAT_CONVERGED for r in pooled_within["rhat"]])),
                 "within_softmax_converged": float(np.mean(pooled_within["softmax"])),
                 "ess_chain_min": float(np.min(pooled_within["ess"])),
                 "ess_chain_median": float(np.median(pooled_within["ess"]))}
@@ -219,7 +226,9 @@ def caption(zoo: pd.DataFrame, hmc: pd.DataFrame, settings: dict) -> str:
     zoo_n = sorted({int(n) for n in check_metrics(zoo)["n_reference"].dropna()})
     blocks = frame.loc[frame["method"] == ZOO_ROW[0], "n_samples"]
     return (
-        "Table HMC: each row's distance to the two references. MMD and NS MMD as in Table 1 (median over the 20 "
+        "Table HMC: " + reading(settings.get("within_rhat", math.nan), settings.get("within_rhat_max", math.nan),
+                                settings.get("within_unconverged", math.nan), settings.get("starts", math.nan))
+        + " Each row's distance to the two references. MMD and NS MMD as in Table 1 (median over the 20 "
         f"kernels, mean over layers weighted by parameter count; {{times}}), against the zoo ({'/'.join(map(str, zoo_n))} "
         f"converged checkpoints) and against full-batch HMC: the pooled draws ({pool}) of every chain of the HMC "
         f"multi-mode units, {settings['repetitions']} repetitions x {settings['chains']} chains ({settings['chains_per_start']} "
@@ -237,20 +246,28 @@ def caption(zoo: pd.DataFrame, hmc: pd.DataFrame, settings: dict) -> str:
         "approximate methods (the references' own rows and failed rows are not ranked), under the zoo / under HMC; "
         "Kendall's tau between the two rankings, with its interval, is in findings.md. Values are means over the "
         "repetitions ± the half-width of the 95{pct} t-interval (for MMD including the reference's standard error "
-        "from its halves), as in Table 1. Convergence of every chain group below the table. "
-        + reading(settings.get("within_rhat", math.nan))
+        "from its halves), as in Table 1. Convergence of every chain group below the table."
     )
 
 
-def reading(within_rhat: float) -> str:
-    """How to read the HMC reference, from the median within-start R-hat of its test log-likelihood."""
-    if np.isfinite(within_rhat) and within_rhat < RHAT_CONVERGED:
-        return (f"Within a start the chains agree (R-hat of the test log-likelihood {within_rhat:.2f}, median over "
-                "the starts, below 1.1): each start's region is sampled; the spread between starts is between modes.")
-    shown = "not measured" if not np.isfinite(within_rhat) else f"{within_rhat:.2f}"
-    return (f"These chains are a local, unconverged reference (R-hat of the test log-likelihood within a start "
-            f"{shown}, median over the starts, not below 1.1): many short explorations from independent starts, not "
-            "a converged posterior; docs/hmc.md gives the settings meant to converge (the GPU override set).")
+def reading(median: float, largest: float = math.nan, unconverged: float = math.nan, starts: float = math.nan) -> str:
+    """The HMC reference's convergence within its starts, in one sentence (table_hmc's first), from
+    the R-hat of the test log-likelihood among each start's chains: its ``median`` and ``largest``
+    over the starts, the share of starts where it is not below 1.1 (``unconverged``, a fraction)
+    and the number of ``starts``. Converged means below 1.1 in every start."""
+    if not np.isfinite(median):
+        return ("The HMC reference's convergence within its starts was not measured (no R-hat of the test "
+                "log-likelihood within a start).")
+    largest = median if not np.isfinite(largest) else largest
+    count = "" if not np.isfinite(starts) else f" of its {int(starts)} starts"
+    if largest < RHAT_CONVERGED:
+        return (f"The HMC reference converged within its starts: the R-hat of the test log-likelihood among the chains "
+                f"of a start is below 1.1 in every one{count} (largest {largest:.2f}, median {median:.2f}); the spread "
+                "between starts is between modes.")
+    share = "" if not np.isfinite(unconverged) else f" in {unconverged:.0%}{count}"
+    return (f"The HMC reference did NOT converge within its starts: the R-hat of the test log-likelihood among the "
+            f"chains of a start is 1.1 or above{share} (largest {largest:.2f}, median {median:.2f}), so it is a local, "
+            "unconverged reference: many short explorations from independent starts, not a converged posterior.")
 
 
 def render_convergence(frame: pd.DataFrame) -> str:
@@ -315,9 +332,12 @@ def write(exp: Experiment, metrics: pd.DataFrame, repetitions: pd.DataFrame, out
     design = Design.of(exp)
     chains = design.modes_multi
     chain_groups = convergence(exp)
-    within_rhat = float(chain_groups["within_rhat_loglik"].iloc[-1]) if "within_rhat_loglik" in chain_groups else math.nan
+    pooled = chain_groups.iloc[-1]  # the reference: every start of every repetition
+    within = {key: float(pooled.get(column, math.nan)) for key, column in (
+        ("within_rhat", "within_rhat_loglik"), ("within_rhat_max", "within_rhat_loglik_max"),
+        ("within_unconverged", "within_unconverged"), ("starts", "starts"))}
     text = caption(zoo, hmc, {"repetitions": design.repetitions, "chains": chains, "draws": design.per_method // chains,
-                              "chains_per_start": settings.chains_per_start, "within_rhat": within_rhat,
+                              "chains_per_start": settings.chains_per_start, **within,
                               "start": settings.start, "warmup": settings.warmup, "thinning": settings.thinning,
                               "trajectory_length": settings.trajectory_length,
                               "max_leapfrog_steps": settings.max_leapfrog_steps, "temperature": settings.temperature,

@@ -49,8 +49,9 @@ def test_chains_sharing_a_start_agree_and_the_starts_spread_between_modes():
     assert 100 < found["ess_chain_min"] <= found["ess_chain_median"]  # i.i.d. draws: ESS near the 200 draws
     # the numbers are ArviZ's on the right chains
     second = predictive_convergence(probs[4:8], labels)
-    assert found["within_rhat_loglik"] == pytest.approx(np.median([predictive_convergence(probs[g], labels)["rhat_loglik"]
-                                                                   for g in groups]))
+    each = [predictive_convergence(probs[g], labels)["rhat_loglik"] for g in groups]
+    assert found["within_rhat_loglik"] == pytest.approx(np.median(each))
+    assert found["within_rhat_loglik_max"] == pytest.approx(max(each)) and found["within_unconverged"] == 0.0
     assert second["rhat_loglik"] < 1.02
     across = predictive_convergence(probs[[0, 4, 8]], labels)
     assert found["across_rhat_loglik"] == across["rhat_loglik"]
@@ -64,6 +65,7 @@ def test_a_start_with_one_chain_is_judged_by_its_halves_and_drift_is_caught():
     drifted = start_convergence(drifting, labels, [[0], [1]])
     assert steady["within_rhat_loglik"] < 1.05
     assert drifted["within_rhat_loglik"] > steady["within_rhat_loglik"]
+    assert drifted["within_rhat_loglik_max"] > 1.1 and drifted["within_unconverged"] == 0.5  # the drifting start
     halves = predictive_convergence(drifting[1:2], labels)["rhat_loglik"]
     assert halves > 1.5
     assert drifted["within_rhat_loglik"] == pytest.approx(np.median([predictive_convergence(drifting[:1], labels)["rhat_loglik"],
@@ -73,4 +75,7 @@ def test_a_start_with_one_chain_is_judged_by_its_halves_and_drift_is_caught():
 def test_the_caption_labels_unconverged_chains_as_a_local_reference():
     assert "local, unconverged reference" in reading(2.1) and "2.10" in reading(2.1)
     assert "not measured" in reading(math.nan)
-    assert "agree" in reading(1.03)
+    assert reading(1.03, 1.08, 0.0, 20).startswith("The HMC reference converged within its starts")
+    assert "every one of its 20 starts (largest 1.08, median 1.03)" in reading(1.03, 1.08, 0.0, 20)
+    mixed = reading(1.03, 1.4, 0.1, 20)  # the median converged, one start in ten not: not converged
+    assert mixed.startswith("The HMC reference did NOT converge") and "in 10% of its 20 starts (largest 1.40" in mixed
