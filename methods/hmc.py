@@ -15,8 +15,9 @@ averages) or active dropout (random masks) is refused before any work.
 
 The chains (``methods.hmc_kernel``) run stacked: one forward and backward pass over the N images
 computes every chain's potential and gradient, through the zoo trainer's stacked networks
-(``benchmark.core.training.stacked``: numba kernels on CPU, ``torch.func.vmap`` elsewhere; a plain
-per-chain loop for architectures neither supports).
+(``benchmark.core.training.stacked``: on CPU the packed numba kernels' fused cross-entropy step, as
+the zoo's SGD takes it; ``torch.func.vmap`` elsewhere; a plain per-chain loop for architectures
+neither supports).
 
 Two ways to use it:
 
@@ -79,8 +80,9 @@ INIT_SEEDS = 10_000_000
 FISHER_CHUNK = 256  # images per batched Jacobian in NetworkPotential.fisher_diagonal
 FULL_BATCH_PART = 128
 """Images per part of the packed kernels' full-batch pass (``PackedChain.loss_and_grads``'s
-``part_images``): the zoo's 16 cost ~1.3x more per chain on digits' 1,295 images (81 parts'
-calls of the kernels), 128 and 256 the same (``bench/bench_hmc.py``)."""
+``part_images``): with the zoo's 16, a gradient over digits' 1,295 images (81 parts, each a dozen
+calls of the kernels) cost 1.2-1.4x more CPU per chain than with 128 or 256, which cost the same
+(10, 16 and 32 chains, one thread, side by side; 2026-11-28)."""
 
 
 def stochastic_layers(model: nn.Module) -> list[str]:

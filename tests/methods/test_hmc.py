@@ -378,16 +378,18 @@ def test_packed_potential_equals_autograd_over_the_packed_and_plain_networks(tin
     plain = NetworkPotential(tiny_exp.model(), images, labels, prior_precision=40.0, temperature=0.7,
                              implementation="loop")
     assert isinstance(packed.net, PackedChain) and plain.net is None
-    generator = torch.Generator().manual_seed(chains)
-    q = torch.stack([packed.flatten(tiny_exp.model().state_dict()) for _ in range(chains)])
-    q = q * (0.5 + torch.rand(chains, 1, generator=generator))  # each chain its own weights
+    starts = []
+    for seed in range(chains):  # each chain its own initialisation, the same whatever ran before
+        with seeded(seed):
+            starts.append(packed.flatten(tiny_exp.model().state_dict()))
+    q = torch.stack(starts)
     value, gradient = packed(q)
     for reference in (packed._autograd_potential(q), plain(q)):
         torch.testing.assert_close(value, reference[0], rtol=1e-5, atol=1e-3)
         scale = reference[1].abs().amax(1, keepdim=True)
         assert ((gradient - reference[1]).abs() <= 1e-5 * scale + 1e-4 * reference[1].abs()).all()
     prior = 40.0 * q / 0.7
-    assert (prior.abs().amax(1) > 0.05 * gradient.abs().amax(1)).all()  # the prior's term matters
+    assert (prior.norm(dim=1) > 0.02 * gradient.norm(dim=1)).all()  # the prior's term is larger than the tolerance
     assert value.shape == (chains,) and gradient.shape == q.shape
 
 
