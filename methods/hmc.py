@@ -15,8 +15,9 @@ averages) or active dropout (random masks) is refused before any work.
 
 The chains (``methods.hmc_kernel``) run stacked: one forward and backward pass over the N images
 computes every chain's potential and gradient, through the zoo trainer's stacked networks
-(``benchmark.core.training.stacked``: numba kernels on CPU, ``torch.func.vmap`` elsewhere; a plain
-per-chain loop for architectures neither supports).
+(``benchmark.core.training.stacked``: on CPU the packed numba kernels' fused cross-entropy step, as
+the zoo's SGD takes it; ``torch.func.vmap`` elsewhere; a plain per-chain loop for architectures
+neither supports).
 
 Two ways to use it:
 
@@ -65,7 +66,7 @@ from benchmark.core.settings import require
 from benchmark.core.fingerprint import code_fingerprint
 from benchmark.core.store import MAX_SEED, ChainFiles, CheckpointError, SampleSet, Unit
 from benchmark.core.training import seeded
-from benchmark.core.training.stacked import NotStackableError, VmapNetworks, stacked_networks
+from benchmark.core.training.stacked import LANES, NotStackableError, PackedChain, stacked_networks
 from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod, ResumableChains
 from methods.hmc_kernel import DIVERGED, SAMPLING, ChainState, KernelSettings, StackedHMC, new_chain
 
@@ -77,6 +78,11 @@ INIT_SEEDS = 10_000_000
 """``start=init``: attempt ``a`` of chain ``seed`` initialises under ``INIT_SEEDS + a x (MAX_SEED + 1) + seed``
 (``init_seed``), above every zoo seed (at most ``MAX_SEED``)."""
 FISHER_CHUNK = 256  # images per batched Jacobian in NetworkPotential.fisher_diagonal
+FULL_BATCH_PART = 128
+"""Images per part of the packed kernels' full-batch pass (``PackedChain.loss_and_grads``'s
+``part_images``): with the zoo's 16, a gradient over digits' 1,295 images (81 parts, each a dozen
+calls of the kernels) cost 1.2-1.4x more CPU per chain than with 128 or 256, which cost the same
+(10, 16 and 32 chains, one thread, side by side; 2026-11-28)."""
 
 
 def stochastic_layers(model: nn.Module) -> list[str]:
@@ -111,6 +117,8 @@ class NetworkPotential:
     ``implementation``: ``auto`` (the stacked networks: numba kernels on CPU, vmap elsewhere; a
     loop where neither applies), ``packed``, ``vmap``, or ``loop`` (the plain model, one chain after
     the other: the cheapest for a single chain, as the packed kernels compute 16 lanes at once).
+    With the packed kernels the value and gradient come from their fused cross-entropy step, as
+    the zoo trainer's (``PackedChain.loss_and_grads``); otherwise from autograd over the logits.
     """
 
     def __init__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, prior_precision: float,
@@ -157,22 +165,31 @@ class NetworkPotential:
             out[key] = value.cpu()[None].expand(len(draws), *value.shape).contiguous()
         return {k: out[k] for k in self.state_keys}
 
+    def _stacked(self, q: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The weights ``q [C, D]`` as the stacked networks' parameters (each chain along ``network_axis``)."""
+        parts = [v.reshape(len(q), *s) for v, s in zip(q.split(self.sizes, dim=1), self.shapes)]
+        return {k: p.movedim(0, self.net.network_axis(k)) for k, p in zip(self.keys, parts)}
+
+    def _packed_batch(self, chains: int) -> torch.Tensor:
+        """The N images laid out for the packed kernels' ``chains`` networks (lanes padded to ``LANES``), kept
+        for the last lane count."""
+        lanes = chains + (-chains % LANES)
+        if lanes not in self._batches:
+            index = torch.arange(len(self.images), device="cpu").expand(chains, -1)  # packed kernels: CPU only
+            self._batches = {lanes: self.net.batch(self.net.source(self.images, self.device), index, None, 0, 0.0)}
+        return self._batches[lanes]
+
     def _logits(self, q: torch.Tensor) -> torch.Tensor:
         """Logits ``[C, N, classes]`` of each chain's network on every training image."""
         chains = len(q)
-        parts = [v.reshape(chains, *s) for v, s in zip(q.split(self.sizes, dim=1), self.shapes)]
         if self.net is None:
+            parts = [v.reshape(chains, *s) for v, s in zip(q.split(self.sizes, dim=1), self.shapes)]
             return torch.stack([
                 functional_call(self.model, {**dict(zip(self.keys, (p[c] for p in parts))), **self.buffers}, (self.images,))
                 for c in range(chains)])
-        params = {k: p.movedim(0, self.net.network_axis(k)) for k, p in zip(self.keys, parts)}
-        if isinstance(self.net, VmapNetworks):
-            return self.net.predict(params, self.images)
-        lanes = chains + (-chains % 16)
-        if lanes not in self._batches:  # the images laid out for the packed kernels, once per lane count
-            index = torch.arange(len(self.images), device="cpu").expand(chains, -1)  # packed kernels: CPU only
-            self._batches = {lanes: self.net.batch(self.net.source(self.images, self.device), index, None, 0, 0.0)}
-        return self.net.forward(params, self._batches[lanes])
+        if isinstance(self.net, PackedChain):
+            return self.net.forward(self._stacked(q), self._packed_batch(chains))
+        return self.net.predict(self._stacked(q), self.images)
 
     def fisher_diagonal(self, q: torch.Tensor) -> torch.Tensor:
         """The diagonal of the Fisher information of the likelihood at each chain's weights ``q [C, D]``:
@@ -202,7 +219,15 @@ class NetworkPotential:
         return 1.0 / (self.fisher_diagonal(q) + self.prior_precision / self.temperature)
 
     def __call__(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(U [C], dU/dq [C, D])`` at ``q [C, D]``."""
+        """``(U [C], dU/dq [C, D])`` at ``q [C, D]``: through the packed kernels' fused cross-entropy
+        step (``PackedChain.loss_and_grads``, no autograd graph) where the networks are a packed
+        chain, else autograd over ``_logits``."""
+        if isinstance(self.net, PackedChain):
+            return self._packed_potential(q.detach())
+        return self._autograd_potential(q)
+
+    def _autograd_potential(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``__call__`` by autograd over ``_logits`` (any stacked form, or the plain model chain by chain)."""
         with torch.enable_grad():
             q = q.detach().requires_grad_()
             logits = self._logits(q)
@@ -211,6 +236,17 @@ class NetworkPotential:
             u = (nll.view(chains, n).sum(1) + 0.5 * self.prior_precision * (q * q).sum(1)) / self.temperature
             (gradient,) = torch.autograd.grad(u.sum(), q)
         return u.detach(), gradient
+
+    def _packed_potential(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``__call__`` through ``PackedChain.loss_and_grads``: the mean cross-entropy over the N
+        images and its gradient, times N, plus the prior's, over the temperature."""
+        chains, n = len(q), len(self.labels)
+        mean, grads = self.net.loss_and_grads(self._stacked(q), self._packed_batch(chains), self.labels.expand(chains, -1),
+                                              part_images=FULL_BATCH_PART)
+        likelihood = torch.cat([grads[k].movedim(self.net.network_axis(k) % grads[k].dim(), 0).reshape(chains, -1)
+                                for k in self.keys], dim=1)
+        u = (n * mean + 0.5 * self.prior_precision * (q * q).sum(1)) / self.temperature
+        return u, (n * likelihood + self.prior_precision * q) / self.temperature
 
 
 @dataclass
@@ -232,7 +268,7 @@ class HMCSettings(KernelSettings, MethodSettings):
     ``chains_per_start``: ``start=init`` chains whose seeds share ``seed // chains_per_start`` share one
     start (``start_seed``: the descended initialisation of the group's first seed, and its ``M^-1``),
     each with its own random stream, so that the chains of one start can be compared (the R-hat
-    within a start, apart from the differences between modes; ``benchmark/report/hmc.py``);
+    within a start, apart from the differences between modes; ``benchmark/references/hmc/report.py``);
     ``initial_mass``: where ``M^-1`` starts before its warm-up adaptation: ``identity``, or
     ``fisher``, the inverse of the curvature guessed at the chain's start (the likelihood's Fisher
     diagonal plus the prior precision: ``NetworkPotential.curvature_inverse_mass``), so that the

@@ -104,7 +104,7 @@ def test_the_experiments_listed_exist():
 
 
 @pytest.mark.parametrize("path", ["studies/check_sghmc.py", "studies/recipe_digits.py", "studies/hmc_unit.py",
-                                  "studies/sghmc_stationarity.py"])
+                                  "studies/sghmc_stationarity.py", "studies/hmc_within_start.py"])
 def test_each_study_says_its_question_and_last_result(path):
     first = text_of(REPO / path).split("\n", 1)[0]
     assert first.startswith('"""Study: ') and "?" in first and "Last result" in first

@@ -18,6 +18,7 @@ from benchmark.core.store import ChainFiles
 from benchmark.core.training import Recipe, TrainingData, seeded
 from methods.base import MethodConfigError
 from methods.base import MethodFitError
+from benchmark.core.training.stacked import PackedChain
 from methods.hmc import HMCMethod, HMCSettings, NetworkPotential, init_seed, sampling_seed, start_seed
 from methods.hmc_kernel import DIVERGED, SAMPLING, ChainState, KernelSettings, StackedHMC, new_chain
 from metrics.mcmc import bfmi, ess, predictive_convergence, rhat
@@ -362,6 +363,34 @@ def test_the_sample_protocol_resumes_saved_chains_and_restarts_stale_or_damaged_
     stopped = small_method(warmup=30)
     assert not stopped.run_chains_in(ChainFiles(tmp_path / "b"), [5], lambda seed: {}, 4, should_stop=lambda: True)  # a lost claim
     assert ChainState.load(tmp_path / "b" / "seed_000005.safetensors").iteration == 1  # saved, then stopped
+
+
+@pytest.mark.parametrize("chains", [1, 5, 16, 17, 33])
+def test_packed_potential_equals_autograd_over_the_packed_and_plain_networks(tiny_exp, chains):
+    """The packed kernels' fused full-batch step (``PackedChain.loss_and_grads``) gives U and dU/dq
+    of every chain equal, to float32 rounding, to autograd over the packed forward and to autograd
+    over the plain model chain by chain, for stacks that fill, spill over and pad the 16 lanes,
+    with a prior and a temperature that weigh in (chains near the origin: the prior's share of the
+    gradient is not negligible)."""
+    images, labels = tiny_exp.train_tensors
+    packed = NetworkPotential(tiny_exp.model(), images, labels, prior_precision=40.0, temperature=0.7,
+                              implementation="packed")
+    plain = NetworkPotential(tiny_exp.model(), images, labels, prior_precision=40.0, temperature=0.7,
+                             implementation="loop")
+    assert isinstance(packed.net, PackedChain) and plain.net is None
+    starts = []
+    for seed in range(chains):  # each chain its own initialisation, the same whatever ran before
+        with seeded(seed):
+            starts.append(packed.flatten(tiny_exp.model().state_dict()))
+    q = torch.stack(starts)
+    value, gradient = packed(q)
+    for reference in (packed._autograd_potential(q), plain(q)):
+        torch.testing.assert_close(value, reference[0], rtol=1e-5, atol=1e-3)
+        scale = reference[1].abs().amax(1, keepdim=True)
+        assert ((gradient - reference[1]).abs() <= 1e-5 * scale + 1e-4 * reference[1].abs()).all()
+    prior = 40.0 * q / 0.7
+    assert (prior.norm(dim=1) > 0.02 * gradient.norm(dim=1)).all()  # the prior's term is larger than the tolerance
+    assert value.shape == (chains,) and gradient.shape == q.shape
 
 
 def test_the_fisher_diagonal_is_the_class_weighted_squared_log_probability_gradients(tiny_exp, tiny_bases):

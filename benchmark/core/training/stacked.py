@@ -466,7 +466,8 @@ class PackedChain:
         return self._run(self._padded(params, lanes), batch, self._scale(last_input_scale, lanes))[: self.count(params)]
 
     def loss_and_grads(self, params: Params, batch: torch.Tensor, labels: torch.Tensor,
-                       last_input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, Params]:
+                       last_input_scale: torch.Tensor | None = None,
+                       part_images: int = PART_IMAGES) -> tuple[torch.Tensor, Params]:
         """The training step's numbers without autograd: per network the mean cross-entropy of its
         images of ``batch`` (``forward``'s input) against ``labels [K, B]`` -> ``(losses [K],
         gradients of each network's loss keyed like params)``, the forward, loss and backward all
@@ -474,20 +475,22 @@ class PackedChain:
         ``F.cross_entropy``, up to rounding. ``last_input_scale``: as in ``forward`` (one
         elementwise multiply of the last layer's input, and of its gradient).
 
-        The batch goes through in parts of ``PART_IMAGES`` images, each part's whole forward and
+        The batch goes through in parts of ``part_images`` images, each part's whole forward and
         backward before the next, so that its activations are still in the cache when the backward
         reads them (a batch of 64 MNIST images for 128 networks is 26 MB; gathering each part just
         before its forward instead of the batch at once was slower, measured). The kernels add to
         the weight gradients image by image, so the parts give the whole batch's sums to the bit (a
-        convolution's bias gradient excepted: torch sums each part, then the parts are added)."""
+        convolution's bias gradient excepted: torch sums each part, then the parts are added).
+        ``PART_IMAGES`` suits a training batch of a few dozen images; a full-batch gradient over
+        thousands (``methods.hmc.NetworkPotential``) takes larger parts, fewer calls of the kernels."""
         n_k, lanes, n_b = self.count(params), batch.shape[-1], batch.shape[0]
         padded = self._padded(params, lanes)
         targets = torch.cat([labels, labels[:1].expand(lanes - n_k, -1)]).T.contiguous()
         head = [padded.get(f"{layer.prefix}.{leaf}") for layer in self.layers for leaf in ("weight", "bias")]
         losses, sums, head_into = batch.new_zeros(lanes), {}, None
         scale = self._scale(last_input_scale, lanes)
-        for start in range(0, n_b, PART_IMAGES):
-            x, saved = batch[start : start + PART_IMAGES], []
+        for start in range(0, n_b, part_images):
+            x, saved = batch[start : start + part_images], []
             for op in self.body:
                 if op.kind == "conv":
                     bias = padded.get(f"{op.prefix}.bias") if op.has_bias else None
@@ -495,10 +498,10 @@ class PackedChain:
                 else:
                     x, context = torch.relu(x), x
                 saved.append(context)
-            part_scale = None if scale is None else scale[start : start + PART_IMAGES]
+            part_scale = None if scale is None else scale[start : start + part_images]
             logits, context = _head_forward(x, self.gap, self.layers, head, part_scale)
             grad = torch.empty_like(logits)
-            cross_entropy(logits.numpy(), targets[start : start + PART_IMAGES].numpy(), losses.numpy(), grad.numpy(), n_b)
+            cross_entropy(logits.numpy(), targets[start : start + part_images].numpy(), losses.numpy(), grad.numpy(), n_b)
             head_into = head_sums(context[2]) if head_into is None else head_into
             grad, head_grads = _head_backward(context, grad, self.gap, self.layers, need_x=bool(self.body), into=head_into)
             for layer, weight, bias in zip(self.layers, head_grads[::2], head_grads[1::2]):
