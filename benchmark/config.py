@@ -87,25 +87,72 @@ class Precision(str, Enum):
     """``torch.autocast`` with float16 and a ``GradScaler`` (CUDA only)."""
 
 
+REFERENCE_SETTINGS: dict[str, type] = {}
+"""The registered references' typed settings by name (``declare_reference``): the schema of
+``reference=<name>`` is built from them (``reference_schema``)."""
+POOLED_METHODS: dict[str, str] = {}
+"""Method -> the reference whose rows its rows are (``declare_reference``'s ``own_method``): such a
+method's repetitions are the reference's, ``sample.repetitions``, never ``repetitions_per_method``."""
+
+
+def declare_reference(name: str, settings: type, own_method: Optional[str] = None) -> None:
+    """Declare reference ``name`` to the schema: ``settings``, its typed settings (a dataclass whose
+    fields are the keys of ``conf/reference/<name>.yaml`` besides ``name``; its ``__post_init__``
+    raising ``SettingsError`` checks them), and ``own_method``, the method whose rows are its own
+    (``Reference.own_row``), or ``None``. Called by ``benchmark.references.register`` for every
+    registered reference, so that the schema knows the plug-ins without importing their layer."""
+    if not dataclasses.is_dataclass(settings):
+        raise TypeError(f"declare_reference: the settings of reference {name!r} must be a dataclass, got {settings!r}")
+    REFERENCE_SETTINGS[name] = settings
+    if own_method is not None:
+        POOLED_METHODS[own_method] = name
+    reference_schema.cache_clear()
+
+
 @dataclass
 class ReferenceConfig:
     """What the evaluate stage scores against besides the zoo (always evaluated: Table 1), chosen
-    with ``reference=<name>`` (the config group ``conf/reference/``: one yaml per reference of
-    ``benchmark.references``). ``name``: a registered reference (``zoo``: only the zoo; another:
-    every row scored against it too, with what its report hooks add; an unregistered name is
-    refused by the stages' preflight, naming the registered ones). Read by ``other_zoo`` only (its
-    ``OtherZooSettings``): ``store`` (the other store's root; null: this run's), ``experiment`` (the
-    experiment its checkpoints were written under; null: this run's), ``seeds`` (their reference
-    range ``[start, stop)``; null: this run's ``seeds.reference``)."""
+    with ``reference=<name>`` (the config group ``conf/reference/``: one yaml per registered
+    reference of ``benchmark.references``). ``name``: the chosen reference (``zoo``: only the zoo;
+    another: every row scored against it too, with what its report hooks add). The node of
+    ``reference=<name>`` is ``reference_schema(name)``: this class with the reference's own
+    settings (``Reference.Settings``, declared in its module) as further keys."""
 
     name: str = "zoo"
-    store: Optional[str] = None
-    experiment: Optional[str] = None
-    seeds: Optional[List[int]] = None
 
     def __post_init__(self) -> None:
-        require(bool(str(self.name).strip()), "name", self.name, "a registered reference (conf/reference/<name>.yaml)")
-        require(self.seeds is None or len(self.seeds) == 2, "seeds", self.seeds, "null or [start, stop)")
+        require(self.name in REFERENCE_SETTINGS, "name", self.name,
+                f"a registered reference, chosen with reference=<name>: one of {', '.join(sorted(REFERENCE_SETTINGS))} "
+                "(benchmark/references/, conf/reference/<name>.yaml)")
+
+
+@functools.lru_cache(maxsize=None)
+def reference_schema(name: str) -> type:
+    """The node of ``reference=<name>`` (Hydra's ``reference/base_<name>``, listed first in
+    ``conf/reference/<name>.yaml``'s defaults): ``ReferenceConfig`` with ``name`` defaulting to
+    ``name`` and one field per field of the reference's declared settings (same type and default);
+    its ``__post_init__`` refuses another ``name`` and runs the settings' own checks."""
+    settings = REFERENCE_SETTINGS[name]
+    hints = typing.get_type_hints(settings)
+    fields: list[tuple[str, Any, Any]] = [("name", str, field(default=name))]
+    for f in dataclasses.fields(settings):
+        default = field(default_factory=f.default_factory) if f.default_factory is not dataclasses.MISSING \
+            else field(default=f.default if f.default is not dataclasses.MISSING else MISSING)
+        fields.append((f.name, hints[f.name], default))
+    own = [f.name for f in dataclasses.fields(settings)]
+
+    def __post_init__(self) -> None:
+        ReferenceConfig.__post_init__(self)
+        require(self.name == name, "name", self.name,
+                f"{name}, the reference chosen with reference={name} (another: reference=<name>, one of "
+                f"{', '.join(sorted(REFERENCE_SETTINGS))})")
+        settings(**{key: getattr(self, key) for key in own})
+
+    title = "".join(part.title() for part in name.split("_"))
+    return make_dataclass(f"{title}ReferenceConfig", fields, bases=(ReferenceConfig,),
+                          namespace={"__post_init__": __post_init__, "__module__": __name__,
+                                     "__doc__": f"``reference={name}``: ``name`` and the reference's settings "
+                                                f"(``{settings.__module__}.{settings.__qualname__}``)."})
 
 
 class ZooRange(str, Enum):
@@ -252,8 +299,8 @@ class SampleConfig:
     ``repetitions`` (cheap rows can run more: an exact paired sign-flip test on R repetitions cannot
     go below p = 2/2^R, 0.0625 at 5, 0.0078 at 8; repetition k of every row still starts from the
     same base, and more repetitions keep the ones done; the held-out range must hold the largest
-    count's blocks; the reference rows keep ``repetitions``: HMC cannot be named, the zoo's blocks and
-    the second zoo's cap use the default; null: none; ``'+sample.repetitions_per_method.<name>=N'``
+    count's blocks; a method whose rows are a reference's own (``POOLED_METHODS``, declared by the
+    reference) cannot be named, and the zoo's blocks and the second zoo's cap keep ``repetitions``; null: none; ``'+sample.repetitions_per_method.<name>=N'``
     adds one on the command line, ``sample.repetitions_per_method=null`` drops an experiment's);
     both read only through the repetition design, ``benchmark.design.Design``;
     ``keep_stale``: a unit drawn under other settings or code is moved to ``quarantine/`` before
@@ -274,9 +321,10 @@ class SampleConfig:
                     f"a registered method: one of {', '.join(registry.METHODS)}")
             require(isinstance(count, int) and count >= 1, f"repetitions_per_method.{name}", count,
                     "a positive integer")
-            # HMC's rows are the HMC reference, pooled over sample.repetitions repetitions (benchmark.references.hmc)
-            require(name != "hmc", f"repetitions_per_method.{name}", count,
-                    "no entry: the HMC reference's rows have sample.repetitions repetitions")
+            # a reference pools every repetition of its own method's rows, which the design lays out as sample.repetitions
+            require(name not in POOLED_METHODS, f"repetitions_per_method.{name}", count,
+                    f"no entry: {name}'s rows are the {POOLED_METHODS.get(name)} reference's own, with sample.repetitions "
+                    "repetitions")
 
 
 @dataclass
@@ -296,7 +344,7 @@ class EvaluateConfig:
     ``n_reference`` says how many checkpoints were used either way); ``allow_other_recipe``:
     evaluate against reference checkpoints trained under another model, data or recipe config
     than this run's (by default the stage refuses, naming the differing fields; with it, one
-    warning, and metrics.csv's ``reference_recipe`` says so); ``baselines``: the reference rows scored
+    warning, and metrics.csv's ``reference_recipe`` says so); ``baselines``: the baseline rows scored
     beside the methods (names registered in ``benchmark.baselines``: prior, untrained initialisations,
     Gaussians fitted to the raw and the symmetry-free zoo, a second zoo of the same recipe; null: every
     registered one, in table order; ``[]`` for none; an unregistered name is refused by the stages'
@@ -314,7 +362,7 @@ class EvaluateConfig:
     allow_partial: bool = False
     # Off by default: numbers against a zoo of another recipe are not this config's numbers.
     allow_other_recipe: bool = False
-    # Every reference row by default (benchmark/baselines/): what a score means needs them.
+    # Every baseline row by default (benchmark/baselines/): what a score means needs them.
     baselines: Optional[List[str]] = None
     # The zoo's training potential (its spread says how far the SGD ensemble is from a T = 1 posterior) is
     # measured on the first potential_checkpoints converged reference seeds: a full pass over the training split
@@ -646,8 +694,8 @@ class Config:
     (torch threads per process: auto = every available core for a single run, cores //
     cluster.parallel_jobs for each job of a multirun sweep, ``-m``); ``debug`` (tracebacks instead
     of one-line errors); ``method`` and ``mode`` (what the sample stage runs); ``analysis`` (what
-    the analyze stage draws); ``reference`` (``ReferenceConfig``: what evaluate and report score
-    against besides the zoo, ``conf/reference/``); then the nodes typed above: ``seeds``, ``zoo``, ``sample``,
+    the analyze stage draws); ``reference`` (``reference_schema(<name>)``, a ``ReferenceConfig``:
+    what evaluate and report score against besides the zoo and its settings, ``conf/reference/``); then the nodes typed above: ``seeds``, ``zoo``, ``sample``,
     ``evaluate``, ``analyze``, ``external``, ``verify``, ``claims`` (cross-node claims on units of
     work), ``dataset``, ``model``, ``train`` (the ``Recipe``), ``cluster``, ``methods`` (one node
     per registered method) and ``zoo_import`` (``stage=import``).
@@ -710,13 +758,21 @@ def visible_gpus() -> int:
 
 
 def register_configs() -> None:
-    """Store the schema in Hydra's ConfigStore: the root ``base_config`` and ``methods/base_<name>``
-    for every registered method (``conf/methods/<name>.yaml`` lists it first in its defaults)."""
+    """Store the schema in Hydra's ConfigStore: the root ``base_config``, ``methods/base_<name>``
+    for every registered method (``conf/methods/<name>.yaml`` lists it first in its defaults) and
+    ``reference/base_<name>`` for every declared reference (``reference_schema``; listed first by
+    ``conf/reference/<name>.yaml``). The references declare themselves when ``benchmark.references``
+    is imported (this module sits below them); ``ConfigError`` when none has."""
+    if not REFERENCE_SETTINGS:
+        raise ConfigError("reference: no reference is registered; import benchmark.references (which declares "
+                          "each reference's settings to the schema, declare_reference) before composing the config")
     OmegaConf.register_new_resolver("visible_gpus", visible_gpus, replace=True)
     store = ConfigStore.instance()
     store.store(name="base_config", node=build_schema())
     for name in registry.METHODS:
         store.store(group="methods", name=f"base_{name}", node=settings_schema(name))
+    for name in REFERENCE_SETTINGS:
+        store.store(group="reference", name=f"base_{name}", node=reference_schema(name))
 
 
 def resolve_config(cfg: DictConfig) -> Any:

@@ -43,8 +43,11 @@ def override_keys(text: str) -> set[str]:
 
 
 def unknown_keys(keys: set[str]) -> list[str]:
-    cfg = compose_config([])
-    return sorted(k for k in keys if OmegaConf.select(cfg, k, default="<absent>") == "<absent>")
+    """The ``keys`` in no composed config: the default one, or one per reference choice (whose
+    node holds that reference's own settings, ``reference=<name>``)."""
+    choices = sorted(p.stem for p in (Path(CONF_DIR) / "reference").glob("*.yaml"))
+    configs = [compose_config([f"reference={name}"]) for name in choices]
+    return sorted(k for k in keys if all(OmegaConf.select(cfg, k, default="<absent>") == "<absent>" for cfg in configs))
 
 
 def make_targets() -> set[str]:
