@@ -90,23 +90,41 @@ class Precision(str, Enum):
 REFERENCE_SETTINGS: dict[str, type] = {}
 """The registered references' typed settings by name (``declare_reference``): the schema of
 ``reference=<name>`` is built from them (``reference_schema``)."""
+HOOK_ANALYSES: list[str] = []
+"""The analyses the registered references' hooks add (``Reference.hooks.analysis``), each named
+after its reference (``analysis=<reference>``; ``declare_reference``), in declaration order. Such an
+analysis has no settings node: what it reads is the reference's settings or another analysis's."""
 POOLED_METHODS: dict[str, str] = {}
 """Method -> the reference whose rows its rows are (``declare_reference``'s ``own_method``): such a
 method's repetitions are the reference's, ``sample.repetitions``, never ``repetitions_per_method``."""
 
 
-def declare_reference(name: str, settings: type, own_method: Optional[str] = None) -> None:
+def declare_reference(name: str, settings: type, own_method: Optional[str] = None, analysis: bool = False) -> None:
     """Declare reference ``name`` to the schema: ``settings``, its typed settings (a dataclass whose
     fields are the keys of ``conf/reference/<name>.yaml`` besides ``name``; its ``__post_init__``
     raising ``SettingsError`` checks them), and ``own_method``, the method whose rows are its own
-    (``Reference.own_row``), or ``None``. Called by ``benchmark.references.register`` for every
+    (``Reference.own_row``), or ``None``; ``analysis``: whether its hooks add ``analysis=<name>``
+    (``HOOK_ANALYSES``). Called by ``benchmark.references.register`` for every
     registered reference, so that the schema knows the plug-ins without importing their layer."""
     if not dataclasses.is_dataclass(settings):
         raise TypeError(f"declare_reference: the settings of reference {name!r} must be a dataclass, got {settings!r}")
     REFERENCE_SETTINGS[name] = settings
     if own_method is not None:
         POOLED_METHODS[own_method] = name
+    if analysis and name not in HOOK_ANALYSES:
+        HOOK_ANALYSES.append(name)
     reference_schema.cache_clear()
+
+
+BASELINE_NAMES: list[str] = []
+"""The registered baselines' names, in table order (``declare_baseline``): what ``evaluate.baselines`` may name."""
+
+
+def declare_baseline(names: Sequence[str]) -> None:
+    """Declare the registered baselines (``benchmark.baselines.BASELINES``' names, in table order) to
+    the schema, which refuses any other name in ``evaluate.baselines``. Called by
+    ``benchmark.baselines.register`` on every registration."""
+    BASELINE_NAMES[:] = list(names)
 
 
 @dataclass
@@ -347,8 +365,8 @@ class EvaluateConfig:
     warning, and metrics.csv's ``reference_recipe`` says so); ``baselines``: the baseline rows scored
     beside the methods (names registered in ``benchmark.baselines``: prior, untrained initialisations,
     Gaussians fitted to the raw and the symmetry-free zoo, a second zoo of the same recipe; null: every
-    registered one, in table order; ``[]`` for none; an unregistered name is refused by the stages'
-    preflight), over
+    registered one, in table order; ``[]`` for none; an unregistered name is refused when the config
+    is resolved, naming the registered ones: ``BASELINE_NAMES``), over
     ``baseline_repetitions`` repetitions (null: ``sample.repetitions``; the second zoo's at most that);
     ``potential_checkpoints``: how many converged reference checkpoints (the first in seed order; 0 =
     all) the zoo's training potential is measured on (``Reference.training_potential``)."""
@@ -381,6 +399,9 @@ class EvaluateConfig:
                 self.test_permutations, "0 or an integer >= 100")
         names = [str(b) for b in self.baselines or ()]
         require(len(set(names)) == len(names), "baselines", names, "each baseline at most once")
+        for name in names:
+            require(name in BASELINE_NAMES, "baselines", name,
+                    f"registered baselines: some of {', '.join(BASELINE_NAMES)} (benchmark/baselines/)")
         require(self.baseline_repetitions is None or self.baseline_repetitions >= 1, "baseline_repetitions",
                 self.baseline_repetitions, "null (sample.repetitions) or a positive integer")
         require(self.potential_checkpoints >= 0, "potential_checkpoints", self.potential_checkpoints,
@@ -529,17 +550,10 @@ class MarginalsConfig:
 
 
 @dataclass
-class HMCFigureConfig:
-    """``analysis=hmc`` (issue 19; drawn with ``reference=hmc``): the zoo, full-batch HMC and the
-    method closest to HMC per layer, and agreement with HMC against NS MMD to the zoo. No settings
-    of its own: its histograms take ``analyze.marginals``' bins, subsample and shown layers, so that
-    the two figures read alike."""
-
-
-@dataclass
 class AnalyzeConfig:
     """The analyses ``stage=analyze`` draws, in the paper's order, with their settings (one node
-    each). Its fields are the analyses table: ``analysis=`` accepts their names and ``all``, and
+    each). Its fields are the analyses table: ``analysis=`` accepts their names, those the
+    references' hooks add (``HOOK_ANALYSES``) and ``all`` (``analysis_names``), and
     ``benchmark/analyses/<name>.py`` implements each."""
 
     toy: ToyConfig = field(default_factory=ToyConfig)
@@ -547,12 +561,19 @@ class AnalyzeConfig:
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     permutation_frequency: PermutationFrequencyConfig = field(default_factory=PermutationFrequencyConfig)
     marginals: MarginalsConfig = field(default_factory=MarginalsConfig)
-    hmc: HMCFigureConfig = field(default_factory=HMCFigureConfig)
 
 
-ANALYSIS_NAMES = tuple(f.name for f in dataclasses.fields(AnalyzeConfig))
-Analysis = Enum("Analysis", {name: name for name in (*ANALYSIS_NAMES, "all")}, type=str)
-Analysis.__doc__ = "What ``stage=analyze`` draws (``analysis=...``): one of the analyses (``AnalyzeConfig``), or ``all``."
+def analysis_names() -> tuple[str, ...]:
+    """The names ``analysis=`` accepts besides ``all``, in drawing order: the analyses of
+    ``AnalyzeConfig``, then those the registered references' hooks add (``HOOK_ANALYSES``)."""
+    return (*(f.name for f in dataclasses.fields(AnalyzeConfig)), *HOOK_ANALYSES)
+
+
+def _analysis_choice() -> type[Enum]:
+    choice = Enum("Analysis", {name: name for name in (*analysis_names(), "all")}, type=str)
+    choice.__doc__ = ("What ``stage=analyze`` draws (``analysis=...``): one of the analyses (``analysis_names``), "
+                      "or ``all``.")
+    return choice
 
 
 @dataclass
@@ -675,7 +696,8 @@ def _defaults() -> list[Any]:
 
 MethodChoice = _method_choice()
 MethodsConfig = _methods_config()
-_REGISTERED = tuple(registry.METHODS)
+Analysis = _analysis_choice()
+_REGISTERED = (tuple(registry.METHODS), analysis_names())
 
 
 @dataclass
@@ -740,13 +762,15 @@ class Config:
 
 
 def build_schema() -> type[Config]:
-    """``Config``; when methods were registered after this module was imported (a plugin's
-    ``register_method``), a subclass whose ``method`` and ``methods`` nodes include them."""
-    if tuple(registry.METHODS) == _REGISTERED:
+    """``Config``; when methods were registered or references added analyses after this module
+    was imported (a plugin's ``register_method``; ``declare_reference``), a subclass whose
+    ``method``, ``methods`` and ``analysis`` nodes include them."""
+    if (tuple(registry.METHODS), analysis_names()) == _REGISTERED:
         return Config
-    choice, methods = _method_choice(), _methods_config()
+    choice, methods, analysis = _method_choice(), _methods_config(), _analysis_choice()
     return make_dataclass("Config", [("method", choice, field(default=choice["all"])),
-                                     ("methods", methods, field(default_factory=methods))], bases=(Config,))
+                                     ("methods", methods, field(default_factory=methods)),
+                                     ("analysis", analysis, field(default=analysis["all"]))], bases=(Config,))
 
 
 def visible_gpus() -> int:

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from benchmark import config  # noqa: E402
+import benchmark.baselines  # noqa: E402,F401  (declares the baselines to the schema)
 import benchmark.references  # noqa: E402,F401  (declares the references to the schema: compose_config needs them)
 
 if _WORKER:

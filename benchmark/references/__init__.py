@@ -37,7 +37,8 @@ REFERENCES: dict[str, type[Reference]] = {}
 def register(reference: type[Reference]) -> type[Reference]:
     """Add ``reference`` (a ``Reference`` subclass with a unique ``name``) to ``REFERENCES`` and declare
     its settings to the schema (``benchmark.config.declare_reference``: the node of
-    ``reference=<name>``, and its own row's method, whose repetitions it pools); returns it."""
+    ``reference=<name>``, its own row's method, whose repetitions it pools, and whether its hooks
+    add ``analysis=<name>``); returns it."""
     if not (isinstance(reference, type) and issubclass(reference, Reference)):
         raise TypeError(f"register: expected a Reference subclass, got {reference!r}")
     if not isinstance(getattr(reference, "name", None), str) or not reference.name.isidentifier():
@@ -47,7 +48,8 @@ def register(reference: type[Reference]) -> type[Reference]:
                          f"({REFERENCES[reference.name].__module__})")
     REFERENCES[reference.name] = reference
     declare_reference(reference.name, reference.Settings,
-                      own_method=reference.own_row[0] if reference.own_row is not None else None)
+                      own_method=reference.own_row[0] if reference.own_row is not None else None,
+                      analysis=reference.hooks.analysis is not None)
     return reference
 
 

@@ -94,8 +94,8 @@ class ReportHooks:
     report and analyze stages). ``report``: a module with ``write(exp, metrics, repetitions, out_dir)
     -> list[Path]`` (its extra tables, from metrics.csv's and repetitions.csv's frames, every
     reference's rows) and ``findings(metrics, repetitions) -> FindingsSection`` (its section of
-    findings.md); ``analysis``: the module of an extra ``analysis=<name>`` (the analyses' protocol,
-    ``benchmark/analyses/__init__.py``). ``None``: none."""
+    findings.md); ``analysis``: the module of an extra analysis, drawn as ``analysis=<the reference's name>``
+    (its ``NAME``; the analyses' protocol, ``benchmark/analyses/__init__.py``). ``None``: none."""
 
     report: str | None = None
     analysis: str | None = None
