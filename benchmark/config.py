@@ -5,7 +5,12 @@ and the defaults, so Hydra refuses a bad override at composition with the key, t
 and what is allowed. Range checks live in each settings dataclass's ``__post_init__`` and run
 when ``resolve_config`` turns the composed config into typed objects; their errors name the
 full key. Method settings come from the method registry: every registered method gets a
-``methods.<name>`` node typed by its ``Settings`` and a ``conf/methods/<name>.yaml``.
+``methods.<name>`` node typed by its ``Settings`` and a ``conf/methods/<name>.yaml``. The plug-ins
+above this module declare theirs when registered: each reference its ``Settings``
+(``declare_reference``: the node of ``reference=<name>``), the baselines their names
+(``declare_baseline``), each analysis its ``Settings`` and place (``declare_analysis``: the node
+``analyze.<name>``); a config is composed after ``benchmark.analyses`` (and with it the
+references) has been imported.
 
 ``Config`` is the root: every key of ``python -m benchmark`` with its type. Only the runners
 (``benchmark.cli``, ``benchmark.experiment``) read it; everything else gets typed objects.
@@ -29,7 +34,6 @@ from omegaconf.errors import OmegaConfBaseException
 from benchmark.core.data import DATASET_NAMES
 from benchmark.core.models import MODEL_NAMES
 from benchmark.core.settings import SettingsError, require
-from benchmark.core.store import MAX_SEED
 from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S
 from benchmark.core.store.importing import KeyMapping
 from benchmark.core.training import Recipe
@@ -467,106 +471,35 @@ class ClaimConfig:
         return min(self.heartbeat_s, 10.0)
 
 
-@dataclass
-class ToyConfig:
-    """``analysis=toy`` (Figure 1): ``networks`` 2-2-1 ReLU perceptrons trained at once
-    (paper: 10,000); ``seed`` fixes the data, the initialisations and the batch orders."""
-
-    networks: int = 10000
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        require(self.networks >= 2, "networks", self.networks, "an integer >= 2")
+ANALYSIS_SETTINGS: dict[str, tuple[int, type]] = {}
+"""The analyses of ``benchmark/analyses/`` by name: their place in the drawing order (the paper's)
+and their typed settings (``declare_analysis``)."""
 
 
-@dataclass
-class MinMassConfig:
-    """``analysis=min_mass`` (Figure 2): the minimum-mass rescaling of every reference checkpoint is
-    checked to preserve the network's function on the first ``check_images`` test images, to
-    ``check_atol`` (largest absolute difference of the logits)."""
-
-    check_images: int = 32
-    check_atol: float = 1e-4
-
-    def __post_init__(self) -> None:
-        require(self.check_images >= 1, "check_images", self.check_images, "a positive integer")
-        require(self.check_atol > 0, "check_atol", self.check_atol, "a positive number")
-
-
-@dataclass
-class CollapseConfig:
-    """``analysis=collapse`` (Figure 3): pairwise mutual information among the first ``members``
-    converged reference checkpoints (null = all), on at most ``max_pairs`` pairs (all pairs when
-    there are fewer; else a uniform draw without replacement, seeded by ``seed``)."""
-
-    members: Optional[int] = None
-    max_pairs: int = 50000
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        require(self.members is None or self.members >= 2, "members", self.members, "an integer >= 2 or null (= all)")
-        require(self.max_pairs >= 1, "max_pairs", self.max_pairs, "a positive integer")
-
-
-@dataclass
-class PermutationFrequencyConfig:
-    """``analysis=permutation_frequency`` (Figure 4): ``runs`` trainings with the experiment's
-    recipe (seeds from ``first_seed`` on; runs that fail the recipe's convergence rule are replaced
-    by the next seeds, at most ``runs`` more), logging the sorting permutation of every layer every
-    ``log_every`` optimiser steps (and at initialisation and after the last step)."""
-
-    runs: int = 5
-    first_seed: int = 900000
-    log_every: int = 1
-
-    def __post_init__(self) -> None:
-        require(self.runs >= 1, "runs", self.runs, "a positive integer")
-        require(0 <= self.first_seed <= MAX_SEED - 2 * self.runs, "first_seed", self.first_seed,
-                f"an integer in [0, {MAX_SEED} - 2 * runs]")
-        require(self.log_every >= 1, "log_every", self.log_every, "a positive integer")
-
-
-@dataclass
-class MarginalsConfig:
-    """``analysis=marginals`` (appendix D.1, D.3): ``bins`` of the marginal histograms;
-    ``max_values``: the most entries of one layer (pooled over the networks) that its histograms
-    and KS tests use, a fixed uniform subsample drawn from ``seed`` when the layer has more (the
-    default exceeds every OptuNet layer of a 1000-network zoo, 250,000 entries at most, so only
-    ResNet-18 layers are subsampled); ``max_units``: the zoo's unit-vs-unit check compares unit 0
-    with the next ``max_units`` units of each layer; ``max_layers_shown``: the figures show at
-    most this many layers, evenly spaced from the first to the last (the CSVs keep every layer)."""
-
-    bins: int = 40
-    max_values: int = 500000
-    seed: int = 0
-    max_units: int = 16
-    max_layers_shown: int = 6
-
-    def __post_init__(self) -> None:
-        require(self.bins >= 2, "bins", self.bins, "an integer >= 2")
-        require(self.max_values >= 2, "max_values", self.max_values, "an integer >= 2")
-        require(self.max_units >= 1, "max_units", self.max_units, "a positive integer")
-        require(self.max_layers_shown >= 1, "max_layers_shown", self.max_layers_shown, "a positive integer")
-
-
-@dataclass
-class AnalyzeConfig:
-    """The analyses ``stage=analyze`` draws, in the paper's order, with their settings (one node
-    each). Its fields are the analyses table: ``analysis=`` accepts their names, those the
-    references' hooks add (``HOOK_ANALYSES``) and ``all`` (``analysis_names``), and
-    ``benchmark/analyses/<name>.py`` implements each."""
-
-    toy: ToyConfig = field(default_factory=ToyConfig)
-    min_mass: MinMassConfig = field(default_factory=MinMassConfig)
-    collapse: CollapseConfig = field(default_factory=CollapseConfig)
-    permutation_frequency: PermutationFrequencyConfig = field(default_factory=PermutationFrequencyConfig)
-    marginals: MarginalsConfig = field(default_factory=MarginalsConfig)
+def declare_analysis(name: str, settings: type, order: int) -> None:
+    """Declare analysis ``name`` to the schema: ``settings``, its typed settings (a dataclass, the
+    node ``analyze.<name>``; its ``__post_init__`` raising ``SettingsError`` checks them), and
+    ``order``, its place among the analyses (``analysis=all`` draws them in it). Called by
+    ``benchmark.analyses`` for every analysis module of the package, so that the schema knows them
+    without importing their layer."""
+    if not dataclasses.is_dataclass(settings):
+        raise TypeError(f"declare_analysis: the settings of analysis {name!r} must be a dataclass, got {settings!r}")
+    ANALYSIS_SETTINGS[name] = (order, settings)
 
 
 def analysis_names() -> tuple[str, ...]:
-    """The names ``analysis=`` accepts besides ``all``, in drawing order: the analyses of
-    ``AnalyzeConfig``, then those the registered references' hooks add (``HOOK_ANALYSES``)."""
-    return (*(f.name for f in dataclasses.fields(AnalyzeConfig)), *HOOK_ANALYSES)
+    """The names ``analysis=`` accepts besides ``all``, in drawing order: the declared analyses by
+    their order, then those the registered references' hooks add (``HOOK_ANALYSES``)."""
+    declared = sorted(ANALYSIS_SETTINGS, key=lambda name: (ANALYSIS_SETTINGS[name][0], name))
+    return (*declared, *(name for name in HOOK_ANALYSES if name not in ANALYSIS_SETTINGS))
+
+
+def _analyze_config() -> type:
+    """``AnalyzeConfig``: the settings of ``stage=analyze``, one node ``analyze.<name>`` per declared
+    analysis (``declare_analysis``), typed by its settings, in drawing order."""
+    names = [name for name in analysis_names() if name in ANALYSIS_SETTINGS]
+    return make_dataclass("AnalyzeConfig", [(name, ANALYSIS_SETTINGS[name][1], field(default_factory=ANALYSIS_SETTINGS[name][1]))
+                                            for name in names])
 
 
 def _analysis_choice() -> type[Enum]:
@@ -697,6 +630,7 @@ def _defaults() -> list[Any]:
 MethodChoice = _method_choice()
 MethodsConfig = _methods_config()
 Analysis = _analysis_choice()
+AnalyzeConfig = _analyze_config()
 _REGISTERED = (tuple(registry.METHODS), analysis_names())
 
 
@@ -767,10 +701,11 @@ def build_schema() -> type[Config]:
     ``method``, ``methods`` and ``analysis`` nodes include them."""
     if (tuple(registry.METHODS), analysis_names()) == _REGISTERED:
         return Config
-    choice, methods, analysis = _method_choice(), _methods_config(), _analysis_choice()
+    choice, methods, analysis, analyze = _method_choice(), _methods_config(), _analysis_choice(), _analyze_config()
     return make_dataclass("Config", [("method", choice, field(default=choice["all"])),
                                      ("methods", methods, field(default_factory=methods)),
-                                     ("analysis", analysis, field(default=analysis["all"]))], bases=(Config,))
+                                     ("analysis", analysis, field(default=analysis["all"])),
+                                     ("analyze", analyze, field(default_factory=analyze))], bases=(Config,))
 
 
 def visible_gpus() -> int:
@@ -785,11 +720,12 @@ def register_configs() -> None:
     """Store the schema in Hydra's ConfigStore: the root ``base_config``, ``methods/base_<name>``
     for every registered method (``conf/methods/<name>.yaml`` lists it first in its defaults) and
     ``reference/base_<name>`` for every declared reference (``reference_schema``; listed first by
-    ``conf/reference/<name>.yaml``). The references declare themselves when ``benchmark.references``
-    is imported (this module sits below them); ``ConfigError`` when none has."""
-    if not REFERENCE_SETTINGS:
-        raise ConfigError("reference: no reference is registered; import benchmark.references (which declares "
-                          "each reference's settings to the schema, declare_reference) before composing the config")
+    ``conf/reference/<name>.yaml``). The references and the analyses declare themselves when
+    ``benchmark.analyses`` is imported (this module sits below them); ``ConfigError`` when none has."""
+    if not REFERENCE_SETTINGS or not ANALYSIS_SETTINGS:
+        raise ConfigError("no reference or no analysis is declared to the schema; import benchmark.analyses (which "
+                          "imports benchmark.references: each declares its plug-ins' settings, declare_reference, "
+                          "declare_analysis) before composing the config")
     OmegaConf.register_new_resolver("visible_gpus", visible_gpus, replace=True)
     store = ConfigStore.instance()
     store.store(name="base_config", node=build_schema())

@@ -1,17 +1,19 @@
 """What a new plug-in touches: a new reference is one module and one yaml (its typed settings
-declared in the module reach it through the config), a new baseline one module, and no other file
-of the repository is edited. The test copies the packages and the
+declared in the module reach it through the config), a new baseline one module, a new analysis one
+module (its settings too), and no other file of the repository is edited. The test copies the packages and the
 configs, writes the two plug-ins into the copy, runs the evaluate stage of the copy in a
 subprocess on a tiny store, and checks their rows against the metrics called directly."""
 from __future__ import annotations
 
 import filecmp
+import math
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -86,8 +88,55 @@ class LastCheckpoints(Baseline):
         seeds = cls.networks(exp, repetition, n)
         return load_checkpoints_as_sample_set(exp.store.checkpoint_paths(seeds)), seeds
 '''
+ANALYSIS_MODULE = '''"""The total weight norm of the first converged reference checkpoints."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from benchmark.analyses.inputs import figures_dir, require_reference
+from benchmark.core.settings import require
+from benchmark.core.store import load_checkpoints_as_sample_set
+
+NAME = "weight_norms"
+ORDER = 60
+TITLE = "Weight norms of the first reference checkpoints"
+CAPTION = "The L2 norm of all of a checkpoint's parameters."
+
+
+@dataclass
+class Settings:
+    checkpoints: int = 2
+
+    def __post_init__(self):
+        require(self.checkpoints >= 1, "checkpoints", self.checkpoints, "a positive integer")
+
+
+def needs(exp):
+    return frozenset({"reference"})
+
+
+def check(exp, made=frozenset()):
+    require_reference(exp, NAME)
+
+
+def applies(exp):
+    return None
+
+
+def run(exp):
+    seeds = require_reference(exp, NAME)[: exp.config.analyze.weight_norms.checkpoints]
+    weights = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(seeds))
+    norms = torch.cat([w.flatten(1).double() for w in weights.values()], dim=1).norm(dim=1)
+    path = figures_dir(exp) / f"{NAME}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame({"seed": seeds, "norm": norms.tolist()}).to_csv(path, index=False)
+    return [path]
+'''
 ADDED = {"benchmark/references/first_part.py": REFERENCE_MODULE, "conf/reference/first_part.yaml": REFERENCE_YAML,
-         "benchmark/baselines/last_checkpoints.py": BASELINE_MODULE}
+         "benchmark/baselines/last_checkpoints.py": BASELINE_MODULE, "benchmark/analyses/weight_norms.py": ANALYSIS_MODULE}
 
 
 def changed_files(copy: Path) -> set[str]:
@@ -123,6 +172,10 @@ def evaluated(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(copy)}
     done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    analyze = [sys.executable, "-m", "benchmark", "stage=analyze", "analysis=weight_norms",
+               "analyze.weight_norms.checkpoints=5", *command[4:]]
+    done = subprocess.run(analyze, cwd=copy, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return exp, copy
 
 
@@ -157,3 +210,15 @@ def test_a_new_baseline_is_one_module(evaluated):
     assert got["mmd_median"] == pytest.approx(mmd(zoo, last).aggregate["median"], rel=1e-6)
     assert got["base_seeds"] == "8 9 10 11"
     assert torch.isfinite(torch.tensor(got["acc"]))
+
+
+def test_a_new_analysis_is_one_module(evaluated):
+    """Its settings, declared in the module, reach it through the config (``analyze.weight_norms``)."""
+    exp, copy = evaluated
+    assert {rel for rel in changed_files(copy) if rel.startswith("benchmark/analyses/")} == {
+        "benchmark/analyses/weight_norms.py"}
+    got = pd.read_csv(exp.results_dir / "figures" / "weight_norms.csv")
+    weights = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(range(5)))  # checkpoints=5: seeds 0-4
+    expected = [math.sqrt(sum(float((w[i].double() ** 2).sum()) for w in weights.values())) for i in range(5)]
+    assert got["seed"].tolist() == [0, 1, 2, 3, 4]
+    assert got["norm"].tolist() == pytest.approx(expected, rel=1e-12)

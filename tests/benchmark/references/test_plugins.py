@@ -20,7 +20,7 @@ from benchmark.references import REFERENCES, Reference, ZooReference, evaluated,
 from benchmark.references.hmc import HMCReference
 from benchmark.references.other_zoo import OtherZooReference, OtherZooSettings
 from benchmark.results import read_metrics, read_repetitions, rows_against
-from benchmark.stages import evaluate, preflight, verify
+from benchmark.stages import evaluate, verify
 from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from tests.benchmark.hmc_store import OVERRIDES, draws_near, write_unit
