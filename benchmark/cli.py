@@ -27,7 +27,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from benchmark.config import ANALYSIS_NAMES, CONF_DIR, ConfigError, Stage, compose_config, one_line, register_configs
+from benchmark.config import CONF_DIR, ConfigError, Stage, analysis_names, compose_config, one_line, register_configs
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages import PIPELINE, STAGES, preflight
 from methods import registry
@@ -188,7 +188,7 @@ def _help(what: str) -> str:
     if what == "methods":
         return ", ".join(f"{name} ({cls.label}: mode={'|'.join(cls.modes)})" for name, cls in registry.METHODS.items())
     if what == "analyses":
-        return ", ".join([*ANALYSIS_NAMES, "all"])
+        return ", ".join([*analysis_names(), "all"])
     if what == "experiments":
         return ", ".join(sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")))
     raise ValueError(f"help: unknown entry {what!r}")

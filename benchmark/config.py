@@ -5,7 +5,12 @@ and the defaults, so Hydra refuses a bad override at composition with the key, t
 and what is allowed. Range checks live in each settings dataclass's ``__post_init__`` and run
 when ``resolve_config`` turns the composed config into typed objects; their errors name the
 full key. Method settings come from the method registry: every registered method gets a
-``methods.<name>`` node typed by its ``Settings`` and a ``conf/methods/<name>.yaml``.
+``methods.<name>`` node typed by its ``Settings`` and a ``conf/methods/<name>.yaml``. The plug-ins
+above this module declare theirs when registered: each reference its ``Settings``
+(``declare_reference``: the node of ``reference=<name>``), the baselines their names
+(``declare_baseline``), each analysis its ``Settings`` and place (``declare_analysis``: the node
+``analyze.<name>``); a config is composed after ``benchmark.analyses`` (and with it the
+references) has been imported.
 
 ``Config`` is the root: every key of ``python -m benchmark`` with its type. Only the runners
 (``benchmark.cli``, ``benchmark.experiment``) read it; everything else gets typed objects.
@@ -29,7 +34,6 @@ from omegaconf.errors import OmegaConfBaseException
 from benchmark.core.data import DATASET_NAMES
 from benchmark.core.models import MODEL_NAMES
 from benchmark.core.settings import SettingsError, require
-from benchmark.core.store import MAX_SEED
 from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S
 from benchmark.core.store.importing import KeyMapping
 from benchmark.core.training import Recipe
@@ -87,25 +91,90 @@ class Precision(str, Enum):
     """``torch.autocast`` with float16 and a ``GradScaler`` (CUDA only)."""
 
 
+REFERENCE_SETTINGS: dict[str, type] = {}
+"""The registered references' typed settings by name (``declare_reference``): the schema of
+``reference=<name>`` is built from them (``reference_schema``)."""
+HOOK_ANALYSES: list[str] = []
+"""The analyses the registered references' hooks add (``Reference.hooks.analysis``), each named
+after its reference (``analysis=<reference>``; ``declare_reference``), in declaration order. Such an
+analysis has no settings node: what it reads is the reference's settings or another analysis's."""
+POOLED_METHODS: dict[str, str] = {}
+"""Method -> the reference whose rows its rows are (``declare_reference``'s ``own_method``): such a
+method's repetitions are the reference's, ``sample.repetitions``, never ``repetitions_per_method``."""
+
+
+def declare_reference(name: str, settings: type, own_method: Optional[str] = None, analysis: bool = False) -> None:
+    """Declare reference ``name`` to the schema: ``settings``, its typed settings (a dataclass whose
+    fields are the keys of ``conf/reference/<name>.yaml`` besides ``name``; its ``__post_init__``
+    raising ``SettingsError`` checks them), and ``own_method``, the method whose rows are its own
+    (``Reference.own_row``), or ``None``; ``analysis``: whether its hooks add ``analysis=<name>``
+    (``HOOK_ANALYSES``). Called by ``benchmark.references.register`` for every
+    registered reference, so that the schema knows the plug-ins without importing their layer."""
+    if not dataclasses.is_dataclass(settings):
+        raise TypeError(f"declare_reference: the settings of reference {name!r} must be a dataclass, got {settings!r}")
+    REFERENCE_SETTINGS[name] = settings
+    if own_method is not None:
+        POOLED_METHODS[own_method] = name
+    if analysis and name not in HOOK_ANALYSES:
+        HOOK_ANALYSES.append(name)
+    reference_schema.cache_clear()
+
+
+BASELINE_NAMES: list[str] = []
+"""The registered baselines' names, in table order (``declare_baseline``): what ``evaluate.baselines`` may name."""
+
+
+def declare_baseline(names: Sequence[str]) -> None:
+    """Declare the registered baselines (``benchmark.baselines.BASELINES``' names, in table order) to
+    the schema, which refuses any other name in ``evaluate.baselines``. Called by
+    ``benchmark.baselines.register`` on every registration."""
+    BASELINE_NAMES[:] = list(names)
+
+
 @dataclass
 class ReferenceConfig:
     """What the evaluate stage scores against besides the zoo (always evaluated: Table 1), chosen
-    with ``reference=<name>`` (the config group ``conf/reference/``: one yaml per reference of
-    ``benchmark.references``). ``name``: a registered reference (``zoo``: only the zoo; another:
-    every row scored against it too, with what its report hooks add; an unregistered name is
-    refused by the stages' preflight, naming the registered ones). Read by ``other_zoo`` only (its
-    ``OtherZooSettings``): ``store`` (the other store's root; null: this run's), ``experiment`` (the
-    experiment its checkpoints were written under; null: this run's), ``seeds`` (their reference
-    range ``[start, stop)``; null: this run's ``seeds.reference``)."""
+    with ``reference=<name>`` (the config group ``conf/reference/``: one yaml per registered
+    reference of ``benchmark.references``). ``name``: the chosen reference (``zoo``: only the zoo;
+    another: every row scored against it too, with what its report hooks add). The node of
+    ``reference=<name>`` is ``reference_schema(name)``: this class with the reference's own
+    settings (``Reference.Settings``, declared in its module) as further keys."""
 
     name: str = "zoo"
-    store: Optional[str] = None
-    experiment: Optional[str] = None
-    seeds: Optional[List[int]] = None
 
     def __post_init__(self) -> None:
-        require(bool(str(self.name).strip()), "name", self.name, "a registered reference (conf/reference/<name>.yaml)")
-        require(self.seeds is None or len(self.seeds) == 2, "seeds", self.seeds, "null or [start, stop)")
+        require(self.name in REFERENCE_SETTINGS, "name", self.name,
+                f"a registered reference, chosen with reference=<name>: one of {', '.join(sorted(REFERENCE_SETTINGS))} "
+                "(benchmark/references/, conf/reference/<name>.yaml)")
+
+
+@functools.lru_cache(maxsize=None)
+def reference_schema(name: str) -> type:
+    """The node of ``reference=<name>`` (Hydra's ``reference/base_<name>``, listed first in
+    ``conf/reference/<name>.yaml``'s defaults): ``ReferenceConfig`` with ``name`` defaulting to
+    ``name`` and one field per field of the reference's declared settings (same type and default);
+    its ``__post_init__`` refuses another ``name`` and runs the settings' own checks."""
+    settings = REFERENCE_SETTINGS[name]
+    hints = typing.get_type_hints(settings)
+    fields: list[tuple[str, Any, Any]] = [("name", str, field(default=name))]
+    for f in dataclasses.fields(settings):
+        default = field(default_factory=f.default_factory) if f.default_factory is not dataclasses.MISSING \
+            else field(default=f.default if f.default is not dataclasses.MISSING else MISSING)
+        fields.append((f.name, hints[f.name], default))
+    own = [f.name for f in dataclasses.fields(settings)]
+
+    def __post_init__(self) -> None:
+        ReferenceConfig.__post_init__(self)
+        require(self.name == name, "name", self.name,
+                f"{name}, the reference chosen with reference={name} (another: reference=<name>, one of "
+                f"{', '.join(sorted(REFERENCE_SETTINGS))})")
+        settings(**{key: getattr(self, key) for key in own})
+
+    title = "".join(part.title() for part in name.split("_"))
+    return make_dataclass(f"{title}ReferenceConfig", fields, bases=(ReferenceConfig,),
+                          namespace={"__post_init__": __post_init__, "__module__": __name__,
+                                     "__doc__": f"``reference={name}``: ``name`` and the reference's settings "
+                                                f"(``{settings.__module__}.{settings.__qualname__}``)."})
 
 
 class ZooRange(str, Enum):
@@ -252,8 +321,8 @@ class SampleConfig:
     ``repetitions`` (cheap rows can run more: an exact paired sign-flip test on R repetitions cannot
     go below p = 2/2^R, 0.0625 at 5, 0.0078 at 8; repetition k of every row still starts from the
     same base, and more repetitions keep the ones done; the held-out range must hold the largest
-    count's blocks; the reference rows keep ``repetitions``: HMC cannot be named, the zoo's blocks and
-    the second zoo's cap use the default; null: none; ``'+sample.repetitions_per_method.<name>=N'``
+    count's blocks; a method whose rows are a reference's own (``POOLED_METHODS``, declared by the
+    reference) cannot be named, and the zoo's blocks and the second zoo's cap keep ``repetitions``; null: none; ``'+sample.repetitions_per_method.<name>=N'``
     adds one on the command line, ``sample.repetitions_per_method=null`` drops an experiment's);
     both read only through the repetition design, ``benchmark.design.Design``;
     ``keep_stale``: a unit drawn under other settings or code is moved to ``quarantine/`` before
@@ -274,9 +343,10 @@ class SampleConfig:
                     f"a registered method: one of {', '.join(registry.METHODS)}")
             require(isinstance(count, int) and count >= 1, f"repetitions_per_method.{name}", count,
                     "a positive integer")
-            # HMC's rows are the HMC reference, pooled over sample.repetitions repetitions (benchmark.references.hmc)
-            require(name != "hmc", f"repetitions_per_method.{name}", count,
-                    "no entry: the HMC reference's rows have sample.repetitions repetitions")
+            # a reference pools every repetition of its own method's rows, which the design lays out as sample.repetitions
+            require(name not in POOLED_METHODS, f"repetitions_per_method.{name}", count,
+                    f"no entry: {name}'s rows are the {POOLED_METHODS.get(name)} reference's own, with sample.repetitions "
+                    "repetitions")
 
 
 @dataclass
@@ -296,11 +366,11 @@ class EvaluateConfig:
     ``n_reference`` says how many checkpoints were used either way); ``allow_other_recipe``:
     evaluate against reference checkpoints trained under another model, data or recipe config
     than this run's (by default the stage refuses, naming the differing fields; with it, one
-    warning, and metrics.csv's ``reference_recipe`` says so); ``baselines``: the reference rows scored
+    warning, and metrics.csv's ``reference_recipe`` says so); ``baselines``: the baseline rows scored
     beside the methods (names registered in ``benchmark.baselines``: prior, untrained initialisations,
     Gaussians fitted to the raw and the symmetry-free zoo, a second zoo of the same recipe; null: every
-    registered one, in table order; ``[]`` for none; an unregistered name is refused by the stages'
-    preflight), over
+    registered one, in table order; ``[]`` for none; an unregistered name is refused when the config
+    is resolved, naming the registered ones: ``BASELINE_NAMES``), over
     ``baseline_repetitions`` repetitions (null: ``sample.repetitions``; the second zoo's at most that);
     ``potential_checkpoints``: how many converged reference checkpoints (the first in seed order; 0 =
     all) the zoo's training potential is measured on (``Reference.training_potential``)."""
@@ -314,7 +384,7 @@ class EvaluateConfig:
     allow_partial: bool = False
     # Off by default: numbers against a zoo of another recipe are not this config's numbers.
     allow_other_recipe: bool = False
-    # Every reference row by default (benchmark/baselines/): what a score means needs them.
+    # Every baseline row by default (benchmark/baselines/): what a score means needs them.
     baselines: Optional[List[str]] = None
     # The zoo's training potential (its spread says how far the SGD ensemble is from a T = 1 posterior) is
     # measured on the first potential_checkpoints converged reference seeds: a full pass over the training split
@@ -333,6 +403,9 @@ class EvaluateConfig:
                 self.test_permutations, "0 or an integer >= 100")
         names = [str(b) for b in self.baselines or ()]
         require(len(set(names)) == len(names), "baselines", names, "each baseline at most once")
+        for name in names:
+            require(name in BASELINE_NAMES, "baselines", name,
+                    f"registered baselines: some of {', '.join(BASELINE_NAMES)} (benchmark/baselines/)")
         require(self.baseline_repetitions is None or self.baseline_repetitions >= 1, "baseline_repetitions",
                 self.baseline_repetitions, "null (sample.repetitions) or a positive integer")
         require(self.potential_checkpoints >= 0, "potential_checkpoints", self.potential_checkpoints,
@@ -398,113 +471,42 @@ class ClaimConfig:
         return min(self.heartbeat_s, 10.0)
 
 
-@dataclass
-class ToyConfig:
-    """``analysis=toy`` (Figure 1): ``networks`` 2-2-1 ReLU perceptrons trained at once
-    (paper: 10,000); ``seed`` fixes the data, the initialisations and the batch orders."""
-
-    networks: int = 10000
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        require(self.networks >= 2, "networks", self.networks, "an integer >= 2")
+ANALYSIS_SETTINGS: dict[str, tuple[int, type]] = {}
+"""The analyses of ``benchmark/analyses/`` by name: their place in the drawing order (the paper's)
+and their typed settings (``declare_analysis``)."""
 
 
-@dataclass
-class MinMassConfig:
-    """``analysis=min_mass`` (Figure 2): the minimum-mass rescaling of every reference checkpoint is
-    checked to preserve the network's function on the first ``check_images`` test images, to
-    ``check_atol`` (largest absolute difference of the logits)."""
-
-    check_images: int = 32
-    check_atol: float = 1e-4
-
-    def __post_init__(self) -> None:
-        require(self.check_images >= 1, "check_images", self.check_images, "a positive integer")
-        require(self.check_atol > 0, "check_atol", self.check_atol, "a positive number")
+def declare_analysis(name: str, settings: type, order: int) -> None:
+    """Declare analysis ``name`` to the schema: ``settings``, its typed settings (a dataclass, the
+    node ``analyze.<name>``; its ``__post_init__`` raising ``SettingsError`` checks them), and
+    ``order``, its place among the analyses (``analysis=all`` draws them in it). Called by
+    ``benchmark.analyses`` for every analysis module of the package, so that the schema knows them
+    without importing their layer."""
+    if not dataclasses.is_dataclass(settings):
+        raise TypeError(f"declare_analysis: the settings of analysis {name!r} must be a dataclass, got {settings!r}")
+    ANALYSIS_SETTINGS[name] = (order, settings)
 
 
-@dataclass
-class CollapseConfig:
-    """``analysis=collapse`` (Figure 3): pairwise mutual information among the first ``members``
-    converged reference checkpoints (null = all), on at most ``max_pairs`` pairs (all pairs when
-    there are fewer; else a uniform draw without replacement, seeded by ``seed``)."""
-
-    members: Optional[int] = None
-    max_pairs: int = 50000
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        require(self.members is None or self.members >= 2, "members", self.members, "an integer >= 2 or null (= all)")
-        require(self.max_pairs >= 1, "max_pairs", self.max_pairs, "a positive integer")
+def analysis_names() -> tuple[str, ...]:
+    """The names ``analysis=`` accepts besides ``all``, in drawing order: the declared analyses by
+    their order, then those the registered references' hooks add (``HOOK_ANALYSES``)."""
+    declared = sorted(ANALYSIS_SETTINGS, key=lambda name: (ANALYSIS_SETTINGS[name][0], name))
+    return (*declared, *(name for name in HOOK_ANALYSES if name not in ANALYSIS_SETTINGS))
 
 
-@dataclass
-class PermutationFrequencyConfig:
-    """``analysis=permutation_frequency`` (Figure 4): ``runs`` trainings with the experiment's
-    recipe (seeds from ``first_seed`` on; runs that fail the recipe's convergence rule are replaced
-    by the next seeds, at most ``runs`` more), logging the sorting permutation of every layer every
-    ``log_every`` optimiser steps (and at initialisation and after the last step)."""
-
-    runs: int = 5
-    first_seed: int = 900000
-    log_every: int = 1
-
-    def __post_init__(self) -> None:
-        require(self.runs >= 1, "runs", self.runs, "a positive integer")
-        require(0 <= self.first_seed <= MAX_SEED - 2 * self.runs, "first_seed", self.first_seed,
-                f"an integer in [0, {MAX_SEED} - 2 * runs]")
-        require(self.log_every >= 1, "log_every", self.log_every, "a positive integer")
+def _analyze_config() -> type:
+    """``AnalyzeConfig``: the settings of ``stage=analyze``, one node ``analyze.<name>`` per declared
+    analysis (``declare_analysis``), typed by its settings, in drawing order."""
+    names = [name for name in analysis_names() if name in ANALYSIS_SETTINGS]
+    return make_dataclass("AnalyzeConfig", [(name, ANALYSIS_SETTINGS[name][1], field(default_factory=ANALYSIS_SETTINGS[name][1]))
+                                            for name in names])
 
 
-@dataclass
-class MarginalsConfig:
-    """``analysis=marginals`` (appendix D.1, D.3): ``bins`` of the marginal histograms;
-    ``max_values``: the most entries of one layer (pooled over the networks) that its histograms
-    and KS tests use, a fixed uniform subsample drawn from ``seed`` when the layer has more (the
-    default exceeds every OptuNet layer of a 1000-network zoo, 250,000 entries at most, so only
-    ResNet-18 layers are subsampled); ``max_units``: the zoo's unit-vs-unit check compares unit 0
-    with the next ``max_units`` units of each layer; ``max_layers_shown``: the figures show at
-    most this many layers, evenly spaced from the first to the last (the CSVs keep every layer)."""
-
-    bins: int = 40
-    max_values: int = 500000
-    seed: int = 0
-    max_units: int = 16
-    max_layers_shown: int = 6
-
-    def __post_init__(self) -> None:
-        require(self.bins >= 2, "bins", self.bins, "an integer >= 2")
-        require(self.max_values >= 2, "max_values", self.max_values, "an integer >= 2")
-        require(self.max_units >= 1, "max_units", self.max_units, "a positive integer")
-        require(self.max_layers_shown >= 1, "max_layers_shown", self.max_layers_shown, "a positive integer")
-
-
-@dataclass
-class HMCFigureConfig:
-    """``analysis=hmc`` (issue 19; drawn with ``reference=hmc``): the zoo, full-batch HMC and the
-    method closest to HMC per layer, and agreement with HMC against NS MMD to the zoo. No settings
-    of its own: its histograms take ``analyze.marginals``' bins, subsample and shown layers, so that
-    the two figures read alike."""
-
-
-@dataclass
-class AnalyzeConfig:
-    """The analyses ``stage=analyze`` draws, in the paper's order, with their settings (one node
-    each). Its fields are the analyses table: ``analysis=`` accepts their names and ``all``, and
-    ``benchmark/analyses/<name>.py`` implements each."""
-
-    toy: ToyConfig = field(default_factory=ToyConfig)
-    min_mass: MinMassConfig = field(default_factory=MinMassConfig)
-    collapse: CollapseConfig = field(default_factory=CollapseConfig)
-    permutation_frequency: PermutationFrequencyConfig = field(default_factory=PermutationFrequencyConfig)
-    marginals: MarginalsConfig = field(default_factory=MarginalsConfig)
-    hmc: HMCFigureConfig = field(default_factory=HMCFigureConfig)
-
-
-ANALYSIS_NAMES = tuple(f.name for f in dataclasses.fields(AnalyzeConfig))
-Analysis = Enum("Analysis", {name: name for name in (*ANALYSIS_NAMES, "all")}, type=str)
-Analysis.__doc__ = "What ``stage=analyze`` draws (``analysis=...``): one of the analyses (``AnalyzeConfig``), or ``all``."
+def _analysis_choice() -> type[Enum]:
+    choice = Enum("Analysis", {name: name for name in (*analysis_names(), "all")}, type=str)
+    choice.__doc__ = ("What ``stage=analyze`` draws (``analysis=...``): one of the analyses (``analysis_names``), "
+                      "or ``all``.")
+    return choice
 
 
 @dataclass
@@ -627,7 +629,9 @@ def _defaults() -> list[Any]:
 
 MethodChoice = _method_choice()
 MethodsConfig = _methods_config()
-_REGISTERED = tuple(registry.METHODS)
+Analysis = _analysis_choice()
+AnalyzeConfig = _analyze_config()
+_REGISTERED = (tuple(registry.METHODS), analysis_names())
 
 
 @dataclass
@@ -646,8 +650,8 @@ class Config:
     (torch threads per process: auto = every available core for a single run, cores //
     cluster.parallel_jobs for each job of a multirun sweep, ``-m``); ``debug`` (tracebacks instead
     of one-line errors); ``method`` and ``mode`` (what the sample stage runs); ``analysis`` (what
-    the analyze stage draws); ``reference`` (``ReferenceConfig``: what evaluate and report score
-    against besides the zoo, ``conf/reference/``); then the nodes typed above: ``seeds``, ``zoo``, ``sample``,
+    the analyze stage draws); ``reference`` (``reference_schema(<name>)``, a ``ReferenceConfig``:
+    what evaluate and report score against besides the zoo and its settings, ``conf/reference/``); then the nodes typed above: ``seeds``, ``zoo``, ``sample``,
     ``evaluate``, ``analyze``, ``external``, ``verify``, ``claims`` (cross-node claims on units of
     work), ``dataset``, ``model``, ``train`` (the ``Recipe``), ``cluster``, ``methods`` (one node
     per registered method) and ``zoo_import`` (``stage=import``).
@@ -692,13 +696,16 @@ class Config:
 
 
 def build_schema() -> type[Config]:
-    """``Config``; when methods were registered after this module was imported (a plugin's
-    ``register_method``), a subclass whose ``method`` and ``methods`` nodes include them."""
-    if tuple(registry.METHODS) == _REGISTERED:
+    """``Config``; when methods were registered or references added analyses after this module
+    was imported (a plugin's ``register_method``; ``declare_reference``), a subclass whose
+    ``method``, ``methods`` and ``analysis`` nodes include them."""
+    if (tuple(registry.METHODS), analysis_names()) == _REGISTERED:
         return Config
-    choice, methods = _method_choice(), _methods_config()
+    choice, methods, analysis, analyze = _method_choice(), _methods_config(), _analysis_choice(), _analyze_config()
     return make_dataclass("Config", [("method", choice, field(default=choice["all"])),
-                                     ("methods", methods, field(default_factory=methods))], bases=(Config,))
+                                     ("methods", methods, field(default_factory=methods)),
+                                     ("analysis", analysis, field(default=analysis["all"])),
+                                     ("analyze", analyze, field(default_factory=analyze))], bases=(Config,))
 
 
 def visible_gpus() -> int:
@@ -710,13 +717,22 @@ def visible_gpus() -> int:
 
 
 def register_configs() -> None:
-    """Store the schema in Hydra's ConfigStore: the root ``base_config`` and ``methods/base_<name>``
-    for every registered method (``conf/methods/<name>.yaml`` lists it first in its defaults)."""
+    """Store the schema in Hydra's ConfigStore: the root ``base_config``, ``methods/base_<name>``
+    for every registered method (``conf/methods/<name>.yaml`` lists it first in its defaults) and
+    ``reference/base_<name>`` for every declared reference (``reference_schema``; listed first by
+    ``conf/reference/<name>.yaml``). The references and the analyses declare themselves when
+    ``benchmark.analyses`` is imported (this module sits below them); ``ConfigError`` when none has."""
+    if not REFERENCE_SETTINGS or not ANALYSIS_SETTINGS:
+        raise ConfigError("no reference or no analysis is declared to the schema; import benchmark.analyses (which "
+                          "imports benchmark.references: each declares its plug-ins' settings, declare_reference, "
+                          "declare_analysis) before composing the config")
     OmegaConf.register_new_resolver("visible_gpus", visible_gpus, replace=True)
     store = ConfigStore.instance()
     store.store(name="base_config", node=build_schema())
     for name in registry.METHODS:
         store.store(group="methods", name=f"base_{name}", node=settings_schema(name))
+    for name in REFERENCE_SETTINGS:
+        store.store(group="reference", name=f"base_{name}", node=reference_schema(name))
 
 
 def resolve_config(cfg: DictConfig) -> Any:

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from benchmark import config  # noqa: E402
+import benchmark.analyses  # noqa: E402,F401  (declares the analyses and the references to the schema)
 from benchmark.experiment import Experiment  # noqa: E402
 from methods.hmc import sampling_seed  # noqa: E402
 from methods.hmc_kernel import new_chain  # noqa: E402

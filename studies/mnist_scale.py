@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from benchmark import config  # noqa: E402
+import benchmark.analyses  # noqa: E402,F401  (declares the analyses and the references to the schema)
 from benchmark.core.models import predict_with_weights  # noqa: E402
 from benchmark.core.store import stack_state_dicts  # noqa: E402
 from benchmark.core.training import seeded  # noqa: E402

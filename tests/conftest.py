@@ -25,6 +25,8 @@ import torch  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from benchmark import config  # noqa: E402
+import benchmark.baselines  # noqa: E402,F401  (declares the baselines to the schema)
+import benchmark.analyses  # noqa: E402,F401  (declares the analyses and the references to the schema: compose_config needs them)
 
 if _WORKER:
     torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)

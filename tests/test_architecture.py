@@ -35,7 +35,7 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("bench", tuple(p for p in PROJECT if p not in ("tests", "studies"))),
     ("studies", tuple(p for p in PROJECT if p not in ("tests", "studies"))),  # research scripts: nothing imports them
     ("benchmark.__main__", ("benchmark.cli",)),
-    ("benchmark.scoring", ("benchmark.references", *BASE, *COMPUTE)),  # from benchmark import score
+    ("benchmark.scoring", ("benchmark.analyses", "benchmark.references", *BASE, *COMPUTE)),  # from benchmark import score; composes a config
     ("benchmark.cli", ("benchmark.stages", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.stages", ("benchmark.stages", "benchmark.report", "benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.report", ("benchmark.report", *QUERY, *BASE, *COMPUTE)),

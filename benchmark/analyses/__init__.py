@@ -2,9 +2,13 @@
 store as the tables: ``toy`` (Figure 1), ``min_mass`` (Figure 2), ``collapse`` (Figure 3,
 appendix D.2), ``permutation_frequency`` (Figure 4), ``marginals`` (appendix D.1, D.3).
 
-The table of analyses is ``AnalyzeConfig`` in ``benchmark/config.py`` (one settings node each, in
-the paper's order; ``analysis=`` accepts its names): ``ANALYSES`` maps each name to its module, a
-module of this package or a reference's analysis hook (``Reference.hooks.analysis``).
+Each analysis is one module here (a new one: one module, no other edit): its ``NAME``, its
+``ORDER`` (its place in ``analysis=all``, the paper's order) and its typed ``Settings`` (the node
+``analyze.<name>``), declared to the schema when this package is imported (``discover``,
+``benchmark.config.declare_analysis``), so that ``analysis=`` accepts the names and
+``analyze.<name>.<key>`` is typed by its settings; the analyses the registered references' hooks
+add follow (``Reference.hooks.analysis``, ``analysis=<reference>``; ``config.analysis_names``).
+``ANALYSES`` maps each name to its module, a module of this package or a reference's hook.
 Each module follows the stage protocol (``benchmark/stages/__init__.py``): ``NAME``; ``needs(exp)``,
 what it reads from the store (``"reference"``, ``"samples"``); ``check(exp, made)``, which raises
 ``MissingInputsError`` (naming what to run first) when the store lacks an input that no earlier
@@ -15,16 +19,50 @@ apply to. The numerical pieces live in ``metrics/``; figures in ``benchmark.anal
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from types import ModuleType
 
 from benchmark.analyses.inputs import MissingInputsError, NotApplicableError, figures_dir
-from benchmark.config import ANALYSIS_NAMES
+from benchmark.config import analysis_names, declare_analysis
 from benchmark.references import REFERENCES
 
-_HOOKED = {module.NAME: module for module in (importlib.import_module(r.hooks.analysis) for r in REFERENCES.values()
-                                               if r.hooks.analysis is not None)}
+HELPERS = ("figures", "inputs")
+"""The package's modules that are not analyses: the figures' style, the analyses' inputs."""
+
+
+def discover() -> None:
+    """Declare every analysis module of this package (all but ``HELPERS``) to the schema: its ``NAME``
+    (the module's name), its typed ``Settings`` (the node ``analyze.<name>``) and its ``ORDER``
+    (``benchmark.config.declare_analysis``); ``TypeError`` naming what a module lacks."""
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.name in HELPERS:
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        missing = [a for a in ("NAME", "ORDER", "Settings") if not hasattr(module, a)]
+        if missing or module.NAME != info.name:
+            raise TypeError(f"{module.__name__}: an analysis module defines NAME (its module's name), ORDER and "
+                            f"Settings; missing {missing or ['NAME = ' + repr(info.name)]}")
+        declare_analysis(module.NAME, module.Settings, module.ORDER)
+
+
+def _hooked() -> dict[str, ModuleType]:
+    """The references' analysis hooks by the reference's name (``analysis=<reference>``); ``TypeError``
+    when a hook's ``NAME`` is not its reference's."""
+    out = {}
+    for name, reference in REFERENCES.items():
+        if reference.hooks.analysis is not None:
+            module = importlib.import_module(reference.hooks.analysis)
+            if module.NAME != name:
+                raise TypeError(f"{reference.hooks.analysis}: NAME={module.NAME!r}; a reference's analysis hook is "
+                                f"drawn as analysis={name} (its reference's name)")
+            out[name] = module
+    return out
+
+
+discover()
+_HOOKED = _hooked()
 ANALYSES: dict[str, ModuleType] = {name: _HOOKED.get(name) or importlib.import_module(f"benchmark.analyses.{name}")
-                                   for name in ANALYSIS_NAMES}
-"""``analysis=<name>`` -> its module, in the paper's order."""
+                                   for name in analysis_names()}
+"""``analysis=<name>`` -> its module, in the paper's order, then the references' hooks."""
 
 __all__ = ["ANALYSES", "MissingInputsError", "NotApplicableError", "figures_dir"]

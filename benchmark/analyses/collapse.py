@@ -12,8 +12,10 @@ Pairs sharing a member are not independent, so the p-value of the correlation is
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -25,13 +27,30 @@ from benchmark.analyses.inputs import figures_dir, reference, require_reference
 from benchmark.inventory import require_inputs
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
+from benchmark.core.settings import require
 from benchmark.core.store import iter_checkpoint_batches
 from metrics.collapse import pairs_to_use, pairwise_mutual_information
 
 log = logging.getLogger(__name__)
 
 NAME = "collapse"
+ORDER = 30  # its place in analysis=all and the tables of analyses: the paper order
 TITLE = "Figure 3: pairwise mutual information between zoo members, ID vs OOD"
+
+
+@dataclass
+class Settings:
+    """``analysis=collapse`` (Figure 3): pairwise mutual information among the first ``members``
+    converged reference checkpoints (null = all), on at most ``max_pairs`` pairs (all pairs when
+    there are fewer; else a uniform draw without replacement, seeded by ``seed``)."""
+
+    members: Optional[int] = None
+    max_pairs: int = 50000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.members is None or self.members >= 2, "members", self.members, "an integer >= 2 or null (= all)")
+        require(self.max_pairs >= 1, "max_pairs", self.max_pairs, "a positive integer")
 
 
 def applies(exp: Experiment) -> None:

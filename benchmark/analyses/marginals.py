@@ -27,6 +27,7 @@ import itertools
 import logging
 import math
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -39,6 +40,7 @@ from benchmark.analyses.figures import COLUMN_WIDTH, PALETTE, legend_layout, new
 from benchmark.analyses.inputs import figures_dir, first_repetition, reference, require_reference, require_samples
 from benchmark.inventory import require_inputs
 from benchmark.experiment import Experiment
+from benchmark.core.settings import require
 from benchmark.core.store import iter_layer_column_chunks, load_checkpoints_as_sample_set
 from methods import method_class, method_names
 from metrics.marginals import gather, ks_test, subsample_indices
@@ -47,10 +49,34 @@ from metrics.symmetries import canonicalize, log10_permutation_modes, spec_for_m
 log = logging.getLogger(__name__)
 
 NAME = "marginals"
+ORDER = 50  # its place in analysis=all and the tables of analyses: the paper order
 TITLE = "Appendix D.3: marginal weight distributions per layer, zoo vs methods, raw and symmetry-free"
 FORMS = ("raw", "NS")
 BLOCK_VALUES = 2**24
 """Entries of one column block read from a streamed zoo (64 MB of float32)."""
+
+
+@dataclass
+class Settings:
+    """``analysis=marginals`` (appendix D.1, D.3): ``bins`` of the marginal histograms;
+    ``max_values``: the most entries of one layer (pooled over the networks) that its histograms
+    and KS tests use, a fixed uniform subsample drawn from ``seed`` when the layer has more (the
+    default exceeds every OptuNet layer of a 1000-network zoo, 250,000 entries at most, so only
+    ResNet-18 layers are subsampled); ``max_units``: the zoo's unit-vs-unit check compares unit 0
+    with the next ``max_units`` units of each layer; ``max_layers_shown``: the figures show at
+    most this many layers, evenly spaced from the first to the last (the CSVs keep every layer)."""
+
+    bins: int = 40
+    max_values: int = 500000
+    seed: int = 0
+    max_units: int = 16
+    max_layers_shown: int = 6
+
+    def __post_init__(self) -> None:
+        require(self.bins >= 2, "bins", self.bins, "an integer >= 2")
+        require(self.max_values >= 2, "max_values", self.max_values, "an integer >= 2")
+        require(self.max_units >= 1, "max_units", self.max_units, "a positive integer")
+        require(self.max_layers_shown >= 1, "max_layers_shown", self.max_layers_shown, "a positive integer")
 
 
 def applies(exp: Experiment) -> None:

@@ -11,6 +11,7 @@ unbounded): ResNet-18 experiments are not applicable.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +24,28 @@ from benchmark.analyses.inputs import NotApplicableError, figures_dir, reference
 from benchmark.inventory import require_inputs
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
+from benchmark.core.settings import require
 from metrics.symmetries import DegenerateMinMassError, check_min_mass_defined, min_mass, spec_for_model
 
 log = logging.getLogger(__name__)
 
 NAME = "min_mass"
+ORDER = 20  # its place in analysis=all and the tables of analyses: the paper order
 TITLE = "Figure 2: mass of the zoo's networks and of their minimum-mass rescalings"
+
+
+@dataclass
+class Settings:
+    """``analysis=min_mass`` (Figure 2): the minimum-mass rescaling of every reference checkpoint is
+    checked to preserve the network's function on the first ``check_images`` test images, to
+    ``check_atol`` (largest absolute difference of the logits)."""
+
+    check_images: int = 32
+    check_atol: float = 1e-4
+
+    def __post_init__(self) -> None:
+        require(self.check_images >= 1, "check_images", self.check_images, "a positive integer")
+        require(self.check_atol > 0, "check_atol", self.check_atol, "a positive number")
 
 
 def applies(exp: Experiment) -> None:

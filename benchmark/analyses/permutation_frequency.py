@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,8 @@ from tqdm.auto import tqdm
 from benchmark.analyses.figures import PALETTE, new_figure, save_figure, style
 from benchmark.analyses.inputs import figures_dir
 from benchmark.experiment import Experiment
-from benchmark.core.store import stack_state_dicts
+from benchmark.core.settings import require
+from benchmark.core.store import MAX_SEED, stack_state_dicts
 from benchmark.core.training import learning_rate, seeded, train_network
 from metrics.kendall import successive_kendall_tau
 from metrics.symmetries import canonicalize, spec_for_model
@@ -37,11 +39,30 @@ from metrics.symmetries import canonicalize, spec_for_model
 log = logging.getLogger(__name__)
 
 NAME = "permutation_frequency"
+ORDER = 40  # its place in analysis=all and the tables of analyses: the paper order
 TITLE = "Figure 4: Kendall's tau between successive sorting permutations during training"
 TITLE_CHARACTERS = 52  # the longest title line that fits above the plot at column width
 BUFFER_BYTES = 64 * 2**20
 """Weights buffered before their permutations are computed: every logged step of a small model
 (OptuNet: ~2 KB each) in one batch, a ResNet-18 (45 MB) one or two at a time."""
+
+
+@dataclass
+class Settings:
+    """``analysis=permutation_frequency`` (Figure 4): ``runs`` trainings with the experiment's
+    recipe (seeds from ``first_seed`` on; runs that fail the recipe's convergence rule are replaced
+    by the next seeds, at most ``runs`` more), logging the sorting permutation of every layer every
+    ``log_every`` optimiser steps (and at initialisation and after the last step)."""
+
+    runs: int = 5
+    first_seed: int = 900000
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        require(self.runs >= 1, "runs", self.runs, "a positive integer")
+        require(0 <= self.first_seed <= MAX_SEED - 2 * self.runs, "first_seed", self.first_seed,
+                f"an integer in [0, {MAX_SEED} - 2 * runs]")
+        require(self.log_every >= 1, "log_every", self.log_every, "a positive integer")
 
 
 def applies(exp: Experiment) -> None:

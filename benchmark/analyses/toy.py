@@ -38,11 +38,13 @@ from benchmark.analyses.figures import COLUMN_WIDTH, new_figure, save_figure, se
 from benchmark.analyses.inputs import figures_dir
 from benchmark.experiment import Experiment
 from benchmark.core.models import mlp
+from benchmark.core.settings import require
 from metrics.symmetries import normalize_scales, permute, rescale, sequential_spec
 
 log = logging.getLogger(__name__)
 
 NAME = "toy"
+ORDER = 10  # its place in analysis=all and the tables of analyses: the paper order
 TITLE = "Figure 1: toy posterior of the output weights of 2-2-1 ReLU perceptrons"
 MEANS = ((-2.0, -2.0), (2.0, 2.0))
 POINTS_PER_CLASS = 200
@@ -53,6 +55,18 @@ NORM = 3.0
 CHECK_INPUTS = 64
 CHECK_RTOL = 1e-4
 WINDOW = 4.0
+
+
+@dataclass
+class Settings:
+    """``analysis=toy`` (Figure 1): ``networks`` 2-2-1 ReLU perceptrons trained at once
+    (paper: 10,000); ``seed`` fixes the data, the initialisations and the batch orders."""
+
+    networks: int = 10000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.networks >= 2, "networks", self.networks, "an integer >= 2")
 
 
 def separable(x: torch.Tensor, y: torch.Tensor) -> bool:

@@ -1,4 +1,4 @@
-"""Reference rows (baselines) as plug-ins: what a table's numbers mean, scored exactly as a method's samples are.
+"""Baseline rows as plug-ins: what a table's numbers mean, scored exactly as a method's samples are.
 
 A score of 6 says little until one knows what the prior scores, or a second zoo of the same
 recipe (what a perfect method would score: the noise floor). sbibm and the NeurIPS 2021 BDL
@@ -25,8 +25,9 @@ of this package is imported and every subclass with a ``name`` registered (``dis
 
 The draws are a pure function of the baseline, the repetition and the reference, so the
 evaluate stage caches their numbers like a method's (keyed by these inputs and the source).
-An unregistered name in ``evaluate.baselines`` is refused before any work (``stages.preflight``,
-``baseline_class``), naming the registered ones.
+An unregistered name in ``evaluate.baselines`` is refused when the config is resolved (the names
+are declared to the schema, ``benchmark.config.declare_baseline``) and again by ``stages.preflight``
+(``baseline_class``), naming the registered ones.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import inspect
 import pkgutil
 
 from benchmark.baselines.base import BASELINE_MODE, Baseline
+from benchmark.config import declare_baseline
 from benchmark.experiment import Experiment
 
 BASELINES: dict[str, type[Baseline]] = {}
@@ -43,7 +45,7 @@ BASELINES: dict[str, type[Baseline]] = {}
 
 def register(baseline: type[Baseline]) -> type[Baseline]:
     """Add ``baseline`` (a ``Baseline`` subclass with a unique ``name``) to ``BASELINES``, kept in
-    table order; returns it."""
+    table order, and declare the names to the schema (``benchmark.config.declare_baseline``); returns it."""
     if not (isinstance(baseline, type) and issubclass(baseline, Baseline)):
         raise TypeError(f"register: expected a Baseline subclass, got {baseline!r}")
     for attribute in ("name", "label", "about"):
@@ -56,6 +58,7 @@ def register(baseline: type[Baseline]) -> type[Baseline]:
     ordered = sorted(BASELINES.values(), key=lambda b: (b.order, b.name))
     BASELINES.clear()
     BASELINES.update((b.name, b) for b in ordered)
+    declare_baseline(list(BASELINES))
     return baseline
 
 

@@ -1,4 +1,4 @@
-"""The contract of a baseline (a reference row): what the evaluate stage gives it and gets back.
+"""The contract of a baseline: what the evaluate stage gives it and gets back.
 
 ``Baseline.draw(exp, zoo, n, repetition)``: given the experiment (its model, data, store and
 recipe), the reference zoo (``ZooReference``: its weights or forms, for draws fitted to it), how
@@ -23,7 +23,7 @@ BASELINE_MODE = "baseline"
 
 
 class Baseline:
-    """A reference row (see the module docstring): ``name`` (metrics.csv's ``method``), ``label``
+    """A baseline row (see the module docstring): ``name`` (metrics.csv's ``method``), ``label``
     (the table's row name), ``about`` (what it is, for the captions), ``order`` (its place among
     the baselines in the tables)."""
 

@@ -26,7 +26,7 @@ What you get: an object whose
 And, as a plug-in (class attributes and class methods, read without building it):
 
 - ``name`` (metrics.csv's ``reference`` column, ``reference=<name>``), ``Settings`` (its typed
-  settings, ``conf/reference/<name>.yaml``), ``needs``, ``scores_zoo`` (whether the zoo gets a
+  settings, ``conf/reference/<name>.yaml``, declared to the schema when registered), ``needs``, ``scores_zoo`` (whether the zoo gets a
   row against it), ``own_row`` (its own networks' row, never ranked), ``drawn_by(exp)`` (whether
   ``exp``'s sample stage makes its inputs);
 - ``cache_folder(store)`` and ``current_caches()``: where it caches forms on disk, which
@@ -94,8 +94,8 @@ class ReportHooks:
     report and analyze stages). ``report``: a module with ``write(exp, metrics, repetitions, out_dir)
     -> list[Path]`` (its extra tables, from metrics.csv's and repetitions.csv's frames, every
     reference's rows) and ``findings(metrics, repetitions) -> FindingsSection`` (its section of
-    findings.md); ``analysis``: the module of an extra ``analysis=<name>`` (the analyses' protocol,
-    ``benchmark/analyses/__init__.py``). ``None``: none."""
+    findings.md); ``analysis``: the module of an extra analysis, drawn as ``analysis=<the reference's name>``
+    (its ``NAME``; the analyses' protocol, ``benchmark/analyses/__init__.py``). ``None``: none."""
 
     report: str | None = None
     analysis: str | None = None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
+from benchmark.core.settings import require
 from benchmark.core.store import ExperimentStore
 from benchmark.experiment import Experiment
 from benchmark.inventory import reference_seeds
@@ -34,8 +35,7 @@ class OtherZooSettings:
     seeds: Optional[List[int]] = None
 
     def __post_init__(self) -> None:
-        if self.seeds is not None and len(self.seeds) != 2:
-            raise ValueError(f"reference.seeds={list(self.seeds)}: expected null or [start, stop)")
+        require(self.seeds is None or len(self.seeds) == 2, "seeds", self.seeds, "null or [start, stop)")
 
 
 class OtherZooReference(ZooReference):

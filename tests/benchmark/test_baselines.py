@@ -14,6 +14,7 @@ from benchmark.baselines.gaussian import gaussian_samples, reference_moments
 from benchmark.baselines.init import INIT_SEED_START, init_samples
 from benchmark.baselines.prior import prior_samples
 from benchmark.baselines.second_zoo import second_zoo_seeds
+from benchmark.config import BASELINE_NAMES, ConfigError
 from benchmark.core.models import fit_with_weights, predict_with_weights
 from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
 from benchmark.core.training import seeded
@@ -62,6 +63,15 @@ def test_the_registry_holds_every_baseline_in_table_order_and_refuses_others():
     assert list(BASELINES) == ["prior", "init", "gaussian", "gaussian_ns", "second_zoo"]
     with pytest.raises(ValueError, match=r"'nope' is not a registered baseline; expected some of \['prior', 'init', "):
         baseline_class("nope")
+
+
+def test_an_unregistered_baseline_is_refused_when_the_config_is_resolved(tmp_path):
+    assert BASELINE_NAMES == list(BASELINES)  # declared to the schema by the registry
+    with pytest.raises(ConfigError, match=r"evaluate.baselines='nope': expected registered baselines: some of prior, "
+                                          r"init, gaussian, gaussian_ns, second_zoo \(benchmark/baselines/\)"):
+        Experiment(compose_config([f"store={tmp_path}", "evaluate.baselines=[prior,nope]"]))
+    assert Experiment(compose_config([f"store={tmp_path}", "evaluate.baselines=[second_zoo]"])).config.evaluate.baselines \
+        == ["second_zoo"]
 
 
 def test_the_prior_draws_have_the_recipes_prior_variance(store):

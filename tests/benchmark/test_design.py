@@ -104,8 +104,8 @@ def test_the_config_checks_the_per_method_counts(tmp_path):
         resolve_config(compose_config([*digits, "+sample.repetitions_per_method.nope=3"]))
     with pytest.raises(ConfigError, match=r"sample.repetitions_per_method.swag=0: expected a positive integer"):
         resolve_config(compose_config([*digits, "sample.repetitions_per_method.swag=0"]))
-    with pytest.raises(ConfigError, match=r"sample.repetitions_per_method.hmc=8: expected no entry: the HMC "
-                                          r"reference's rows have sample.repetitions repetitions"):
+    with pytest.raises(ConfigError, match=r"sample.repetitions_per_method.hmc=8: expected no entry: hmc's rows "
+                                          r"are the hmc reference's own, with sample.repetitions repetitions"):
         resolve_config(compose_config([*digits, "+sample.repetitions_per_method.hmc=8"]))
     # null drops the experiment's counts; a method it does not name is added with '+'
     assert resolve_config(compose_config([*digits, "sample.repetitions_per_method=null"])).sample.repetitions_per_method is None

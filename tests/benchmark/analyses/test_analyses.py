@@ -7,6 +7,7 @@ input: missing store inputs name what to run first, an unknown analysis lists th
 from __future__ import annotations
 
 import math
+import typing
 
 import numpy as np
 import pandas as pd
@@ -20,7 +21,7 @@ from torch import nn
 from benchmark.analyses import ANALYSES, MissingInputsError, NotApplicableError, min_mass, permutation_frequency, toy
 from benchmark.analyses.figures import COLUMN_WIDTH, DPI, style
 from benchmark.cli import check_command_line, run
-from benchmark.config import ANALYSIS_NAMES, Analysis
+from benchmark.config import HOOK_ANALYSES, analysis_names, build_schema
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
@@ -81,7 +82,9 @@ def test_every_analysis_writes_png_pdf_and_csv_at_column_width(analyzed):
     assert all(module.TITLE in index for module in ANALYSES.values())
     assert "Not applicable: drawn with reference=hmc" in index and not (figures / "hmc.png").exists()
     assert "from an earlier run" not in index and " s)" not in index  # no run times: a function of the inputs
-    assert [a.value for a in Analysis] == [*ANALYSES, "all"] == [*ANALYSIS_NAMES, "all"]
+    choice = typing.get_type_hints(build_schema())["analysis"]  # analysis=: the package's, the hooks', all
+    assert [a.value for a in choice] == [*ANALYSES, "all"] == [*analysis_names(), "all"]
+    assert HOOK_ANALYSES == ["hmc"] and ANALYSES["hmc"].__name__ == "benchmark.references.hmc.figures"
     assert all(module.NAME == name for name, module in ANALYSES.items())
 
 

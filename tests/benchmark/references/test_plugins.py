@@ -5,18 +5,22 @@ rows land in the one metrics.csv with ``reference`` = ``other_zoo`` and equal th
 directly on that zoo."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from hydra.errors import ConfigCompositionException
 
+from benchmark.config import POOLED_METHODS, REFERENCE_SETTINGS, ConfigError, reference_schema
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.references import REFERENCES, Reference, ZooReference, evaluated, problems, reference_class, register
 from benchmark.references.hmc import HMCReference
-from benchmark.references.other_zoo import OtherZooReference
+from benchmark.references.other_zoo import OtherZooReference, OtherZooSettings
 from benchmark.results import read_metrics, read_repetitions, rows_against
-from benchmark.stages import evaluate, preflight, verify
+from benchmark.stages import evaluate, verify
 from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from tests.benchmark.hmc_store import OVERRIDES, draws_near, write_unit
@@ -114,15 +118,34 @@ def test_another_stores_zoo_is_a_reference_with_rows_in_the_one_metrics_csv(tmp_
     assert (exp.store.base / "reference-other_zoo").is_dir()  # its forms cached in this store
 
 
-def test_an_unregistered_reference_name_is_refused_before_any_work(tmp_path):
-    """``reference.name=nope`` passes the schema (a string) and is refused by the preflight of every
-    stage, naming the registered references, before anything is written."""
-    exp = _experiment(tmp_path, "reference.name=nope")
-    for stage in ("zoo", "evaluate", "report"):
-        with pytest.raises(ValueError, match=r"reference=nope: not a registered reference; expected one of "
-                                             r"\['hmc', 'other_zoo', 'zoo'\]"):
-            preflight(exp, [stage])
+def test_an_unregistered_reference_name_is_refused_when_the_config_is_composed(tmp_path):
+    """``reference.name=nope`` is refused when the composed config is resolved (``Experiment``, before
+    any stage), naming the registered references; so is a setting the chosen reference does not
+    declare (at composition) and one its ``Settings`` refuses; nothing is written."""
+    with pytest.raises(ConfigError, match=r"reference.name='nope': expected a registered reference, chosen with "
+                                          r"reference=<name>: one of hmc, other_zoo, zoo"):
+        _experiment(tmp_path, "reference.name=nope")
+    with pytest.raises(ConfigError, match=r"reference.name='hmc': expected zoo, the reference chosen with reference=zoo"):
+        _experiment(tmp_path, "reference.name=hmc")
+    with pytest.raises(ConfigCompositionException, match=r"Could not override 'reference.store'"):
+        _experiment(tmp_path, "reference.store=/elsewhere")  # the zoo declares no settings
+    with pytest.raises(ConfigError, match=r"reference.seeds=\[1\]: expected null or \[start, stop\)"):
+        _experiment(tmp_path, "reference=other_zoo", "reference.seeds=[1]")
     assert not (tmp_path / "store").exists() and not (tmp_path / "results").exists()
+
+
+def test_the_reference_node_is_typed_by_the_settings_each_reference_declares(tmp_path):
+    """``reference=<name>`` is ``reference_schema(name)``: the registered reference's ``Settings``
+    fields, with their types and defaults, and ``Reference.settings`` reads them back."""
+    assert set(REFERENCE_SETTINGS) == set(REFERENCES)
+    for name, reference in REFERENCES.items():
+        assert REFERENCE_SETTINGS[name] is reference.Settings
+        fields = [f.name for f in dataclasses.fields(reference_schema(name))]
+        assert fields == ["name", *(f.name for f in dataclasses.fields(reference.Settings))]
+    exp = _experiment(tmp_path, "reference=other_zoo", "reference.store=/released", "reference.seeds=[3,9]")
+    assert OtherZooReference.settings(exp) == OtherZooSettings(store="/released", experiment=None, seeds=[3, 9])
+    assert type(exp.config.reference).__name__ == "OtherZooReferenceConfig"
+    assert POOLED_METHODS["hmc"] == "hmc"  # HMCReference.own_row's method: its repetitions are the reference's
 
 
 def test_verify_checks_the_cache_folder_of_every_registered_reference(tmp_path):
