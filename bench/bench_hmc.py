@@ -29,6 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from summary import record  # noqa: E402  (bench/summary.py, next to this file)
+import benchmark.analyses  # noqa: E402,F401  (declares the analyses and the references to the schema)
 from benchmark import config  # noqa: E402
 from benchmark.core.training import TrainingData, seeded  # noqa: E402
 from benchmark.core.training.objective import CrossEntropyObjective  # noqa: E402

@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 from mnist_shaped import write_mnist_shaped  # noqa: E402  (bench/, next to this file)
 from summary import record  # noqa: E402  (bench/summary.py, next to this file)
+import benchmark.analyses  # noqa: E402,F401  (declares the analyses and the references to the schema)
 from benchmark import config  # noqa: E402
 from benchmark.core.training import seeded  # noqa: E402
 from benchmark.experiment import Experiment  # noqa: E402

@@ -238,6 +238,7 @@ def _tiny_experiment(work: Path, *overrides: str):
     holds seeded initialisations, and one ensemble unit written as the sample stage writes it."""
     import torch
 
+    import benchmark.analyses  # noqa: F401  (declares the analyses and the references to the schema)
     from benchmark.config import compose_config
     from benchmark.core.store import CheckpointMetadata, save_checkpoint
     from benchmark.core.training import seeded
@@ -451,6 +452,7 @@ def scenario_imported_store_verifies_clean(work: Path) -> tuple[bool, str]:
     verify.repair=stale must move nothing."""
     import torch
 
+    import benchmark.analyses  # noqa: F401  (declares the analyses and the references to the schema)
     from benchmark.config import compose_config
     from benchmark.core.training import seeded
     from benchmark.experiment import Experiment

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import benchmark.analyses  # noqa: E402,F401  (declares the analyses and the references to the schema)
 from benchmark import config  # noqa: E402
 from benchmark.experiment import Experiment  # noqa: E402
 from benchmark.references.hmc.report import start_groups, summarised  # noqa: E402
