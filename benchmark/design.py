@@ -5,8 +5,9 @@ One object (``Design``, from ``Design.of(exp)``) owns it, so that no stage reads
 - ``repetitions``: ``sample.repetitions``, the independent repetitions of every method x mode,
   unless ``sample.repetitions_per_method`` names the method (``repetitions_of``: cheap rows can
   run more, so that their paired exact tests can reach the claims' level); the rows of the references
-  and the baselines have the default count: HMC's (the config refuses an entry for it: ``benchmark.references.hmc``
-  pools its repetitions), the zoo's blocks under ``reference=hmc``, the second zoo at most that
+  and the baselines have the default count: a reference's own method's (the config refuses an entry
+  for it: the reference pools its repetitions), the zoo's blocks under ``reference=<name>``, the
+  second zoo at most that
   (a baseline is compared with every method, unpaired);
 - ``most``: the largest count of any method (the held-out blocks laid out: ``reach``, ``needed``);
 - the base pools: ``pool(method, bases)``, the block of candidate held-out seeds one repetition of
@@ -192,7 +193,7 @@ class Design:
     # ---- the repetitions of the references' and the baselines' rows ---------------------------
 
     def reference_blocks(self, seeds: Sequence[T]) -> list[list[T]]:
-        """The zoo row's repetitions (``reference=hmc``): ``repetitions`` (the default count, whatever
+        """The zoo row's repetitions (under a ``reference=<name>`` that scores the zoo): ``repetitions`` (the default count, whatever
         ``sample.repetitions_per_method`` gives single methods) disjoint blocks of
         ``seeds`` (the converged reference seeds, in seed order) of ``per_method`` each (the size of
         a method's sample set), or of an equal share of them when they are fewer."""

@@ -28,7 +28,7 @@ checkpoints of their training potential (summed training cross-entropy plus the 
 term, nats; ``Reference.training_potential``), ``reference_train_acc`` their median training
 accuracy and ``reference_potential_n`` how many checkpoints these describe: what kind of reference
 the zoo is (an SGD ensemble whose members differ by hundreds of nats, not draws from the T = 1
-posterior); the same on every row scored against the zoo, NaN against HMC and in older files.
+posterior); the same on every row scored against the zoo, NaN against other references and in older files.
 
 Rows of ``mode`` ``baseline`` are baseline rows (``benchmark.baselines``: the prior, untrained
 networks, Gaussians fitted to the zoo, a second zoo), scored like a method's samples over the same
