@@ -29,7 +29,7 @@ from methods import method_class, method_names
 from methods.bnn import BNNMethod
 
 GROUP_LABELS = {"one": "One Mode", "multi": "Multi Mode", BASELINE_MODE: "Baselines"}
-"""Table groups in order; the baselines (reference rows, never ranked) come last."""
+"""Table groups in order; the baseline rows (never ranked) come last."""
 
 INDEX_NAMES = ["Experiment", "Group", "Method"]
 
@@ -195,7 +195,7 @@ def baseline_text(df: pd.DataFrame) -> str:
     present = [BASELINES[name] for name in BASELINES if name in set(df.loc[df["mode"] == BASELINE_MODE, "method"])]
     if not present:
         return ""
-    return (" Baselines (not ranked): reference rows, scored exactly as a method's samples are over the same "
+    return (" Baselines (not ranked): rows scored exactly as a method's samples are over the same "
             "repetitions, to read the scale of each column by: " + "; ".join(f"{b.label}: {b.about}" for b in present)
             + ". A method that scores no better than the prior or the untrained networks is no closer to the "
             "reference by that column than they are; the second zoo is what a method sampling the reference exactly "

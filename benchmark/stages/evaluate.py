@@ -18,7 +18,7 @@ this run's (``OtherRecipeError``, naming the fields that differ, the command tha
 says so; ``reference_config_hash`` always names the zoo's recipe). Every class of problem found
 (an incomplete reference, another recipe, missing or stale repetitions) is named in one error.
 
-Beside the methods, the reference rows of ``evaluate.baselines`` (``benchmark.baselines``: the
+Beside the methods, the baseline rows of ``evaluate.baselines`` (``benchmark.baselines``: the
 prior, untrained networks, Gaussians fitted to the raw and the symmetry-free zoo, a second zoo of
 the same recipe) are drawn and scored the same way over ``evaluate.baseline_repetitions``
 repetitions, as rows of mode ``baseline`` (cached in ``eval/baseline_<name>_r<k>.json``); every row
@@ -206,7 +206,7 @@ def run(exp: Experiment) -> pd.DataFrame:
 
 
 def _baseline_rows(exp: Experiment, zoo: ZooReference, against: Reference) -> "Rows":
-    """The reference rows of ``evaluate.baselines`` (``benchmark.baselines``), drawn from ``zoo`` and
+    """The baseline rows of ``evaluate.baselines`` (``benchmark.baselines``), drawn from ``zoo`` and
     scored against ``against`` over ``baseline_repetitions`` (the first in full), each as
     ``(row, numbers per repetition, repetitions, seeds)``; a baseline the store cannot supply
     (``second_zoo`` without its held-out networks) is left out with one warning."""

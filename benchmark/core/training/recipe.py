@@ -73,7 +73,7 @@ class FailRule:
 
 @dataclass
 class Plateau:
-    """Train the zoo to convergence (``train.until_plateau``; issue 31): off by default.
+    """Train the zoo to convergence (``train.until_plateau``): off by default.
 
     ``enabled``: after the recipe's ``epochs``, training goes on, at the schedule's last rate (the
     rate of epoch ``epochs - 1``: the recipe's final phase prolonged; multistep and constant
