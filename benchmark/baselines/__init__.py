@@ -51,6 +51,9 @@ def register(baseline: type[Baseline]) -> type[Baseline]:
     for attribute in ("name", "label", "about"):
         if not isinstance(getattr(baseline, attribute, None), str):
             raise TypeError(f"register: {baseline.__name__} needs a class attribute {attribute!r} (a string)")
+    if "draw" not in vars(baseline) and baseline.draw.__func__ is Baseline.draw.__func__:
+        raise TypeError(f"register: {baseline.__name__} needs a classmethod draw(exp, zoo, n, repetition) "
+                        "(benchmark/baselines/base.py: what a baseline gives)")
     if baseline.name in BASELINES and BASELINES[baseline.name] is not baseline:
         raise ValueError(f"register: a baseline named {baseline.name!r} is already registered "
                          f"({BASELINES[baseline.name].__module__})")

@@ -43,7 +43,7 @@ class Baseline:
              ) -> tuple[dict[str, torch.Tensor], list[int] | None]:
         """Repetition ``repetition``'s ``n`` weight samples ``{key: [n, ...]}`` and the seeds of the
         networks they are (``None`` for draws)."""
-        raise NotImplementedError(f"{cls.__name__}.draw: a Baseline subclass draws its samples")
+        raise TypeError(f"{cls.__name__}.draw: every registered baseline defines its own draw (register refuses one without)")
 
 
 def generator(name: str, repetition: int) -> torch.Generator:

@@ -42,6 +42,8 @@ so does every other module of this package (``conf/reference/`` lists them).
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +103,7 @@ class ReportHooks:
     analysis: str | None = None
 
 
-class Reference:
+class Reference(ABC):
     """A reference the samples are scored against (see the module docstring for the contract).
 
     This base class holds what every reference scores with (the evaluate settings, the model and
@@ -201,13 +203,15 @@ class Reference:
 
     # --- its forms ------------------------------------------------------------------------------------
 
+    @abstractmethod
     def weights(self) -> dict[str, torch.Tensor]:
         """The reference's networks ``{key: [R, ...]}``."""
-        raise NotImplementedError(f"{type(self).__name__}.weights: a Reference subclass gives its networks")
+        ...
 
+    @abstractmethod
     def predictive(self) -> torch.Tensor:
         """The reference's ensemble predictive on the ID test split ``[N, C]``."""
-        raise NotImplementedError(f"{type(self).__name__}.predictive: a Reference subclass gives its predictive")
+        ...
 
     def _remember(self, name: str, build: Callable[[], Any]) -> Any:
         """``build()``, computed once per object."""
@@ -225,7 +229,8 @@ class Reference:
 
     def anchor(self) -> dict[str, torch.Tensor]:
         """The network ``{key: [1, ...]}`` the WM form aligns to (``anchor_seed``)."""
-        raise NotImplementedError(f"{type(self).__name__}.anchor: no anchor network (anchor_seed is None)")
+        raise ValueError(f"reference {self.name!r} ({type(self).__name__}) has no anchor network (anchor_seed is None): "
+                         "its weight-matched form is not computed")
 
     def align(self, samples: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The WM form of ``samples``: the NS steps with the permutation removed by weight matching

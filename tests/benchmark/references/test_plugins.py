@@ -160,3 +160,21 @@ def test_verify_checks_the_cache_folder_of_every_registered_reference(tmp_path):
     health = verify.ExperimentHealth(exp.name, "test")
     verify.check_caches(None, exp.store, health)
     assert list(health.damaged_caches) == [damaged] and health.caches["reference"] == 3
+
+
+def test_a_plugin_without_its_forms_or_draws_is_refused():
+    from benchmark.baselines import register
+    from benchmark.baselines.base import Baseline
+    from benchmark.references.base import Reference
+
+    class Drawless(Baseline):
+        name, label, about = "drawless", "Drawless", "no draw"
+
+    with pytest.raises(TypeError, match="needs a classmethod draw"):
+        register(Drawless)
+
+    class Formless(Reference):
+        name = "formless"
+
+    with pytest.raises(TypeError, match="abstract"):
+        Formless(None)
