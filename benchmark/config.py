@@ -720,12 +720,17 @@ def register_configs() -> None:
     """Store the schema in Hydra's ConfigStore: the root ``base_config``, ``methods/base_<name>``
     for every registered method (``conf/methods/<name>.yaml`` lists it first in its defaults) and
     ``reference/base_<name>`` for every declared reference (``reference_schema``; listed first by
-    ``conf/reference/<name>.yaml``). The references and the analyses declare themselves when
-    ``benchmark.analyses`` is imported (this module sits below them); ``ConfigError`` when none has."""
+    ``conf/reference/<name>.yaml``). The references, the baselines and the analyses declare
+    themselves when ``benchmark.analyses`` is imported (this module sits below them);
+    ``ConfigError`` naming the module to import when none of one kind has."""
     if not REFERENCE_SETTINGS or not ANALYSIS_SETTINGS:
         raise ConfigError("no reference or no analysis is declared to the schema; import benchmark.analyses (which "
                           "imports benchmark.references: each declares its plug-ins' settings, declare_reference, "
                           "declare_analysis) before composing the config")
+    if not BASELINE_NAMES:
+        raise ConfigError("no baseline is declared to the schema (BASELINE_NAMES is empty), so evaluate.baselines "
+                          "could name none; import benchmark.baselines (benchmark.analyses imports it: "
+                          "declare_baseline) before composing the config")
     OmegaConf.register_new_resolver("visible_gpus", visible_gpus, replace=True)
     store = ConfigStore.instance()
     store.store(name="base_config", node=build_schema())
