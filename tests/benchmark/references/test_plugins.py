@@ -118,6 +118,12 @@ def test_another_stores_zoo_is_a_reference_with_rows_in_the_one_metrics_csv(tmp_
     assert (exp.store.base / "reference-other_zoo").is_dir()  # its forms cached in this store
 
 
+def test_the_zoo_method_stays_pooled_by_the_zoo_whatever_the_registration_order():
+    assert OtherZooReference.own_row is None  # another store's zoo has no row of its own in this store
+    register(OtherZooReference)  # registered again, after the zoo: declares nothing over the zoo's row
+    assert POOLED_METHODS["zoo"] == "zoo" and POOLED_METHODS["hmc"] == "hmc"
+
+
 def test_an_unregistered_reference_name_is_refused_when_the_config_is_composed(tmp_path):
     """``reference.name=nope`` is refused when the composed config is resolved (``Experiment``, before
     any stage), naming the registered references; so is a setting the chosen reference does not
