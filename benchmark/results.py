@@ -25,7 +25,7 @@ checkpoints were trained under (``Experiment.config_hash``; ``unrecorded`` for i
 trained under another recipe, with the fields that differ); both empty in older files.
 ``reference_potential_p05``/``_median``/``_p95``: the 5th, 50th and 95th percentiles over the zoo's
 checkpoints of their training potential (summed training cross-entropy plus the recipe's L2 prior
-term, nats; ``Reference.training_potential``), ``reference_train_acc`` their median training
+term, nats; ``ZooReference.training_potential``), ``reference_train_acc`` their median training
 accuracy and ``reference_potential_n`` how many checkpoints these describe: what kind of reference
 the zoo is (an SGD ensemble whose members differ by hundreds of nats, not draws from the T = 1
 posterior); the same on every row scored against the zoo, NaN against other references and in older files.

@@ -1,7 +1,8 @@
 """The contract of a reference: what the suite gives a reference plug-in and what it gets back.
 
-``Reference(exp)``, like laplace-torch's ``Laplace(model, ...)``, is built from what it needs and
-then answers every scoring question about itself:
+A reference, a concrete subclass of the abstract ``Reference`` (e.g. ``ZooReference(exp)``), is,
+like laplace-torch's ``Laplace(model, ...)``, built from what it needs and then answers every
+scoring question about itself:
 
 What you give: ``exp``, the experiment whose samples are scored (its model, its data, its
 ``evaluate`` settings: the NS steps, the reference's random halves, MMDAgg's test, the device)
