@@ -153,7 +153,11 @@ def reference_schema(name: str) -> type:
     """The node of ``reference=<name>`` (Hydra's ``reference/base_<name>``, listed first in
     ``conf/reference/<name>.yaml``'s defaults): ``ReferenceConfig`` with ``name`` defaulting to
     ``name`` and one field per field of the reference's declared settings (same type and default);
-    its ``__post_init__`` refuses another ``name`` and runs the settings' own checks."""
+    its ``__post_init__`` refuses another ``name`` and runs the settings' own checks. ``ValueError``
+    naming the declared references when ``name`` is not one."""
+    if name not in REFERENCE_SETTINGS:
+        raise ValueError(f"reference={name}: not a registered reference; expected one of {sorted(REFERENCE_SETTINGS)} "
+                         "(benchmark/references/, declared to the schema when benchmark.analyses is imported)")
     settings = REFERENCE_SETTINGS[name]
     hints = typing.get_type_hints(settings)
     fields: list[tuple[str, Any, Any]] = [("name", str, field(default=name))]
@@ -373,7 +377,7 @@ class EvaluateConfig:
     is resolved, naming the registered ones: ``BASELINE_NAMES``), over
     ``baseline_repetitions`` repetitions (null: ``sample.repetitions``; the second zoo's at most that);
     ``potential_checkpoints``: how many converged reference checkpoints (the first in seed order; 0 =
-    all) the zoo's training potential is measured on (``Reference.training_potential``)."""
+    all) the zoo's training potential is measured on (``ZooReference.training_potential``)."""
 
     canonical_steps: List[CanonicalStep] = field(default_factory=lambda: [CanonicalStep.scale, CanonicalStep.sort])
     weight_matching: bool = True
