@@ -153,7 +153,11 @@ def reference_schema(name: str) -> type:
     """The node of ``reference=<name>`` (Hydra's ``reference/base_<name>``, listed first in
     ``conf/reference/<name>.yaml``'s defaults): ``ReferenceConfig`` with ``name`` defaulting to
     ``name`` and one field per field of the reference's declared settings (same type and default);
-    its ``__post_init__`` refuses another ``name`` and runs the settings' own checks."""
+    its ``__post_init__`` refuses another ``name`` and runs the settings' own checks. ``ValueError``
+    naming the declared references when ``name`` is not one."""
+    if name not in REFERENCE_SETTINGS:
+        raise ValueError(f"reference={name}: not a registered reference; expected one of {sorted(REFERENCE_SETTINGS)} "
+                         "(benchmark/references/, declared to the schema when benchmark.analyses is imported)")
     settings = REFERENCE_SETTINGS[name]
     hints = typing.get_type_hints(settings)
     fields: list[tuple[str, Any, Any]] = [("name", str, field(default=name))]
@@ -373,7 +377,7 @@ class EvaluateConfig:
     is resolved, naming the registered ones: ``BASELINE_NAMES``), over
     ``baseline_repetitions`` repetitions (null: ``sample.repetitions``; the second zoo's at most that);
     ``potential_checkpoints``: how many converged reference checkpoints (the first in seed order; 0 =
-    all) the zoo's training potential is measured on (``Reference.training_potential``)."""
+    all) the zoo's training potential is measured on (``ZooReference.training_potential``)."""
 
     canonical_steps: List[CanonicalStep] = field(default_factory=lambda: [CanonicalStep.scale, CanonicalStep.sort])
     weight_matching: bool = True
@@ -720,12 +724,17 @@ def register_configs() -> None:
     """Store the schema in Hydra's ConfigStore: the root ``base_config``, ``methods/base_<name>``
     for every registered method (``conf/methods/<name>.yaml`` lists it first in its defaults) and
     ``reference/base_<name>`` for every declared reference (``reference_schema``; listed first by
-    ``conf/reference/<name>.yaml``). The references and the analyses declare themselves when
-    ``benchmark.analyses`` is imported (this module sits below them); ``ConfigError`` when none has."""
+    ``conf/reference/<name>.yaml``). The references, the baselines and the analyses declare
+    themselves when ``benchmark.analyses`` is imported (this module sits below them);
+    ``ConfigError`` naming the module to import when none of one kind has."""
     if not REFERENCE_SETTINGS or not ANALYSIS_SETTINGS:
         raise ConfigError("no reference or no analysis is declared to the schema; import benchmark.analyses (which "
                           "imports benchmark.references: each declares its plug-ins' settings, declare_reference, "
                           "declare_analysis) before composing the config")
+    if not BASELINE_NAMES:
+        raise ConfigError("no baseline is declared to the schema (BASELINE_NAMES is empty), so evaluate.baselines "
+                          "could name none; import benchmark.baselines (benchmark.analyses imports it: "
+                          "declare_baseline) before composing the config")
     OmegaConf.register_new_resolver("visible_gpus", visible_gpus, replace=True)
     store = ConfigStore.instance()
     store.store(name="base_config", node=build_schema())

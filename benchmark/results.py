@@ -25,7 +25,7 @@ checkpoints were trained under (``Experiment.config_hash``; ``unrecorded`` for i
 trained under another recipe, with the fields that differ); both empty in older files.
 ``reference_potential_p05``/``_median``/``_p95``: the 5th, 50th and 95th percentiles over the zoo's
 checkpoints of their training potential (summed training cross-entropy plus the recipe's L2 prior
-term, nats; ``Reference.training_potential``), ``reference_train_acc`` their median training
+term, nats; ``ZooReference.training_potential``), ``reference_train_acc`` their median training
 accuracy and ``reference_potential_n`` how many checkpoints these describe: what kind of reference
 the zoo is (an SGD ensemble whose members differ by hundreds of nats, not draws from the T = 1
 posterior); the same on every row scored against the zoo, NaN against other references and in older files.
@@ -53,9 +53,9 @@ rows of the tables and the findings) or the name of another registered reference
 predictive, the WM columns are empty where it has no weight-matched form, and where it scores the
 zoo there is also a ``zoo`` row: blocks of ``sample.per_method`` reference checkpoints scored as a
 method would be); a row is keyed by (experiment, method, mode, reference), in both files.
-``rows_against`` selects one reference's rows. Files that would hold one reference's rows apart
-(``separate_files``: ``metrics_<reference>.csv``, ``repetitions_<reference>.csv``) are not written:
-the evaluate stage removes them, so that no stale table is read beside metrics.csv.
+``rows_against`` selects one reference's rows. The files older versions wrote the rows against
+HMC to (``LEGACY_FILES``: ``metrics_hmc.csv``, ``repetitions_hmc.csv``) are not written: the
+evaluate stage removes them, so that no stale table is read beside metrics.csv.
 """
 from __future__ import annotations
 
@@ -86,11 +86,11 @@ MEASURED = MMD_COLUMNS + METRIC_COLUMNS  # the columns that get an interval
 TEST_COLUMNS = ["mmd_reject", "ns_mmd_reject"]
 
 
-def separate_files(reference: str) -> tuple[str, str]:
-    """The names of files that would hold ``reference``'s rows apart from metrics.csv and
-    repetitions.csv (which hold them as rows with ``reference`` = its name): never written; the
-    evaluate stage removes any it finds, so that no stale table is read beside metrics.csv."""
-    return f"metrics_{reference}.csv", f"repetitions_{reference}.csv"
+LEGACY_FILES = {"metrics_hmc.csv": "hmc", "repetitions_hmc.csv": "hmc"}
+"""The files older versions wrote one reference's rows to, apart from metrics.csv and
+repetitions.csv (which now hold them as rows with ``reference`` = that name), each with the name:
+never written now; the evaluate stage removes these, and only these (a file of another name in
+``results/`` is the user's), so that no stale table is read beside metrics.csv."""
 
 
 def metrics_path(results_dir: Path) -> Path:

@@ -324,7 +324,7 @@ class HMCSettings(KernelSettings, MethodSettings):
 
 def chain_name(seed: int) -> str:
     """The name of the chain of base ``seed`` (``seed_000042``), its state file's stem: the store's
-    ``Unit.chain_stem``, so that ``store.chain_path(unit, seed)`` is that file."""
+    ``Unit.chain_stem``, so that ``store.chain_files(unit, key).path(seed)`` is that file."""
     return Unit.zoo("", seed).stem
 
 

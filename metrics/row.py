@@ -38,12 +38,8 @@ import torch
 
 from metrics.mmd import MMDResult, PermutationTestConfig, ReferenceResampling, mmd
 from metrics.mmd.sources import Source, as_column_source
+from metrics.mmd.table import SUMMARIES  # the summaries over a layer's kernels each MMD column is given in
 from metrics.predictive import predictive_metrics
-
-SUMMARIES = ("median", "mean", "max")
-"""The summaries over a layer's 20 kernels that each MMD column is given in (Table 1: the median)."""
-FORMS = ("mmd", "ns_mmd", "wm_mmd")
-"""The MMD columns' forms: raw weights, symmetry-free (NS), weight-matched (WM)."""
 
 
 @dataclass(frozen=True)

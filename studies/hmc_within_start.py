@@ -5,7 +5,7 @@ of seeds 100000, 100001, ... with ``methods.hmc.chains_per_start`` k, so that co
 chains share a descended start and its ``M^-1``), here ``starts`` x k chains in one stack, run under the
 configured ``methods.hmc.*`` settings (``key=value`` overrides) to ``draws`` kept draws, and measured at
 each checkpoint of ``--every`` kept draws: the CPU time of this process so far (one thread), then on the
-test split the within-start convergence of ``benchmark.report.hmc`` (``start_groups``,
+test split the within-start convergence of ``benchmark.references.hmc.report`` (``start_groups``,
 ``summarised``: median over starts) and each start's own R-hat and chains' bulk ESS
 (``metrics.mcmc.predictive_convergence``, what the report computes per start), and per chain the
 share of sampling iterations the leapfrog cap cut (``ChainState.summary``), its step size and its

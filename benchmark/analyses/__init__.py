@@ -22,6 +22,7 @@ import importlib
 import pkgutil
 from types import ModuleType
 
+import benchmark.baselines  # noqa: F401  (declares the baselines to the schema beside the references and the analyses)
 from benchmark.analyses.inputs import MissingInputsError, NotApplicableError, figures_dir
 from benchmark.config import analysis_names, declare_analysis
 from benchmark.references import REFERENCES
@@ -59,10 +60,18 @@ def _hooked() -> dict[str, ModuleType]:
     return out
 
 
+def __getattr__(name: str) -> dict[str, ModuleType]:
+    """``ANALYSES``: ``analysis=<name>`` -> its module, in the paper's order, then the references'
+    hooks; built on first use, not on import, because a hook module imports this package (a hook
+    imported first would otherwise be read before its ``NAME`` is defined)."""
+    if name != "ANALYSES":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    hooked = _hooked()
+    analyses = {a: hooked.get(a) or importlib.import_module(f"{__name__}.{a}") for a in analysis_names()}
+    globals()["ANALYSES"] = analyses
+    return analyses
+
+
 discover()
-_HOOKED = _hooked()
-ANALYSES: dict[str, ModuleType] = {name: _HOOKED.get(name) or importlib.import_module(f"benchmark.analyses.{name}")
-                                   for name in analysis_names()}
-"""``analysis=<name>`` -> its module, in the paper's order, then the references' hooks."""
 
 __all__ = ["ANALYSES", "MissingInputsError", "NotApplicableError", "figures_dir"]

@@ -50,6 +50,9 @@ def gaussian_samples(moments: dict[str, tuple[torch.Tensor, torch.Tensor]], n: i
 
 
 class Gaussian(Baseline):
+    """``gaussian``: a mean-field Gaussian fitted to the reference zoo (each weight's mean and
+    standard deviation over its checkpoints), sampled independently per weight."""
+
     name = "gaussian"
     label = "Gaussian fit"
     about = "a mean-field Gaussian fitted to the reference's weights"
@@ -64,6 +67,9 @@ class Gaussian(Baseline):
 
 
 class GaussianNS(Gaussian):
+    """``gaussian_ns``: ``Gaussian`` fitted to the symmetry-free zoo (``evaluate.canonical_steps``
+    removed), so its draws are in the canonical coordinates."""
+
     name = "gaussian_ns"
     label = "Gaussian fit (NS)"
     about = "a mean-field Gaussian fitted to the symmetry-free reference (draws in its canonical coordinates)"

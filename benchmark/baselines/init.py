@@ -24,6 +24,8 @@ def init_samples(exp: Experiment, n: int, repetition: int) -> dict[str, torch.Te
 
 
 class Init(Baseline):
+    """``init``: untrained networks, the model's own initialisation under seeds no zoo uses."""
+
     name = "init"
     label = "Untrained init."
     about = "untrained networks at the model's own initialisation"

@@ -32,6 +32,9 @@ def prior_samples(exp: Experiment, n: int, generator: torch.Generator) -> dict[s
 
 
 class Prior(Baseline):
+    """``prior``: independent draws of every parameter from the recipe's prior N(0, 1/(N x
+    weight_decay)) (N: the training split); buffers as a fresh model has them."""
+
     name = "prior"
     label = "Prior"
     about = "draws from the recipe's Gaussian prior N(0, 1/(N weight_decay)) per weight"

@@ -28,6 +28,9 @@ def second_zoo_seeds(exp: Experiment, repetition: int, n: int) -> list[int]:
 
 
 class SecondZoo(Baseline):
+    """``second_zoo``: converged held-out networks of the reference's own recipe (repetition k's
+    block of ``seeds.heldout``, Deep Ensembles' members): the noise floor of the measure."""
+
     name = "second_zoo"
     label = "Second zoo"
     about = ("converged held-out networks of the reference's own recipe (the members of Deep Ensembles' repetition): "

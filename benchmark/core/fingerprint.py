@@ -16,7 +16,8 @@ Two kinds of key, so that no module can be missed silently:
 
 - **cheap caches** (the reference's canonical, aligned and predictive forms, the evaluate
   numbers) are keyed by the **whole computational source** (``source_fingerprint``: every module
-  of ``SOURCE_PACKAGES``), so that any edit anywhere recomputes them, whatever reaches what;
+  of ``SOURCE_PACKAGES`` but the references' report and figure hooks, ``SOURCE_EXCLUDED``), so
+  that any edit anywhere recomputes them, whatever reaches what;
 - **expensive artifacts** (samples, HMC chains) keep the narrowing of ``code_fingerprint``; a
   root may name a package, which counts every module under it (``benchmark.core.data``: what is
   reached through data and config, not imports). ``tests/methods/test_provenance.py`` edits
@@ -28,6 +29,7 @@ changes no key.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import functools
 import hashlib
 import importlib.metadata
@@ -42,7 +44,13 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 COMPUTATIONAL = ("metrics", "methods", "benchmark.core")  # packages whose code computes results
 SOURCE_PACKAGES = ("metrics", "methods", "benchmark.core", "benchmark.config", "benchmark.experiment",
                    "benchmark.inventory", "benchmark.references", "benchmark.baselines", "benchmark.design")
-"""The whole computational source: what ``source_fingerprint`` (the cheap caches' key) hashes."""
+"""The whole computational source: what ``source_fingerprint`` (the cheap caches' key) hashes,
+but ``SOURCE_EXCLUDED``."""
+SOURCE_EXCLUDED = ("benchmark.references.*.report", "benchmark.references.*.figures")
+"""Modules of ``SOURCE_PACKAGES`` that ``source_fingerprint`` leaves out (``fnmatch`` patterns of
+dotted names): a reference's report and figure hooks (``Reference.hooks``: its table, findings
+section and figure), which read metrics.csv and never compute a cached number, so that editing
+them recomputes no cache. The reference's own module (its scoring) stays in."""
 LIBRARIES = ("torch", "torchvision", "numpy", "scipy", "safetensors", "laplace-torch", "blitz-bayesian-pytorch",
              "cvxpy", "numba")
 
@@ -214,13 +222,21 @@ def package_modules(name: str, root: Path | None = None) -> list[str]:
     return [name] if module_file(name, root) is not None else []
 
 
+def source_modules(root: Path | None = None) -> list[str]:
+    """Every module of ``SOURCE_PACKAGES`` under ``root`` (default ``SOURCE_ROOT``) but those
+    ``SOURCE_EXCLUDED`` matches, sorted: what ``source_fingerprint`` hashes."""
+    root = root or SOURCE_ROOT
+    found = {m for package in SOURCE_PACKAGES for m in package_modules(package, root)}
+    return sorted(m for m in found if not any(fnmatch.fnmatchcase(m, pattern) for pattern in SOURCE_EXCLUDED))
+
+
 def source_fingerprint() -> str:
-    """Hex digest of every module of ``SOURCE_PACKAGES`` (docstrings left out, keyed by dotted
+    """Hex digest of every module of ``source_modules`` (docstrings left out, keyed by dotted
     name: no path) and of ``library_versions``: the key of the cheap caches, which any edit of the
     computational source recomputes."""
     root = SOURCE_ROOT
     digest = hashlib.sha256()
-    for name in sorted({m for package in SOURCE_PACKAGES for m in package_modules(package, root)}):
+    for name in source_modules(root):
         digest.update(name.encode())
         digest.update(_module_digest(module_file(name, root)).encode())
     digest.update(json.dumps(library_versions(), sort_keys=True).encode())

@@ -1,7 +1,8 @@
 """The contract of a reference: what the suite gives a reference plug-in and what it gets back.
 
-``Reference(exp)``, like laplace-torch's ``Laplace(model, ...)``, is built from what it needs and
-then answers every scoring question about itself:
+A reference, a concrete subclass of the abstract ``Reference`` (e.g. ``ZooReference(exp)``), is,
+like laplace-torch's ``Laplace(model, ...)``, built from what it needs and then answers every
+scoring question about itself:
 
 What you give: ``exp``, the experiment whose samples are scored (its model, its data, its
 ``evaluate`` settings: the NS steps, the reference's random halves, MMDAgg's test, the device)
@@ -57,7 +58,7 @@ from benchmark.core.store import (
 )
 from benchmark.experiment import Experiment
 from benchmark.inventory import ReferenceRecipe, describe_store, pairing_problem
-from metrics.mmd import MMDInputError, PermutationTestConfig, ReferenceResampling, reference_bandwidths
+from metrics.mmd import PermutationTestConfig, ReferenceResampling, reference_bandwidths
 from metrics.row import Forms, ScoreOptions, score_row
 from metrics.symmetries import align_to_anchor, canonicalize, spec_for_model
 
@@ -309,9 +310,10 @@ class Reference(ABC):
     def score(self, unit: Unit, full: bool) -> dict[str, Any]:
         """The numbers of one repetition of a method (``full``: with the reference's standard
         errors and MMDAgg's test): ``score_samples`` of its stored samples and predictions;
-        ``{"failed": reason}`` when they are unusable. A damaged reference stops with its error
-        (``CorruptZooError``), and so does one that cannot be compared at all (too small to halve:
-        ``MMDInputError``), never as a failed row."""
+        ``{"failed": reason}`` when they are unusable (unpaired, unreadable, of another model). A
+        damaged reference stops with its error (``CorruptZooError``), and so does any error of the
+        scoring itself (a reference that cannot be compared, e.g. too small to halve:
+        ``MMDInputError``; a streamed read of the reference), never as a failed row."""
         store = self.exp.store
         samples_path, preds_path = store.samples_path(unit), store.preds_path(unit)
         metas = {}
@@ -322,19 +324,17 @@ class Reference(ABC):
                 raise StoreError(f"{path}: holds samples of experiment {got!r}, expected {self.exp.name!r}; "
                                  f"the store holds: {describe_store(self.exp)}")
         self.forms()  # a damaged reference stops here, not as a failed row
-        try:
+        try:  # only the unit's own files make a failed row; an error of the scoring itself stops the run
             mixed = pairing_problem(metas[samples_path], metas[preds_path], preds_path)
             if mixed is not None:
                 raise CheckpointError(mixed)
             samples = load_sample_set(samples_path)
             validate_tensors(samples, self.exp.model(), source=str(samples_path), leading=1)
             preds = load_sample_set(preds_path, ["id", "ood"])
-            return self.score_samples(samples, preds, full=full, path=samples_path)
-        except MMDInputError:
-            raise
         except (CheckpointError, ValueError) as err:
             log.error("%s marked failed: %s", unit.label, err)
             return {"failed": str(err)}
+        return self.score_samples(samples, preds, full=full, path=samples_path)
 
     def score_samples(self, samples: dict[str, torch.Tensor], preds: dict[str, torch.Tensor], full: bool,
                       weight_matching: bool = True, path: Path | None = None) -> dict[str, Any]:

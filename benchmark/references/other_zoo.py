@@ -44,6 +44,7 @@ class OtherZooReference(ZooReference):
 
     name = "other_zoo"
     Settings = OtherZooSettings
+    own_row = None  # the zoo's row is this store's zoo's (``ZooReference.own_row``), not the other store's
     needs = "the converged reference checkpoints of reference.experiment in reference.store"
 
     def __init__(self, exp: Experiment) -> None:

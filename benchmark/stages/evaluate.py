@@ -39,8 +39,8 @@ out), plus, where the reference ``scores_zoo``, one row for the zoo itself (repe
 k-th block of ``sample.per_method`` converged reference checkpoints, in seed order, scored as a
 method's samples would be). Every row against every reference goes to the one ``metrics.csv`` and
 ``repetitions.csv``, told apart by their ``reference`` column (``benchmark.results``). The
-files that would hold one reference's rows apart (``results.separate_files``), made by older
-versions, are removed with one log line, so that no stale table is read beside the new rows.
+files older versions wrote one reference's rows to (``results.LEGACY_FILES``) are removed with
+one log line, so that no stale table is read beside the new rows.
 """
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ from benchmark.inventory import (
 from benchmark.inventory.actions import reap_results_litter
 from benchmark.references import REFERENCES, ZOO_ROW, Reference, ZooReference, evaluated, problems as reference_problems
 from benchmark.results import (
-    MEASURED, MMD_COLUMNS, half_width, metrics_path, repetition_rows, repetitions_path, write_metrics,
-    write_repetitions, separate_files,
+    LEGACY_FILES, MEASURED, MMD_COLUMNS, half_width, metrics_path, repetition_rows, repetitions_path, write_metrics,
+    write_repetitions,
 )
 from metrics.uncertainty import interval
 
@@ -163,8 +163,8 @@ def run(exp: Experiment) -> pd.DataFrame:
     """Evaluate every (method, mode) present in the store against every evaluated reference
     (``benchmark.references.evaluated``: the zoo, and ``reference=<name>``'s); write
     ``results/<exp>/metrics.csv`` and ``results/<exp>/repetitions.csv`` (``reference`` column:
-    which one each row is against), remove files that hold one reference's rows apart
-    (``results.separate_files``); return the metrics.csv frame."""
+    which one each row is against), remove the files older versions wrote one reference's rows to
+    (``results.LEGACY_FILES``); return the metrics.csv frame."""
     reap_results_litter(exp)
     rows = available_rows(exp)
     if not rows:
@@ -195,13 +195,12 @@ def run(exp: Experiment) -> pd.DataFrame:
     path = metrics_path(exp.results_dir)
     frame = write_metrics(out, path)
     log.info("wrote %s (%d rows, against %s)", path, len(frame), " and ".join(evaluated(exp)))
-    for reference in REFERENCES:
-        for name in separate_files(reference):
-            stale = exp.results_dir / name
-            if stale.is_file() or stale.is_symlink():
-                stale.unlink()
-                log.warning("removed %s: its rows are those of metrics.csv and repetitions.csv with reference=%s",
-                            stale, reference)
+    for name, reference in LEGACY_FILES.items():
+        stale = exp.results_dir / name
+        if stale.is_file() or stale.is_symlink():
+            stale.unlink()
+            log.warning("removed %s: its rows are those of metrics.csv and repetitions.csv with reference=%s",
+                        stale, reference)
     return frame
 
 

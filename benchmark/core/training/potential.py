@@ -1,5 +1,5 @@
 """The training potential of a plain network: the one definition the reference's description
-(``Reference.training_potential``) and the trainers' ``until_plateau`` criterion both use.
+(``ZooReference.training_potential``) and the trainers' ``until_plateau`` criterion both use.
 
 ``U(w) = sum_i CE(f_w(x_i), y_i) + (N weight_decay / 2) |w|^2`` over the network's parameters
 (nats; the un-augmented training split of N images): the potential of the posterior at T = 1

@@ -81,7 +81,7 @@ class Plateau:
     plateaued or ``max_epochs`` epochs (in all) have run. Plateaued, at the end of an epoch
     ``e >= epochs``: over the last ``window`` epochs the training potential ``U`` (summed training
     cross-entropy plus the recipe's L2 term on the un-augmented training split:
-    ``benchmark.core.training.potential.training_potential``, what ``Reference.training_potential``
+    ``benchmark.core.training.potential.training_potential``, what ``ZooReference.training_potential``
     reports) fell by less than ``potential_tol`` of its value ``window`` epochs before,
     ``U(e - window) - U(e) < potential_tol |U(e - window)|``, AND the training accuracy rose by at
     most ``accuracy_tol`` (a fraction), ``acc(e) - acc(e - window) <= accuracy_tol``. ``U`` and the

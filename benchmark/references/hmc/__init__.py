@@ -100,7 +100,9 @@ class HMCReference(Reference):
             groups.append(probs.reshape(chains, len(probs) // chains, *probs.shape[1:]))
         lengths = {g.shape[1] for g in groups}
         if len(lengths) != 1:
-            raise ValueError(f"reference=hmc: units with different draws per chain {sorted(lengths)}")
+            each = ", ".join(f"{store.preds_path(u).name}: {g.shape[1]}" for u, g in zip(self.units, groups))
+            raise ValueError(f"reference=hmc: the units' chains must have the same number of draws to be pooled; "
+                             f"draws per chain: {each} (redraw the odd units with stage=sample method=hmc)")
         return torch.cat(groups)
 
     def predictive(self) -> torch.Tensor:

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 import benchmark.core.fingerprint as fingerprint
-from benchmark.core.fingerprint import closure, code_fingerprint, stable_hash
+from benchmark.core.fingerprint import SOURCE_PACKAGES, closure, code_fingerprint, source_fingerprint, source_modules, stable_hash
 from benchmark.inventory import sample_code
+from benchmark.references import REFERENCES
 from methods import METHODS
 from tests.conftest import REPO
 
@@ -88,3 +89,28 @@ def test_stable_hash_is_key_order_free_and_hashes_enums_by_value():
     assert stable_hash({"a": 1, "b": [1, 2]}) == stable_hash({"b": [1, 2], "a": 1})
     assert stable_hash({"mode": ModeChoice.one}) == stable_hash({"mode": "one"})
     assert stable_hash({"a": 1}) != stable_hash({"a": 2})
+
+
+def test_the_cheap_caches_key_leaves_out_the_references_report_and_figure_hooks(tmp_path, monkeypatch):
+    """A reference's hooks (``Reference.hooks``) write tables and figures from metrics.csv: editing
+    them recomputes no cache, while an edit of the reference's scoring code does."""
+    for name in SOURCE_PACKAGES:
+        path = Path(*name.split("."))
+        if (REPO / path).is_dir():
+            shutil.copytree(REPO / path, tmp_path / path, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (tmp_path / path.parent).mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO / path.with_suffix(".py"), tmp_path / path.with_suffix(".py"))
+    monkeypatch.setattr(fingerprint, "SOURCE_ROOT", tmp_path)
+    counted = set(source_modules())
+    hooks = {m for r in REFERENCES.values() for m in (r.hooks.report, r.hooks.analysis) if m is not None}
+    assert hooks >= {"benchmark.references.hmc.report", "benchmark.references.hmc.figures"} and not hooks & counted
+    assert {"benchmark.references.base", "benchmark.references.zoo", "benchmark.references.hmc",
+            "benchmark.references.other_zoo"} <= counted
+    before = source_fingerprint()
+    hmc = tmp_path / "benchmark" / "references" / "hmc"
+    _edit(hmc / "report.py", "import torch\n", "import torch\nCHANGED = 1\n")
+    _edit(hmc / "figures.py", "import logging\n", "import logging\nCHANGED = 1\n")
+    assert source_fingerprint() == before
+    _edit(hmc / "__init__.py", "import torch\n", "import torch\nCHANGED = 1\n")
+    assert source_fingerprint() != before

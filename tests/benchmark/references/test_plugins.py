@@ -118,6 +118,27 @@ def test_another_stores_zoo_is_a_reference_with_rows_in_the_one_metrics_csv(tmp_
     assert (exp.store.base / "reference-other_zoo").is_dir()  # its forms cached in this store
 
 
+def test_the_zoo_method_stays_pooled_by_the_zoo_whatever_the_registration_order():
+    assert OtherZooReference.own_row is None  # another store's zoo has no row of its own in this store
+    register(OtherZooReference)  # registered again, after the zoo: declares nothing over the zoo's row
+    assert POOLED_METHODS["zoo"] == "zoo" and POOLED_METHODS["hmc"] == "hmc"
+
+
+def test_the_schema_of_an_unregistered_reference_is_refused_naming_the_registered_ones():
+    with pytest.raises(ValueError, match=r"reference=nope: not a registered reference; expected one of \['hmc', 'other_zoo', 'zoo'\]"):
+        reference_schema("nope")
+
+
+def test_hmc_units_with_different_draws_per_chain_are_named_with_their_lengths(tmp_path):
+    exp = _experiment(tmp_path, "reference=hmc")
+    _zoo(exp, [*range(12), *range(100000, 100012)])
+    write_unit(exp, "hmc", "multi", 0, draws_near(500, 4, exp), [100000, 100001])  # 2 chains x 2 draws
+    write_unit(exp, "hmc", "multi", 1, draws_near(502, 4, exp), [100004])  # 1 chain x 4 draws
+    names = [exp.store.preds_path(exp.store.sample_unit("hmc", "multi", r)).name for r in range(2)]
+    with pytest.raises(ValueError, match=f"draws per chain: {names[0]}: 2, {names[1]}: 4"):
+        HMCReference(exp).chain_predictions()
+
+
 def test_an_unregistered_reference_name_is_refused_when_the_config_is_composed(tmp_path):
     """``reference.name=nope`` is refused when the composed config is resolved (``Experiment``, before
     any stage), naming the registered references; so is a setting the chosen reference does not

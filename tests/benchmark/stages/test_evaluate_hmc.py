@@ -42,8 +42,12 @@ def test_rows_against_hmc_match_the_metrics_called_directly(store):
     exp.results_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("metrics_hmc.csv", "repetitions_hmc.csv"):  # an older run's files: removed by evaluate
         (exp.results_dir / stale).write_text("method,mode\nswag,one\n")
+    users = ("metrics_zoo.csv", "metrics_other_zoo.csv", "repetitions_zoo.csv")  # no version wrote these: kept
+    for name in users:
+        (exp.results_dir / name).write_text("a user's file\n")
     evaluate.run(exp)
     assert not (exp.results_dir / "metrics_hmc.csv").exists() and not (exp.results_dir / "repetitions_hmc.csv").exists()
+    assert all((exp.results_dir / name).read_text() == "a user's file\n" for name in users)
     every = read_metrics(exp.results_dir / "metrics.csv")
     assert sorted(set(every["reference"])) == ["hmc", "zoo"]
     reps = rows_against(read_repetitions(exp.results_dir / "repetitions.csv"), "hmc").set_index(["method", "mode", "repetition"])
