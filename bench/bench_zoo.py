@@ -20,9 +20,12 @@
 2. Side by side, one core, K = ``--k`` networks: seconds per network and step of every way to
    train K networks (``bench/zoo_candidates.py``), at digits' batch (32) and MNIST's (64).
 3. The cost of the paper's 1,000-checkpoint MNIST zoo, from 1b's measured work per second.
+4. Side by side, one core: the batch gather of an MNIST training step (128 networks x 64 random crops
+   from uint8 codes), the tiled ``gather_batch`` against the per-pixel loop it replaced
+   (``bench/gather_candidates.py``).
 
 Usage: ``python bench/bench_zoo.py [--seeds 256] [--baseline 64] [--jobs 2] [--k 64] [--mnist-seeds 256]
-[--mnist-baseline 16] [--mnist-epochs 3] [--sections digits,mnist,side]``.
+[--mnist-baseline 16] [--mnist-epochs 3] [--sections digits,mnist,side,gather]``.
 """
 from __future__ import annotations
 
@@ -274,6 +277,17 @@ def side_by_side(k: int, batch: int, label: str, candidates: tuple[str, ...], st
     return times
 
 
+def gather_side_by_side() -> None:
+    """Section 4: milliseconds per MNIST training batch of each gather, printed and recorded."""
+    from gather_candidates import seconds_per_batch
+
+    times = seconds_per_batch()
+    print("[gather] 128 networks x 64 random 28x28 crops (padding 4) of 55,000 uint8 images, 1 thread, best of 3:")
+    for name, seconds in times.items():
+        print(f"  {name:10s} {seconds * 1e3:7.2f} ms per batch   {times['per pixel'] / seconds:5.2f}x the per-pixel gather")
+    record("zoo", "MNIST batch gather, 128 networks: tiled vs per pixel", times["per pixel"] / times["tiled"])
+
+
 def mnist_estimate(result: EndToEnd, exp, jobs: int) -> None:
     """The paper's 1,000-checkpoint MNIST zoo (the full recipe) priced from 1b's measured work per second."""
     recipe = exp.recipe
@@ -310,7 +324,8 @@ def main() -> None:
     parser.add_argument("--mnist-baseline", type=int, default=16)
     parser.add_argument("--mnist-epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20, help="training steps timed per side-by-side candidate")
-    parser.add_argument("--sections", default="digits,mnist,side", help="any of digits, mnist (with the cost estimate), side")
+    parser.add_argument("--sections", default="digits,mnist,side,gather",
+                        help="any of digits, mnist (with the cost estimate), side, gather")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     peak = matmul_peak(args.jobs)
@@ -332,6 +347,9 @@ def main() -> None:
         everything = ("one", "packed", "vmap", "vmap mkldnn off", "grouped", "grouped mkldnn off", "compiled")
         side_by_side(args.k, 32, "digits' recipe", everything, args.steps)
         side_by_side(args.k, 64, "MNIST's recipe", ("one", "packed", "vmap", "grouped"), args.steps)
+    if "gather" in sections:
+        torch.set_num_threads(1)
+        gather_side_by_side()
 
 
 if __name__ == "__main__":

@@ -7,13 +7,16 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from numba.core.codegen import get_host_cpu_features
 from torch import nn
 
+from benchmark.core.data.in_memory import pad_with
 from benchmark.core.models import mlp, optunet
+from benchmark.core.training.kernels import gather_batch
 from benchmark.core.training.stacked import NotStackableError, PackedChain, VmapNetworks, stacked_networks
 from tests.conftest import REPO
 
@@ -115,6 +118,32 @@ def test_crops_gathered_for_each_network_are_the_data_crops():
         assert torch.equal(packed[..., k], want)
         vm = VmapNetworks(optunet()).batch(images, index, offsets, 2, -0.7)
         assert torch.equal(vm[k], want)
+
+
+@pytest.mark.parametrize("networks", [1, 16, 37])
+def test_crops_of_many_networks_gathered_from_codes_are_each_networks_crops(networks):
+    """The gather reads a tile of networks at a time (``GATHER_TILE``): a stack of whole tiles, one
+    tile and a part tile gives every network its own crops, from the codes as from the images."""
+    from benchmark.core.data import crop_at
+
+    torch.manual_seed(4)
+    codes = torch.randint(0, 200, (11, 1, 9, 7), dtype=torch.uint8)
+    levels = torch.randn(1, 256)
+    images = levels[0, codes.long()]
+    index = torch.randint(0, 11, (networks, 5))
+    offsets = torch.randint(0, 7, (networks, 2, 5))
+    packed = PackedChain(optunet())
+    for source in (packed.source(images, CPU), packed.source(images, CPU, (codes, levels))):
+        batch = packed.batch(source, index, offsets, 3, float(levels[0, 0]))
+        assert batch.shape == (5, 1, 9, 7, -(-networks // 16) * 16)  # lanes padded with network 0's images
+        for k in range(batch.shape[-1]):
+            want = k if k < networks else 0
+            assert torch.equal(batch[..., k], crop_at(images[index[want]], 3, float(levels[0, 0]), offsets[want]))
+    out = torch.empty(5, 1, 9, 7, networks)  # the kernel alone, without the padding lanes (a part tile)
+    rows, cols = (np.ascontiguousarray(part) for part in offsets.permute(1, 2, 0).numpy())
+    gather_batch(pad_with(codes, 3, 0).numpy(), levels.numpy(), index.T.numpy().astype(np.uint32), rows, cols, out.numpy())
+    for k in range(networks):
+        assert torch.equal(out[..., k], crop_at(images[index[k]], 3, float(levels[0, 0]), offsets[k]))
 
 
 def test_nan_in_one_network_stays_in_that_network():
