@@ -2,7 +2,9 @@
 selects one) that the store lacks.
 
 Seeds are trained K at a time by the vectorised trainer where the architecture and data allow
-it (``zoo.vectorize``, decided once per run: ``Experiment.zoo_trainer``), else one at a time.
+it (``zoo.vectorize``, decided once per run: ``Experiment.zoo_trainer``), else one at a time. On
+a CPU a process trains as many stacks at once as it has torch threads (``stacks_at_once``), each on
+a thread of its own: one process outside a sweep uses every core.
 Resumable and shareable: a batch of seeds is claimed seed by seed (``store.claim``, which holds
 across cluster nodes), each re-checked after its claim is taken, and every seed's checkpoint or
 failure record is written atomically as soon as that seed finishes, so killed runs and
@@ -28,10 +30,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
+import torch
 from tqdm.auto import tqdm
 
 from benchmark.config import ZooRange
@@ -42,7 +46,7 @@ from benchmark.core.store.claims import HeldElsewhereError, held_elsewhere, wait
 from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
 from benchmark.core.training.vectorised import train_networks
 from benchmark.design import Design
-from benchmark.experiment import Experiment, SeedRange
+from benchmark.experiment import Experiment, SeedRange, ZooTrainer
 from benchmark.inventory import (
     RangeState, heldout_shortfall, range_state, seed_problem, seed_staleness,
 )
@@ -127,12 +131,16 @@ def _one_at_a_time_outcome(exp: Experiment, seed: int, role: str) -> TrainResult
         return err
 
 
+GLOBAL_RNG = threading.Lock()
+"""Held while a stack on a thread draws from torch's global RNG (``checkpoint_metadata``)."""
+
+
 def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: str, trainer: str,
                         crosscheck: dict | None = None) -> CheckpointMetadata:
     """Metadata stored with every trained checkpoint (accuracies as fractions: train, validation
     (the convergence rule's held-out data, NaN without one) and test; ``trainer``: how it was trained;
     ``crosscheck``: the other trainer's outcome, see ``crosscheck_record``)."""
-    with seeded(seed):  # building a model draws from the global RNG; leave it as it was
+    with GLOBAL_RNG, seeded(seed):  # building a model draws from the global RNG; leave it as it was
         model = exp.model().to(exp.device)
     model.load_state_dict(result.state_dict)
     return CheckpointMetadata(
@@ -303,32 +311,111 @@ def _store_outcome(exp: Experiment, seed: int, outcome: TrainResult | NonFiniteE
 def _train_claimed(exp: Experiment, claimed: dict[int, Claim], seed_range: SeedRange, summary: ZooSummary, bar) -> None:
     """Train the ``claimed`` seeds, storing each as soon as it finishes; stacked, the first
     ``zoo.crosscheck`` seeds of the range are also trained one at a time (before the stack)."""
-    seeds, role = list(claimed), seed_range.role
-    trainer = exp.zoo_trainer
-    if not trainer.stacked:
-        for seed in seeds:
-            _store_outcome(exp, seed, _one_at_a_time_outcome(exp, seed, role), role, one_at_a_time(exp), claimed[seed],
-                           summary)
+    if not exp.zoo_trainer.stacked:
+        for seed in claimed:
+            _store_outcome(exp, seed, _one_at_a_time_outcome(exp, seed, seed_range.role), seed_range.role,
+                           one_at_a_time(exp), claimed[seed], summary)
             bar.update()
         return
+    _train_stack(exp, _prepare_stack(exp, claimed, seed_range), summary, bar)
+
+
+@dataclass
+class _Stack:
+    """A stack ready to train: its claimed seeds, their freshly built models and the one-at-a-time
+    outcomes of the seeds ``zoo.crosscheck`` compares."""
+
+    claimed: dict[int, Claim]
+    seed_range: SeedRange
+    models: list
+    crosschecked: dict[int, TrainResult | NonFiniteError]
+
+
+def _prepare_stack(exp: Experiment, claimed: dict[int, Claim], seed_range: SeedRange) -> _Stack:
+    """What draws from torch's global RNG before a stack trains (its models, each built under its
+    seed; the crosscheck's one-at-a-time training), done by the caller's thread: stacks trained on
+    threads then never share that RNG (``_train_on_threads``)."""
     models = []
-    for seed in seeds:
+    for seed in claimed:
         with seeded(seed):
             models.append(exp.model().to(exp.device))
+    crosschecked = {seed: _one_at_a_time_outcome(exp, seed, seed_range.role) for seed in claimed
+                    if seed - seed_range.start < exp.config.zoo.crosscheck}
+    return _Stack(claimed, seed_range, models, crosschecked)
 
-    others = {seed: _one_at_a_time_outcome(exp, seed, role) for seed in seeds
-              if seed - seed_range.start < exp.config.zoo.crosscheck}
+
+def _train_stack(exp: Experiment, stack: _Stack, summary: ZooSummary, bar) -> None:
+    """Train a prepared stack (``train_networks``), storing each seed as soon as it finishes."""
+    seeds, role, trainer = list(stack.claimed), stack.seed_range.role, exp.zoo_trainer
 
     def done(index: int, outcome: TrainResult | NonFiniteError) -> None:
         seed = seeds[index]
-        check = crosscheck_record(outcome, others[seed], one_at_a_time(exp)) if seed in others else None
-        _store_outcome(exp, seed, outcome, role, trainer.name, claimed[seed], summary, check)
+        other = stack.crosschecked.get(seed)
+        check = crosscheck_record(outcome, other, one_at_a_time(exp)) if other is not None else None
+        _store_outcome(exp, seed, outcome, role, trainer.name, stack.claimed[seed], summary, check)
         bar.update()
 
     data = exp.training_data
     # The seeds' bar moves only as networks finish (most at the last epoch): the epochs' bar gives the stack's ETA.
-    train_networks(models, data, exp.recipe, seeds, [f"{exp.name} {role} seed {s}" for s in seeds], on_done=done,
+    train_networks(stack.models, data, exp.recipe, seeds, [f"{exp.name} {role} seed {s}" for s in seeds], on_done=done,
                    train_eval=data.train_tensors, progress=f"{len(seeds)} seeds stacked")
+
+
+def stacks_at_once(exp: Experiment, trainer: ZooTrainer | None) -> int:
+    """How many stacks the zoo stage trains at once in this process: on a CPU one per torch thread
+    (``threads``: ``auto`` gives a process that is not one of several sweep jobs every core), each
+    stack's packed kernels on a core of their own; one elsewhere (a GPU runs one stack at a time,
+    one-at-a-time training has no stacks)."""
+    if trainer is None or not trainer.stacked or exp.device.type != "cpu":
+        return 1
+    return max(1, torch.get_num_threads())
+
+
+def split_evenly(seeds: list[int], parts: int) -> list[list[int]]:
+    """``seeds`` in order, cut into at most ``parts`` runs whose sizes differ by at most one (none empty)."""
+    if not seeds:
+        return []
+    parts = max(1, min(parts, len(seeds)))
+    size, extra = divmod(len(seeds), parts)
+    cuts = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [seeds[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def _train_on_threads(exp: Experiment, groups: list[dict[int, Claim]], seed_range: SeedRange, summary: ZooSummary,
+                      bar) -> None:
+    """Train each group of claimed seeds as its own stack, the stacks at once on threads of this
+    process with one torch thread each: the packed kernels release the GIL, so each stack runs on
+    its own core. Whatever draws from torch's global RNG (the models' initialisation, the
+    crosscheck) is done first, here; in the threads only ``checkpoint_metadata`` touches that RNG,
+    under ``GLOBAL_RNG``. A network's checkpoint does not depend on which networks share its stack,
+    so the zoo is the same to the bit as one stack after the other. The threads are
+    daemons and the main thread waits in short joins, so a signal (SIGTERM in a SLURM job) still
+    stops the stage at once, releasing the claims; a stack's error is raised once all have ended."""
+    errors: list[BaseException] = []
+    _ = exp.training_data, exp.test_tensors  # loaded here once, not by two threads at once
+    stacks = [_prepare_stack(exp, group, seed_range) for group in groups]
+
+    def train(stack: _Stack) -> None:
+        torch.set_num_threads(1)  # torch's intra-op setting is per thread: a new thread starts at the default
+        try:
+            _train_stack(exp, stack, summary, bar)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the main thread below
+            errors.append(err)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        workers = [threading.Thread(target=train, args=(stack,), name=f"zoo stack {i}", daemon=True)
+                   for i, stack in enumerate(stacks)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            while worker.is_alive():
+                worker.join(0.5)
+    finally:
+        torch.set_num_threads(before)
+    if errors:
+        raise errors[0]
 
 
 def _warn_imported(exp: Experiment, seeds: SeedRange, stored: list[int], training: int) -> None:
@@ -375,19 +462,26 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
         _warn_imported(exp, seeds, [s for s in summary.skipped_done if s in done], len(todo))
     trainer = exp.zoo_trainer if todo else None
     count = max(1, min(trainer.networks, len(todo))) if trainer else 1
+    stacks = stacks_at_once(exp, trainer)
     log.info("zoo %s %s seeds %s: %d of %d to train, %d of them to redo after failing validation (shard %d/%d), %s",
              exp.name, seeds.role, seeds, len(todo), len(mine), len(problems), shard, num_shards,
-             f"{count} at a time" if trainer and trainer.stacked else "one at a time")
+             (f"{count} at a time" + (f", up to {stacks} stacks at once (one per torch thread)" if stacks > 1 else ""))
+             if trainer and trainer.stacked else "one at a time")
     pending = iter(todo)
     with tqdm(total=len(todo), desc=f"zoo {exp.name} {seeds.role}", unit="seed", dynamic_ncols=True) as bar:
         while True:
             with contextlib.ExitStack() as held:
                 skipped = len(summary.skipped_busy) + len(summary.skipped_done)
-                claimed = _claim(exp, pending, count, held, shapes, summary)
+                claimed = _claim(exp, pending, count * stacks, held, shapes, summary)
                 bar.update(len(summary.skipped_busy) + len(summary.skipped_done) - skipped)
                 if not claimed:
                     break
-                _train_claimed(exp, claimed, seeds, summary, bar)
+                groups = split_evenly(list(claimed), stacks)
+                if len(groups) == 1:
+                    _train_claimed(exp, claimed, seeds, summary, bar)
+                else:
+                    _train_on_threads(exp, [{seed: claimed[seed] for seed in group} for group in groups], seeds,
+                                      summary, bar)
     summary.state = range_state(exp, seeds, strict=False)
     log.info("%s", summary.describe())
     if summary.diverged:

@@ -30,6 +30,8 @@ the input gradient keeps a row of input cells in registers while a row of taps a
 that a loop builds go to stack arrays (``stack_array``), which no argument can overlap: LLVM
 vectorises a loop only while the run-time overlap checks between its stores and its loads stay
 under its limit, which a block's many loads exceed when it stores to an argument.
+Every kernel releases the GIL (``nogil``), so stacks trained on threads of one process run their
+kernels on as many cores (``benchmark.stages.zoo``).
 The only floating-point licence is ``contract`` (a multiply and the add after it may become one
 fused multiply-add); every lane computes the same operations in the same order whatever K is, so
 a network's result does not depend on how many others share the kernel.
@@ -42,6 +44,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -90,7 +93,7 @@ def _pixel_of(flat, levels, channel, at):
 GATHER_TILE = 16  # networks whose image rows ``gather_batch`` reads together before writing them transposed
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gather_batch(source: np.ndarray, levels: np.ndarray, index: np.ndarray, rows: np.ndarray, cols: np.ndarray,
                  out: np.ndarray) -> None:  # pragma: no cover - compiled
     """The batch ``out [B, C, H, W, K]`` of K networks: ``out[b, c, i, j, k] = source[index[b, k], c,
@@ -127,7 +130,7 @@ def gather_batch(source: np.ndarray, levels: np.ndarray, index: np.ndarray, rows
                             out[b, c, i, j, kc + l] = tile[j, l]
 
 
-@njit(cache=True, fastmath={"contract"})
+@njit(cache=True, nogil=True, fastmath={"contract"})
 def average_positions(x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
     """Global average pool ``x [B, C, H, W, K] -> out [B, C, K]``, summed position by position in
     row-major order, then divided by ``H W``."""
@@ -144,7 +147,7 @@ def average_positions(x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cov
                 out[b, c, k] /= n_h * n_w
 
 
-@njit(cache=True, fastmath={"contract"})
+@njit(cache=True, nogil=True, fastmath={"contract"})
 def spread_positions(grad: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
     """The average pool's backward: ``out [B, C, H, W, K] = grad [B, C, K] / (H W)`` at every position."""
     n_b, n_c, n_h, n_w, n_k = out.shape
@@ -156,7 +159,7 @@ def spread_positions(grad: np.ndarray, out: np.ndarray) -> None:  # pragma: no c
                         out[b, c, i, j, k] = grad[b, c, k] / (n_h * n_w)
 
 
-@njit(cache=True, fastmath={"contract"})
+@njit(cache=True, nogil=True, fastmath={"contract"})
 def dense_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray, has_bias: bool, relu: bool,
                   out: np.ndarray) -> None:  # pragma: no cover - compiled
     """K linear layers: ``out [B, O, K] = [relu](bias + sum_i w[:, i] x[:, i])`` with ``x [B, I, K]``,
@@ -175,7 +178,7 @@ def dense_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray, has_bias: bool
                     out[b, o, k] = zero if out[b, o, k] <= 0 else out[b, o, k]
 
 
-@njit(cache=True, fastmath={"contract"})
+@njit(cache=True, nogil=True, fastmath={"contract"})
 def dense_backward(x: np.ndarray, w: np.ndarray, out: np.ndarray, grad_out: np.ndarray, relu: bool, grad_x: np.ndarray,
                    grad_w: np.ndarray, grad_b: np.ndarray, need_x: bool) -> None:  # pragma: no cover - compiled
     """``dense_forward``'s backward: ``grad_out [B, O, K]`` (masked where a ReLU output is not > 0, in
@@ -204,7 +207,7 @@ def dense_backward(x: np.ndarray, w: np.ndarray, out: np.ndarray, grad_out: np.n
                         grad_x[b, i, k] += w[o, i, k] * grad_out[b, o, k]
 
 
-@njit(cache=True, fastmath={"contract"})
+@njit(cache=True, nogil=True, fastmath={"contract"})
 def cross_entropy(logits: np.ndarray, labels: np.ndarray, losses: np.ndarray, grad: np.ndarray,
                   count: int) -> None:  # pragma: no cover - compiled
     """Per network, the cross-entropy of ``B`` images of a batch of ``count``: ``logits [B, O, K]``,
@@ -267,7 +270,7 @@ def _nest(loops: list[str], body: list[str]) -> list[str]:
 
 def _kernel(name: str, args: str, dims: list[str], body: list[str]) -> str:
     """One kernel: the shapes, then ``body`` inside the loops over images and output channels."""
-    lines = ["@njit(cache=True, fastmath={'contract'})", f"def {name}({args}):  # pragma: no cover - compiled",
+    lines = ["@njit(cache=True, nogil=True, fastmath={'contract'})", f"def {name}({args}):  # pragma: no cover - compiled",
              "    n_b, n_k = x.shape[0], x.shape[4]", "    c_out, cpg = w.shape[0], w.shape[1]", "    opg = c_out // groups",
              *_block(dims, 1), "    zero = x.dtype.type(0)", "    for b in range(n_b):", "        for o in range(c_out):",
              "            first = (o // opg) * cpg"]
@@ -372,7 +375,7 @@ def input_grad_source(cpg: int, kh: int, kw: int, height: int, width: int) -> st
             "                for o in range(grp * opg, (grp + 1) * opg):", "                    for i in range(ho - 1, -1, -1):",
             f"                        base = i * {row}", "                        for l in range(n_l):", *_block(body, 7),
             *_block(_nest(cells, [f"{grad_at} = {plane_at}"]), 4)]
-    lines = ["@njit(cache=True, fastmath={'contract'})",
+    lines = ["@njit(cache=True, nogil=True, fastmath={'contract'})",
              "def input_grad(w, out, grad_out, groups, relu, grad_x):  # pragma: no cover - compiled",
              "    n_b, n_k = grad_x.shape[0], grad_x.shape[4]", "    c_out, cpg = w.shape[0], w.shape[1]", "    opg = c_out // groups",
              "    h, wd, ho = grad_x.shape[2], grad_x.shape[3], grad_out.shape[2]",
@@ -437,9 +440,18 @@ def kernel_dir() -> Path:
     raise OSError(f"no writable folder for the packed kernels; set {KERNEL_DIR_ENV}")
 
 
+_IMPORTING = threading.Lock()  # stacks on threads ask for the same kernels at once: one imports, the others wait
+
+
 def _module(source: str, stem: str):
     """Import ``source`` as a module file named after ``stem`` and its hash, written (atomically,
-    and only when missing or different, so numba's cache of it stays valid) under ``kernel_dir()``."""
+    and only when missing or different, so numba's cache of it stays valid) under ``kernel_dir()``.
+    One thread at a time: a module is in ``sys.modules`` before its kernels are defined."""
+    with _IMPORTING:
+        return _import_module(source, stem)
+
+
+def _import_module(source: str, stem: str):
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     name = f"{stem}_{digest}"
     path = kernel_dir() / f"{name}.py"

@@ -1,6 +1,7 @@
 import json
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -172,6 +173,47 @@ def test_vectorised_and_one_at_a_time_zoos_hold_the_same_checkpoints(tmp_path):
         assert meta_a["test_accuracy"] == meta_b["test_accuracy"]
         for key in a:
             torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+def test_a_process_with_two_threads_trains_two_stacks_at_once_and_the_same_checkpoints(tmp_path, monkeypatch):
+    """On a CPU one process trains a stack per torch thread, each on a thread of its own; each
+    seed's checkpoint is the one of a process with one thread, to the bit."""
+    common = [*TINY_TRAIN, "seeds.reference=[0,9]", "zoo.range=reference", "zoo.vectorize=4"]
+    ran: list[tuple[str, list[int]]] = []
+    train_stack = zoo._train_stack
+
+    def recorded(exp, stack, *args):
+        ran.append((threading.current_thread().name, sorted(stack.claimed)))
+        train_stack(exp, stack, *args)
+
+    monkeypatch.setattr(zoo, "_train_stack", recorded)
+    stores, before = {}, torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            exp = Experiment(compose_config([f"store={tmp_path / str(threads)}", *common]))
+            assert zoo.stacks_at_once(exp, exp.zoo_trainer) == threads
+            with exp.backends():
+                summary = run_zoo(exp, SeedRange("reference", 0, 9))
+            assert sorted(summary.trained + summary.failed) == list(range(9))
+            stores[threads] = exp.store
+    finally:
+        torch.set_num_threads(before)
+    assert ran[:3] == [("MainThread", [0, 1, 2, 3]), ("MainThread", [4, 5, 6, 7]), ("MainThread", [8])]
+    assert sorted(ran[3:5]) == [("zoo stack 0", [0, 1, 2, 3]), ("zoo stack 1", [4, 5, 6, 7])]
+    assert ran[5:] == [("MainThread", [8])] and torch.get_num_threads() == before
+    one, two = stores[1], stores[2]
+    assert one.completed_seeds() == two.completed_seeds() and one.failed_seeds().keys() == two.failed_seeds().keys()
+    for seed in one.completed_seeds():
+        (a, meta_a), (b, meta_b) = load_checkpoint(one.checkpoint_path(seed)), load_checkpoint(two.checkpoint_path(seed))
+        assert meta_a["test_accuracy"] == meta_b["test_accuracy"]
+        assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_seeds_are_split_into_runs_of_nearly_equal_size():
+    assert zoo.split_evenly(list(range(130)), 2) == [list(range(65)), list(range(65, 130))]
+    assert [len(run) for run in zoo.split_evenly(list(range(5)), 3)] == [2, 2, 1]
+    assert zoo.split_evenly([7], 4) == [[7]] and zoo.split_evenly([], 2) == []
 
 
 def test_the_zoo_trainer_follows_the_setting_the_architecture_and_the_memory(tmp_path, monkeypatch):
