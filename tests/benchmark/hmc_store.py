@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 
 from benchmark.core.models import predict_with_weights
-from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint, save_sample_set
+from benchmark.core.store import load_checkpoints_as_sample_set, save_sample_set
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.inventory import unit_expectations
 from tests.conftest import compose_config
+from tests.benchmark.units import write_initial_checkpoints
 
 OVERRIDES = ["seeds.reference=[0,12]", "seeds.heldout=[100000,100012]", "sample.repetitions=2", "sample.per_method=4",
              "sample.modes_multi=2", "evaluate.reference_resamples=4", "evaluate.test_permutations=100",
@@ -44,10 +45,7 @@ def fill(root):
     exp = Experiment(compose_config([f"store={root / 'store'}", f"results={root / 'results'}", "reference=hmc",
                                      *OVERRIDES]))
     exp.store.ensure_writable()
-    for seed in [*range(12), *range(100000, 100012)]:
-        with seeded(seed):
-            state = exp.model().state_dict()
-        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
+    write_initial_checkpoints(exp, [*range(12), *range(100000, 100012)])
     units = {}
     for r in range(2):
         chains = [draws_near(500 + 2 * r + c, 2, exp) for c in range(2)]

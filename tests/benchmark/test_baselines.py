@@ -16,7 +16,7 @@ from benchmark.baselines.prior import prior_samples
 from benchmark.baselines.second_zoo import second_zoo_seeds
 from benchmark.config import BASELINE_NAMES, ConfigError
 from benchmark.core.models import fit_with_weights, predict_with_weights
-from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
+from benchmark.core.store import load_checkpoints_as_sample_set
 from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.design import Design
@@ -28,7 +28,7 @@ from benchmark.stages.report import run as run_report
 from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from metrics.symmetries import canonicalize, spec_for_model
-from tests.benchmark.units import write_unit
+from tests.benchmark.units import write_unit, write_initial_checkpoints
 from tests.conftest import ALL_BASELINES, compose_config
 
 pytestmark = pytest.mark.slow  # builds a store and runs the evaluate stage: make test, not make test-fast
@@ -45,10 +45,7 @@ def store(tmp_path_factory):
         "evaluate.reference_resamples=4", "evaluate.test_permutations=100", "evaluate.weight_matching=false",
         "evaluate.baseline_repetitions=3", ALL_BASELINES]))
     exp.store.ensure_writable()
-    for seed in [*range(10), *range(100000, 100008)]:
-        with seeded(seed):
-            state = exp.model().state_dict()
-        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
+    write_initial_checkpoints(exp, [*range(10), *range(100000, 100008)])
     stride = Design(2, 4, 2).stride
     for r in range(2):  # one method row, as the evaluate stage needs: Deep Ensembles of the held-out networks
         seeds = list(range(100000 + r * stride, 100000 + r * stride + 4))

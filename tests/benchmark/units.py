@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from safetensors.torch import save_file
 
-from benchmark.core.store import save_sample_set
+from benchmark.core.store import save_checkpoint, save_sample_set
+from benchmark.core.training import seeded
 from benchmark.inventory import unit_expectations
 
 
@@ -21,3 +22,12 @@ def write_unit(exp, method, mode, repetition, samples, preds, damaged=False, bas
                   metadata={k: str(v) for k, v in meta.items()})
     else:
         save_sample_set(store.preds_path(store.sample_unit(method, mode, repetition)), preds, meta)
+
+
+def write_initial_checkpoints(exp, seeds) -> None:
+    """Zoo checkpoints of ``seeds``: each the model's initialisation under its seed (what the
+    scoring tests need of a zoo is its shapes and spread, not training)."""
+    for seed in seeds:
+        with seeded(seed):
+            state = exp.model().state_dict()
+        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})

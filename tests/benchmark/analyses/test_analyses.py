@@ -31,6 +31,7 @@ from benchmark.core.training import seeded, train_network
 from metrics.predictive import mutual_information
 from metrics.symmetries import canonicalize, min_mass_cvxpy, sort_units, spec_for_model
 from tests.conftest import compose_config
+from tests.benchmark.units import write_initial_checkpoints
 
 pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
 
@@ -53,10 +54,7 @@ def analyzed(tmp_path_factory):
     root = tmp_path_factory.mktemp("analyze")
     exp = Experiment(compose_config(_overrides(root)))
     exp.store.ensure_writable()
-    for seed in [*REFERENCE, *range(100000, 100004)]:
-        with seeded(seed):
-            state = exp.model().state_dict()
-        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
+    write_initial_checkpoints(exp, [*REFERENCE, *range(100000, 100004)])
     members = load_checkpoints_as_sample_set(exp.store.checkpoint_paths(range(100000, 100004)))
     meta = {"experiment": exp.name, "method": "ensemble", "mode": "multi", "repetition": 0}
     save_sample_set(exp.store.samples_path(exp.store.sample_unit("ensemble", "multi")), members, meta)

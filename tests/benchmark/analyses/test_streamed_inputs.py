@@ -4,11 +4,10 @@ import pytest
 
 from bench.corruptions import corrupt
 from benchmark.analyses.collapse import member_probabilities
-from benchmark.core.store import save_checkpoint
-from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.inventory import CorruptZooError
 from tests.conftest import compose_config
+from tests.benchmark.units import write_initial_checkpoints
 
 pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
 
@@ -19,10 +18,7 @@ def test_collapse_streamed_refuses_an_invalid_zoo_file(tmp_path, kind):
                           "evaluate.max_in_memory_gb=1e-6"])
     exp = Experiment(cfg)
     exp.store.ensure_writable()
-    for seed in range(4):
-        with seeded(seed):
-            state = exp.model().state_dict()
-        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
+    write_initial_checkpoints(exp, range(4))
     probs_id, _ = member_probabilities(exp, [0, 1, 2, 3])
     assert probs_id.shape[0] == 4
     corrupt(exp.store.checkpoint_path(2), kind)  # valid checksums: only validation can tell

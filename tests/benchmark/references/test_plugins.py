@@ -14,7 +14,6 @@ from hydra.errors import ConfigCompositionException
 from benchmark.config import POOLED_METHODS, REFERENCE_SETTINGS, ConfigError, reference_schema
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
-from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.references import REFERENCES, Reference, ZooReference, evaluated, problems, reference_class, register
 from benchmark.references.hmc import HMCReference
@@ -25,6 +24,7 @@ from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from tests.benchmark.hmc_store import OVERRIDES, draws_near, write_unit
 from tests.conftest import REPO, compose_config
+from tests.benchmark.units import write_initial_checkpoints
 
 OTHER = "released_optunet"
 """The experiment name the other store's checkpoints were written under."""
@@ -35,10 +35,7 @@ def _zoo(exp: Experiment, seeds) -> None:
     """Seeded untrained networks as converged reference checkpoints of ``exp``'s store (their
     numbers do not matter to the scoring, which is what is tested)."""
     exp.store.ensure_writable()
-    for seed in seeds:
-        with seeded(seed):
-            state = exp.model().state_dict()
-        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
+    write_initial_checkpoints(exp, seeds)
 
 
 def _experiment(tmp_path, *overrides: str) -> Experiment:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 
 from bench.corruptions import corrupt
-from benchmark.core.store import save_checkpoint
-from benchmark.core.training import seeded
 from benchmark.experiment import Experiment
 from benchmark.references import ZooReference
 from tests.benchmark.hmc_store import OVERRIDES, draws_near, write_unit
 from tests.conftest import compose_config
+from tests.benchmark.units import write_initial_checkpoints
 
 pytestmark = pytest.mark.slow  # builds and scores a reference: make test, not make test-fast
 
@@ -21,10 +20,7 @@ def scored(tmp_path):
     """A 12-network zoo, one 'swag' unit and the zoo reference."""
     exp = Experiment(compose_config([f"store={tmp_path / 'store'}", f"results={tmp_path / 'results'}", *OVERRIDES]))
     exp.store.ensure_writable()
-    for seed in range(12):
-        with seeded(seed):
-            state = exp.model().state_dict()
-        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
+    write_initial_checkpoints(exp, range(12))
     write_unit(exp, "swag", "one", 0, draws_near(100000, 4, exp), [100000])
     return exp, exp.store.sample_unit("swag", "one", 0), ZooReference(exp)
 

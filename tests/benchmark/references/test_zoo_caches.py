@@ -15,6 +15,7 @@ from benchmark.experiment import Experiment
 from benchmark.references import ZooReference
 from metrics.symmetries import canonicalize, spec_for_model
 from tests.conftest import REPO, compose_config
+from tests.benchmark.units import write_initial_checkpoints
 
 pytestmark = pytest.mark.slow  # builds and scores a reference from a trained zoo: make test, not make test-fast
 
@@ -24,10 +25,7 @@ def zoo(tmp_path):
     """Six seeded initialisations as the reference zoo (the caches do not care whether they were trained)."""
     exp = Experiment(compose_config([f"store={tmp_path / 'store'}", "seeds.reference=[0,6]", "seeds.heldout=[100000,100002]"]))
     exp.store.ensure_writable()
-    for seed in range(6):
-        with seeded(seed):
-            state = exp.model().state_dict()
-        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
+    write_initial_checkpoints(exp, range(6))
     return exp
 
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from benchmark.core.models import predict_with_weights
-from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
-from benchmark.core.training import seeded
+from benchmark.core.store import load_checkpoints_as_sample_set
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError
 from benchmark.references.hmc import HMCReference
@@ -22,6 +21,7 @@ from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
 from tests.benchmark.hmc_store import OVERRIDES, draws_near, fill, write_unit
 from tests.conftest import compose_config
+from tests.benchmark.units import write_initial_checkpoints
 
 pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
 
@@ -118,10 +118,7 @@ def test_report_writes_table_hmc_and_the_hmc_claims(store):
 def test_reference_hmc_without_hmc_draws_is_refused_with_the_command(tmp_path):
     exp = Experiment(compose_config([f"store={tmp_path / 's'}", f"results={tmp_path / 'r'}", "reference=hmc", *OVERRIDES]))
     exp.store.ensure_writable()
-    for seed in range(12):
-        with seeded(seed):
-            state = exp.model().state_dict()
-        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
+    write_initial_checkpoints(exp, range(12))
     write_unit(exp, "swag", "one", 0, draws_near(1, 4, exp), [100000])
     with pytest.raises(MissingInputsError, match="method=hmc mode=multi"):
         evaluate.check(exp)

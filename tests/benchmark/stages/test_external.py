@@ -14,11 +14,12 @@ from benchmark.stages import preflight
 from benchmark.config import ConfigError
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights, resnet18
-from benchmark.core.store import CheckpointError, load_sample_set, read_metadata, save_checkpoint
+from benchmark.core.store import CheckpointError, load_sample_set, read_metadata
 from benchmark.core.training import seeded
 from metrics.mmd import mmd
 from metrics.symmetries import canonicalize, spec_for_model
 from tests.conftest import compose_config
+from tests.benchmark.units import write_initial_checkpoints
 
 pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
 
@@ -30,10 +31,7 @@ def zoo(tmp_path_factory):
     common = [f"store={root / 'store'}", f"results={root / 'results'}", "seeds.reference=[0,6]", "seeds.heldout=[100,106]"]
     exp = Experiment(compose_config(common))
     exp.store.ensure_writable()
-    for seed in range(6):
-        with seeded(seed):
-            state = exp.model().state_dict()
-        save_checkpoint(exp.store.checkpoint_path(seed), state, {"seed": seed, "experiment": exp.name})
+    write_initial_checkpoints(exp, range(6))
     return root, common
 
 
