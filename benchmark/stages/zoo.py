@@ -308,16 +308,23 @@ def _store_outcome(exp: Experiment, seed: int, outcome: TrainResult | NonFiniteE
             summary.skipped_busy.append(seed)
 
 
-def _train_claimed(exp: Experiment, claimed: dict[int, Claim], seed_range: SeedRange, summary: ZooSummary, bar) -> None:
-    """Train the ``claimed`` seeds, storing each as soon as it finishes; stacked, the first
-    ``zoo.crosscheck`` seeds of the range are also trained one at a time (before the stack)."""
+def _train_claimed(exp: Experiment, claimed: dict[int, Claim], seed_range: SeedRange, summary: ZooSummary, bar,
+                   stacks: int = 1) -> None:
+    """Train the ``claimed`` seeds, storing each as soon as it finishes; stacked, in up to
+    ``stacks`` stacks at once (``_train_on_threads``), and the first ``zoo.crosscheck`` seeds of the
+    range are also trained one at a time (before the stack)."""
     if not exp.zoo_trainer.stacked:
         for seed in claimed:
             _store_outcome(exp, seed, _one_at_a_time_outcome(exp, seed, seed_range.role), seed_range.role,
                            one_at_a_time(exp), claimed[seed], summary)
             bar.update()
         return
-    _train_stack(exp, _prepare_stack(exp, claimed, seed_range), summary, bar)
+    groups = [{seed: claimed[seed] for seed in group} for group in split_evenly(list(claimed), stacks)]
+    prepared = [_prepare_stack(exp, group, seed_range) for group in groups]
+    if len(prepared) == 1:
+        _train_stack(exp, prepared[0], summary, bar)
+    else:
+        _train_on_threads(exp, prepared, summary, bar)
 
 
 @dataclass
@@ -381,19 +388,17 @@ def split_evenly(seeds: list[int], parts: int) -> list[list[int]]:
     return [seeds[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
-def _train_on_threads(exp: Experiment, groups: list[dict[int, Claim]], seed_range: SeedRange, summary: ZooSummary,
-                      bar) -> None:
-    """Train each group of claimed seeds as its own stack, the stacks at once on threads of this
-    process with one torch thread each: the packed kernels release the GIL, so each stack runs on
-    its own core. Whatever draws from torch's global RNG (the models' initialisation, the
-    crosscheck) is done first, here; in the threads only ``checkpoint_metadata`` touches that RNG,
-    under ``GLOBAL_RNG``. A network's checkpoint does not depend on which networks share its stack,
+def _train_on_threads(exp: Experiment, stacks: list[_Stack], summary: ZooSummary, bar) -> None:
+    """Train the prepared ``stacks`` at once on threads of this process with one torch thread each:
+    the packed kernels release the GIL, so each stack runs on its own core. Whatever draws from
+    torch's global RNG (the models' initialisation, the crosscheck) was done by the caller's thread
+    (``_prepare_stack``); in the threads only ``checkpoint_metadata`` touches that RNG, under
+    ``GLOBAL_RNG``. A network's checkpoint does not depend on which networks share its stack,
     so the zoo is the same to the bit as one stack after the other. The threads are
     daemons and the main thread waits in short joins, so a signal (SIGTERM in a SLURM job) still
     stops the stage at once, releasing the claims; a stack's error is raised once all have ended."""
     errors: list[BaseException] = []
     _ = exp.training_data, exp.test_tensors  # loaded here once, not by two threads at once
-    stacks = [_prepare_stack(exp, group, seed_range) for group in groups]
 
     def train(stack: _Stack) -> None:
         torch.set_num_threads(1)  # torch's intra-op setting is per thread: a new thread starts at the default
@@ -476,12 +481,7 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
                 bar.update(len(summary.skipped_busy) + len(summary.skipped_done) - skipped)
                 if not claimed:
                     break
-                groups = split_evenly(list(claimed), stacks)
-                if len(groups) == 1:
-                    _train_claimed(exp, claimed, seeds, summary, bar)
-                else:
-                    _train_on_threads(exp, [{seed: claimed[seed] for seed in group} for group in groups], seeds,
-                                      summary, bar)
+                _train_claimed(exp, claimed, seeds, summary, bar, stacks)
     summary.state = range_state(exp, seeds, strict=False)
     log.info("%s", summary.describe())
     if summary.diverged:

@@ -448,25 +448,21 @@ def _module(source: str, stem: str):
     and only when missing or different, so numba's cache of it stays valid) under ``kernel_dir()``.
     One thread at a time: a module is in ``sys.modules`` before its kernels are defined."""
     with _IMPORTING:
-        return _import_module(source, stem)
-
-
-def _import_module(source: str, stem: str):
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    name = f"{stem}_{digest}"
-    path = kernel_dir() / f"{name}.py"
-    if not path.is_file() or path.read_text() != source:
-        temp = path.with_name(f".{name}.{os.getpid()}.tmp")
-        temp.write_text(source)
-        os.replace(temp, path)
-    module_name = f"posterior_bench_kernels_{name}"  # importable by name, as numba's cache needs
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+        name = f"{stem}_{digest}"
+        path = kernel_dir() / f"{name}.py"
+        if not path.is_file() or path.read_text() != source:
+            temp = path.with_name(f".{name}.{os.getpid()}.tmp")
+            temp.write_text(source)
+            os.replace(temp, path)
+        module_name = f"posterior_bench_kernels_{name}"  # importable by name, as numba's cache needs
+        if module_name in sys.modules:
+            return sys.modules[module_name]
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+        return module
 
 
 @functools.lru_cache(maxsize=None)
