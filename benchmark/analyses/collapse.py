@@ -122,7 +122,7 @@ def run(exp: Experiment) -> list[Path]:
         joint = axes["joint"]
         joint.scatter(id_mi, ood_mi, s=1.5, alpha=0.25, color=PALETTE[6], linewidths=0, rasterized=True)
         joint.set_xlabel(f"ID pairwise MI (nats, {dataset})")
-        joint.set_ylabel(f"OOD pairwise MI (nats, {ood})")
+        joint.set_ylabel(f"OOD pairwise MI\n(nats, {ood})")  # two lines: "fashionmnist" does not fit one
         joint.set_title(f"Pearson r = {correlation.statistic:.3f} (p = {correlation.pvalue:.2g})")
         shown = f"all {total:,} pairs" if len(pairs) == total else f"{len(pairs):,} random pairs of {total:,}"
         figure.suptitle(f"Pairwise MI of {len(seeds)} zoo members\n({shown})")

@@ -52,6 +52,7 @@ EPOCHS, BATCH_SIZE, LR = 10, 10, 2.0
 KEEP_LOSS = 0.01  # last-epoch mean batch loss at most this (the authors' rule)
 PAPER_DROPPED = 0.01  # the paper drops "<1%" of the networks; more is warned about
 NORM = 3.0
+CPU = torch.device("cpu")  # the toy's 10,000 perceptrons train on the CPU whatever the experiment's device
 CHECK_INPUTS = 64
 CHECK_RTOL = 1e-4
 WINDOW = 4.0
@@ -82,9 +83,9 @@ def blobs(generator: torch.Generator, max_draws: int = 100) -> tuple[torch.Tenso
     """The toy data: ``(x [400, 2] float32, y [400] float32 in {0, 1})``, class 0 from
     N((-2, -2), I) then class 1 from N((2, 2), I), redrawn until linearly separable."""
     for _ in range(max_draws):
-        x = torch.cat([torch.tensor(m) + torch.randn(POINTS_PER_CLASS, 2, generator=generator, dtype=torch.float64)
+        x = torch.cat([torch.tensor(m, device=CPU) + torch.randn(POINTS_PER_CLASS, 2, generator=generator, dtype=torch.float64)
                        for m in MEANS]).float()
-        y = torch.cat([torch.zeros(POINTS_PER_CLASS), torch.ones(POINTS_PER_CLASS)])
+        y = torch.cat([torch.zeros(POINTS_PER_CLASS, device=CPU), torch.ones(POINTS_PER_CLASS, device=CPU)])
         if separable(x, y):
             return x, y
     raise RuntimeError(f"toy data: no linearly separable draw in {max_draws} tries")
@@ -120,7 +121,7 @@ def train_perceptrons(
     parameters and each network's mean batch loss over the last epoch ``[M]``."""
     params = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
     x, y = x.to(params["fc1.weight"].dtype), y.to(params["fc1.weight"].dtype)
-    last = torch.zeros(orders.shape[1], dtype=torch.float64)
+    last = torch.zeros(orders.shape[1], dtype=torch.float64, device=CPU)
     steps = orders.shape[2] // BATCH_SIZE
     for epoch in range(orders.shape[0]):
         last.zero_()
@@ -162,7 +163,7 @@ def remove_symmetries(params: dict[str, torch.Tensor], generator: torch.Generato
     spec = sequential_spec(mlp(2, [2], 1, flatten=False))
     networks = params["fc1.weight"].shape[0]
     unit, _ = normalize_scales(params, spec)
-    scaled = rescale(unit, spec, {"fc1": torch.full((networks, 2), NORM)})
+    scaled = rescale(unit, spec, {"fc1": torch.full((networks, 2), NORM, device=CPU)})
     order = scaled["fc2.weight"][:, 0, :].argsort(dim=1)
     ordered = permute(scaled, spec, {"fc1": order})
     inputs = torch.randn(CHECK_INPUTS, 2, generator=generator, dtype=torch.float64)
