@@ -1,7 +1,8 @@
 """Report stage: Tables 1, 2 and 3 (Markdown, CSV, LaTeX) from every ``results/*/metrics.csv``,
 the zoo summary, the diagnostics of every method and mode (``diagnostics.{md,csv}``) and the
 paper's claims checked by exact tests over the repetitions (``findings.md``, from the evaluate
-stage's ``repetitions.csv``).
+stage's ``repetitions.csv``), and, for an experiment the paper ran, its published Tables 1 and 2
+beside ours (``paper.md``, ``benchmark.report.paper``).
 
 The current experiment's files go to ``results/<experiment>/``; when several experiments have
 results, the side-by-side tables go to ``results/all/``.
@@ -27,7 +28,7 @@ from benchmark.inventory import MissingInputsError, range_state, require_inputs
 from benchmark.inventory.actions import reap_results_litter
 from benchmark.baselines import BASELINE_MODE
 from benchmark.references import REFERENCES, ZOO, evaluated
-from benchmark.report import diagnostics, findings, write_tables
+from benchmark.report import diagnostics, findings, paper, write_tables
 from benchmark.results import metrics_path, read_metrics, read_repetitions, repetitions_path, rows_against
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ def run(exp: Experiment) -> list[Path]:
     every_repetition = read_repetitions(path)
     metrics, repetitions = rows_against(every_metric, ZOO), rows_against(every_repetition, ZOO)
     written = write_tables(metrics, exp.results_dir)
+    written += paper.write(metrics, exp.name, exp.results_dir)
     written.append(write_zoo_summary(exp, exp.results_dir / "zoo.md"))
     written += diagnostics.write(exp, exp.results_dir)
     sections = []

@@ -88,6 +88,7 @@ def test_mnist_format_with_crops(tmp_path, device):
                      *SMALL_METHODS)
     assert exp.train_set.augment and exp.zoo_trainer.stacked
     check_results(exp, {"swag/one"})
+    assert "| One Mode | SWAG | SWAG | 16.0 / " in (exp.results_dir / "paper.md").read_text()  # the paper ran MNIST
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the CPU run: tests/benchmark/stages/test_resnet18.py)")
