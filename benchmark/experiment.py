@@ -129,12 +129,15 @@ def seed_ranges(seeds: Any) -> tuple[SeedRange, SeedRange]:
 @dataclass(frozen=True)
 class ZooTrainer:
     """How the zoo stage trains, decided once per run (``Experiment.zoo_trainer``): ``stacked``
-    (the vectorised trainer, at most ``networks`` at once) or one at a time; ``reason``: why not
-    stacked."""
+    (the vectorised trainer, at most ``networks`` per stack) or one at a time; ``reason``: why not
+    stacked; ``stacks``: stacks one process trains at once (on a CPU one per torch thread, each
+    stack's packed kernels on a core of their own; one on a GPU and one at a time), sized together
+    with ``networks`` so that all of them fit in memory."""
 
     stacked: bool
     networks: int
     reason: str | None = None
+    stacks: int = 1
 
     @property
     def name(self) -> str:
@@ -340,16 +343,18 @@ class Experiment:
             return ZooTrainer(False, 1, str(err))
         del template
         shape = (self.info.in_channels, self.info.image_size, self.info.image_size)
+        stacks = max(1, torch.get_num_threads()) if self.device.type == "cpu" else 1
         fit, per_network, available = networks_that_fit(self.model().to(self.device), shape,
-                                                        self.config.train.batch_size, self.device)
+                                                        self.config.train.batch_size, self.device, stacks=stacks)
         if wanted is None:
-            return ZooTrainer(True, max(1, min(AUTO_NETWORKS, fit) if self.device.type == "cpu" else fit))
+            return ZooTrainer(True, max(1, min(AUTO_NETWORKS, fit) if self.device.type == "cpu" else fit), stacks=stacks)
         if wanted > fit:
+            at_once = f" in each of the {stacks} stacks trained at once (one per torch thread)" if stacks > 1 else ""
             raise ConfigError(
-                f"zoo.vectorize={wanted}: {wanted} networks need about {wanted * per_network / 2**30:.2f} GiB on "
-                f"{self.device}, more than half of the {available / 2**30:.2f} GiB available; use "
-                f"zoo.vectorize={max(1, fit)} (or zoo.vectorize=auto)")
-        return ZooTrainer(True, wanted)
+                f"zoo.vectorize={wanted}: {wanted} networks{at_once} need about {wanted * stacks * per_network / 2**30:.2f} "
+                f"GiB on {self.device}, more than half of the {available / 2**30:.2f} GiB available; use "
+                f"zoo.vectorize={max(1, fit)} (or zoo.vectorize=auto{', or fewer threads' if stacks > 1 else ''})")
+        return ZooTrainer(True, wanted, stacks=stacks)
 
     def method_settings(self, name: str) -> Any:
         """The typed settings of method ``name`` (``methods.<name>``)."""

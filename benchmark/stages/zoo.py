@@ -368,14 +368,11 @@ def _train_stack(exp: Experiment, stack: _Stack, summary: ZooSummary, bar) -> No
                    train_eval=data.train_tensors, progress=f"{len(seeds)} seeds stacked")
 
 
-def stacks_at_once(exp: Experiment, trainer: ZooTrainer | None) -> int:
-    """How many stacks the zoo stage trains at once in this process: on a CPU one per torch thread
-    (``threads``: ``auto`` gives a process that is not one of several sweep jobs every core), each
-    stack's packed kernels on a core of their own; one elsewhere (a GPU runs one stack at a time,
-    one-at-a-time training has no stacks)."""
-    if trainer is None or not trainer.stacked or exp.device.type != "cpu":
-        return 1
-    return max(1, torch.get_num_threads())
+def stacks_at_once(trainer: ZooTrainer | None) -> int:
+    """How many stacks the zoo stage trains at once in this process: ``trainer.stacks`` (on a CPU
+    one per torch thread, ``threads``: ``auto`` gives a process that is not one of several sweep
+    jobs every core); one for one-at-a-time training, which has no stacks."""
+    return trainer.stacks if trainer is not None and trainer.stacked else 1
 
 
 def split_evenly(seeds: list[int], parts: int) -> list[list[int]]:
@@ -467,7 +464,7 @@ def run_zoo(exp: Experiment, seeds: SeedRange, shard: int = 0, num_shards: int =
         _warn_imported(exp, seeds, [s for s in summary.skipped_done if s in done], len(todo))
     trainer = exp.zoo_trainer if todo else None
     count = max(1, min(trainer.networks, len(todo))) if trainer else 1
-    stacks = stacks_at_once(exp, trainer)
+    stacks = stacks_at_once(trainer)
     log.info("zoo %s %s seeds %s: %d of %d to train, %d of them to redo after failing validation (shard %d/%d), %s",
              exp.name, seeds.role, seeds, len(todo), len(mine), len(problems), shard, num_shards,
              (f"{count} at a time" + (f", up to {stacks} stacks at once (one per torch thread)" if stacks > 1 else ""))

@@ -104,13 +104,13 @@ def available_bytes(device: torch.device) -> int:
 
 
 def networks_that_fit(template: nn.Module, input_shape: Sequence[int], batch_size: int, device: torch.device,
-                      share: float = MEMORY_SHARE) -> tuple[int, int, int]:
-    """``(K, bytes per network, bytes available)``: the most networks like ``template`` that
-    train together in ``share`` of the free memory of ``device``, next to the fixed
-    evaluation buffer (``EVAL_ELEMENTS``)."""
+                      share: float = MEMORY_SHARE, stacks: int = 1) -> tuple[int, int, int]:
+    """``(K, bytes per network, bytes available)``: the most networks like ``template`` per stack
+    when ``stacks`` stacks of K train at once in ``share`` of the free memory of ``device``, each
+    next to its fixed evaluation buffer (``EVAL_ELEMENTS``)."""
     per_network = network_bytes(template, input_shape, batch_size)
     available = available_bytes(device)
-    usable = share * available - 4 * EVAL_ELEMENTS
+    usable = share * available / stacks - 4 * EVAL_ELEMENTS
     return max(0, int(usable // per_network)), per_network, available
 
 

@@ -175,6 +175,31 @@ def test_vectorised_and_one_at_a_time_zoos_hold_the_same_checkpoints(tmp_path):
             torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
 
 
+def test_the_stacks_a_process_trains_at_once_are_sized_to_fit_in_memory_together(tmp_path, monkeypatch):
+    """One stack per torch thread on a CPU: an explicit K that fits alone but not once per thread
+    is refused naming the threads; auto takes the K that fits per stack."""
+    import benchmark.core.training.vectorised as vectorised
+
+    common = [f"store={tmp_path / 'store'}", *TINY_TRAIN]
+    evaluation = 4 * vectorised.EVAL_ELEMENTS  # bytes of each stack's evaluation buffer
+    available = 2 * (100 * 2**20 + evaluation)  # half of it holds one stack of 100 networks of 1 MiB
+    monkeypatch.setattr(vectorised, "network_bytes", lambda *a: 2**20)
+    monkeypatch.setattr(vectorised, "available_bytes", lambda device: available)
+    per_stack = int((available / 4 - evaluation) // 2**20)  # two stacks share the half
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = Experiment(compose_config([*common, "zoo.vectorize=100"])).zoo_trainer
+        assert (alone.networks, alone.stacks) == (100, 1)
+        torch.set_num_threads(2)
+        with pytest.raises(ConfigError, match=f"each of the 2 stacks trained at once .*zoo.vectorize={per_stack} "):
+            _ = Experiment(compose_config([*common, "zoo.vectorize=100"])).zoo_trainer
+        auto = Experiment(compose_config(common)).zoo_trainer
+        assert (auto.networks, auto.stacks) == (per_stack, 2) and 0 < per_stack < 50
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_process_with_two_threads_trains_two_stacks_at_once_and_the_same_checkpoints(tmp_path, monkeypatch):
     """On a CPU one process trains a stack per torch thread, each on a thread of its own; each
     seed's checkpoint is the one of a process with one thread, to the bit."""
@@ -192,7 +217,7 @@ def test_a_process_with_two_threads_trains_two_stacks_at_once_and_the_same_check
         for threads in (1, 2):
             torch.set_num_threads(threads)
             exp = Experiment(compose_config([f"store={tmp_path / str(threads)}", *common]))
-            assert zoo.stacks_at_once(exp, exp.zoo_trainer) == threads
+            assert zoo.stacks_at_once(exp.zoo_trainer) == exp.zoo_trainer.stacks == threads
             with exp.backends():
                 summary = run_zoo(exp, SeedRange("reference", 0, 9))
             assert sorted(summary.trained + summary.failed) == list(range(9))

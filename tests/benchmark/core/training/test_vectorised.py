@@ -151,6 +151,8 @@ def test_memory_sizes_the_stack(exp, monkeypatch):
     fit, per_network, available = networks_that_fit(template, (1, 28, 28), 32, torch.device("cpu"))
     assert available == 2**30 and 100_000 < per_network < 2_000_000
     assert fit == int((0.5 * 2**30 - 4 * 2**22) // per_network)
+    two, _, _ = networks_that_fit(template, (1, 28, 28), 32, torch.device("cpu"), stacks=2)  # two stacks share the half
+    assert two == int((0.25 * 2**30 - 4 * 2**22) // per_network) and 2 * two * per_network <= 0.5 * 2**30
 
 
 def test_a_subset_of_the_training_set_stacks_like_the_same_images_in_memory(exp):
