@@ -1,17 +1,18 @@
-"""The README's import recipes ("Importing the released zoos"), run line by line on tiny archives in
-the released format (float16 safetensors, TorchUncertainty's key names, as torch-uncertainty's
+"""The import recipes of the released zoos (README's "Importing the released zoos": MNIST;
+docs/import.md's "The released ResNet-18 zoos"), run line by line on tiny archives in the released
+format (float16 safetensors, TorchUncertainty's key names, as torch-uncertainty's
 ``to_hub_format.py`` writes them), each to Table 1.
 
-Every line of each README block runs as written, in a working folder where the archives lie where
+Every line of each block runs as written, in a working folder where the archives lie where
 ``hf download`` puts them (the download itself is the one line not run: its paths are checked
 against the fixture's): the shell lines (``mkdir``, ``tar``, a ``for`` loop) through bash, the
 ``python -m benchmark`` lines in this process with the data folder and the counts scaled down
 (``zoo_import.limit``/``zoo_import.skip``) and a few overrides appended for speed (a narrow
-ResNet-18, one repetition, Deep Ensembles only). The counts the README names are checked against
+ResNet-18, one repetition, Deep Ensembles only). The counts the recipes name are checked against
 the experiment configs first: the reference size, and the held-out count the sample stage reads.
 
 The held-out range of each tiny run is larger than the count imported, as in the real configs
-(e.g. mnist_optunet's 400 seeds against 300 imported): the sample stage must use exactly the
+(e.g. mnist_optunet's 360 seeds against 300 imported): the sample stage must use exactly the
 imported held-out networks, and nothing is trained.
 
 The fixture networks are function-preserving variants (random permutations and positive scalings,
@@ -61,15 +62,19 @@ def heldout_count() -> int:
     return Design(1, 2, 2).reach
 
 
+RECIPE_SECTIONS = (("README.md", "## Importing the released zoos"), ("docs/import.md", "## The released ResNet-18 zoos"))
+"""Where the recipes are: MNIST's in the README, the ResNet-18s' in docs/import.md."""
+
+
 def readme_recipes() -> dict[str, list[str]]:
-    """Experiment -> the lines (continuations joined) of its bash block in README's import section."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("## Importing the released zoos", 1)[1].split("\n## ", 1)[0]
+    """Experiment -> the lines (continuations joined) of its bash block in the recipe sections (``RECIPE_SECTIONS``)."""
     recipes = {}
-    for block in re.findall(r"```bash\n(.*?)```", section, re.S):
-        lines = block.replace("\\\n", " ").splitlines()
-        experiment = re.search(r"\((\w+)\)", lines[0]).group(1)
-        recipes[experiment] = [" ".join(line.split()) for line in lines[1:] if line.strip()]
+    for page, heading in RECIPE_SECTIONS:
+        section = (REPO / page).read_text().split(heading, 1)[1].split("\n## ", 1)[0]
+        for block in re.findall(r"```bash\n(.*?)```", section, re.S):
+            lines = block.replace("\\\n", " ").splitlines()
+            experiment = re.search(r"\((\w+)\)", lines[0]).group(1)
+            recipes[experiment] = [" ".join(line.split()) for line in lines[1:] if line.strip()]
     return recipes
 
 
