@@ -106,6 +106,33 @@ def test_the_experiments_listed_exist():
     assert listed == {p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")}
 
 
+def quoted_tables(text: str) -> list[list[str]]:
+    """The Table 1 blocks quoted in ``text``: runs of Markdown table lines whose header starts ``| Experiment``."""
+    blocks, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("| Experiment"):
+            block = [line]
+            for nxt in lines[i + 1:]:
+                if not nxt.startswith("|"):
+                    break
+                block.append(nxt)
+            blocks.append(block)
+    return blocks
+
+
+def stale_tables(text: str, committed: list[list[str]]) -> list[str]:
+    """First rows of the Table 1 blocks of ``text`` that are not, line for line, one of ``committed``'s."""
+    return [block[2] for block in quoted_tables(text) if block not in committed]
+
+
+def test_the_readme_quotes_the_committed_tables():
+    committed = [quoted_tables(text_of(p))[0] for p in sorted((REPO / "results").glob("*/table1.md"))]
+    assert len(quoted_tables(text_of(README))) >= 2  # digits and MNIST: the scan finds them
+    assert stale_tables(text_of(README), committed) == []
+    planted = text_of(README).replace("| 60.5 ± 3.1 |", "| 60.4 ± 3.1 |", 1)
+    assert len(stale_tables(planted, committed)) == 1
+
+
 @pytest.mark.parametrize("path", ["studies/check_sghmc.py", "studies/recipe_digits.py", "studies/hmc_unit.py",
                                   "studies/sghmc_stationarity.py", "studies/hmc_within_start.py"])
 def test_each_study_says_its_question_and_last_result(path):
