@@ -8,6 +8,7 @@ settings and mode) before any work starts.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import shutil
@@ -16,12 +17,13 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -103,6 +105,25 @@ def _hydra_main(cfg: DictConfig) -> None:
         sys.exit(1)
 
 
+def sweep_runs(overrides: Sequence[Override]) -> Iterator[list[str]]:
+    """The overrides of each job of a ``-m`` sweep of the parsed command-line ``overrides``, in
+    the order Hydra's basic sweeper runs them: the cartesian product of every key's values (a
+    discrete sweep, ``a=1,2`` or ``range(2)``, gives one per value; a key given twice keeps its
+    place and its last value), lazily. Built on Hydra's public ``Override`` API (what the basic
+    sweeper itself expands a sweep with), so no private Hydra module is imported. An interval
+    sweep, which the basic sweeper cannot run, raises ``HydraException``."""
+    per_key: dict[str, list[str]] = {}
+    for override in overrides:
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            per_key[key] = [f"{key}={override.get_value_element_as_str()}"]
+        elif override.is_discrete_sweep():
+            per_key[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        else:
+            raise HydraException(f"BasicSweeper does not support sweep type : {override.value_type.name}")
+    return (list(run) for run in itertools.product(*per_key.values()))
+
+
 def check_command_line(argv: Sequence[str]) -> str | None:
     """Compose the config of every run the command line asks for; the first problem as one line.
 
@@ -114,12 +135,7 @@ def check_command_line(argv: Sequence[str]) -> str | None:
     overrides = [a for a in argv if not a.startswith("-")]
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
-        if multirun:
-            from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-            runs = BasicSweeper.split_arguments(parsed, max_batch_size=None)[0][:MAX_CHECKED_SWEEP]
-        else:
-            runs = [overrides]
+        runs = itertools.islice(sweep_runs(parsed), MAX_CHECKED_SWEEP) if multirun else [overrides]
         for run_overrides in runs:
             Experiment(compose_config(run_overrides))
     except (HydraException, OmegaConfBaseException) as err:
@@ -140,10 +156,9 @@ def check_slurm_request(argv: Sequence[str]) -> str | None:
     overrides = [a for a in argv if not a.startswith("-")]
     try:
         from hydra import compose, initialize_config_dir
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
         register_configs()
-        first = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(overrides), max_batch_size=1)[0][0]
+        first = next(sweep_runs(OverridesParser.create().parse_overrides(overrides)))
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             launcher = compose(config_name="config", overrides=list(first), return_hydra_config=True).hydra.launcher
     except Exception:  # noqa: BLE001 (Hydra reports a bad command line itself)

@@ -40,11 +40,22 @@ alone (``metrics.mmd.reference_bandwidths``), so that rows are on one scale. Onl
 (the statistic Table 1, Table 3 and the claims rank rows by): the question these columns answer
 is whether that ranking depends on per-row bandwidths.
 
+``energy``/``ns_energy``: the energy coefficient of the raw and symmetry-free weights
+(``metrics.mmd.energy``: the distance kernel's MMD, which has no bandwidth to follow the sample, so a
+sample of copies of one network does not sit at a ceiling as the Gaussian and Laplace MMDs do), per
+layer, then the mean over layers weighted by parameter count; unitless, 0 for the reference's own
+distribution; NaN in older files.
+
 ``results/<experiment>/repetitions.csv``: the numbers behind each metrics.csv row, one row per
 (experiment, method, mode, reference, repetition): the repetition's base seeds (space-separated, empty when
 unknown, e.g. an external sample set), its status, every measured column, ``<column>_ref_sd``
 for the MMD columns (the reference zoo's standard error from its halves; first repetition only,
 NaN elsewhere) and the test columns. The paired comparisons of the findings read it.
+
+``results/<experiment>/layers.csv``: the layers behind the first repetition of each row (the one
+scored in full): per (experiment, method, mode, reference, form, layer) its ``n_params`` and the
+median, mean and max over the 20 kernels and the energy coefficient (raw, unscaled), for the
+diagnostics' per-layer table.
 
 ``reference`` (the column): the name of the reference the row was scored against (a registered
 reference, ``benchmark.references``): ``zoo`` (every run: the
@@ -77,10 +88,14 @@ TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mod
 COUNT_COLUMNS = ["n_samples", "n_repetitions", "n_reference", "ess", "stationary"]
 REFERENCE_COLUMNS = ["reference_potential_p05", "reference_potential_median", "reference_potential_p95",
                      "reference_train_acc", "reference_potential_n"]
-ADDED_COLUMNS = ("n_reference", "ess", "stationary", *REFERENCE_COLUMNS)  # absent from older metrics.csv files: read as NaN
+ENERGY_COLUMNS = ("energy", "ns_energy")
+ADDED_COLUMNS = ("n_reference", "ess", "stationary", *REFERENCE_COLUMNS, *ENERGY_COLUMNS,
+                 *(f"{c}_hw" for c in ENERGY_COLUMNS))  # absent from older metrics.csv files: read as NaN
+ADDED_REPETITION_COLUMNS = (*ENERGY_COLUMNS, *(f"{c}_ref_sd" for c in ENERGY_COLUMNS))  # absent from older repetitions.csv: NaN
 ADDED_TEXT_COLUMNS = ("reference_config_hash", "reference_recipe")  # absent from older files: read as ""
 MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max",
-               "wm_mmd_median", "wm_mmd_mean", "wm_mmd_max", "mmd_shared_median", "ns_mmd_shared_median"]
+               "wm_mmd_median", "wm_mmd_mean", "wm_mmd_max", "mmd_shared_median", "ns_mmd_shared_median",
+               "energy", "ns_energy"]
 METRIC_COLUMNS = ["acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv"]
 MEASURED = MMD_COLUMNS + METRIC_COLUMNS  # the columns that get an interval
 TEST_COLUMNS = ["mmd_reject", "ns_mmd_reject"]
@@ -130,6 +145,39 @@ REPETITION_COLUMNS: list[str] = (["experiment", "method", "mode", "reference", "
                                   "n_samples"]
                                  + MEASURED + [reference_sd(c) for c in MMD_COLUMNS] + TEST_COLUMNS)
 REPETITION_VALUE_COLUMNS = [c for c in REPETITION_COLUMNS if c not in REPETITION_TEXT_COLUMNS + ["repetition"]]
+
+
+LAYER_COLUMNS = ["experiment", "method", "mode", "reference", "form", "layer", "n_params", "median", "mean", "max",
+                 "energy"]
+
+
+def layers_path(results_dir: Path) -> Path:
+    """The per-layer numbers beside ``metrics_path``: ``layers.csv``."""
+    return Path(results_dir) / "layers.csv"
+
+
+def layer_rows(row: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The layers.csv rows of one metrics row (``row``: its keys) from the per-layer ``records`` of
+    its first repetition (``metrics.row.Scored.numbers``)."""
+    return [{**{k: row[k] for k in KEY_COLUMNS}, **{c: record.get(c, math.nan) for c in LAYER_COLUMNS[4:]}}
+            for record in records]
+
+
+def write_layers(rows: list[dict], path: Path) -> pd.DataFrame:
+    """Write ``rows`` (keyed by ``LAYER_COLUMNS``) to ``path`` atomically; return the frame."""
+    frame = pd.DataFrame(rows, columns=LAYER_COLUMNS)
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False, float_format="%.8g")
+    return frame
+
+
+def read_layers(path: Path) -> pd.DataFrame:
+    """layers.csv at ``path``; ``ValueError`` naming a missing column."""
+    frame = pd.read_csv(path)
+    missing = [c for c in LAYER_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}; expected benchmark.results.LAYER_COLUMNS")
+    return frame[LAYER_COLUMNS]
 
 
 def write_metrics(rows: list[dict], path: Path) -> pd.DataFrame:
@@ -193,6 +241,8 @@ def check_repetitions(frame: pd.DataFrame, source: str = "repetitions.csv") -> p
     """Validate a repetitions frame (columns, statuses, modes, references named, repetition numbers
     >= 0, base seeds, unique (experiment, method, mode, reference, repetition) keys, numeric values); return it with typed
     columns (``repetition`` int64). Errors name ``source`` and the column."""
+    if isinstance(frame, pd.DataFrame):  # columns added later: NaN in older files
+        frame = frame.assign(**{c: math.nan for c in ADDED_REPETITION_COLUMNS if c not in frame.columns})
     if isinstance(frame, pd.DataFrame) and "repetition" in frame.columns:
         numbers = pd.to_numeric(frame["repetition"], errors="coerce")
         bad = frame.loc[~(numbers.notna() & (numbers >= 0) & (numbers == numbers.round())), "repetition"]

@@ -23,7 +23,9 @@ What you give:
 What you get: ``Scored``: ``row``, metrics.csv's numbers of one repetition (``n_samples`` and
 ``metrics.predictive.predictive_metrics``' columns with agreement and TV against the reference's
 predictive; ``{form}_{median,mean,max}`` for ``form`` in ``mmd``, ``ns_mmd``, ``wm_mmd`` (NaN
-without an aligned form), each with ``_ref_sd`` under resampling; ``mmd_reject`` and
+without an aligned form), each with ``_ref_sd`` under resampling; ``energy`` and ``ns_energy``, the
+parameter-weighted energy coefficient of the raw and symmetry-free forms (``metrics.mmd.energy``:
+the distance kernel's MMD, no bandwidth), with ``_ref_sd`` under resampling; ``mmd_reject`` and
 ``ns_mmd_reject`` under a test; ``{form}_shared_median`` (and its ``_ref_sd``) with shared
 grids); ``results``: each form's ``metrics.mmd.MMDResult`` (per layer and kernel).
 """
@@ -38,8 +40,12 @@ import torch
 
 from metrics.mmd import MMDResult, PermutationTestConfig, ReferenceResampling, mmd
 from metrics.mmd.sources import Source, as_column_source
-from metrics.mmd.table import SUMMARIES  # the summaries over a layer's kernels each MMD column is given in
+from metrics.mmd.table import ENERGY, SUMMARIES  # the summaries over a layer's kernels each MMD column is given in
 from metrics.predictive import predictive_metrics
+
+
+PER_LAYER = "per_layer"
+"""The key of ``Scored.numbers`` holding the per-layer records (not a metrics.csv column)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,14 @@ class Scored:
 
     row: dict[str, Any]
     results: dict[str, MMDResult] = field(repr=False)
+
+    def numbers(self, with_layers: bool) -> dict[str, Any]:
+        """``row``, and with ``with_layers`` also ``per_layer``: the records of ``layers()`` (form,
+        layer, n_params, median, mean, max, energy), as the evaluate stage caches a repetition."""
+        if not with_layers:
+            return dict(self.row)
+        columns = ["form", "layer", "n_params", *SUMMARIES, ENERGY]
+        return {**self.row, PER_LAYER: self.layers()[columns].to_dict("records")}
 
     def layers(self) -> pd.DataFrame:
         """Per layer (``layer``, ``n_params``) and form (``form``: ``mmd``, ``ns_mmd``, ``wm_mmd``), the
@@ -111,6 +125,11 @@ def score_row(reference: Forms, samples: Forms, options: ScoreOptions,
             row[f"{form}_{name}"] = result.aggregate[name]
             if result.resampled:
                 row[f"{form}_{name}_ref_sd"] = float(result.resampled[name].std())
+        if form != "wm_mmd":
+            column = ENERGY if form == "mmd" else f"ns_{ENERGY}"
+            row[column] = result.aggregate[ENERGY]
+            if ENERGY in result.resampled:
+                row[f"{column}_ref_sd"] = float(result.resampled[ENERGY].std())
         if options.permutation_test is not None and form != "wm_mmd":
             row[f"{form}_reject"] = result.reject_fraction
         if result.shared is not None:

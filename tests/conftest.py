@@ -47,13 +47,13 @@ def compose_config(overrides: list[str]) -> DictConfig:
     return config.compose_config(lean(overrides))
 
 
-ALL_BASELINES = "evaluate.baselines=[prior,init,gaussian,gaussian_ns,second_zoo]"
+ALL_BASELINES = "evaluate.baselines=[prior,init,gaussian,gaussian_ns,second_zoo,copies,copies_multi]"
 """The override that keeps every baseline row in a test (the project's default, which ``lean`` drops)."""
 
 
 def lean(overrides: list[str]) -> list[str]:
     """``overrides`` for a test: ``uniform_repetitions``, and ``evaluate.baselines=[]`` unless they
-    name ``evaluate.baselines``. The five baseline rows are scored like five more methods in every
+    name ``evaluate.baselines``. The seven baseline rows are scored like seven more methods in every
     evaluate run (most of a tiny store's evaluate time); tests/benchmark/test_baselines.py and the
     end-to-end tests that pass ``ALL_BASELINES`` check them, tests of other things need not pay."""
     out = uniform_repetitions(overrides)

@@ -22,6 +22,8 @@ of this package is imported and every subclass with a ``name`` registered (``dis
 - ``second_zoo``: converged networks of the reference's own recipe that are not in it: repetition
   k's block of ``seeds.heldout`` (the networks Deep Ensembles' repetition k uses as members):
   the noise floor of the measure.
+- ``copies`` and ``copies_multi``: exact copies of repetition k's one-mode base (one mode) or of its
+  ``sample.modes_multi`` multi-mode bases: samples with no spread, the ceiling of the measure.
 
 The draws are a pure function of the baseline, the repetition and the reference, so the
 evaluate stage caches their numbers like a method's (keyed by these inputs and the source).

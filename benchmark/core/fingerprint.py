@@ -10,7 +10,11 @@ while a change to any statement of any module on the path does. ``from package i
 counts only the submodule that defines ``name`` (a package's ``__init__`` re-exports are
 followed), so a fix in ``methods/swag.py`` does not touch the fingerprint of the dropout samples.
 
-The library versions (``library_versions``) go into every key beside the fingerprint.
+Every key also holds Python's version and the versions of exactly the distributions its modules
+import (``library_versions``): each module's top-level third-party imports, function-level ones
+included, mapped to their distributions (``importlib.metadata.packages_distributions``). A library
+enters a key only when a module the key hashes imports it, so its upgrade recomputes what that
+code computes and nothing else.
 
 Two kinds of key, so that no module can be missed silently:
 
@@ -51,8 +55,8 @@ SOURCE_EXCLUDED = ("benchmark.references.*.report", "benchmark.references.*.figu
 dotted names): a reference's report and figure hooks (``Reference.hooks``: its table, findings
 section and figure), which read metrics.csv and never compute a cached number, so that editing
 them recomputes no cache. The reference's own module (its scoring) stays in."""
-LIBRARIES = ("torch", "torchvision", "numpy", "scipy", "safetensors", "laplace-torch", "blitz-bayesian-pytorch",
-             "cvxpy", "numba")
+PROJECT = frozenset(package.split(".")[0] for package in SOURCE_PACKAGES)
+"""The project's top-level packages: never a library, wherever they are read from."""
 
 
 def stable_hash(payload: Any, length: int = 16) -> str:
@@ -62,17 +66,64 @@ def stable_hash(payload: Any, length: int = 16) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
+def library_versions(modules: Iterable[str] | None = None) -> dict[str, str]:
+    """Python's version and, by distribution name, the versions of the distributions ``modules``
+    import (``libraries``; default: every module of ``source_modules``, what ``source_fingerprint``
+    hashes); ``"absent"`` for an imported name that no installed distribution provides. What every
+    key holds beside its code, and what stored metadata records."""
+    root = SOURCE_ROOT
+    modules = source_modules(root) if modules is None else modules
+    return {"python": platform.python_version(), **distribution_versions(libraries(modules, root))}
+
+
+def distribution_versions(names: Iterable[str]) -> dict[str, str]:
+    """Distribution name -> version of the distributions that provide the top-level import
+    ``names`` (``sklearn`` -> ``scikit-learn``); a name no installed distribution provides counts
+    as itself, ``"absent"``."""
+    provided = _packages_distributions()
+    versions = {}
+    for name in names:
+        for distribution in provided.get(name, [name]):
+            versions[distribution] = _version(distribution)
+    return dict(sorted(versions.items()))
+
+
 @functools.lru_cache(maxsize=1)
-def library_versions() -> dict[str, str]:
-    """Python's version and those of the numerical libraries results depend on (``LIBRARIES``;
-    ``"absent"`` for one that is not installed). Recorded in every stored file's metadata."""
-    versions = {"python": platform.python_version()}
-    for name in LIBRARIES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    return versions
+def _packages_distributions() -> dict[str, list[str]]:
+    return {name: sorted(set(found)) for name, found in importlib.metadata.packages_distributions().items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def libraries(modules: Iterable[str], root: Path | None = None) -> set[str]:
+    """The top-level names of the third-party modules that ``modules`` (project modules under
+    ``root``, default ``SOURCE_ROOT``, or loaded root modules) import, function-level imports
+    included: neither the standard library's nor the project's."""
+    root = root or SOURCE_ROOT
+    found: set[str] = set()
+    for name in modules:
+        path = _root_file(name, root)
+        if path is not None:
+            found |= _libraries_at(root, _stamp(path))
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _libraries_at(root: Path, stamp: tuple[Path, int, int]) -> frozenset[str]:
+    found = set()
+    for node in ast.walk(_parsed_at(stamp)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return frozenset(name for name in found if name != "__future__" and name not in sys.stdlib_module_names
+                     and name not in PROJECT and module_file(name, root) is None)
 
 
 def _within(name: str, prefixes: Iterable[str]) -> bool:
@@ -232,26 +283,28 @@ def source_modules(root: Path | None = None) -> list[str]:
 
 def source_fingerprint() -> str:
     """Hex digest of every module of ``source_modules`` (docstrings left out, keyed by dotted
-    name: no path) and of ``library_versions``: the key of the cheap caches, which any edit of the
-    computational source recomputes."""
+    name: no path) and of ``library_versions`` of those modules (the distributions they import):
+    the key of the cheap caches, which any edit of the computational source recomputes."""
     root = SOURCE_ROOT
+    modules = source_modules(root)
     digest = hashlib.sha256()
-    for name in source_modules(root):
+    for name in modules:
         digest.update(name.encode())
         digest.update(_module_digest(module_file(name, root)).encode())
-    digest.update(json.dumps(library_versions(), sort_keys=True).encode())
+    digest.update(json.dumps(library_versions(modules), sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
 def code_fingerprint(roots: tuple[str, ...]) -> str:
     """Hex digest of the code of ``roots`` (module or package names) and of the computational
     modules they import, transitively (``closure``), docstrings left out, each named by its dotted
-    name (no path); then ``library_versions``. The sources are read under ``SOURCE_ROOT``, again
-    whenever one changes on disk."""
+    name (no path); then ``library_versions`` of those modules (the distributions they import).
+    The sources are read under ``SOURCE_ROOT``, again whenever one changes on disk."""
     root = SOURCE_ROOT
+    modules = closure(tuple(roots), root)
     digest = hashlib.sha256()
-    for name in closure(tuple(roots), root):
+    for name in modules:
         digest.update(name.encode())
         digest.update(_module_digest(_root_file(name, root)).encode())
-    digest.update(json.dumps(library_versions(), sort_keys=True).encode())
+    digest.update(json.dumps(library_versions(modules), sort_keys=True).encode())
     return digest.hexdigest()[:16]

@@ -341,10 +341,10 @@ class Reference(ABC):
         """The numbers of a sample set ``{key: [S, ...]}`` and its predictions (``{"id": [S, N, C],
         "ood": [S, M, C]}``) against this reference (``metrics.row.score_row``: the predictive metrics
         against its predictive, raw, NS and WM MMD, and with ``full`` the ``*_ref_sd`` and ``*_reject``
-        columns). ``weight_matching=False`` leaves the WM columns NaN even where the reference has an
+        columns and the per-layer records, ``metrics.row.Scored.numbers``). ``weight_matching=False`` leaves the WM columns NaN even where the reference has an
         anchor (the baselines: matching their draws to the anchor costs more than the rest of their
         numbers, and they are not ranked by it). ``path``: the file ``samples`` were read from (a
         streamed reference reads it in column blocks)."""
         matching = self.anchor_seed is not None and weight_matching
         forms = Forms(samples, self.canonicalize(samples), self.align(samples) if matching else None)
-        return score_row(self.forms(weight_matching), forms, self.options(full), preds, self.exp.test_tensors[1]).row
+        return score_row(self.forms(weight_matching), forms, self.options(full), preds, self.exp.test_tensors[1]).numbers(full)

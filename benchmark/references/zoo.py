@@ -273,7 +273,7 @@ class ZooReference(Reference):
             if matching:
                 save_sample_set(own[2], self.align(samples), {"experiment": self.exp.name})
             forms = Forms(SampleSetFile(path or own[0]), SampleSetFile(own[1]), SampleSetFile(own[2]) if matching else None)
-            return self._healing(lambda: score_row(self.forms(weight_matching), forms, options, preds, labels)).row
+            return self._healing(lambda: score_row(self.forms(weight_matching), forms, options, preds, labels)).numbers(full)
         finally:
             for file in own:
                 file.unlink(missing_ok=True)

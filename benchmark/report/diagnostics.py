@@ -15,6 +15,7 @@ import pandas as pd
 from benchmark.core.store import CheckpointMetadata, SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import available_rows, row_units
+from benchmark.results import layers_path, metrics_path, read_layers, read_metrics, rows_against
 from metrics.mcmc import chain_ess, split_rhat
 
 CHAIN_METHODS = ("sghmc", "sghmc_sa", "hmc")  # rows whose samples are Markov-chain states
@@ -192,10 +193,48 @@ def render(frame: pd.DataFrame, experiment: str) -> str:
     return "\n".join(lines)
 
 
+PER_LAYER_TEXT = (
+    "Per layer, first repetition, against the zoo: the MMD (median over the 20 kernels) and the energy coefficient "
+    "(Energy), x100, of every one-mode row and every baseline; the row's MMD and Energy in Table 1 are these "
+    "weighted by the layers' parameter counts (in the header). A layer where a one-mode row sits near the "
+    "Copies of the base row is one where its samples barely leave their base."
+)
+
+
+def per_layer_section(layers: pd.DataFrame, metrics: pd.DataFrame) -> list[str]:
+    """Markdown lines: for the raw and the symmetry-free form, one table of the one-mode and
+    baseline rows (``layers``: layers.csv's rows against the zoo; labels from ``metrics``) with a
+    column per layer, ``MMD / Energy`` x100; empty when there are none."""
+    picked = layers[layers["mode"].isin(["one", "baseline"])]
+    if picked.empty:
+        return []
+    labels = {(r.method, r.mode): r.method_label for r in metrics.itertuples()}
+    lines = ["## Per layer: one-mode rows and baselines", "", PER_LAYER_TEXT, ""]
+    for form, title in (("mmd", "Raw weights"), ("ns_mmd", "Symmetries removed (NS)")):
+        rows = picked[picked["form"] == form]
+        if rows.empty:
+            continue
+        order = list(dict.fromkeys(rows["layer"]))
+        params = rows.drop_duplicates("layer").set_index("layer")["n_params"]
+        body = []
+        for (method, mode), group in rows.groupby(["method", "mode"], sort=False):
+            cells = group.set_index("layer")
+            body.append({"Method": labels.get((method, mode), method), "Mode": mode,
+                         **{f"{layer} ({int(params[layer])})": f"{100 * cells.at[layer, 'median']:.1f} / "
+                            f"{100 * cells.at[layer, 'energy']:.1f}" if layer in cells.index else "" for layer in order}})
+        lines += [f"### {title}: MMD / Energy per layer (parameters)", "", pd.DataFrame(body).to_markdown(index=False), ""]
+    return lines
+
+
 def write(exp: Experiment, out_dir: Path) -> list[Path]:
-    """Write ``diagnostics.csv`` and ``diagnostics.md`` into ``out_dir``; return their paths."""
+    """Write ``diagnostics.csv`` and ``diagnostics.md`` into ``out_dir`` (with the per-layer tables
+    of ``layers.csv`` when the evaluate stage wrote it there); return their paths."""
     frame = collect(exp)
     paths = [out_dir / "diagnostics.csv", out_dir / "diagnostics.md"]
     atomic_write_text(paths[0], frame.to_csv(index=False, float_format="%.6g"))
-    atomic_write_text(paths[1], render(frame, exp.display_name))
+    text = render(frame, exp.display_name)
+    if layers_path(out_dir).is_file() and metrics_path(out_dir).is_file():
+        layers = rows_against(read_layers(layers_path(out_dir)), "zoo")
+        text += "\n" + "\n".join(per_layer_section(layers, rows_against(read_metrics(metrics_path(out_dir)), "zoo")))
+    atomic_write_text(paths[1], text)
     return paths

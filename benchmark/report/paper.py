@@ -136,7 +136,21 @@ def covers(experiment: str) -> bool:
     return experiment in TABLE1
 
 
-def comparison(metrics: pd.DataFrame, experiment: str) -> pd.DataFrame:
+MMD_SOURCES = frozenset(source for sources in (TABLE1_SOURCES, TABLE2_SOURCES) for source in sources.values()
+                        if str(source).startswith(("mmd_", "ns_mmd_")))
+"""The metrics.csv columns of the cells that get ours ÷ L beside them (the MMD cells)."""
+
+LAYER_SCALE_TEXT = (
+    "Beside each of our MMD cells, `(÷L: x)` is ours divided by L, the model's number of parameter layers: the scale "
+    "the paper's printed MMDs are consistent with. Under the definition its text gives (the parameter-weighted mean "
+    "over layers), a one-mode sample of near-copies of its base cannot score below about 56 x100 on OptuNet (the "
+    "Copies of the base row of table1.md), yet the paper prints 10.6-18.8; a mean over layers of parameter-weighted "
+    "values (their sum divided by L) would give exactly ours ÷ L. That mechanism is suspected, not known: no released "
+    "code of the authors aggregates over layers, and the ResNet tables do not fit one constant (docs/numbers.md)."
+)
+
+
+def comparison(metrics: pd.DataFrame, experiment: str, layers: int | None = None) -> pd.DataFrame:
     """Every cell of the paper's Tables 1 and 2 for ``experiment`` beside ours, one row per cell.
 
     ``metrics``: a metrics.csv frame (rows against the zoo). Columns: ``table`` (1 or 2),
@@ -144,7 +158,11 @@ def comparison(metrics: pd.DataFrame, experiment: str) -> pd.DataFrame:
     or Table 2's "MMD median" etc.), ``paper``, ``ours`` and ``half_width`` (x100, as printed;
     NaN where unknown), ``status`` (ours: ok or failed; "absent" when the row is not in
     ``metrics``), ``difference`` (ours - paper) and ``inside`` (the paper's value within ours ±
-    half-width; None without a paper value, a value of ours or a half-width)."""
+    half-width; None without a paper value, a value of ours or a half-width); ``per_layer``: for an
+    MMD cell, ours ÷ ``layers`` (the model's parameter layers; NaN for the other cells and without
+    ``layers``)."""
+    if layers is not None and layers < 1:
+        raise ValueError(f"paper.comparison: layers={layers}, expected the model's number of parameter layers (>= 1)")
     ours = metrics[metrics["experiment"] == experiment].set_index(["method", "mode"])
     cells = []
     for table, columns, values, sources in (
@@ -164,9 +182,11 @@ def comparison(metrics: pd.DataFrame, experiment: str) -> pd.DataFrame:
                     paper = np.nan if paper is None else paper
                     difference = value - paper
                     inside = bool(abs(difference) <= width) if np.isfinite(difference) and np.isfinite(width) else None
+                    per_layer = value / layers if layers and source in MMD_SOURCES else np.nan
                     cells.append(dict(table=table, mode=mode, paper_method=label, method=method,
                                       column=column if isinstance(column, str) else " ".join(column), paper=paper,
-                                      ours=value, half_width=width, status=status, difference=difference, inside=inside))
+                                      ours=value, half_width=width, status=status, difference=difference, inside=inside,
+                                      per_layer=per_layer))
     return pd.DataFrame(cells)
 
 
@@ -180,17 +200,22 @@ def _cell(cell: pd.Series) -> str:
     else:
         ours = f"{cell['ours']:.1f} ± " + ("n/a" if np.isnan(cell["half_width"]) else f"{cell['half_width']:.1f}")
     text = f"{paper} / {ours}"
-    return f"**{text}**" if pd.notna(cell["inside"]) and not cell["inside"] else text
+    text = f"**{text}**" if pd.notna(cell["inside"]) and not cell["inside"] else text
+    if pd.notna(cell.get("per_layer", np.nan)):
+        text += f" (÷L: {cell['per_layer']:.1f})"
+    return text
 
 
-def render(cells: pd.DataFrame, experiment: str) -> str:
+def render(cells: pd.DataFrame, experiment: str, layers: int | None = None) -> str:
     """``paper.md``: both tables, a cell ``paper / ours ± half-width`` (bold: the paper's value is
-    outside our interval), then the count of such cells."""
+    outside our interval; MMD cells with ours ÷ ``layers`` beside them), then the count of such cells."""
     lines = [f"# {experiment}: the paper's numbers beside ours", "",
              f"Source: {SOURCE}: one run, printed without an interval. Ours: the mean over our repetitions ± the "
              "half-width of its 95% t-interval (table1.md's caption says how it is made). Every value x100, as "
              "printed. A cell reads `paper / ours ± half-width`; **bold**: the paper's value lies outside our "
              "interval. The paper's SGHMC is set beside both of ours; its DE is our Deep Ensembles.", ""]
+    if layers:
+        lines += [LAYER_SCALE_TEXT.replace("L, the model's", f"L = {layers}, the model's"), ""]
     if experiment in DISAGREEMENTS:
         lines += [f"The paper's two tables disagree here: {DISAGREEMENTS[experiment]}.", ""]
     for table, title in ((1, "Table 1"), (2, "Table 2 (median, mean and maximum over the kernels' layer MMDs)")):
@@ -208,13 +233,14 @@ def render(cells: pd.DataFrame, experiment: str) -> str:
     return "\n".join(lines)
 
 
-def write(metrics: pd.DataFrame, experiment: str, out_dir: Path) -> list[Path]:
-    """``paper.md`` and ``paper.csv`` (the cells of ``comparison``) in ``out_dir`` when the paper covers
-    ``experiment``; the paths written (none otherwise)."""
+def write(metrics: pd.DataFrame, experiment: str, out_dir: Path, layers: int | None = None) -> list[Path]:
+    """``paper.md`` and ``paper.csv`` (the cells of ``comparison``; ``layers``: the model's
+    parameter layers, for the ÷ L cells) in ``out_dir`` when the paper covers ``experiment``; the
+    paths written (none otherwise)."""
     if not covers(experiment):
         return []
-    cells = comparison(metrics, experiment)
+    cells = comparison(metrics, experiment, layers)
     out_dir = Path(out_dir)
-    atomic_write_text(out_dir / "paper.md", render(cells, experiment))
+    atomic_write_text(out_dir / "paper.md", render(cells, experiment, layers))
     atomic_write_text(out_dir / "paper.csv", cells.to_csv(index=False))
     return [out_dir / "paper.md", out_dir / "paper.csv"]

@@ -70,9 +70,10 @@ from benchmark.inventory import (
 from benchmark.inventory.actions import reap_results_litter
 from benchmark.references import REFERENCES, ZOO_ROW, Reference, ZooReference, evaluated, problems as reference_problems
 from benchmark.results import (
-    LEGACY_FILES, MEASURED, MMD_COLUMNS, half_width, metrics_path, repetition_rows, repetitions_path, write_metrics,
-    write_repetitions,
+    LEGACY_FILES, MEASURED, MMD_COLUMNS, half_width, layer_rows, layers_path, metrics_path, repetition_rows,
+    repetitions_path, write_layers, write_metrics, write_repetitions,
 )
+from metrics.row import PER_LAYER
 from metrics.uncertainty import interval
 
 log = logging.getLogger(__name__)
@@ -186,12 +187,15 @@ def run(exp: Experiment) -> pd.DataFrame:
     if problems:
         raise problems[0][0](" | ".join(message for _, message in problems))
     zoo = ZooReference(exp)
-    out, per_repetition = [], []
+    out, per_repetition, per_layer = [], [], []
     for name in evaluated(exp):
-        got, got_repetitions = _score_against(exp, units, zoo, zoo if name == zoo.name else REFERENCES[name].build(exp))
+        got, got_repetitions, got_layers = _score_against(exp, units, zoo,
+                                                          zoo if name == zoo.name else REFERENCES[name].build(exp))
         out += got
         per_repetition += got_repetitions
+        per_layer += got_layers
     write_repetitions(per_repetition, repetitions_path(exp.results_dir))
+    write_layers(per_layer, layers_path(exp.results_dir))
     path = metrics_path(exp.results_dir)
     frame = write_metrics(out, path)
     log.info("wrote %s (%d rows, against %s)", path, len(frame), " and ".join(evaluated(exp)))
@@ -275,11 +279,12 @@ Rows = list[tuple[dict[str, Any], list[dict[str, Any]], list[int], list[list[int
 
 
 def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], reference: Reference, extra: Rows = ()
-                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Score every unit of ``units`` against ``reference.against(unit)`` and add the ``extra`` rows;
-    return the metrics.csv rows and the repetitions.csv rows (each with ``reference`` = its name)."""
+    return the metrics.csv rows, the repetitions.csv rows and the layers.csv rows (each with
+    ``reference`` = its name)."""
     against = reference.name
-    out, per_repetition = [], []
+    out, per_repetition, per_layer = [], [], []
     bar = tqdm(total=sum(len(u) for u in units.values()), desc=f"evaluate {exp.name} against the {against}",
                unit="repetition", dynamic_ncols=True)
     for (method, mode), row_of in units.items():
@@ -293,11 +298,13 @@ def _score_rows(exp: Experiment, units: dict[tuple[str, str], list[Unit]], refer
         out.append(combine(row, numbers))
         per_repetition += repetition_rows(row, numbers, [int(u.repetition) for u in row_of],
                                           [_base_seeds(exp, u) for u in row_of])
+        per_layer += layer_rows(row, numbers[0].get(PER_LAYER) or [])
     bar.close()
     for row, numbers, repetitions, seeds in extra:
         out.append(combine(row, numbers))
         per_repetition += repetition_rows(row, numbers, repetitions, seeds)
-    return out, per_repetition
+        per_layer += layer_rows(row, numbers[0].get(PER_LAYER) or [])
+    return out, per_repetition, per_layer
 
 
 def _row(exp: Experiment, method: str, label: str, mode: str, ref: Reference) -> dict[str, Any]:
@@ -312,10 +319,10 @@ def _row(exp: Experiment, method: str, label: str, mode: str, ref: Reference) ->
 
 
 def _score_against(exp: Experiment, units: dict[tuple[str, str], list[Unit]], zoo: ZooReference, reference: Reference
-                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Every row against ``reference`` (each unit against ``reference.against(unit)``), the baseline
     rows (drawn from ``zoo``) and, where ``reference.scores_zoo``, the zoo's row (``zoo_blocks``);
-    the metrics.csv and repetitions.csv rows."""
+    the metrics.csv, repetitions.csv and layers.csv rows."""
     health = reference.health()
     if health is not None:
         log.info("%s", health)

@@ -29,6 +29,7 @@ from benchmark.inventory.actions import reap_results_litter
 from benchmark.baselines import BASELINE_MODE
 from benchmark.references import REFERENCES, ZOO, evaluated
 from benchmark.report import diagnostics, findings, paper, write_tables
+from metrics.mmd import group_layers
 from benchmark.results import metrics_path, read_metrics, read_repetitions, repetitions_path, rows_against
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def run(exp: Experiment) -> list[Path]:
     every_repetition = read_repetitions(path)
     metrics, repetitions = rows_against(every_metric, ZOO), rows_against(every_repetition, ZOO)
     written = write_tables(metrics, exp.results_dir)
-    written += paper.write(metrics, exp.name, exp.results_dir)
+    written += paper.write(metrics, exp.name, exp.results_dir, layers=len(group_layers(exp.model().state_dict())))
     written.append(write_zoo_summary(exp, exp.results_dir / "zoo.md"))
     written += diagnostics.write(exp, exp.results_dir)
     sections = []

@@ -1,7 +1,8 @@
 """Layer-wise MMD between a reference sample set X (m samples) and a method's Y (n samples).
 
 Per layer: 20 MMD^2 U-statistics (10 Laplace + 10 Gaussian bandwidths), their median, mean
-and max; for the experiment, the mean over layers of each, weighted by parameter count.
+and max, and the energy coefficient (the distance kernel's MMD, no bandwidth: ``energy.py``); for
+the experiment, the mean over layers of each, weighted by parameter count.
 The entry point is ``mmd(x, y)``: two sources (in-memory sample sets or column sources such
 as the store's files), compared layer by layer in column blocks. ``layer_mmd`` is its
 one-layer step on a stream of aligned column blocks.
@@ -18,6 +19,7 @@ from tqdm import tqdm
 
 from metrics.mmd.bandwidths import bandwidth_grid
 from metrics.mmd.distances import DEFAULT_MAX_CHUNK_ELEMENTS, PairwiseDistances, pairwise_distances
+from metrics.mmd.energy import energy_coefficient, half_sample_energy
 from metrics.mmd.layers import MMDInputError, check_comparable_shapes
 from metrics.mmd.mmdagg import AggregatedTestResult, PermutationTestConfig, aggregated_permutation_test
 from metrics.mmd.sources import Source, as_column_source, layer_columns, zip_column_blocks
@@ -25,6 +27,8 @@ from metrics.mmd.statistic import KERNEL_DISTANCE, KERNELS, half_sample_u_statis
 
 MAX_BANDWIDTH_ROWS = 500
 SUMMARIES = ("median", "mean", "max")
+ENERGY = "energy"
+"""The per-layer column and aggregate key of the energy coefficient (``energy.energy_coefficient``)."""
 
 
 def summarize(values: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -37,7 +41,9 @@ class LayerMMD:
     """MMD of one layer. ``values [20]`` float64: Laplace bandwidths 0..9 then Gaussian 0..9
     (MMD^2 U-statistics, unitless); ``bandwidths``: ``{kernel: [10]}`` in distance units.
     ``resampled [B, 20]``: the same values with the reference replaced by B random halves of
-    itself (drawn without replacement; empty when no resampling was asked)."""
+    itself (drawn without replacement; empty when no resampling was asked). ``energy``: the
+    layer's energy coefficient (unitless, ``energy.energy_coefficient``), ``energy_resampled [B]``
+    the same over the halves."""
 
     layer: str
     n_params: int
@@ -47,6 +53,8 @@ class LayerMMD:
     values: torch.Tensor
     test: AggregatedTestResult | None = None
     resampled: torch.Tensor = field(default_factory=lambda: torch.empty(0, 20, dtype=torch.float64))
+    energy: float = float("nan")
+    energy_resampled: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.float64))
 
     def summary(self) -> dict[str, float]:
         """Median (mean of the two middle values), mean and max of the 20 values."""
@@ -55,9 +63,10 @@ class LayerMMD:
 
 @dataclass(frozen=True)
 class MMDResult:
-    """``per_kernel``: one row per (layer, kernel, bandwidth); ``per_layer``: median/mean/max per
-    layer; ``aggregate``: ``{median, mean, max}`` weighted by ``n_params`` over layers.
-    ``resampled``: the aggregate of each reference half-sample, ``{median, mean, max}: [B]``
+    """``per_kernel``: one row per (layer, kernel, bandwidth); ``per_layer``: median/mean/max and
+    the energy coefficient per layer; ``aggregate``: ``{median, mean, max, energy}`` weighted by
+    ``n_params`` over layers.
+    ``resampled``: the aggregate of each reference half-sample, ``{median, mean, max, energy}: [B]``
     (their spread estimates the standard error due to the finite reference: a half-sample drawn
     without replacement has the variance of the full-sample mean); ``reject_fraction``: the
     fraction of layers whose MMDAgg test rejects "same distribution" (NaN without a test);
@@ -134,16 +143,18 @@ def layer_mmd_from_distances(
     if permutation_test is not None:
         test = aggregated_permutation_test(distances, grid, values, permutation_test)
     resampled = torch.empty(0, len(values), dtype=torch.float64, device=values.device)
-    if resampling is not None and fixed is not None:  # one kernel matrix per bandwidth serves every half
+    energy_resampled = torch.empty(0, dtype=torch.float64, device="cpu")
+    if resampling is not None:
         halves = resampling.halves(distances.m)
-        resampled = torch.cat([half_sample_u_statistics(getattr(distances, KERNEL_DISTANCE[kernel]), distances.m,
-                                                        kernel, fixed[kernel], halves) for kernel in KERNELS], dim=1)
-    elif resampling is not None:
-        resampled = torch.stack([
-            _kernel_values(distances.subset_x(rows), max_bandwidth_rows, fixed)[1]
-            for rows in resampling.halves(distances.m)
-        ])
-    return LayerMMD(layer, distances.n_params, distances.m, distances.n, grid, values, test, resampled)
+        energy_resampled = half_sample_energy(distances, halves)
+        if fixed is not None:  # one kernel matrix per bandwidth serves every half
+            resampled = torch.cat([half_sample_u_statistics(getattr(distances, KERNEL_DISTANCE[kernel]), distances.m,
+                                                            kernel, fixed[kernel], halves) for kernel in KERNELS], dim=1)
+        else:
+            resampled = torch.stack([_kernel_values(distances.subset_x(rows), max_bandwidth_rows, fixed)[1]
+                                     for rows in halves])
+    return LayerMMD(layer, distances.n_params, distances.m, distances.n, grid, values, test, resampled,
+                    energy_coefficient(distances), energy_resampled)
 
 
 def check_bandwidths(bandwidths: Mapping[str, torch.Tensor], layer: str = "layer") -> dict[str, torch.Tensor]:
@@ -256,18 +267,20 @@ def tabulate(layers: Sequence[LayerMMD]) -> MMDResult:
                     row["reject"] = bool(result.test.reject_each[position])
                 kernel_rows.append(row)
                 position += 1
-        layer_row = {"layer": result.layer, "n_params": result.n_params, **result.summary()}
+        layer_row = {"layer": result.layer, "n_params": result.n_params, **result.summary(), ENERGY: result.energy}
         if result.test is not None:
             layer_row["reject"] = result.test.reject
         layer_rows.append(layer_row)
     per_layer = pd.DataFrame(layer_rows)
     weights = per_layer["n_params"] / per_layer["n_params"].sum()
-    aggregate = {name: float((weights * per_layer[name]).sum()) for name in SUMMARIES}
+    aggregate = {name: float((weights * per_layer[name]).sum()) for name in (*SUMMARIES, ENERGY)}
     resampled = {}
     if all(len(result.resampled) for result in layers):
         w = torch.tensor(weights.to_numpy(), dtype=torch.float64, device=layers[0].resampled.device)
         per_resample = [summarize(result.resampled) for result in layers]  # each {name: [B]}
         resampled = {name: sum(w[i] * s[name] for i, s in enumerate(per_resample)) for name in SUMMARIES}
+        if all(len(result.energy_resampled) for result in layers):
+            resampled[ENERGY] = sum(w[i].cpu() * result.energy_resampled for i, result in enumerate(layers))
     tested = [result.test for result in layers if result.test is not None]
     reject = sum(t.reject for t in tested) / len(tested) if len(tested) == len(layers) else float("nan")
     return MMDResult(pd.DataFrame(kernel_rows), per_layer, aggregate, list(layers), resampled, reject)

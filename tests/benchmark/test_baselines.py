@@ -57,7 +57,7 @@ def store(tmp_path_factory):
 
 
 def test_the_registry_holds_every_baseline_in_table_order_and_refuses_others():
-    assert list(BASELINES) == ["prior", "init", "gaussian", "gaussian_ns", "second_zoo"]
+    assert list(BASELINES) == ["prior", "init", "gaussian", "gaussian_ns", "second_zoo", "copies", "copies_multi"]
     with pytest.raises(ValueError, match=r"'nope' is not a registered baseline; expected some of \['prior', 'init', "):
         baseline_class("nope")
 
@@ -65,7 +65,7 @@ def test_the_registry_holds_every_baseline_in_table_order_and_refuses_others():
 def test_an_unregistered_baseline_is_refused_when_the_config_is_resolved(tmp_path):
     assert BASELINE_NAMES == list(BASELINES)  # declared to the schema by the registry
     with pytest.raises(ConfigError, match=r"evaluate.baselines='nope': expected registered baselines: some of prior, "
-                                          r"init, gaussian, gaussian_ns, second_zoo \(benchmark/baselines/\)"):
+                                          r"init, gaussian, gaussian_ns, second_zoo, copies, copies_multi \(benchmark/baselines/\)"):
         Experiment(compose_config([f"store={tmp_path}", "evaluate.baselines=[prior,nope]"]))
     assert Experiment(compose_config([f"store={tmp_path}", "evaluate.baselines=[second_zoo]"])).config.evaluate.baselines \
         == ["second_zoo"]
@@ -124,6 +124,22 @@ def test_the_second_zoo_is_each_repetitions_block_of_held_out_networks(store):
         second_zoo_seeds(store, 2, 4)
 
 
+def test_the_copies_are_each_repetitions_bases_repeated(store):
+    stride, heldout = Design(2, 4, 2).stride, list(range(100000, 100008))
+    ref = ZooReference(store)
+    for k in range(2):
+        one, seeds = BASELINES["copies"].draw(store, ref, 4, k)
+        assert seeds == [heldout[k * stride]]
+        base = load_checkpoints_as_sample_set(store.store.checkpoint_paths(seeds))
+        assert all(torch.equal(one[key], base[key].expand_as(one[key])) for key in base)
+        multi, seeds = BASELINES["copies_multi"].draw(store, ref, 4, k)
+        assert seeds == heldout[k * stride : k * stride + 2]  # sample.modes_multi=2 bases, 2 copies each
+        bases = load_checkpoints_as_sample_set(store.store.checkpoint_paths(seeds))
+        assert all(torch.equal(multi[key], bases[key][[0, 0, 1, 1]]) for key in bases)
+    with pytest.raises(ValueError, match=r"per_method=3 does not split into 2 bases"):
+        BASELINES["copies_multi"].draw(store, ref, 3, 0)
+
+
 def test_fit_with_weights_is_the_summed_cross_entropy(store):
     zoo = load_checkpoints_as_sample_set(store.store.checkpoint_paths(range(3)))
     images, labels = store.train_tensors
@@ -153,7 +169,9 @@ def test_evaluate_scores_each_baseline_as_its_draws_score_and_the_report_groups_
         for k in range(2):
             samples, _ = BASELINES[name].draw(store, ref, 4, k)
             got = per_rep.loc[(name, BASELINE_MODE, k)]
-            assert got["mmd_median"] == pytest.approx(mmd(zoo, samples).aggregate["median"], rel=1e-6), (name, k)
+            expected_mmd = mmd(zoo, samples).aggregate
+            assert got["mmd_median"] == pytest.approx(expected_mmd["median"], rel=1e-6), (name, k)
+            assert got["energy"] == pytest.approx(expected_mmd["energy"], rel=1e-6, abs=1e-12), (name, k)
             probs = predict_with_weights(store.model(), samples, images)
             ood = predict_with_weights(store.model(), samples, store.ood_tensors[0])
             expected = predictive_metrics(probs, labels, ood, reference_id=ref.predictive())
@@ -176,7 +194,7 @@ def test_evaluate_scores_each_baseline_as_its_draws_score_and_the_report_groups_
     pd.testing.assert_frame_equal(again, frame)
     # the report: a Baselines group after the methods, never ranked
     table = table1(frame)
-    assert list(table.index.get_level_values("Group")[-5:]) == ["Baselines"] * 5
+    assert list(table.index.get_level_values("Group")[-7:]) == ["Baselines"] * 7
     ranks = table3(frame).xs("Baselines", level="Group")
     assert set(ranks["NS rank"]) == {"n/a"}
     assert not math.isnan(rows.loc[("prior", BASELINE_MODE), "mmd_median"])

@@ -1,5 +1,6 @@
 """Code fingerprints narrowed to the modules that compute a result: a docstring edit changes
-nothing, a code change changes the fingerprints of what depends on it and of nothing else."""
+nothing, a code change changes the fingerprints of what depends on it and of nothing else; a
+library's version is in exactly the keys whose modules import it."""
 from __future__ import annotations
 
 import shutil
@@ -8,7 +9,10 @@ from pathlib import Path
 import pytest
 
 import benchmark.core.fingerprint as fingerprint
-from benchmark.core.fingerprint import SOURCE_PACKAGES, closure, code_fingerprint, source_fingerprint, source_modules, stable_hash
+from benchmark.core.fingerprint import (
+    SOURCE_PACKAGES, closure, code_fingerprint, distribution_versions, libraries, library_versions, source_fingerprint,
+    source_modules, stable_hash,
+)
 from benchmark.inventory import sample_code
 from benchmark.references import REFERENCES
 from methods import METHODS
@@ -114,3 +118,67 @@ def test_the_cheap_caches_key_leaves_out_the_references_report_and_figure_hooks(
     assert source_fingerprint() == before
     _edit(hmc / "__init__.py", "import torch\n", "import torch\nCHANGED = 1\n")
     assert source_fingerprint() != before
+
+
+def _upgraded(monkeypatch, distribution: str) -> None:
+    """Pretend ``distribution`` was upgraded: the version every key reads of it changes."""
+    real = fingerprint._version
+    monkeypatch.setattr(fingerprint, "_version", lambda name: "upgraded" if name == distribution else real(name))
+
+
+@pytest.mark.parametrize("distribution, methods", [
+    ("pyro-ppl", {"hmc"}),  # HMC's dual averaging
+    ("arviz", {"sghmc", "sghmc_sa"}),  # R-hat, ESS of the chains
+    ("laplace-torch", {"laplace"}),
+    ("blitz-bayesian-pytorch", {"bnn", "bnn_ordered", "bnn_skip"}),
+    ("scikit-learn", set(METHODS)),  # the digits split: every method's data
+    ("cvxpy", set()),  # only min_mass_cvxpy (metrics.symmetries.minmass) imports it: no sample's code
+    ("matplotlib", set()),  # only the figures import it
+])
+def test_a_library_upgrade_changes_the_sample_keys_of_exactly_the_methods_whose_code_imports_it(
+        monkeypatch, distribution, methods):
+    before = _sample_fingerprints()
+    _upgraded(monkeypatch, distribution)
+    after = _sample_fingerprints()
+    assert {name for name in METHODS if after[name] != before[name]} == methods
+
+
+@pytest.mark.parametrize("distribution, counted", [
+    ("pyro-ppl", True), ("arviz", True), ("scikit-learn", True), ("torch", True),
+    ("cvxpy", True),  # metrics.symmetries.minmass imports it (min_mass_cvxpy), and that module is hashed
+    ("matplotlib", False),  # only the report and figure hooks and the analyses import it: none is hashed
+])
+def test_a_library_upgrade_changes_the_cheap_caches_key_when_a_hashed_module_imports_it(
+        monkeypatch, distribution, counted):
+    before = source_fingerprint()
+    _upgraded(monkeypatch, distribution)
+    assert (source_fingerprint() != before) == counted
+    assert (distribution in library_versions()) == counted  # what stored metadata records
+
+
+def test_a_module_that_starts_importing_a_library_puts_the_library_in_its_keys(source_copy, monkeypatch):
+    """A function-level import counts: ``methods/swag.py`` importing cvxpy in a function puts
+    cvxpy's version in SWAG's key (an upgrade of it then makes SWAG's samples stale, and no
+    other method's)."""
+    assert "cvxpy" not in library_versions(closure(sample_code("swag")))
+    _edit(source_copy / "methods" / "swag.py", "import math\n", "import math\n\n\ndef _solver():\n    import cvxpy.atoms\n")
+    assert "cvxpy" in libraries(closure(sample_code("swag"))) and "cvxpy" in library_versions(closure(sample_code("swag")))
+    before = _sample_fingerprints()
+    _upgraded(monkeypatch, "cvxpy")
+    after = _sample_fingerprints()
+    assert [name for name in METHODS if after[name] != before[name]] == ["swag"]
+
+
+def test_a_library_no_hashed_module_imports_is_in_no_key():
+    """Nor the standard library's modules, nor the project's own packages."""
+    whole = library_versions()
+    assert "cvxpy" not in {d for name in METHODS for d in library_versions(closure(sample_code(name)))}
+    assert not {"matplotlib", "posterior-bench", "json", "benchmark", "methods", "metrics"} & set(whole)
+    assert {"python", "torch", "numpy", "scipy", "pyro-ppl", "scikit-learn", "arviz"} <= set(whole)
+    assert library_versions(source_modules()) == whole
+
+
+def test_import_names_map_to_their_distributions():
+    versions = distribution_versions({"sklearn", "pyro", "laplace", "no_such_library_xyz"})
+    assert {"scikit-learn", "pyro-ppl", "laplace-torch"} <= set(versions) and "sklearn" not in versions
+    assert versions["no_such_library_xyz"] == "absent"  # a name no installed distribution provides

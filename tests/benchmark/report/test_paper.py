@@ -91,3 +91,15 @@ def test_the_files_are_written_only_for_the_experiments_of_the_paper(tmp_path):
     back = pd.read_csv(tmp_path / "paper.csv")
     assert len(back) == 11 * 15 and set(back["column"]) >= {"MMD", "OOD MI", "NS MMD max"}
     assert "Laurent et al." in (tmp_path / "paper.md").read_text()
+
+
+def test_each_mmd_cell_carries_ours_divided_by_the_models_parameter_layers():
+    cells = paper.comparison(metrics(), "mnist_optunet", layers=4)
+    dropout = cells[(cells["method"] == "dropout") & (cells["mode"] == "one")].set_index(["table", "column"])
+    assert dropout.loc[(1, "MMD"), "per_layer"] == 16.0 / 4
+    assert dropout.loc[(2, "MMD max"), "per_layer"] == dropout.loc[(2, "MMD max"), "ours"] / 4
+    assert np.isnan(dropout.loc[(1, "Acc"), "per_layer"])  # only the MMD cells
+    text = paper.render(cells, "mnist_optunet", layers=4)
+    assert "L = 4, the model's number of parameter layers" in text
+    assert "15.0 / 16.0 ± 2.0 (÷L: 4.0)" in text and "83.3 / 90.0 ± 2.0**" in text and "(÷L: 22.5)" not in text
+    assert "÷L" not in paper.render(paper.comparison(metrics(), "mnist_optunet"), "mnist_optunet")

@@ -12,10 +12,10 @@ from benchmark.results import MEASURED, VALUE_COLUMNS, half_width
 # The paper's MNIST - OptuNet Dropout and DE rows (Table 1), as metrics.csv stores them.
 DROPOUT_ONE = dict(
     mmd_median=0.150, ns_mmd_median=0.143, acc=0.833, ece=0.334, brier=0.261,
-    aupr=0.964, fpr95=0.986, id_mi=0.261, ood_mi=0.222,
+    aupr=0.964, fpr95=0.986, id_mi=0.261, ood_mi=0.222, energy=0.4213, ns_energy=0.0387,
     mmd_mean=0.146, mmd_max=0.229, ns_mmd_mean=0.1434, ns_mmd_max=0.22549,
 )
-DROPOUT_ONE_TABLE1 = ["15.0", "14.3", "83.3", "33.4", "26.1", "96.4", "98.6", "26.1", "22.2"]
+DROPOUT_ONE_TABLE1 = ["15.0", "14.3", "42.1", "3.9", "83.3", "33.4", "26.1", "96.4", "98.6", "26.1", "22.2"]
 DROPOUT_ONE_TABLE2 = ["15.0", "14.6", "22.9", "14.3", "14.3", "22.5"]
 SINGLE = " ± n/a"
 """What a value of a one-repetition row carries: no half-width (``row``'s default)."""
@@ -67,9 +67,9 @@ PAPER_ORDER = [
 
 def test_table1_values_scaled_and_rounded_like_the_paper():
     t = table1(pd.DataFrame(paper_rows()))
-    assert list(t.columns) == ["MMD", "NS MMD", "Acc", "ECE", "Brier", "AUPR", "FPR95", "ID MI", "OOD MI", "Agree", "TV",
+    assert list(t.columns) == ["MMD", "NS MMD", "Energy", "NS Energy", "Acc", "ECE", "Brier", "AUPR", "FPR95", "ID MI", "OOD MI", "Agree", "TV",
                                "MMD rej.", "NS rej."]
-    assert list(t.loc[("MNIST - OptuNet", "One Mode", "Dropout")])[:9] == [v + SINGLE for v in DROPOUT_ONE_TABLE1]
+    assert list(t.loc[("MNIST - OptuNet", "One Mode", "Dropout")])[:11] == [v + SINGLE for v in DROPOUT_ONE_TABLE1]
     bnn = t.loc[("MNIST - OptuNet", "One Mode", "BNN")]
     assert values([bnn["Acc"], bnn["ECE"], bnn["ID MI"], bnn["MMD"]]) == ["12.3", "12.4", "n/a", "1.0"]
     assert bnn["ID MI"] == "n/a"  # a missing value has no half-width either

@@ -28,7 +28,7 @@ def test_tables_layout_summaries_and_weighted_aggregate():
     x, y = _sample_sets()
     result = mmd(x, y)
     assert list(result.per_kernel.columns) == ["layer", "n_params", "kernel", "bandwidth_index", "bandwidth", "mmd"]
-    assert list(result.per_layer.columns) == ["layer", "n_params", "median", "mean", "max"]
+    assert list(result.per_layer.columns) == ["layer", "n_params", "median", "mean", "max", "energy"]
     assert result.per_layer["layer"].tolist() == ["conv1", "bn1", "fc"]
     assert result.per_layer["n_params"].tolist() == [8, 4, 9]
     assert len(result.per_kernel) == 60
