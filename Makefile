@@ -7,9 +7,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install benchmark hmc test test-fast bench gpu-check wheels verify reliability slurm-up slurm-down clean
 
-$(STAMP): pyproject.toml
+# The tested versions: requirements-offline.txt as pip constraints (torch 2.14.1 on x86_64, never a newer
+# or a CUDA build pip would otherwise pick; pyproject.toml holds ranges). On Python 3.10, where some of
+# those releases do not exist, only torch's and torchvision's.
+CONSTRAINTS := $(VENV)/constraints.txt
+$(STAMP): pyproject.toml requirements-offline.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[test]'
+	if $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then cp requirements-offline.txt $(CONSTRAINTS); \
+	  else grep -E '^torch(vision)?==' requirements-offline.txt > $(CONSTRAINTS); fi
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -84,12 +90,14 @@ gpu-check:
 
 # Where the network is: the wheels of requirements-offline.txt for a GPU node's Python (default 3.12,
 # x86_64 manylinux), into wheels/, to carry to the node; a package published only as source
-# (antlr4-python3-runtime, pure Python) is built into a wheel here.
+# (antlr4-python3-runtime, pure Python) is built into a wheel here. torch is not downloaded: the node
+# keeps its own (NODE_OWN); the x86_64 markers are dropped (the node is x86_64 whatever this machine is).
 WHEELS_PYTHON ?= 3.12
 WHEELS_DIR ?= wheels
 SOURCE_ONLY := antlr4-python3-runtime
+NODE_OWN := torch
 wheels:
-	grep -v -e '^#' $(foreach p,$(SOURCE_ONLY),-e '^$(p)==') requirements-offline.txt > wheels.txt
+	grep -v -e '^#' $(foreach p,$(SOURCE_ONLY) $(NODE_OWN),-e '^$(p)==') requirements-offline.txt | sed -e 's/ *;.*//' > wheels.txt
 	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	  -d $(WHEELS_DIR) -r wheels.txt

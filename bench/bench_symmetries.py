@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmark.core.models import optunet, resnet18  # noqa: E402
 from benchmark.core.store import iter_checkpoint_batches, save_checkpoint, save_sample_set, stack_state_dicts  # noqa: E402
-from metrics.symmetries import canonicalize, min_mass, min_mass_cvxpy, random_scales, rescale, spec_for_model  # noqa: E402
+from metrics.symmetries import canonicalize, min_mass, random_scales, rescale, spec_for_model  # noqa: E402
+from bench.minmass_cvxpy import min_mass_cvxpy  # noqa: E402  (cvxpy: a test dependency, outside the packages)
 from summary import record  # noqa: E402  (bench/summary.py, next to this file)
 
 WORK = ROOT / "bench" / "_work" / "symmetries"

@@ -796,7 +796,16 @@ def one_line(err: BaseException) -> str:
     return f"{key}: {message}" if key and not message.startswith(str(key)) else message
 
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+def _conf_dir() -> str:
+    """The Hydra config folder: ``benchmark/conf`` inside an installed wheel (pyproject.toml ships
+    the repository's ``conf/`` there as package data), else ``conf/`` at the root of the checkout
+    this package is imported from (a checkout, an editable install)."""
+    package = Path(__file__).resolve().parent
+    installed = package / "conf"
+    return str(installed if (installed / "config.yaml").is_file() else package.parent / "conf")
+
+
+CONF_DIR = _conf_dir()
 
 
 def compose_config(overrides: Sequence[str] = (), config_dir: str = CONF_DIR) -> DictConfig:

@@ -200,10 +200,16 @@ class Design:
         size = min(self.per_method, len(seeds) // self.repetitions)
         return [list(seeds[k * size : (k + 1) * size]) for k in range(self.repetitions)]
 
-    def baseline_repetitions(self, wanted: int | None, held_out: bool) -> int:
+    def baseline_repetitions(self, wanted: int | None, held_out: bool, reach: str = "repetitions") -> int:
         """How many repetitions a baseline row gets: ``wanted`` (``evaluate.baseline_repetitions``;
-        ``None``: ``repetitions``), at most ``repetitions`` (the default count, not ``most``: a
-        baseline is compared with every method) for one that reads the held-out blocks (``held_out``:
-        the second zoo, one block per method repetition)."""
+        ``None``: ``repetitions``); for one that reads the held-out blocks (``held_out``) at most
+        ``repetitions`` (the default count, not ``most``: a baseline is compared with every method)
+        when it reads whole blocks (``reach="repetitions"``: the second zoo, one block per method
+        repetition), at most ``most`` when it reads only the bases at the blocks' starts
+        (``reach="most"``: the copies of the bases, which every method with ``most`` repetitions draws)."""
         count = wanted or self.repetitions
-        return min(count, self.repetitions) if held_out else count
+        if not held_out:
+            return count
+        if reach not in ("repetitions", "most"):
+            raise ValueError(f"Design.baseline_repetitions: reach={reach!r}, expected 'repetitions' or 'most'")
+        return min(count, self.repetitions if reach == "repetitions" else self.most)

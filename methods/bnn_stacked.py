@@ -43,7 +43,6 @@ import torch
 import torch.nn.functional as F
 from blitz.modules.base_bayesian_module import BayesianModule
 from torch import nn
-from torch.func import functional_call
 
 from benchmark.core.training.objective import Gather, stacked_accuracies
 from benchmark.core.training.stacked import NotStackableError, Params, StackedNetworks, VmapNetworks
@@ -234,10 +233,29 @@ class ConstantBuffersVmap(VmapNetworks):
     """``VmapNetworks`` for an architecture whose buffers are constants of the architecture, the same
     for every network and never trained (``methods.bnn_skip``'s skip matrices): each network's
     forward pass reads the template's buffers (as they are on its device) with its own parameters.
-    Refuses what ``VmapNetworks`` refuses otherwise (BatchNorm, active dropout)."""
+    Refuses what ``VmapNetworks`` refuses otherwise (BatchNorm, active dropout).
+
+    A network's numbers do not depend on the stack, by construction: the buffers are handed to
+    ``vmap`` expanded along the stack (a view, no copy), as if each network had its own, and
+    ``predict`` expands the shared images likewise, so that every product runs per network with that
+    network's own shapes: a Linear is a ``bmm`` of one ``[B, in] x [in, out]`` product per network, a
+    convolution a grouped one with the networks as groups, which PyTorch's native CPU convolution
+    (OptuNet's, ``model.cpu_native_conv``) computes group by group. A buffer left unbatched would be
+    folded by ``vmap`` into one product over the whole stack (a skip Linear: one ``mm`` over
+    ``K x B`` rows; a convolution on shared images: one over ``K x out`` channels), whose blocking,
+    hence each row's rounding, MKL chooses from that size: on an AVX2 path (e.g. an AMD EPYC, or
+    ``MKL_ENABLE_INSTRUCTIONS=AVX2``) a network's result then depended on K and on its place in
+    the stack (tests/test_dispatch.py runs the stack-independence tests under that dispatch)."""
 
     keeps_buffers = True
 
-    def _call(self, params: Params, images: torch.Tensor) -> torch.Tensor:
-        buffers = {name: buffer.to(images.dtype) for name, buffer in self.buffers.items()}  # a no-op unless float64
-        return functional_call(self.template, {**params, **buffers}, (images,))
+    def _per_network(self, count: int, dtype: torch.dtype) -> Params:
+        """The buffers (in ``dtype``: a no-op unless float64) expanded to ``count`` networks."""
+        return {name: buffer.to(dtype).expand(count, *buffer.shape) for name, buffer in self.buffers.items()}
+
+    def forward(self, params: Params, batch: torch.Tensor, last_input_scale: torch.Tensor | None = None) -> torch.Tensor:
+        return super().forward({**params, **self._per_network(len(batch), batch.dtype)}, batch, last_input_scale)
+
+    def predict(self, params: Params, images: torch.Tensor) -> torch.Tensor:
+        count = next(iter(params.values())).shape[0]
+        return self.forward(params, images.expand(count, *images.shape))

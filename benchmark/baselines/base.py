@@ -6,7 +6,7 @@ many networks a repetition holds (``sample.per_method``) and the repetition, it 
 samples ``{key: [n, ...]}`` and the seeds of the store's networks they are (``None`` for draws),
 a pure function of these inputs. ``networks(exp, repetition, n)`` names the store networks it will
 read (they key its cached numbers); ``held_out``: whether it reads held-out networks (then at most
-the design's repetitions). The evaluate stage predicts and scores them like a method's samples.
+the design's repetitions, or its ``most`` for one whose ``reach`` is ``"most"``). The evaluate stage predicts and scores them like a method's samples.
 """
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ class Baseline:
     about: ClassVar[str]
     order: ClassVar[int] = 100
     held_out: ClassVar[bool] = False
+    reach: ClassVar[str] = "repetitions"
+    """For a ``held_out`` baseline: ``"repetitions"`` when it reads whole held-out blocks (at most the
+    design's default count of repetitions), ``"most"`` when it reads only the bases at their starts
+    (at most the largest count of any method: ``Design.baseline_repetitions``)."""
 
     @classmethod
     def networks(cls, exp: Experiment, repetition: int, n: int) -> list[int]:

@@ -45,6 +45,7 @@ class _Copies(Baseline):
     """Copies of ``bases(exp)`` base networks of each repetition (see the module docstring)."""
 
     held_out = True
+    reach = "most"  # reads only the bases at the blocks' starts, which the methods with the most repetitions draw
 
     @classmethod
     def bases(cls, exp: Experiment) -> int:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark.core.store import CheckpointMetadata, SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
+from benchmark.core.store.inference_data import chain_layout
 from benchmark.experiment import Experiment
 from benchmark.inventory import available_rows, row_units
 from benchmark.results import layers_path, metrics_path, read_layers, read_metrics, rows_against
@@ -95,22 +96,6 @@ def collect(exp: Experiment) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     extra = sorted(c for c in frame.columns if c not in BASE_COLUMNS)
     return frame.reindex(columns=BASE_COLUMNS + extra)
-
-
-def chain_layout(method: str, meta: SampleSetMetadata, n: int) -> tuple[int, int] | None:
-    """``(chains, draws per chain)`` of a unit's ``n`` stored samples, which every chain method
-    stores chain after chain: SGHMC its ``chains`` x ``states_per_chain`` diagnostics (the chains
-    whose every state is stored), the scale-adapted SGHMC one chain, HMC one chain per base
-    (``samples_per_base`` each). None when the metadata do not say."""
-    diagnostics = meta.diagnostics or {}
-    if method == "sghmc_sa":
-        return 1, n
-    if method == "hmc" and meta.base_seeds and meta.samples_per_base and len(meta.base_seeds) * meta.samples_per_base == n:
-        return len(meta.base_seeds), int(meta.samples_per_base)
-    if method == "sghmc" and diagnostics.get("states_per_chain") and not math.isnan(float(diagnostics["states_per_chain"])):
-        per = int(diagnostics["states_per_chain"])
-        return min(int(diagnostics["chains"]), n // per), per
-    return None
 
 
 def chain_figures(exp: Experiment, unit, method: str, preds: np.ndarray, labels: np.ndarray) -> dict[str, float]:

@@ -551,7 +551,7 @@ def repetitions_needed(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float
 
 
 BETTER_LOWER: dict[str, bool] = {
-    "mmd_median": True, "ns_mmd_median": True, "acc": False, "nll": True, "brier": True, "ece": True,
+    "mmd_median": True, "ns_mmd_median": True, "energy": True, "ns_energy": True, "acc": False, "nll": True, "brier": True, "ece": True,
     "aupr": False, "fpr95": True,
 }
 """The columns ``baseline_comparisons`` compares by default, each with whether lower is better."""

@@ -400,10 +400,36 @@ def render_markdown(table: pd.DataFrame, caption: str, reasons: dict[tuple, str]
     return text
 
 
+LATEX_CAPTION_CHARS = 300
+"""The longest caption a ``.tex`` table carries (a paper's caption, not the Markdown's notes)."""
+
+LATEX_CAPTIONS = {
+    "table1": ("Posterior estimation and predictive performance. MMD, NS MMD (symmetries removed) and the energy "
+               "coefficients between each method's weight samples and the reference zoo, {times}, lower is closer; "
+               "predictive metrics on the ID test set and for OOD detection."),
+    "table2": ("Full MMD table: the median, mean and max over the 20 kernels of the layer-wise MMD and NS MMD, {times}, "
+               "and the medians with one bandwidth grid per layer shared by every row."),
+    "table3": ("Function space and the removal of permutations: agreement and total variation with the reference "
+               "ensemble's predictive ({pct}), beside MMD, NS MMD (sorting) and WM MMD (weight matching), {times}."),
+}
+"""Each ``.tex`` table's caption (at most ``LATEX_CAPTION_CHARS`` once the units are filled in); the
+long explanation is in the ``.md`` caption, and the ``.tex`` note below the table says so."""
+
+LATEX_NOTE = ("Mean over the repetitions $\pm$ the half-width of its 95\% t-interval (for the MMD and energy "
+              "columns widened by the reference zoo's standard error). Baselines are not ranked: they give each column's "
+              "scale (the copies of the base, no spread: the ceiling; the second zoo: the floor). How every number is "
+              "made: the caption of {name}.md.")
+"""The footnote-size note under each ``.tex`` table (``{name}``: the table's file stem)."""
+
+
+LATEX_PREAMBLE = "% \\input{} into a document with \\usepackage{booktabs,multirow,graphicx}\n"
+"""The first line of every ``.tex`` table: the packages it needs."""
+
+
 def render_latex(table: pd.DataFrame, caption: str, reasons: dict[tuple, str], label: str,
-                 unsettled: dict[tuple, str] | None = None) -> str:
+                 unsettled: dict[tuple, str] | None = None, note: str | None = None) -> str:
     """A LaTeX ``table`` (booktabs rules, multirow row labels) with caption, label and the notes
-    (failed rows, ``reasons``; rows whose chains did not converge, ``unsettled``)."""
+    (``note`` in footnote size; failed rows, ``reasons``; rows whose chains did not converge, ``unsettled``)."""
     text = table.to_latex(
         caption=caption.replace('"same distribution"', "``same distribution''").format(**_LATEX_UNITS),
         label=label,
@@ -415,7 +441,13 @@ def render_latex(table: pd.DataFrame, caption: str, reasons: dict[tuple, str], l
     )
     # pandas closes the last block with \cline rules that would double the \bottomrule.
     text = re.sub(r"(\\cline\{[^}]*\}\s*)+\\bottomrule", r"\\bottomrule", text)
+    # Wider than a page's text: scaled to it (graphicx), as papers print wide tables.
+    text = text.replace("\\begin{tabular}", "\\resizebox{\\linewidth}{!}{%\n\\begin{tabular}", 1)
+    text = text.replace("\\end{tabular}\n", "\\end{tabular}}\n", 1)
+    text = LATEX_PREAMBLE + text
     text = text.replace(" ± ", r" $\pm$ ")
+    if note:
+        text = text.replace(r"\end{table}", f"\\par\\smallskip{{\\footnotesize {note}}}\n\\end{{table}}")
     if reasons:
         lines = r" \\ ".join(_escape_latex(note) for note in _notes(reasons))
         text = text.replace(r"\end{table}", f"\\par\\smallskip{{\\footnotesize Failed runs: {lines}}}\n\\end{{table}}")
@@ -453,7 +485,8 @@ def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
         texts = {
             "md": render_markdown(table, caption, reasons, unsettled),
             "csv": render_csv(numbers, reasons, unsettled),
-            "tex": render_latex(table, caption, reasons, label=f"tab:{name}", unsettled=unsettled),
+            "tex": render_latex(table, f"Table {name[-1]}: {LATEX_CAPTIONS[name]}", reasons, label=f"tab:{name}",
+                                unsettled=unsettled, note=LATEX_NOTE.format(name=name)),
         }
         for suffix, text in texts.items():
             path = out_dir / f"{name}.{suffix}"

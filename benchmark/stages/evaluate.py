@@ -239,10 +239,10 @@ def _baseline_rows(exp: Experiment, zoo: ZooReference, against: Reference) -> "R
 def baseline_repetitions(exp: Experiment) -> Callable[[str], int]:
     """How many repetitions each baseline gets (``Design.baseline_repetitions``):
     ``evaluate.baseline_repetitions`` (null: the design's repetitions), one that reads held-out
-    networks (``Baseline.held_out``: the second zoo) at most the design's repetitions (one held-out
-    block each)."""
+    networks (``Baseline.held_out``) at most the design's repetitions (the second zoo: one held-out
+    block each) or its ``most`` (the copies of the bases: ``Baseline.reach``)."""
     design, wanted = Design.of(exp), exp.config.evaluate.baseline_repetitions
-    return lambda name: design.baseline_repetitions(wanted, held_out=BASELINES[name].held_out)
+    return lambda name: design.baseline_repetitions(wanted, held_out=BASELINES[name].held_out, reach=BASELINES[name].reach)
 
 
 def _baseline_numbers(exp: Experiment, zoo: ZooReference, against: Reference, name: str, repetition: int, full: bool

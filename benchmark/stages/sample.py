@@ -77,6 +77,7 @@ from benchmark.inventory import (
 )
 from benchmark.inventory.actions import quarantine_and_redo
 from benchmark.core.store.importing import imported_archives
+from benchmark.core.store.inference_data import write_inference_data
 from benchmark.core.store.claims import HeldElsewhereError, held_elsewhere, wait_for_claims  # noqa: F401 (the stage's error)
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
 from methods.modes import ModePlan, run_mode
@@ -522,6 +523,7 @@ def draw(exp: Experiment) -> SampleSummary:
                 continue
             log.info("%s: %d samples from base seeds %s written", unit.label, job.plan.n_samples, list(seeds))
             summary.written.append(unit.label)
+            write_inference_data(store, unit, exp.test_tensors[1])  # a chain unit's draws for ArviZ (.nc); others: none
     log.info("sample stage: wrote %s; quarantined and redrew %s; already done %s; busy elsewhere %s",
              summary.written or "nothing", list(summary.quarantined) or "none", summary.skipped_done or "none",
              summary.skipped_busy or "none")

@@ -92,6 +92,8 @@ def test_per_method_counts_keep_the_layout_and_the_pairing():
     # the reference rows keep the default count
     assert len(more.reference_blocks(list(range(100)))) == 5
     assert more.baseline_repetitions(20, held_out=True) == 5
+    assert more.baseline_repetitions(20, held_out=True, reach="most") == 8  # the copies of the bases: every method's
+    assert more.baseline_repetitions(6, held_out=True, reach="most") == 6
     with pytest.raises(ValueError, match=r"sample.repetitions_per_method.swag is 0, expected a positive integer"):
         Design(5, 4, 2, {"swag": 0})
 

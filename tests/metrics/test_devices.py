@@ -14,7 +14,7 @@ CREATORS = {"arange", "zeros", "ones", "empty", "full", "eye", "linspace", "tens
 # only read back as Python numbers, or a reference computation that runs on the CPU.
 ON_PURPOSE = {
     ("metrics/symmetries/engine.py", "random_permutations"), ("metrics/symmetries/engine.py", "random_scales"),
-    ("metrics/symmetries/minmass.py", "min_mass_cvxpy"), ("metrics/mmd/bandwidths.py", "bandwidth_grid"),
+    ("metrics/mmd/bandwidths.py", "bandwidth_grid"),
     ("metrics/mmd/distances.py", "_add_upper_gram"), ("metrics/mmd/mmdagg.py", "relabelling_indicators"),
     ("metrics/mmd/mmdagg.py", "aggregate_decision"), ("metrics/mmd/mmdagg.py", "quantiles"),
     ("metrics/mmd/table.py", "halves"),  # row indices from a CPU generator (subset_x moves them)

@@ -5,6 +5,7 @@
 <root>/<experiment>/zoo/failed/seed_000007.json   seed that did not converge, with its reason
 <root>/<experiment>/zoo/quarantine/               checkpoints that failed validation, with why (quarantine.py)
 <root>/<experiment>/samples/<method>_<mode>_r<k>.safetensors   weight sample set of a method (repetition k)
+<root>/<experiment>/samples/<method>_<mode>_r<k>.nc           a chain method's draws as ArviZ InferenceData (inference_data.py)
 <root>/<experiment>/preds/<method>_<mode>_r<k>.safetensors     per-sample probabilities (ID, OOD)
 <root>/<experiment>/{samples,preds}/quarantine/   sample sets and predictions that failed validation
 <root>/<experiment>/reference/                     the reference zoo's caches (benchmark/references/zoo.py)
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from benchmark.core.store.atomic import atomic_write_text, broken_link, is_temp_file
+from benchmark.core.store.atomic import TEMP_MARK, atomic_write_text, broken_link, is_temp_file
 from benchmark.core.store.chains import ChainFiles
 from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S, Claim, fs_now, host_name, reap_stale, try_claim
 from benchmark.core.store.claims import litter as claim_litter
@@ -34,6 +35,7 @@ from benchmark.core.store.errors import StoreError
 from benchmark.core.store.units import Unit
 
 log = logging.getLogger(__name__)
+INFERENCE_DATA_SUFFIX = ".nc"
 
 
 @dataclass(frozen=True)
@@ -119,8 +121,13 @@ class ExperimentStore:
         return Unit.samples(self.experiment, method, mode, repetition)
 
     def unit_of(self, path: str | os.PathLike) -> Unit | None:
-        """The unit a file of this store (or a temp file of a write to it) belongs to, or ``None``."""
-        return Unit.parse(self.experiment, Path(path).name)
+        """The unit a file of this store (or a temp file of a write to it) belongs to, or ``None``;
+        a unit's InferenceData (``inference_data_path``) belongs to it too."""
+        name = Path(path).name
+        final = name[1:].split(TEMP_MARK)[0] if is_temp_file(Path(name)) else name
+        if final.endswith(INFERENCE_DATA_SUFFIX):
+            name = final[: -len(INFERENCE_DATA_SUFFIX)] + ".safetensors"
+        return Unit.parse(self.experiment, name)
 
     def checkpoint_path(self, seed: int) -> Path:
         return self.zoo_dir / f"{self.seed_unit(seed).stem}.safetensors"
@@ -135,6 +142,12 @@ class ExperimentStore:
     def preds_path(self, unit: Unit) -> Path:
         """The per-sample predictions of a (method, mode, repetition) unit."""
         return self.preds_dir / f"{self._own(unit).stem}.safetensors"
+
+    def inference_data_path(self, unit: Unit) -> Path:
+        """The draws of a chain method's unit as an ArviZ ``InferenceData`` (NetCDF, beside its
+        sample set; ``inference_data.write_inference_data``): derived from the unit's files, not
+        one of them (``unit_paths``)."""
+        return self.samples_dir / f"{self._own(unit).stem}{INFERENCE_DATA_SUFFIX}"
 
     def unit_paths(self, unit: Unit) -> tuple[Path, ...]:
         """Every file a unit publishes: the checkpoint (or failure record) of a seed; the sample

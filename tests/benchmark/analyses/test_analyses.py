@@ -21,15 +21,17 @@ from torch import nn
 from benchmark.analyses import ANALYSES, MissingInputsError, NotApplicableError, min_mass, permutation_frequency, toy
 from benchmark.analyses.figures import COLUMN_WIDTH, DPI, style
 from benchmark.cli import check_command_line, run
-from benchmark.config import HOOK_ANALYSES, analysis_names, build_schema
+from benchmark.config import HOOK_ANALYSES, ConfigError, analysis_names, build_schema
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
     load_checkpoints_as_sample_set, load_sample_set, save_checkpoint, save_sample_set, stack_state_dicts,
 )
 from benchmark.core.training import seeded, train_network
+from benchmark.core.training.vectorised import train_networks
 from metrics.predictive import mutual_information
-from metrics.symmetries import canonicalize, min_mass_cvxpy, sort_units, spec_for_model
+from metrics.symmetries import canonicalize, sort_units, spec_for_model
+from bench.minmass_cvxpy import min_mass_cvxpy
 from tests.conftest import compose_config
 from tests.benchmark.units import write_initial_checkpoints
 
@@ -226,8 +228,9 @@ def test_kendall_tau_of_successive_sorting_permutations_against_scipy(analyzed):
     steps_total = 2 * math.ceil(len(exp.train_set) / exp.recipe.batch_size)
     assert steps_total % 5 != 0, "the last step is logged on its own"
     logged = [*range(0, steps_total + 1, 5), steps_total]
-    # trace keeps only the permutations; a buffer of one byte sorts every logged network on its own
-    traced, steps, failure = permutation_frequency.trace(exp, 900000, log_every=5, buffer_bytes=1)
+    # trace keeps only the permutations; a buffer of one state sorts every logged network on its own
+    one_state = permutation_frequency.state_bytes(exp.model().state_dict())
+    traced, steps, failure = permutation_frequency.trace(exp, 900000, log_every=5, buffer_bytes=one_state)
     assert failure is None and steps["step"].tolist() == logged and set(traced) == set(every)
     for group, perm in every.items():
         assert traced[group].dtype == torch.int64 and torch.equal(traced[group], perm[logged]), group
@@ -242,6 +245,44 @@ def test_kendall_tau_of_successive_sorting_permutations_against_scipy(analyzed):
     by_step = runs.groupby(["seed", "step"]).tau.mean().groupby("step").mean()
     np.testing.assert_allclose(means.set_index("step").mean_tau.loc[by_step.index], by_step.to_numpy(), rtol=1e-5)
     assert set(means.lr) == {exp.recipe.lr, exp.recipe.lr * exp.recipe.gamma}
+
+
+def test_permutation_buffer_too_small_for_one_network_is_refused_naming_the_setting(analyzed):
+    exp, _ = analyzed
+    one_state = permutation_frequency.state_bytes(exp.model().state_dict())
+    with pytest.raises(ConfigError, match=r"analyze\.permutation_frequency\.buffer_bytes=1419: .*use "
+                                          r"analyze\.permutation_frequency\.buffer_bytes=1420"):
+        permutation_frequency.trace(exp, 900000, log_every=5, buffer_bytes=one_state - 1)
+    with pytest.raises(ConfigError, match=r"analyze\.permutation_frequency\.buffer_bytes=2839: 2 network"):
+        permutation_frequency.trace_stacked(exp, [900000, 900001], log_every=5, buffer_bytes=2 * one_state - 1)
+    with pytest.raises(ConfigError, match=r"analyze\.permutation_frequency\.buffer_bytes"):
+        permutation_frequency.check_buffer(exp, buffer_bytes=2**60)  # canonicalising it would not fit either
+
+
+def test_stacked_traces_do_not_depend_on_the_stack_and_end_at_the_zoos_stacked_weights(analyzed):
+    """A stacked run's permutations are its own to the bit whatever trains beside it (a buffer
+    that flushes at other steps gives the same rows), and its last row sorts the network the
+    zoo's stacked trainer (``train_networks``) trains from the same seed."""
+    exp, _ = analyzed
+    seeds = [900000, 900001]
+    one_state = permutation_frequency.state_bytes(exp.model().state_dict())
+    together = permutation_frequency.trace_stacked(exp, seeds, log_every=3, buffer_bytes=2 * 7 * one_state)
+    alone = permutation_frequency.trace_stacked(exp, seeds[1:], log_every=3)
+    steps_total = 2 * math.ceil(len(exp.train_set) / exp.recipe.batch_size)
+    for (perms, steps, failure), (mine, my_steps, my_failure) in zip(together[1:], alone):
+        assert failure == my_failure and steps.equals(my_steps)
+        assert steps["step"].tolist() == sorted({*range(0, steps_total + 1, 3), steps_total})
+        assert set(perms) == set(mine) and all(torch.equal(perms[g], mine[g]) for g in perms)
+    models = []
+    for seed in seeds:
+        with seeded(seed):
+            models.append(exp.model())
+    zoo = train_networks(models, exp.training_data, exp.recipe, seeds, [str(s) for s in seeds])
+    spec = spec_for_model(exp.model())
+    for (perms, _, failure), outcome in zip(together, zoo):
+        assert failure == outcome.failure
+        final = canonicalize(stack_state_dicts([outcome.state_dict]), spec, permutation_frequency.sort_steps(exp))[1]
+        assert all(torch.equal(perms[g][-1], final["sort"][g][0].long()) for g in perms)
 
 
 @pytest.mark.parametrize("experiment", ["cifar100_resnet18", "tinyimagenet_resnet18"])

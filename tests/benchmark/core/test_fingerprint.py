@@ -132,7 +132,7 @@ def _upgraded(monkeypatch, distribution: str) -> None:
     ("laplace-torch", {"laplace"}),
     ("blitz-bayesian-pytorch", {"bnn", "bnn_ordered", "bnn_skip"}),
     ("scikit-learn", set(METHODS)),  # the digits split: every method's data
-    ("cvxpy", set()),  # only min_mass_cvxpy (metrics.symmetries.minmass) imports it: no sample's code
+    ("cvxpy", set()),  # only min_mass_cvxpy (bench/minmass_cvxpy.py, a test dependency) imports it: no sample's code
     ("matplotlib", set()),  # only the figures import it
 ])
 def test_a_library_upgrade_changes_the_sample_keys_of_exactly_the_methods_whose_code_imports_it(
@@ -145,7 +145,7 @@ def test_a_library_upgrade_changes_the_sample_keys_of_exactly_the_methods_whose_
 
 @pytest.mark.parametrize("distribution, counted", [
     ("pyro-ppl", True), ("arviz", True), ("scikit-learn", True), ("torch", True),
-    ("cvxpy", True),  # metrics.symmetries.minmass imports it (min_mass_cvxpy), and that module is hashed
+    ("cvxpy", False),  # only bench/minmass_cvxpy.py imports it (a test dependency): no runtime module
     ("matplotlib", False),  # only the report and figure hooks and the analyses import it: none is hashed
 ])
 def test_a_library_upgrade_changes_the_cheap_caches_key_when_a_hashed_module_imports_it(

@@ -12,7 +12,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
 from benchmark.report.findings import (
-    Claim, Comparison, baseline_comparisons, check_claim, design, paper_claims, pairing, render, render_baselines,
+    BETTER_LOWER, Claim, Comparison, baseline_comparisons, check_claim, design, paper_claims, pairing, render, render_baselines,
     repetitions_needed, repetitions_to_decide, seed_claims, starts_from_base,
 )
 from benchmark.results import REPETITION_COLUMNS, half_width, repetition_rows
@@ -383,7 +383,7 @@ def test_few_baseline_repetitions_are_underpowered_and_bad_names_are_refused():
     two = pd.concat([reps, reps.assign(experiment="mnist_optunet")])
     with pytest.raises(ValueError, match="several experiments.*experiment="):
         baseline_comparisons(two, BASELINES, [("swag", "one")])
-    assert len(baseline_comparisons(two, BASELINES, [("swag", "one")], experiment="mnist_optunet")) == 2 * 8
+    assert len(baseline_comparisons(two, BASELINES, [("swag", "one")], experiment="mnist_optunet")) == 2 * len(BETTER_LOWER)
 
 
 def test_rows_with_more_repetitions_are_paired_on_the_common_ones_and_decide_at_eight():

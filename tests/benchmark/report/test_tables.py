@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from benchmark.report import table1, table2, table3, write_tables
-from benchmark.report.tables import captions, table3_caption
+from benchmark.report.tables import LATEX_CAPTION_CHARS, captions, table3_caption
 from benchmark.results import MEASURED, VALUE_COLUMNS, half_width
 
 # The paper's MNIST - OptuNet Dropout and DE rows (Table 1), as metrics.csv stores them.
@@ -158,8 +158,14 @@ def test_write_tables_round_trips_through_files(tmp_path):
     assert "TinyImageNet - ResNet18 / Multi Mode / BNN" in md
 
     tex = (out / "table1.tex").read_text()
-    assert re.search(r"\\caption\{Table 1:.*\$\\times 100\$.*in \\%", tex)
-    assert not re.search(r"(?<!\\)%", tex)  # an unescaped % would comment out the rest of a line
+    caption = re.search(r"\\caption\{(.*?)\}\n", tex).group(1)
+    assert caption.startswith("Table 1: ") and r"$\times 100$" in caption and len(caption) <= LATEX_CAPTION_CHARS
+    assert r"{\footnotesize Mean over the repetitions $\pm$" in tex and "the caption of table1.md" in tex
+    for name in ("table2", "table3"):  # every .tex caption fits a paper
+        other = (out / f"{name}.tex").read_text()
+        assert len(re.search(r"\\caption\{(.*?)\}\n", other).group(1)) <= LATEX_CAPTION_CHARS
+    body = tex.split("\n", 1)[1].replace("{%\n", "{\n")  # but the first line and the resizebox's line end: comments
+    assert not re.search(r"(?<!\\)%", body)  # an unescaped % would comment out the rest of a line
     assert r"\multirow" in tex and r"\label{tab:table1}" in tex
     assert " & ".join(v + r" $\pm$ n/a" for v in [*DROPOUT_ONE_TABLE1, "90.0", "10.0"]) + " & 1.0 & 1.0" in tex
     assert tex.count("failed") >= 2 * 9 and "Failed runs:" in tex
@@ -253,7 +259,8 @@ def test_captions_say_how_to_read_the_symmetry_breaking_rows_when_they_are_there
     written = write_tables(both, tmp_path)
     for name in ("table1", "table2", "table3"):
         assert "worse by construction" in (tmp_path / f"{name}.md").read_text()
-        assert "fc1's 3 units" in (tmp_path / f"{name}.tex").read_text()
+        assert "fc1's 3 units" not in (tmp_path / f"{name}.tex").read_text()  # a paper's caption: the notes are in the .md
+        assert f"the caption of {name}.md" in (tmp_path / f"{name}.tex").read_text()
     assert len(written) == 9
 
 

@@ -8,9 +8,10 @@ import torch
 
 from benchmark.core.models import mlp, optunet, resnet18
 from metrics.symmetries import (
-    DegenerateMinMassError, canonicalize, mass, min_mass, min_mass_cvxpy, permute, random_permutations,
+    DegenerateMinMassError, canonicalize, mass, min_mass, permute, random_permutations,
     random_scales, rescale, spec_for_model,
 )
+from bench.minmass_cvxpy import min_mass_cvxpy
 from tests.metrics.symmetries.nets import assert_same_function, assert_same_weights, conv_chain, random_sample_set
 
 
