@@ -168,13 +168,14 @@ def test_metrics_and_tables(cifar):
     methods = metrics[metrics["mode"] != "baseline"]
     assert {f"{m}/{mode}" for m, mode in zip(methods.method, methods["mode"])} == METHOD_UNITS
     assert set(metrics.loc[metrics["mode"] == "baseline", "method"]) == {"prior", "init", "gaussian", "gaussian_ns",
-                                                                         "second_zoo"}
+                                                                         "second_zoo", "copies", "copies_multi"}
     # a width-8 ResNet under the prior of a 4-image training split (sd ~16) overflows float32: that baseline
     # says so in its row; every method's row is numbers
     overflow = metrics["reason"].fillna("").str.contains("overflow float32")
     assert (metrics.status.eq("ok") | (metrics["mode"].eq("baseline") & overflow)).all(), metrics[["method", "mode", "reason"]]
     ok = metrics[metrics.status == "ok"]
-    numeric = ok[["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "acc", "ece", "brier", "aupr", "fpr95"]]
+    numeric = ok[["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "energy", "ns_energy", "acc", "ece", "brier", "aupr",
+                  "fpr95"]]
     assert np.isfinite(numeric.to_numpy()).all() and (ok.n_samples == 2).all()
     table1 = (exp.results_dir / "table1.md").read_text()
     assert "CIFAR100 - ResNet18" in table1 and "Deep Ensembles" in table1 and "SWAG" in table1
