@@ -15,7 +15,9 @@ from typing import ClassVar
 
 import torch
 
+from benchmark.design import Design
 from benchmark.experiment import Experiment
+from benchmark.inventory import converged
 from benchmark.references.zoo import ZooReference
 
 BASELINE_MODE = "baseline"
@@ -48,6 +50,20 @@ class Baseline:
         """Repetition ``repetition``'s ``n`` weight samples ``{key: [n, ...]}`` and the seeds of the
         networks they are (``None`` for draws)."""
         raise TypeError(f"{cls.__name__}.draw: every registered baseline defines its own draw (register refuses one without)")
+
+
+def heldout_block(exp: Experiment, repetition: int, n: int, who: str, drop: str) -> list[int]:
+    """The first ``n`` converged held-out seeds of repetition ``repetition``'s block (``Design.block``:
+    from converged held-out seed ``repetition x Design.stride`` on, as the sample stage reads them);
+    ``ValueError`` naming the baseline ``who``, the shortfall and what to drop (``drop``) otherwise."""
+    design = Design.of(exp)
+    seeds = list(design.block(converged(exp, exp.heldout), repetition, n))
+    if len(seeds) < n:
+        raise ValueError(f"baseline {who}: repetition {repetition} needs {n} converged held-out networks from "
+                         f"converged seed {design.start(repetition)} of seeds.heldout={[exp.heldout.start, exp.heldout.stop]}, "
+                         f"the store has {len(seeds)}; train them (stage=zoo zoo.range=heldout) or drop {drop!r} "
+                         "from evaluate.baselines")
+    return seeds
 
 
 def generator(name: str, repetition: int) -> torch.Generator:

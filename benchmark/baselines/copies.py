@@ -14,25 +14,16 @@ from __future__ import annotations
 
 import torch
 
-from benchmark.baselines.base import Baseline
+from benchmark.baselines.base import Baseline, heldout_block
 from benchmark.core.store import load_checkpoints_as_sample_set
 from benchmark.design import Design
 from benchmark.experiment import Experiment
-from benchmark.inventory import converged
 from benchmark.references.zoo import ZooReference
 
 
 def base_seeds(exp: Experiment, repetition: int, bases: int) -> list[int]:
-    """The first ``bases`` converged held-out seeds of repetition ``repetition``'s block
-    (``Design.block``, as the sample stage lays them out); ``ValueError`` naming the shortfall."""
-    design = Design.of(exp)
-    seeds = list(design.block(converged(exp, exp.heldout), repetition, bases))
-    if len(seeds) < bases:
-        raise ValueError(f"baseline copies: repetition {repetition} needs {bases} converged held-out network(s) from "
-                         f"converged seed {design.start(repetition)} of seeds.heldout={[exp.heldout.start, exp.heldout.stop]}, "
-                         f"the store has {len(seeds)}; train them (stage=zoo zoo.range=heldout) or drop the copies "
-                         "baselines from evaluate.baselines")
-    return seeds
+    """The first ``bases`` converged held-out seeds of repetition ``repetition``'s block (``heldout_block``)."""
+    return heldout_block(exp, repetition, bases, "copies", "copies and copies_multi")
 
 
 def copies_of(samples: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
@@ -41,15 +32,23 @@ def copies_of(samples: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tenso
     return {key: value.repeat_interleave(n, dim=0) for key, value in samples.items()}
 
 
-class _Copies(Baseline):
-    """Copies of ``bases(exp)`` base networks of each repetition (see the module docstring)."""
+class Copies(Baseline):
+    """``copies``: ``sample.per_method`` copies of the repetition's one-mode base; ``CopiesMulti``
+    (``multi``) copies its ``sample.modes_multi`` multi-mode bases instead (see the module docstring)."""
 
+    name = "copies"
+    label = "Copies of the base"
+    about = ("the repetition's base network copied sample.per_method times: a one-mode sampler with no spread "
+             "at all, the ceiling of the weight-space columns")
+    order = 5
     held_out = True
     reach = "most"  # reads only the bases at the blocks' starts, which the methods with the most repetitions draw
+    multi = False
 
     @classmethod
     def bases(cls, exp: Experiment) -> int:
-        raise NotImplementedError
+        """How many bases a repetition copies: ``sample.modes_multi`` in multi mode, else 1."""
+        return Design.of(exp).modes_multi if cls.multi else 1
 
     @classmethod
     def networks(cls, exp: Experiment, repetition: int, n: int) -> list[int]:
@@ -69,21 +68,7 @@ class _Copies(Baseline):
         return copies_of(load_checkpoints_as_sample_set(exp.store.checkpoint_paths(seeds)), n // bases), seeds
 
 
-class Copies(_Copies):
-    """``copies``: ``sample.per_method`` copies of the repetition's one-mode base network."""
-
-    name = "copies"
-    label = "Copies of the base"
-    about = ("the repetition's base network copied sample.per_method times: a one-mode sampler with no spread "
-             "at all, the ceiling of the weight-space columns")
-    order = 5
-
-    @classmethod
-    def bases(cls, exp: Experiment) -> int:
-        return 1
-
-
-class CopiesMulti(_Copies):
+class CopiesMulti(Copies):
     """``copies_multi``: the repetition's ``sample.modes_multi`` multi-mode bases, each copied
     ``per_method / modes_multi`` times."""
 
@@ -92,7 +77,4 @@ class CopiesMulti(_Copies):
     about = ("the repetition's sample.modes_multi multi-mode base networks, each copied per_method / modes_multi "
              "times: a multi-mode sampler with no spread around its modes")
     order = 6
-
-    @classmethod
-    def bases(cls, exp: Experiment) -> int:
-        return Design.of(exp).modes_multi
+    multi = True

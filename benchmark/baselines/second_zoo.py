@@ -5,26 +5,15 @@ from __future__ import annotations
 
 import torch
 
-from benchmark.baselines.base import Baseline
+from benchmark.baselines.base import Baseline, heldout_block
 from benchmark.core.store import load_checkpoints_as_sample_set
-from benchmark.design import Design
 from benchmark.experiment import Experiment
-from benchmark.inventory import converged
 from benchmark.references.zoo import ZooReference
 
 
 def second_zoo_seeds(exp: Experiment, repetition: int, n: int) -> list[int]:
-    """The ``n`` converged held-out seeds of repetition ``repetition``'s block (``Design.block``:
-    from converged held-out seed ``repetition x Design.stride`` on, as the sample stage reads them);
-    raises ``ValueError`` naming the shortfall when the store holds fewer."""
-    design = Design.of(exp)
-    seeds = list(design.block(converged(exp, exp.heldout), repetition, n))
-    if len(seeds) < n:
-        raise ValueError(f"baseline second_zoo: repetition {repetition} needs {n} converged held-out networks from "
-                         f"converged seed {design.start(repetition)} of seeds.heldout={[exp.heldout.start, exp.heldout.stop]}, "
-                         f"the store has {len(seeds)}; train them (stage=zoo zoo.range=heldout) or drop 'second_zoo' "
-                         "from evaluate.baselines")
-    return seeds
+    """The ``n`` converged held-out seeds of repetition ``repetition``'s block (``heldout_block``)."""
+    return heldout_block(exp, repetition, n, "second_zoo", "second_zoo")
 
 
 class SecondZoo(Baseline):
