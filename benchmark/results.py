@@ -113,6 +113,11 @@ def metrics_path(results_dir: Path) -> Path:
     return Path(results_dir) / "metrics.csv"
 
 
+def figures_dir(results_dir: Path) -> Path:
+    """``results/<experiment>/figures/``: the figures of the analyses and the report's zoo curves."""
+    return results_dir / "figures"
+
+
 def repetitions_path(results_dir: Path) -> Path:
     """The per-repetition numbers beside ``metrics_path``: ``repetitions.csv``."""
     return Path(results_dir) / "repetitions.csv"

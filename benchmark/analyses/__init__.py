@@ -14,7 +14,7 @@ what it reads from the store (``"reference"``, ``"samples"``); ``check(exp, made
 ``MissingInputsError`` (naming what to run first) when the store lacks an input that no earlier
 stage of the run makes; ``run(exp) -> list[Path]``; and also ``TITLE``, ``CAPTION`` and
 ``applies(exp)``, which raises ``NotApplicableError`` (with the reason) for a model it does not
-apply to. The numerical pieces live in ``metrics/``; figures in ``benchmark.analyses.figures``.
+apply to. The numerical pieces live in ``metrics/``; figures in ``benchmark.core.figures``.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from benchmark.analyses.inputs import MissingInputsError, NotApplicableError, fi
 from benchmark.config import analysis_names, declare_analysis
 from benchmark.references import REFERENCES
 
-HELPERS = ("figures", "inputs")
+HELPERS = ("inputs",)
 """The package's modules that are not analyses: the figures' style, the analyses' inputs."""
 
 

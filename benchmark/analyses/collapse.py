@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from benchmark.analyses.figures import PALETTE, new_figure, save_figure, style
+from benchmark.core.figures import PALETTE, new_figure, save_figure, style
 from benchmark.analyses.inputs import figures_dir, reference, require_reference
 from benchmark.inventory import require_inputs
 from benchmark.experiment import Experiment

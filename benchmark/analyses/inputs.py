@@ -9,6 +9,7 @@ from benchmark.core.store import load_sample_set, validate_tensors
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, available_rows, reference_seeds, require_inputs
 from benchmark.references import ZooReference
+from benchmark.results import figures_dir as results_figures_dir
 
 __all__ = ["MissingInputsError", "NotApplicableError", "figures_dir", "first_repetition", "reference",
            "require_reference", "require_samples"]
@@ -19,8 +20,8 @@ class NotApplicableError(ValueError):
 
 
 def figures_dir(exp: Experiment) -> Path:
-    """``results/<experiment>/figures/``."""
-    return exp.results_dir / "figures"
+    """``results/<experiment>/figures/`` (``benchmark.results.figures_dir``)."""
+    return results_figures_dir(exp.results_dir)
 
 
 def require_reference(exp: Experiment, analysis: str) -> list[int]:

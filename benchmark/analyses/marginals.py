@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.analyses.figures import COLUMN_WIDTH, PALETTE, legend_layout, new_figure, save_figure, style
+from benchmark.core.figures import COLUMN_WIDTH, PALETTE, legend_layout, new_figure, save_figure, style
 from benchmark.analyses.inputs import figures_dir, first_repetition, reference, require_reference, require_samples
 from benchmark.inventory import require_inputs
 from benchmark.experiment import Experiment

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from matplotlib.patches import Patch
 
-from benchmark.analyses.figures import PALETTE, new_figure, save_figure, style
+from benchmark.core.figures import PALETTE, new_figure, save_figure, style
 from benchmark.analyses.inputs import NotApplicableError, figures_dir, reference
 from benchmark.inventory import require_inputs
 from benchmark.experiment import Experiment

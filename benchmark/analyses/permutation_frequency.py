@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.analyses.figures import PALETTE, new_figure, save_figure, style
+from benchmark.core.figures import PALETTE, new_figure, save_figure, style
 from benchmark.analyses.inputs import figures_dir
 from benchmark.config import ConfigError
 from benchmark.experiment import Experiment

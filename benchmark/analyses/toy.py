@@ -34,7 +34,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from scipy.optimize import linprog
 
-from benchmark.analyses.figures import COLUMN_WIDTH, new_figure, save_figure, sequential_colormap, style
+from benchmark.core.figures import COLUMN_WIDTH, new_figure, save_figure, sequential_colormap, style
 from benchmark.analyses.inputs import figures_dir
 from benchmark.experiment import Experiment
 from benchmark.core.models import mlp

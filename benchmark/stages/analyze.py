@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from benchmark import analyses
+from benchmark.report import curves
 from benchmark.core.store import atomic_write_text
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError
@@ -105,4 +106,8 @@ def render_index(exp: Experiment, drawn: list[str], skipped: dict[str, str]) -> 
         origin = "" if name in drawn else " (from an earlier run)"
         lines += [f"## {module.TITLE}{origin}", "", module.CAPTION, ""]
         lines += [f"![{stem}]({stem}.png) [PDF]({stem}.pdf) [CSV]({stem}.csv)" for stem in figures] + [""]
+    if (folder / f"{curves.NAME}.png").is_file():  # the report stage's figure, from the zoo's stored histories
+        stem = curves.NAME
+        lines += [f"## {curves.TITLE} (written by stage=report)", "", curves.CAPTION, "",
+                  f"![{stem}]({stem}.png) [PDF]({stem}.pdf) [CSV]({stem}.csv)", ""]
     return "\n".join(lines)

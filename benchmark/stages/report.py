@@ -19,6 +19,7 @@ import importlib
 import logging
 from collections import Counter
 from pathlib import Path
+from typing import Sequence
 
 import pandas as pd
 
@@ -28,7 +29,7 @@ from benchmark.inventory import MissingInputsError, range_state, require_inputs
 from benchmark.inventory.actions import reap_results_litter
 from benchmark.baselines import BASELINE_MODE
 from benchmark.references import REFERENCES, ZOO, evaluated
-from benchmark.report import diagnostics, findings, paper, write_tables
+from benchmark.report import curves, diagnostics, findings, paper, write_tables
 from metrics.mmd import group_layers
 from benchmark.results import metrics_path, read_metrics, read_repetitions, repetitions_path, rows_against
 
@@ -81,7 +82,9 @@ def run(exp: Experiment) -> list[Path]:
     metrics, repetitions = rows_against(every_metric, ZOO), rows_against(every_repetition, ZOO)
     written = write_tables(metrics, exp.results_dir)
     written += paper.write(metrics, exp.name, exp.results_dir, layers=len(group_layers(exp.model().state_dict())))
-    written.append(write_zoo_summary(exp, exp.results_dir / "zoo.md"))
+    trained = curves.histories(exp)
+    written += curves.write(exp, trained)
+    written.append(write_zoo_summary(exp, exp.results_dir / "zoo.md", curves.summary_lines(trained)))
     written += diagnostics.write(exp, exp.results_dir)
     sections = []
     for name in evaluated(exp)[1:]:
@@ -123,10 +126,10 @@ def _methods_only(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["mode"] != BASELINE_MODE]
 
 
-def write_zoo_summary(exp: Experiment, path: Path) -> Path:
+def write_zoo_summary(exp: Experiment, path: Path, extra: Sequence[str] = ()) -> Path:
     """The reference zoo and held-out seeds: checkpoints, failures (with the rate), accuracies, the
     trainers that made them, and the seeds trained by both trainers (``zoo.crosscheck``): on how many
-    the convergence verdicts differ."""
+    the convergence verdicts differ; then the paragraphs of ``extra`` (the training curves)."""
     lines = [f"# Zoo of {exp.name}", ""]
     for seeds, role in ((exp.reference, "the reference posterior"), (exp.heldout, "base networks, Deep Ensembles")):
         lines += [f"- {range_state(exp, seeds).describe()} ({role})"]
@@ -135,6 +138,8 @@ def write_zoo_summary(exp: Experiment, path: Path) -> Path:
     if failed:
         lines += ["", f"Failed seeds are excluded from the reference and the bases; reasons: {', '.join(reasons)}."]
     lines += ["", *trainer_lines(exp, failed)]
+    for paragraph in extra:
+        lines += ["", paragraph]
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path
 

@@ -120,6 +120,7 @@ def train_seed(exp: Experiment, seed: int, role: str = "zoo") -> TrainResult:
     return train_network(
         model, data.train, data.check, exp.recipe, seed,
         where=f"{exp.name} {role} seed {seed}", train_eval=data.train_tensors, acceleration=exp.acceleration,
+        curves=True,
     )
 
 
@@ -147,7 +148,7 @@ def checkpoint_metadata(exp: Experiment, seed: int, result: TrainResult, role: s
         experiment=exp.name, seed=seed, role=role, config_hash=exp.config_hash, config=exp.recipe_config,
         train_accuracy=result.train_accuracy, validation_accuracy=result.check_accuracy,
         test_accuracy=accuracy(model, *exp.test_tensors), epochs=result.epochs_run, plateaued=result.plateaued,
-        trainer=trainer,
+        trainer=trainer, history=result.history,
         crosscheck=crosscheck, versions=library_versions(),
     )
 
@@ -295,7 +296,8 @@ def _store_outcome(exp: Experiment, seed: int, outcome: TrainResult | NonFiniteE
         try:  # fenced: a late writer never replaces what another worker published (atomic.py)
             if outcome.failure:
                 store.record_failure(seed, {"reason": outcome.failure, "validation_accuracy": outcome.check_accuracy,
-                                            "epoch": outcome.epochs_run, "config_hash": exp.config_hash, **extra},
+                                            "epoch": outcome.epochs_run, "config_hash": exp.config_hash,
+                                            "history": outcome.history, **extra},
                                      exclusive=True)
                 summary.failed.append(seed)
             else:
@@ -365,7 +367,7 @@ def _train_stack(exp: Experiment, stack: _Stack, summary: ZooSummary, bar) -> No
     data = exp.training_data
     # The seeds' bar moves only as networks finish (most at the last epoch): the epochs' bar gives the stack's ETA.
     train_networks(stack.models, data, exp.recipe, seeds, [f"{exp.name} {role} seed {s}" for s in seeds], on_done=done,
-                   train_eval=data.train_tensors, progress=f"{len(seeds)} seeds stacked")
+                   train_eval=data.train_tensors, progress=f"{len(seeds)} seeds stacked", curves=True)
 
 
 def stacks_at_once(trainer: ZooTrainer | None) -> int:

@@ -67,7 +67,10 @@ class CheckpointMetadata(_Metadata):
     the zoo also trained with the other trainer (``zoo.crosscheck``), that trainer and its outcome
     (``trainer``, ``verdict``: converged / failed / diverged, ``validation_accuracy``,
     ``max_weight_difference``); ``plateaued``: under ``train.until_plateau``, whether training
-    stopped because it plateaued (False: at ``max_epochs``; absent when the option is off); ``source`` ... ``mapping``: the provenance of an imported checkpoint."""
+    stopped because it plateaued (False: at ``max_epochs``; absent when the option is off); ``history``:
+    one record per epoch trained (``TrainResult.history``: ``epoch``, ``loss``, and the ``check_accuracy``
+    and ``train_subset_accuracy`` fractions of the zoo's training curves); ``source`` ... ``mapping``: the
+    provenance of an imported checkpoint."""
 
     experiment: Optional[str] = None
     seed: Optional[int] = None
@@ -81,6 +84,7 @@ class CheckpointMetadata(_Metadata):
     plateaued: Optional[bool] = None
     trainer: Optional[str] = None
     crosscheck: Optional[dict] = None
+    history: Optional[list] = None
     versions: Optional[dict] = None
     source: Optional[str] = None
     source_file: Optional[str] = None

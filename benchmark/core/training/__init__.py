@@ -12,6 +12,7 @@ from benchmark.core.training.loop import (
     accuracy,
     check_weights_finite,
     cross_entropy_loss,
+    curve_subset,
     iterate_batches,
     learning_rate,
     make_optimizer,
@@ -25,6 +26,6 @@ from benchmark.core.training.recipe import FailRule, Plateau, Recipe, RecipeOver
 __all__ = [
     "FULL_PRECISION", "Acceleration", "LossFn", "NonFiniteError", "OptimizerChain", "OptimizerFactory", "StepCallback",
     "TrainingData", "TrainResult", "accuracy", "check_weights_finite",
-    "cross_entropy_loss", "iterate_batches", "learning_rate", "make_optimizer", "seeded", "train_epoch",
+    "cross_entropy_loss", "curve_subset", "iterate_batches", "learning_rate", "make_optimizer", "seeded", "train_epoch",
     "train_network", "squared_norm", "training_potential", "FailRule", "Plateau", "Recipe", "RecipeOverrides", "Schedule",
 ]

@@ -243,6 +243,15 @@ def train_epoch(
     return total / max(1, count)
 
 
+def curve_subset(train_eval: Tensors, size: int) -> Tensors:
+    """``size`` items of the un-augmented training split ``(images [N, ...], labels [N])``, evenly
+    spaced (item ``i N // size``): the fixed subset on which a training curve measures the training
+    accuracy each epoch, at the cost of the validation split's (``train_network(curves=True)``)."""
+    n = len(train_eval[1])
+    index = torch.arange(min(size, n), device=train_eval[1].device) * n // max(1, min(size, n))
+    return train_eval[0][index], train_eval[1][index]
+
+
 def train_network(
     model: nn.Module,
     train_set: Dataset,
@@ -255,6 +264,7 @@ def train_network(
     optimizer_factory: OptimizerFactory | None = None,
     on_step: StepCallback | None = None,
     acceleration: Acceleration = FULL_PRECISION,
+    curves: bool = False,
 ) -> TrainResult:
     """Train ``model`` in place with ``recipe``; data order drawn from ``seed``.
 
@@ -268,6 +278,10 @@ def train_network(
     is also failed; both return with ``failure`` set.
     NaN/Inf raises ``NonFiniteError`` (nothing to store). ``acceleration``: mixed precision and
     memory format (see ``Acceleration``; evaluation runs in full precision).
+
+    ``curves``: every epoch's history record also holds ``check_accuracy`` (on ``check_set``) and
+    ``train_subset_accuracy`` (on ``curve_subset(train_eval, len(check_set))``), measured in eval
+    mode without touching any generator, so the weights are those of a run without curves.
     """
     if check_set is None and recipe.fail_rule.active:
         raise ValueError(f"{where}: the recipe's convergence rule needs held-out data; set dataset.validation_fraction > 0")
@@ -283,6 +297,7 @@ def train_network(
     optimizer = make_optimizer(model.parameters(), recipe) if optimizer_factory is None else optimizer_factory(model, recipe)
     scaler = acceleration.scaler(next(model.parameters()).device)
     history = []
+    curve_train = curve_subset(train_eval, len(check_set[1])) if curves and check_set is not None and train_eval is not None else None
     epochs_run = recipe.max_epochs  # unless it plateaus first
     for epoch in range(recipe.max_epochs):
         for group in optimizer.param_groups:
@@ -291,9 +306,13 @@ def train_network(
                            on_step, epoch, acceleration, scaler)
         check_weights_finite(model, f"{where}, epoch {epoch + 1}")
         record = {"epoch": epoch + 1, "loss": loss}
+        if curves and check_set is not None:
+            record["check_accuracy"] = accuracy(model, *check_set)
+        if curve_train is not None:
+            record["train_subset_accuracy"] = accuracy(model, *curve_train)
         rule = recipe.fail_rule
         if rule.epoch is not None and epoch + 1 == rule.epoch:
-            acc = accuracy(model, *check_set)
+            acc = record["check_accuracy"] if "check_accuracy" in record else accuracy(model, *check_set)
             record["check_accuracy"] = acc
             history.append(record)
             if rule.min_accuracy is not None and acc < rule.min_accuracy:

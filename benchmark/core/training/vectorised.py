@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from benchmark.core.data import InMemoryImageDataset, as_in_memory, epoch_crop_offsets, in_memory_problem
 from benchmark.core.training.loop import (
-    NonFiniteError, seeded, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer, plateau_problem,
+    NonFiniteError, curve_subset, seeded, Tensors, TrainingData, TrainResult, learning_rate, make_optimizer, plateau_problem,
 )
 from benchmark.core.training.potential import squared_norm, training_potential
 from benchmark.core.training.objective import EVAL_ELEMENTS, CrossEntropyObjective, Gather, StackedObjective
@@ -177,6 +177,7 @@ def train_networks(
     implementation: str = "auto",
     objective: StackedObjective | None = None,
     progress: str | None = None,
+    curves: bool = False,
 ) -> list[Outcome]:
     """Train ``models`` (K freshly built networks of one architecture, on one device) together.
 
@@ -196,6 +197,9 @@ def train_networks(
     plateaued network leaves the stack at the end of that epoch (its outcome reported then), the
     others go on unchanged (needs ``train_eval`` and an objective that measures the plain
     network's fit, ``CrossEntropyObjective.fit``).
+
+    ``curves``: every epoch's history record also holds ``check_accuracy`` and
+    ``train_subset_accuracy``, as ``train_network(curves=True)`` records them.
     """
     if not (len(models) == len(seeds) == len(where)) or not models:
         raise ValueError(f"train_networks: {len(models)} models, {len(seeds)} seeds and {len(where)} names; need as many of each (>= 1)")
@@ -238,6 +242,8 @@ def train_networks(
             finish(stack.lanes[position], result(position, train[i], test[i], epochs, rule.final_failure(test[i]), plateaued))
 
     n, rule = len(dataset), recipe.fail_rule
+    curve_train = (curve_subset(train_eval, len(data.check[1]))
+                   if curves and data.check is not None and train_eval is not None else None)
     source = stacked.source(dataset.images.to(dtype), device, dataset.codes)
     labels_on_device = dataset.labels.to(device)
     bar = tqdm(total=recipe.max_epochs, desc=progress, unit="epoch", leave=False, dynamic_ncols=True,
@@ -293,8 +299,16 @@ def train_networks(
             totals = totals[keep.to(device)]
         for lane, total in zip(stack.lanes, totals.tolist()):
             lane.history.append({"epoch": epoch + 1, "loss": total / n})
+        checked = None
+        if curves and data.check is not None and stack.lanes:
+            checked = objective.accuracies(stack.params, data.check, stack.indices).tolist()
+            for lane, acc in zip(stack.lanes, checked):
+                lane.history[-1]["check_accuracy"] = acc
+        if curve_train is not None and stack.lanes:
+            for lane, acc in zip(stack.lanes, objective.accuracies(stack.params, curve_train, stack.indices).tolist()):
+                lane.history[-1]["train_subset_accuracy"] = acc
         if rule.epoch is not None and epoch + 1 == rule.epoch and stack.lanes:
-            accs = objective.accuracies(stack.params, data.check, stack.indices).tolist()
+            accs = checked if checked is not None else objective.accuracies(stack.params, data.check, stack.indices).tolist()
             failed = []
             for position, (lane, acc) in enumerate(zip(stack.lanes, accs)):
                 lane.history[-1]["check_accuracy"] = acc

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from benchmark.analyses.figures import COLUMN_WIDTH, PALETTE, legend_layout, new_figure, save_figure, style
+from benchmark.core.figures import COLUMN_WIDTH, PALETTE, legend_layout, new_figure, save_figure, style
 from benchmark.analyses.inputs import NotApplicableError, figures_dir, first_repetition, require_reference, require_samples
 from benchmark.analyses.marginals import FORMS, Layers, ZooLayers, bin_edges, draw_histograms, histogram, shown_layers
 from benchmark.experiment import Experiment

@@ -19,7 +19,7 @@ from scipy import stats
 from torch import nn
 
 from benchmark.analyses import ANALYSES, MissingInputsError, NotApplicableError, min_mass, permutation_frequency, toy
-from benchmark.analyses.figures import COLUMN_WIDTH, DPI, style
+from benchmark.core.figures import COLUMN_WIDTH, DPI, style
 from benchmark.cli import check_command_line, run
 from benchmark.config import HOOK_ANALYSES, ConfigError, analysis_names, build_schema
 from benchmark.experiment import Experiment

@@ -190,3 +190,32 @@ def test_the_final_threshold_gives_the_same_verdicts_in_both_trainers(exp):
                                  "(below fail_rule.final_min_accuracy: not converged)")
     for ours, theirs in zip(stacked(exp, short, recipe, seeds), want):
         assert_same(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_curves_record_every_epochs_accuracies_and_leave_the_weights_as_they_are(exp):
+    """With ``curves`` each epoch's record holds the validation accuracy and the accuracy on the
+    fixed training subset, in both trainers alike; the weights are those of a run without them, to
+    the bit; the last record's numbers are the final network's, recomputed here."""
+    from benchmark.core.training import accuracy, curve_subset
+
+    data, recipe = exp.training_data, exp.recipe.replaced(epochs=3, milestones=[2])
+    seeds = list(range(5))
+    plain = stacked(exp, data, recipe, seeds)
+    ours = stacked(exp, data, recipe, seeds, curves=True)
+    theirs = [train_network(model, data.train, data.check, recipe, seed, where=f"seed {seed}",
+                            train_eval=data.train_tensors, curves=True) for seed, model in zip(seeds, models(exp, seeds))]
+    subset = curve_subset(data.train_tensors, len(data.check[1]))
+    assert len(subset[1]) == len(data.check[1]) and len(set(subset[1].tolist())) > 1
+    for a, b, alone in zip(plain, ours, theirs):
+        assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+        assert [r["epoch"] for r in b.history] == list(range(1, b.epochs_run + 1))
+        assert all({"check_accuracy", "train_subset_accuracy"} <= r.keys() for r in b.history)
+        assert [h.keys() for h in b.history] == [h.keys() for h in alone.history]
+        for mine, want in zip(b.history, alone.history):
+            assert mine == pytest.approx(want, rel=1e-5, abs=1.5 / len(data.check[1]))
+        if b.failure is None or b.epochs_run == recipe.max_epochs:
+            assert b.history[-1]["check_accuracy"] == pytest.approx(b.check_accuracy)
+            with seeded(0):
+                model = exp.model()
+            model.load_state_dict(b.state_dict)
+            assert b.history[-1]["train_subset_accuracy"] == pytest.approx(accuracy(model, *subset))

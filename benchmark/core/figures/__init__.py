@@ -1,0 +1,35 @@
+"""Figures at paper column width (``canvas``): one style for every figure of the report and the analyses,
+and one writer that puts a figure's PNG, PDF and CSV side by side, atomically."""
+from benchmark.core.figures.canvas import (
+    COLUMN_WIDTH,
+    FONT_SIZE,
+    DPI,
+    ACCENT,
+    PALETTE,
+    STYLE,
+    style,
+    new_figure,
+    LEGEND_ROW_HEIGHT,
+    LEGEND_LABEL_CHARS,
+    legend_layout,
+    sequential_colormap,
+    save_figure,
+    outside_canvas,
+)
+
+__all__ = [
+    "COLUMN_WIDTH",
+    "FONT_SIZE",
+    "DPI",
+    "ACCENT",
+    "PALETTE",
+    "STYLE",
+    "style",
+    "new_figure",
+    "LEGEND_ROW_HEIGHT",
+    "LEGEND_LABEL_CHARS",
+    "legend_layout",
+    "sequential_colormap",
+    "save_figure",
+    "outside_canvas",
+]
