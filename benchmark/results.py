@@ -78,10 +78,13 @@ import numpy as np
 import pandas as pd
 
 from benchmark.core.store import MODES, atomic_path
+from metrics.columns import keys
 
 STATUSES = ("ok", "failed")
-RESULT_MODES = (*MODES, "baseline")
-"""A row's ``mode``: a method's (``one``, ``multi``) or ``baseline`` (a baseline row, ``benchmark.baselines``)."""
+BASELINE_MODE = "baseline"
+"""The ``mode`` (table group) of the baseline rows (``benchmark.baselines``)."""
+RESULT_MODES = (*MODES, BASELINE_MODE)
+"""A row's ``mode``: a method's (``one``, ``multi``) or ``BASELINE_MODE``."""
 KEY_COLUMNS = ["experiment", "method", "mode", "reference"]
 TEXT_COLUMNS = ["experiment", "experiment_label", "method", "method_label", "mode", "reference", "status", "reason", "ns_steps",
                 "wm_anchor", "reference_config_hash", "reference_recipe"]
@@ -93,12 +96,10 @@ ADDED_COLUMNS = ("n_reference", "ess", "stationary", *REFERENCE_COLUMNS, *ENERGY
                  *(f"{c}_hw" for c in ENERGY_COLUMNS))  # absent from older metrics.csv files: read as NaN
 ADDED_REPETITION_COLUMNS = (*ENERGY_COLUMNS, *(f"{c}_ref_sd" for c in ENERGY_COLUMNS))  # absent from older repetitions.csv: NaN
 ADDED_TEXT_COLUMNS = ("reference_config_hash", "reference_recipe")  # absent from older files: read as ""
-MMD_COLUMNS = ["mmd_median", "mmd_mean", "mmd_max", "ns_mmd_median", "ns_mmd_mean", "ns_mmd_max",
-               "wm_mmd_median", "wm_mmd_mean", "wm_mmd_max", "mmd_shared_median", "ns_mmd_shared_median",
-               "energy", "ns_energy"]
-METRIC_COLUMNS = ["acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv"]
+MMD_COLUMNS = list(keys("weight"))  # the weight-space distances (metrics.columns: one definition per column)
+METRIC_COLUMNS = list(keys("predictive"))
 MEASURED = MMD_COLUMNS + METRIC_COLUMNS  # the columns that get an interval
-TEST_COLUMNS = ["mmd_reject", "ns_mmd_reject"]
+TEST_COLUMNS = list(keys("test"))
 
 
 LEGACY_FILES = {"metrics_hmc.csv": "hmc", "repetitions_hmc.csv": "hmc"}

@@ -268,7 +268,7 @@ class HMCSettings(KernelSettings, MethodSettings):
     ``chains_per_start``: ``start=init`` chains whose seeds share ``seed // chains_per_start`` share one
     start (``start_seed``: the descended initialisation of the group's first seed, and its ``M^-1``),
     each with its own random stream, so that the chains of one start can be compared (the R-hat
-    within a start, apart from the differences between modes; ``benchmark/references/hmc/report.py``);
+    within a start, apart from the differences between modes; ``benchmark/report/hmc.py``);
     ``initial_mass``: where ``M^-1`` starts before its warm-up adaptation: ``identity``, or
     ``fisher``, the inverse of the curvature guessed at the chain's start (the likelihood's Fisher
     diagonal plus the prior precision: ``NetworkPotential.curvature_inverse_mass``), so that the

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from scipy.special import entr
 
+from metrics.columns import keys
 from metrics.ood import OOD_SCORES, fpr_at_tpr, ood_average_precision, ood_scores
 
 NLL_EPSILON = 1e-12
@@ -34,7 +35,8 @@ ECE_BINS = 15
 PROB_ATOL = 1e-2
 """Tolerance on [0, 1] bounds and on per-row sums to 1 (float16 softmax over 200 classes)."""
 
-METRIC_KEYS = ("acc", "nll", "brier", "ece", "aupr", "fpr95", "id_mi", "ood_mi", "agreement", "tv")
+METRIC_KEYS = keys("predictive")
+"""The keys of ``predictive_metrics``' dict, in metrics.csv's order (``metrics.columns``)."""
 
 # At most this many float64 elements are materialised at once when reducing over samples
 # (64 MiB), so S=100 x N=10,000 x C=200 inputs are never copied whole to float64.

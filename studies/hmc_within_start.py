@@ -5,7 +5,7 @@ of seeds 100000, 100001, ... with ``methods.hmc.chains_per_start`` k, so that co
 chains share a descended start and its ``M^-1``), here ``starts`` x k chains in one stack, run under the
 configured ``methods.hmc.*`` settings (``key=value`` overrides) to ``draws`` kept draws, and measured at
 each checkpoint of ``--every`` kept draws: the CPU time of this process so far (one thread), then on the
-test split the within-start convergence of ``benchmark.references.hmc.report`` (``start_groups``,
+test split the within-start convergence of ``benchmark.report.hmc`` (``start_groups``,
 ``summarised``: median over starts) and each start's own R-hat and chains' bulk ESS
 (``metrics.mcmc.predictive_convergence``, what the report computes per start), and per chain the
 share of sampling iterations the leapfrog cap cut (``ChainState.summary``), its step size and its
@@ -36,7 +36,7 @@ import torch  # noqa: E402
 import benchmark.analyses  # noqa: E402,F401  (declares the analyses and the references to the schema)
 from benchmark import config  # noqa: E402
 from benchmark.experiment import Experiment  # noqa: E402
-from benchmark.references.hmc.report import start_groups, summarised  # noqa: E402
+from benchmark.report.hmc import start_groups, summarised  # noqa: E402
 from metrics.mcmc import predictive_convergence  # noqa: E402
 
 UNITS = 5  # make hmc's multi-mode repetitions of HMC

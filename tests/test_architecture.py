@@ -55,20 +55,6 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
-HOOKS = {"report": "benchmark.report", "figures": "benchmark.analyses"}
-"""A reference plug-in's hook modules (``benchmark/references/<name>/report.py``, ``figures.py``, named
-by its ``hooks`` and imported by name by the report and analyze stages) sit in the layer of what
-they add to: the report, the analyses. The rest of a plug-in's package is the references' layer."""
-
-
-def hook_layer(name: str) -> str | None:
-    """The layer a reference's hook module is judged in, or ``None`` for any other module."""
-    parts = name.split(".")
-    if len(parts) == 4 and parts[:2] == ["benchmark", "references"] and parts[3] in HOOKS:
-        return HOOKS[parts[3]]
-    return None
-
-
 def _within(name: str, prefixes: tuple[str, ...] | list[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
@@ -98,7 +84,6 @@ def scan(root: Path) -> dict[str, set[str]]:
 
 
 def rule_of(name: str) -> tuple[str, tuple[str, ...]]:
-    name = hook_layer(name) or name
     for prefix, allowed in RULES:
         if _within(name, (prefix,)):
             return prefix, allowed
@@ -127,7 +112,7 @@ def stage_violations(modules: dict[str, set[str]]) -> list[str]:
         stages = sorted(t for t in imports if _within(t, ("benchmark.stages",)) and t != name)
         if _within(name, ("benchmark.stages",)) and name != "benchmark.stages" and stages:
             out.append(f"stage {name} imports {stages}: stages are siblings (share through benchmark.inventory/reference)")
-        if (_within(name, ("benchmark.report", "benchmark.analyses")) or hook_layer(name)) and stages:
+        if _within(name, ("benchmark.report", "benchmark.analyses")) and stages:
             out.append(f"{name} imports {stages}: the report and the analyses import no stage")
     return out
 
@@ -143,10 +128,8 @@ def write_violations(modules: dict[str, set[str]]) -> list[str]:
 
 def package_of(name: str, modules: dict[str, set[str]]) -> str:
     """The node of a module in the package graph: its package, or, for a module directly in
-    ``benchmark/`` (a package of layers) or a reference's hook module (``hook_layer``), the module
-    itself; a reference plug-in's package is part of ``benchmark.references``."""
-    if hook_layer(name):
-        return name
+    ``benchmark/`` (a package of layers), the module itself; a reference plug-in's package is part of
+    ``benchmark.references``."""
     if name.startswith("benchmark.references."):
         return "benchmark.references"
     if name in modules and any(other.startswith(name + ".") for other in modules):
@@ -217,18 +200,21 @@ def test_this_test_sees_the_arrows():
     assert "benchmark.inventory.actions" in MODULES["benchmark.stages.sample"]
     assert any(_within(m, ("benchmark",)) for m in MODULES["tests.conftest"])
     assert any(_within(m, ("benchmark.core",)) for m in MODULES["bench.reliability"])
-    assert "benchmark.report.findings" in MODULES["benchmark.references.hmc.report"]
+    assert "benchmark.report.findings" in MODULES["benchmark.report.hmc"]
+    assert "benchmark.references.hmc" in MODULES["benchmark.analyses.hmc"]
 
 
-def test_a_reference_hook_is_judged_in_the_layer_it_adds_to(tmp_path):
-    """A reference's report hook may import the report's modules, the rest of its package may not."""
-    hooks = {**CLEAN, "benchmark/references/mine/report.py": "from benchmark.report.tables import x\n",
+def test_a_reference_hook_lives_in_the_layer_it_adds_to(tmp_path):
+    """A reference's report hook is a module of the report (``benchmark/report/<name>.py``), which may import
+    the report's modules; the same import from the reference's own package runs up the layers: no module is
+    judged by any other layer than its path's."""
+    hooks = {**CLEAN, "benchmark/report/mine.py": "from benchmark.report.tables import x\nfrom benchmark.references import y\n",
              "benchmark/references/mine/__init__.py": "from benchmark.inventory import converged\n"}
     assert layer_violations(_tree(tmp_path, hooks)) == [] and package_cycles(_tree(tmp_path, hooks)) == []
-    upward = {**hooks, "benchmark/references/mine/__init__.py": "from benchmark.report.tables import x\n"}
-    assert "benchmark.references.mine (benchmark.references) -> benchmark.report.tables" in layer_violations(
+    upward = {**hooks, "benchmark/references/mine/report.py": "from benchmark.report.tables import x\n"}
+    assert "benchmark.references.mine.report (benchmark.references) -> benchmark.report.tables" in layer_violations(
         _tree(tmp_path / "b", upward))
-    staged = {**hooks, "benchmark/references/mine/figures.py": "from benchmark.stages.zoo import x\n"}
+    staged = {**hooks, "benchmark/analyses/mine.py": "from benchmark.stages.zoo import x\n"}
     assert "the report and the analyses import no stage" in stage_violations(_tree(tmp_path / "c", staged))[0]
 
 

@@ -28,15 +28,16 @@ from benchmark.config import analysis_names, declare_analysis
 from benchmark.references import REFERENCES
 
 HELPERS = ("inputs",)
-"""The package's modules that are not analyses: the figures' style, the analyses' inputs."""
+"""The package's module that is not an analysis: the analyses' inputs."""
 
 
 def discover() -> None:
-    """Declare every analysis module of this package (all but ``HELPERS``) to the schema: its ``NAME``
+    """Declare every analysis module of this package (all but ``HELPERS`` and the references' hooks, declared with their reference) to the schema: its ``NAME``
     (the module's name), its typed ``Settings`` (the node ``analyze.<name>``) and its ``ORDER``
     (``benchmark.config.declare_analysis``); ``TypeError`` naming what a module lacks."""
+    hooks = {reference.hooks.analysis for reference in REFERENCES.values()}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if info.name in HELPERS:
+        if info.name in HELPERS or f"{__name__}.{info.name}" in hooks:  # a reference's: declared with it
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         missing = [a for a in ("NAME", "ORDER", "Settings") if not hasattr(module, a)]

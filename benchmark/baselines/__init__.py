@@ -37,7 +37,7 @@ import importlib
 import inspect
 import pkgutil
 
-from benchmark.baselines.base import BASELINE_MODE, Baseline
+from benchmark.baselines.base import Baseline
 from benchmark.config import declare_baseline
 from benchmark.experiment import Experiment
 
@@ -96,4 +96,4 @@ def selected(exp: Experiment) -> list[str]:
 
 discover()
 
-__all__ = ["BASELINES", "BASELINE_MODE", "Baseline", "baseline_class", "discover", "register", "selected"]
+__all__ = ["BASELINES", "Baseline", "baseline_class", "discover", "register", "selected"]

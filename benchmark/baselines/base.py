@@ -19,9 +19,7 @@ from benchmark.design import Design
 from benchmark.experiment import Experiment
 from benchmark.inventory import converged
 from benchmark.references.zoo import ZooReference
-
-BASELINE_MODE = "baseline"
-"""The metrics.csv ``mode`` (table group) of the baseline rows."""
+from benchmark.results import BASELINE_MODE
 
 
 class Baseline:

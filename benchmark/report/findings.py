@@ -39,6 +39,7 @@ import pandas as pd
 from benchmark.references import REFERENCE_METHODS
 from benchmark.report.tables import UNCONVERGED_MARK, not_converged, variant_notes
 from benchmark.results import check_metrics, check_repetitions, half_width, parse_base_seeds
+from metrics.columns import baseline_directions, column as measured
 from metrics.kendall import BOOTSTRAP_DRAWS, RankAgreement, rank_agreement
 from methods import METHODS
 from metrics.uncertainty import (
@@ -51,12 +52,16 @@ PAIRED = ("dropout", "bnn", "swag", "laplace")  # methods with both modes (SGHMC
 
 @dataclass(frozen=True)
 class Comparison:
-    """``a`` and ``b`` are (method, mode) rows; ``lower``: the claim is a's value < b's."""
+    """``a`` and ``b`` are (method, mode) rows; the claim is that a is better than b in ``column``,
+    the direction its definition gives (``metrics.columns``): ``lower``, a's value < b's."""
 
     a: tuple[str, str]
     b: tuple[str, str]
     column: str
-    lower: bool = True
+
+    @property
+    def lower(self) -> bool:
+        return measured(self.column).lower
 
 
 @dataclass(frozen=True)
@@ -126,13 +131,13 @@ def paper_claims(rows: set[tuple[str, str]]) -> list[Claim]:
     claims += [
         Claim("After Deep Ensembles, Laplace has the lowest MMD and NS MMD (within each mode).", tuple(laplace)),
         Claim("Multi-mode methods are more accurate than their one-mode form.",
-              tuple(Comparison((m, "multi"), (m, "one"), "acc", lower=False) for m in paired)),
+              tuple(Comparison((m, "multi"), (m, "one"), "acc") for m in paired)),
         Claim("Multi-mode methods have a lower NLL than their one-mode form.",
               tuple(Comparison((m, "multi"), (m, "one"), "nll") for m in paired)),
         Claim("One-mode methods have a lower ECE than their multi-mode form.",
               tuple(Comparison((m, "one"), (m, "multi"), "ece") for m in paired)),
         Claim("Multi-mode methods are ahead on OOD detection: higher AUPR ...",
-              tuple(Comparison((m, "multi"), (m, "one"), "aupr", lower=False) for m in paired)),
+              tuple(Comparison((m, "multi"), (m, "one"), "aupr") for m in paired)),
         Claim("... and lower FPR95.", tuple(Comparison((m, "multi"), (m, "one"), "fpr95") for m in paired)),
     ]
     return [claim for claim in claims + seed_claims(rows) if claim.comparisons]
@@ -147,7 +152,7 @@ def seed_claims(rows: set[tuple[str, str]]) -> list[Claim]:
     skip = [v for v in variants if v[0] == "bnn_skip"]
     return [
         Claim("Seed 001: fixed orthogonal skips reduce the vBNN's underfitting: higher accuracy ...",
-              tuple(Comparison(v, bnn, "acc", lower=False) for v in skip)),
+              tuple(Comparison(v, bnn, "acc") for v in skip)),
         Claim("... and lower NLL than the plain vBNN.", tuple(Comparison(v, bnn, "nll") for v in skip)),
         Claim("Seeds 000, 001: breaking the symmetry during training brings the vBNN's posterior closer to the "
               "reference: lower NS MMD than the plain vBNN.", tuple(Comparison(v, bnn, "ns_mmd_median") for v in variants)),
@@ -550,11 +555,8 @@ def repetitions_needed(df: pd.DataFrame, repetitions: pd.DataFrame, alpha: float
     return pd.DataFrame(records)
 
 
-BETTER_LOWER: dict[str, bool] = {
-    "mmd_median": True, "ns_mmd_median": True, "energy": True, "ns_energy": True, "acc": False, "nll": True, "brier": True, "ece": True,
-    "aupr": False, "fpr95": True,
-}
-"""The columns ``baseline_comparisons`` compares by default, each with whether lower is better."""
+BETTER_LOWER: dict[str, bool] = baseline_directions()
+"""The columns ``baseline_comparisons`` compares by default, each with whether lower is better (``metrics.columns``)."""
 BEATS, WORSE = "beats", "worse"
 
 
@@ -574,13 +576,14 @@ def rows_of(repetitions: pd.DataFrame, experiment: str | None = None) -> dict[tu
 
 
 def baseline_comparisons(repetitions: pd.DataFrame, baselines: Sequence[tuple[str, str]],
-                         methods: Sequence[tuple[str, str]], columns: Mapping[str, bool] | None = None,
+                         methods: Sequence[tuple[str, str]], columns: Sequence[str] | None = None,
                          alpha: float = ALPHA, overrides: Mapping[str, bool] | None = None,
                          experiment: str | None = None) -> pd.DataFrame:
     """Which method rows beat which baseline rows, per column, from a repetitions.csv frame.
 
     ``baselines``, ``methods``: ``(method, mode)`` rows (baselines e.g. ``("prior", "baseline")``);
-    ``columns``: column -> lower is better (default ``BETTER_LOWER``); ``overrides``: method ->
+    ``columns``: the columns compared (default ``BETTER_LOWER``'s), each in the direction its
+    definition gives (``metrics.columns``); ``overrides``: method ->
     starts from the base network (``starts_from_base``: a name the registry does not know is an
     independent sample). For each column, every method against every baseline is one comparison
     (``check_claim``: paired only where both start from the base, exact test and t-test) and the
@@ -591,7 +594,7 @@ def baseline_comparisons(repetitions: pd.DataFrame, baselines: Sequence[tuple[st
     ``holm_exact_p``, ``power``, ``needed`` (repetitions for 80% power), ``outcome`` (beats, worse,
     underpowered, not distinguishable: on the exact tests) and ``t_outcome`` (Holm on the t-tests).
     ``ValueError`` naming a row or a column the repetitions lack."""
-    columns = dict(BETTER_LOWER if columns is None else columns)
+    columns = list(BETTER_LOWER if columns is None else columns)
     per_row = rows_of(repetitions, experiment)
     missing = [f"{m}/{mode}" for m, mode in (*baselines, *methods) if (m, mode) not in per_row]
     if missing:
@@ -604,8 +607,9 @@ def baseline_comparisons(repetitions: pd.DataFrame, baselines: Sequence[tuple[st
         raise ValueError("baseline_comparisons: baselines= and methods= each need at least one (method, mode) row")
     named = {HOLDS: BEATS, FAILS: WORSE, UNDERPOWERED: UNDERPOWERED, UNDECIDED: UNDECIDED}
     records = []
-    for column, lower in columns.items():
-        family = Claim(column, tuple(Comparison(m, b, column, lower) for m in methods for b in baselines))
+    for column in columns:
+        lower = measured(column).lower
+        family = Claim(column, tuple(Comparison(m, b, column) for m in methods for b in baselines))
         for o in check_claim(family, per_row, alpha, overrides):
             t = o.test
             records.append({

@@ -22,9 +22,11 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from metrics.columns import column, keys, table1_columns
 from benchmark.results import check_metrics, half_width
 from benchmark.core.store import atomic_write_text
-from benchmark.baselines import BASELINE_MODE, BASELINES
+from benchmark.baselines import BASELINES
+from benchmark.results import BASELINE_MODE
 from methods import method_class, method_names
 from methods.bnn import BNNMethod
 
@@ -33,30 +35,13 @@ GROUP_LABELS = {"one": "One Mode", "multi": "Multi Mode", BASELINE_MODE: "Baseli
 
 INDEX_NAMES = ["Experiment", "Group", "Method"]
 
-SCALE = 100.0
-"""Every value is printed x100, as in the paper (15.0 = MMD 0.150, 83.3 = 83.3% accuracy)."""
+TABLE1_SOURCES = {c.label: c.key for c in table1_columns()}
+"""Table 1 column -> metrics.csv column, from ``metrics.columns`` (MMD = the median over kernels, as
+the paper reports; then the energy coefficient, which has no bandwidth and does not saturate:
+``metrics.mmd.energy``); after the paper's columns, the function-space check (agreement and TV with
+the reference's predictive), so that a row close in weight marginals but wrong in function space shows."""
 
-TABLE1_SOURCES = {
-    "MMD": "mmd_median",
-    "NS MMD": "ns_mmd_median",
-    "Energy": "energy",
-    "NS Energy": "ns_energy",
-    "Acc": "acc",
-    "ECE": "ece",
-    "Brier": "brier",
-    "AUPR": "aupr",
-    "FPR95": "fpr95",
-    "ID MI": "id_mi",
-    "OOD MI": "ood_mi",
-    "Agree": "agreement",
-    "TV": "tv",
-}
-"""Table 1 column -> metrics.csv column (MMD = the median over kernels, as the paper reports; then the
-energy coefficient, which has no bandwidth and does not saturate: ``metrics.mmd.energy``); after
-the paper's columns, the function-space check (agreement and TV with the reference's predictive),
-so that a row close in weight marginals but wrong in function space shows."""
-
-TEST_SOURCES = {"MMD rej.": "mmd_reject", "NS rej.": "ns_mmd_reject"}
+TEST_SOURCES = {column(key).label: key for key in keys("test")}
 """Table 1's test columns (percent of layers rejected; no interval)."""
 
 TABLE2_SOURCES = {
@@ -319,8 +304,8 @@ def table3(df: pd.DataFrame, separate: bool = False) -> pd.DataFrame:
     rows = _ordered(df, TABLE3_SOURCES.values())
     table = display_cells(rows, TABLE3_SOURCES, separate)
     experiment = rows.index.get_level_values(0)
-    for label, column in RANK_SOURCES.items():
-        values = rows[column].where((rows["status"] != "failed") & (rows["mode"] != BASELINE_MODE))
+    for label, key in RANK_SOURCES.items():
+        values = rows[key].where((rows["status"] != "failed") & (rows["mode"] != BASELINE_MODE))
         ranks = values.groupby(experiment).rank(method="min")
         table[label] = [MISSING if np.isnan(r) else f"{int(r)}" for r in ranks]
     return table
@@ -523,29 +508,30 @@ def _ordered(df: pd.DataFrame, value_columns) -> pd.DataFrame:
 
 
 def display_cells(rows: pd.DataFrame, sources: dict, separate: bool = False, with_half_widths: bool = True) -> pd.DataFrame:
-    """Text cells: value x SCALE to one decimal with `` ± half-width`` ("± n/a" when unknown: a single
-    repetition; in a separate ``(label, "±")`` column with ``separate``), "failed" for failed rows,
-    "n/a" for missing values."""
+    """Text cells: value x its column's scale (``metrics.columns``; a source ``<reference>:<key>`` is
+    key's) to one decimal with `` ± half-width`` ("± n/a" when unknown: a single repetition; in a
+    separate ``(label, "±")`` column with ``separate``), "failed" for failed rows, "n/a" for missing values."""
     failed = rows["status"].eq("failed")
     table = pd.DataFrame(index=rows.index)
 
-    def text(v: float, is_failed: bool) -> str:
+    def text(v: float, is_failed: bool, scale: float) -> str:
         if is_failed or np.isnan(v):
             return FAILED if is_failed else MISSING
-        shown = f"{v * SCALE:.1f}"
+        shown = f"{v * scale:.1f}"
         return "0.0" if shown == "-0.0" else shown  # an unbiased MMD estimate a hair below 0
 
-    for label, column in sources.items():
-        values = [text(v, f) for v, f in zip(rows[column], failed)]
-        widths = rows[half_width(column)] if with_half_widths and half_width(column) in rows else None
+    for label, source in sources.items():
+        scale = column(source.rpartition(":")[2]).scale
+        values = [text(v, f, scale) for v, f in zip(rows[source], failed)]
+        widths = rows[half_width(source)] if with_half_widths and half_width(source) in rows else None
         if widths is None:
             table[label] = values
         elif separate:
             table[label] = values
             table[(*label[:-1], f"{label[-1]} ±") if isinstance(label, tuple) else f"{label} ±"] = [
-                "" if f else text(w, False) for w, f in zip(widths, failed)]
+                "" if f else text(w, False, scale) for w, f in zip(widths, failed)]
         else:
-            table[label] = [v if f or v == MISSING else f"{v} ± {text(w, False)}" for v, w, f in zip(values, widths, failed)]
+            table[label] = [v if f or v == MISSING else f"{v} ± {text(w, False, scale)}" for v, w, f in zip(values, widths, failed)]
     return table
 
 

@@ -54,7 +54,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.baselines import BASELINE_MODE, BASELINES, selected as selected_baselines
+from benchmark.baselines import BASELINES, selected as selected_baselines
+from benchmark.results import BASELINE_MODE
 from benchmark.core.fingerprint import stable_hash
 from benchmark.core.training.predict import predict_samples
 from benchmark.design import Design

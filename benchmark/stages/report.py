@@ -27,7 +27,7 @@ from benchmark.core.store import CheckpointMetadata, atomic_write_text, read_met
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, range_state, require_inputs
 from benchmark.inventory.actions import reap_results_litter
-from benchmark.baselines import BASELINE_MODE
+from benchmark.results import BASELINE_MODE
 from benchmark.references import REFERENCES, ZOO, evaluated
 from benchmark.report import curves, diagnostics, findings, paper, write_tables
 from metrics.mmd import group_layers

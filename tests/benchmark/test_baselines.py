@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from benchmark.baselines import BASELINE_MODE, BASELINES, baseline_class
+from benchmark.baselines import BASELINES, baseline_class
+from benchmark.results import BASELINE_MODE
 from benchmark.baselines.gaussian import gaussian_samples, reference_moments
 from benchmark.baselines.init import INIT_SEED_START, init_samples
 from benchmark.baselines.prior import prior_samples

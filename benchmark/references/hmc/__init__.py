@@ -6,7 +6,7 @@ against it, an HMC repetition against the other repetitions' chains only (``agai
 itself gets a row (``scores_zoo``: blocks of reference checkpoints scored as a method's samples).
 
 Its report hooks: ``table_hmc.{md,csv}`` and the findings about the two references
-(``benchmark.references.hmc.report``), and ``analysis=hmc`` (``benchmark.references.hmc.figures``).
+(``benchmark.report.hmc``), and ``analysis=hmc`` (``benchmark.analyses.hmc``).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class HMCReference(Reference):
     needs = "every repetition of hmc/multi (stage=sample method=hmc mode=multi)"
     own_row = HMC_ROW
     scores_zoo = True
-    hooks = ReportHooks(report="benchmark.references.hmc.report", analysis="benchmark.references.hmc.figures")
+    hooks = ReportHooks(report="benchmark.report.hmc", analysis="benchmark.analyses.hmc")
 
     def __init__(self, exp: Experiment, exclude: tuple[Unit, ...] = ()) -> None:
         problem = self.problem(exp)

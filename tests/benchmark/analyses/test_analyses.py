@@ -84,7 +84,7 @@ def test_every_analysis_writes_png_pdf_and_csv_at_column_width(analyzed):
     assert "from an earlier run" not in index and " s)" not in index  # no run times: a function of the inputs
     choice = typing.get_type_hints(build_schema())["analysis"]  # analysis=: the package's, the hooks', all
     assert [a.value for a in choice] == [*ANALYSES, "all"] == [*analysis_names(), "all"]
-    assert HOOK_ANALYSES == ["hmc"] and ANALYSES["hmc"].__name__ == "benchmark.references.hmc.figures"
+    assert HOOK_ANALYSES == ["hmc"] and ANALYSES["hmc"].__name__ == "benchmark.analyses.hmc"
     assert all(module.NAME == name for name, module in ANALYSES.items())
 
 

@@ -20,7 +20,7 @@ def _fresh(code: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_a_reference_hook_imported_first_is_the_analysis_of_its_reference():
-    done = _fresh("import benchmark.references.hmc.figures as hook\n"
+    done = _fresh("import benchmark.analyses.hmc as hook\n"
                   "from benchmark.analyses import ANALYSES\n"
                   "assert ANALYSES['hmc'] is hook, ANALYSES['hmc']\n"
                   "assert list(ANALYSES)[-1] == 'hmc', list(ANALYSES)\n")
@@ -32,7 +32,7 @@ def test_importing_the_analyses_declares_the_baselines_without_importing_a_hook(
     done = _fresh("import sys\n"
                   "import benchmark.analyses\n"
                   "from benchmark.config import BASELINE_NAMES\n"
-                  "assert 'benchmark.references.hmc.figures' not in sys.modules\n"
+                  "assert 'benchmark.analyses.hmc' not in sys.modules\n"
                   "assert BASELINE_NAMES[:2] == ['prior', 'init'], BASELINE_NAMES\n")
     assert done.returncode == 0, done.stderr
 

@@ -290,7 +290,7 @@ def test_seed_claim_directions_and_verdicts_on_hand_made_rows():
     skip, ordered, bnn = ("bnn_skip", "one"), ("bnn_ordered", "one"), ("bnn", "one")
     claims = {claim.text: claim.comparisons for claim in seed_claims(rows)}
     assert list(claims.values()) == [
-        (Comparison(skip, bnn, "acc", lower=False),),
+        (Comparison(skip, bnn, "acc"),),
         (Comparison(skip, bnn, "nll"),),
         (Comparison(skip, bnn, "ns_mmd_median"), Comparison(ordered, bnn, "ns_mmd_median")),
         (Comparison(skip, bnn, "mmd_median"), Comparison(ordered, bnn, "mmd_median")),
@@ -337,7 +337,7 @@ def test_methods_against_baselines_are_unpaired_tests_with_holm_per_column():
     _, reps = _frames(_paper_values(), reps=8)
     reps = _with_baselines(reps, n=8)
     methods = [("laplace", "one"), ("swag", "one"), ("ensemble", "multi")]
-    table = baseline_comparisons(reps, BASELINES, methods, columns={"acc": False, "nll": True})
+    table = baseline_comparisons(reps, BASELINES, methods, columns=["acc", "nll"])
     assert len(table) == 12 and set(table["column"]) == {"acc", "nll"}
     acc = table[table["column"] == "acc"].set_index(["method", "baseline"])
     assert (acc.xs("prior", level="baseline")["outcome"] == "beats").all()
@@ -351,12 +351,12 @@ def test_methods_against_baselines_are_unpaired_tests_with_holm_per_column():
     assert acc["exact_p"].tolist() == pytest.approx(exact, rel=1e-9)
     assert acc["t_p"].tolist() == pytest.approx(welch, rel=1e-9)
     assert acc["holm_exact_p"].tolist() == pytest.approx(list(multipletests(exact, method="holm")[1]), rel=1e-9)
-    paired = baseline_comparisons(reps, BASELINES, methods, columns={"acc": False}, overrides={"init": True, "prior": True})
+    paired = baseline_comparisons(reps, BASELINES, methods, columns=["acc"], overrides={"init": True, "prior": True})
     # declared to start from the base, yet drawn on other bases (300000 + k): still independent samples
     assert paired.set_index(["method", "baseline"]).loc[("laplace", "init"), "design"] == "unpaired: separate bases"
     same = reps.assign(base_seeds=reps["base_seeds"].where(reps["mode"] != "baseline", reps["repetition"].map(
         lambda k: str(100000 + k))))
-    paired = baseline_comparisons(same, BASELINES, methods, columns={"acc": False}, overrides={"init": True, "prior": True})
+    paired = baseline_comparisons(same, BASELINES, methods, columns=["acc"], overrides={"init": True, "prior": True})
     laplace_init = paired.set_index(["method", "baseline"]).loc[("laplace", "init")]
     assert laplace_init["design"] == "paired, shared bases" and laplace_init["n_method"] == 8
     assert laplace_init["t_p"] == pytest.approx(stats.ttest_rel(_of(reps, "laplace", "one", "acc"),
@@ -373,13 +373,13 @@ def test_methods_against_baselines_are_unpaired_tests_with_holm_per_column():
 def test_few_baseline_repetitions_are_underpowered_and_bad_names_are_refused():
     _, reps = _frames(_paper_values(), reps=3)
     reps = _with_baselines(reps, n=3)
-    table = baseline_comparisons(reps, BASELINES, [("swag", "one")], columns={"acc": False})
+    table = baseline_comparisons(reps, BASELINES, [("swag", "one")], columns=["acc"])
     assert (table["outcome"] == "underpowered").all()  # 3 + 3: smallest p 2/20 = 0.1
     assert "underpowered (" in render_baselines(table)
     with pytest.raises(ValueError, match=r"no repetitions of second_zoo/baseline .*rows present: .*prior/baseline"):
         baseline_comparisons(reps, [("second_zoo", "baseline")], [("swag", "one")])
     with pytest.raises(ValueError, match=r"columns=\['accuracy'\]"):
-        baseline_comparisons(reps, BASELINES, [("swag", "one")], columns={"accuracy": False})
+        baseline_comparisons(reps, BASELINES, [("swag", "one")], columns=["accuracy"])
     two = pd.concat([reps, reps.assign(experiment="mnist_optunet")])
     with pytest.raises(ValueError, match="several experiments.*experiment="):
         baseline_comparisons(two, BASELINES, [("swag", "one")])

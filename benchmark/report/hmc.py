@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from benchmark.baselines import BASELINE_MODE
+from benchmark.results import BASELINE_MODE
 from benchmark.design import Design
 from benchmark.core.store import SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmark.references.hmc.report import reading, start_groups, summarised
+from benchmark.report.hmc import reading, start_groups, summarised
 from metrics.mcmc import predictive_convergence
 
 

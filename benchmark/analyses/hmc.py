@@ -26,7 +26,7 @@ from benchmark.analyses.inputs import NotApplicableError, figures_dir, first_rep
 from benchmark.analyses.marginals import FORMS, Layers, ZooLayers, bin_edges, draw_histograms, histogram, shown_layers
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, require_inputs, row_label
-from benchmark.baselines import BASELINE_MODE
+from benchmark.results import BASELINE_MODE
 from benchmark.references import REFERENCE_METHODS, ZOO, evaluated
 from benchmark.references.hmc import HMC_ROW, HMCReference
 from benchmark.results import half_width, metrics_path, read_metrics, rows_against

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from benchmark.analyses import NotApplicableError, marginals
-from benchmark.references.hmc import figures as hmc
+from benchmark.analyses import hmc
 from benchmark.experiment import Experiment
 from benchmark.references import ZooReference
 from benchmark.references.hmc import HMCReference
