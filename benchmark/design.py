@@ -1,6 +1,6 @@
 """The repetition design: how many repetitions every row has, and which networks each one reads.
 
-One object (``Design``, from ``Design.of(exp)``) owns it, so that no stage reads these settings on its own:
+One object (``Design``, ``exp.design``: built once from the config's ``sample`` node) owns it, so that no stage reads these settings on its own:
 
 - ``repetitions``: ``sample.repetitions``, the independent repetitions of every method x mode,
   unless ``sample.repetitions_per_method`` names the method (``repetitions_of``: cheap rows can
@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Mapping, Sequence, TypeVar
 
-from benchmark.experiment import Experiment
 from methods import MethodConfigError, PosteriorMethod, method_class, selected
 from methods.modes import plan_counts
 
@@ -67,10 +66,10 @@ class Design:
     per_method_repetitions: tuple[tuple[str, int], ...] = ()
 
     @classmethod
-    def of(cls, exp: Experiment) -> "Design":
-        """The design of ``exp``'s config (``sample.repetitions``, ``sample.per_method``,
-        ``sample.modes_multi``, ``sample.repetitions_per_method``)."""
-        sample = exp.config.sample
+    def of(cls, sample) -> "Design":
+        """The design of a config's ``sample`` node (``sample.repetitions``, ``sample.per_method``,
+        ``sample.modes_multi``, ``sample.repetitions_per_method``); ``Experiment.design`` holds its
+        experiment's."""
         return cls(sample.repetitions, sample.per_method, sample.modes_multi,
                    tuple(sorted(dict(sample.repetitions_per_method or {}).items())))
 

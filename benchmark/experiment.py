@@ -12,12 +12,13 @@ import os
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from benchmark.design import Design
 from benchmark.config import Config, ConfigError, Precision, resolve_config
 from benchmark.core.data import (
     DatasetInfo, TrainSplit, as_tensors, check_ood_pairing, dataset_info, get_dataset, get_ood_dataset, get_train_split,
@@ -365,13 +366,16 @@ class Experiment:
         cls = method_class(name)
         return cls(self.model, self.training_data, self.method_settings(name), recipe=self.recipe, device=self.device)
 
-    def planned_methods(self, counts: Callable[[PosteriorMethod, str], tuple[int, int]]
-                        ) -> tuple[list[tuple[PosteriorMethod, ModePlan]], list[str]]:
+    @cached_property
+    def design(self) -> Design:
+        """The repetition design of the config's ``sample`` node (``benchmark.design``)."""
+        return Design.of(self.config.sample)
+
+    def planned_methods(self) -> tuple[list[tuple[PosteriorMethod, ModePlan]], list[str]]:
         """Every method x mode that ``method=`` and ``mode=`` select, built and checked before any
-        training: ``([(method, plan without candidate bases)], [skipped "name/mode: why"])``.
-        ``counts``: method x mode -> ``(bases, samples per base)`` of one repetition, the repetition
-        design's ``Design.of(exp).plan_counts`` (the design, which sits above the experiment, reads
-        the sample counts). Under ``method=all`` a method the experiment marks ``unavailable`` is
+        training: ``([(method, plan without candidate bases)], [skipped "name/mode: why"])``, each
+        plan with one repetition's ``(bases, samples per base)`` from the design
+        (``Design.plan_counts``). Under ``method=all`` a method the experiment marks ``unavailable`` is
         skipped. Raises ``MethodConfigError`` listing every refused combination (bad
         method/model/mode, sample counts that do not split) and ``ConfigError`` for a setting out
         of range."""
@@ -384,7 +388,7 @@ class Experiment:
                 continue
             try:
                 instance.check(m)
-                bases, per_base = counts(instance, m)
+                bases, per_base = self.design.plan_counts(instance, m)
             except SettingsError as err:
                 raise ConfigError(f"methods.{name}.{err}") from None
             except MethodConfigError as err:

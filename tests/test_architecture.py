@@ -22,8 +22,8 @@ PROJECT = ("benchmark", "methods", "metrics", "bench", "studies", "tests")
 CORE = ("benchmark.core",)
 METRICS = ("metrics", *CORE)  # metrics import only themselves; listed with core for the rules below
 COMPUTE = ("methods", "metrics", *CORE)
-BASE = ("benchmark.experiment", "benchmark.config", "benchmark.results")
-QUERY = ("benchmark.inventory", "benchmark.references", "benchmark.baselines", "benchmark.design")
+BASE = ("benchmark.experiment", "benchmark.design", "benchmark.config", "benchmark.results")
+QUERY = ("benchmark.inventory", "benchmark.references", "benchmark.baselines")
 CONFIG_LIBRARIES = ("hydra", "omegaconf")
 WRITES = ("benchmark.inventory.actions",)  # the inventory's writes (temp-file reaping, quarantine)
 WRITERS = ("benchmark.stages", "bench", "tests", *WRITES)  # who may import them
@@ -40,12 +40,11 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("benchmark.stages", ("benchmark.stages", "benchmark.report", "benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.report", ("benchmark.report", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.analyses", ("benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
-    ("benchmark.baselines", ("benchmark.baselines", "benchmark.references", "benchmark.inventory", "benchmark.design", *BASE,
-                             *COMPUTE)),
-    ("benchmark.inventory", ("benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
-    ("benchmark.design", (*BASE, *COMPUTE)),  # the repetition design: positions, never the store
-    ("benchmark.references", ("benchmark.references", "benchmark.inventory", "benchmark.design", *BASE, *COMPUTE)),
-    ("benchmark.experiment", ("benchmark.config", *COMPUTE)),
+    ("benchmark.baselines", ("benchmark.baselines", "benchmark.references", "benchmark.inventory", *BASE, *COMPUTE)),
+    ("benchmark.inventory", ("benchmark.inventory", *BASE, *COMPUTE)),
+    ("benchmark.references", ("benchmark.references", "benchmark.inventory", *BASE, *COMPUTE)),
+    ("benchmark.experiment", ("benchmark.config", "benchmark.design", *COMPUTE)),
+    ("benchmark.design", COMPUTE),  # the repetition design: positions from the sample settings, never the store
     ("benchmark.config", COMPUTE),
     ("benchmark.results", COMPUTE),
     ("benchmark.core", CORE),

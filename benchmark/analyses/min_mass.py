@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from matplotlib.patches import Patch
 
 from benchmark.core.figures import PALETTE, new_figure, save_figure, style

@@ -54,7 +54,7 @@ def heldout_block(exp: Experiment, repetition: int, n: int, who: str, drop: str)
     """The first ``n`` converged held-out seeds of repetition ``repetition``'s block (``Design.block``:
     from converged held-out seed ``repetition x Design.stride`` on, as the sample stage reads them);
     ``ValueError`` naming the baseline ``who``, the shortfall and what to drop (``drop``) otherwise."""
-    design = Design.of(exp)
+    design = exp.design
     seeds = list(design.block(converged(exp, exp.heldout), repetition, n))
     if len(seeds) < n:
         raise ValueError(f"baseline {who}: repetition {repetition} needs {n} converged held-out networks from "

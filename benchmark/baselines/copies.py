@@ -16,7 +16,6 @@ import torch
 
 from benchmark.baselines.base import Baseline, heldout_block
 from benchmark.core.store import load_checkpoints_as_sample_set
-from benchmark.design import Design
 from benchmark.experiment import Experiment
 from benchmark.references.zoo import ZooReference
 
@@ -48,7 +47,7 @@ class Copies(Baseline):
     @classmethod
     def bases(cls, exp: Experiment) -> int:
         """How many bases a repetition copies: ``sample.modes_multi`` in multi mode, else 1."""
-        return Design.of(exp).modes_multi if cls.multi else 1
+        return exp.design.modes_multi if cls.multi else 1
 
     @classmethod
     def networks(cls, exp: Experiment, repetition: int, n: int) -> list[int]:

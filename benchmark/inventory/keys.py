@@ -33,7 +33,7 @@ def sample_settings_hash(exp: Experiment, method: str) -> str:
     (``base_digests``, ``changed_bases``), so a range grown at its end (``seeds.heldout=[a,b]`` to
     ``[a,c]``) keeps every unit drawn, while one whose start or end moves the seeds at a unit's
     block's positions makes that unit stale."""
-    design = Design.of(exp)
+    design = exp.design
     return stable_hash({
         "zoo": exp.config_hash,
         "method": exp.method_settings(method),
@@ -80,7 +80,7 @@ def unit_expectations(exp: Experiment, unit: Unit) -> dict[str, str]:
     content (``changed_bases``)."""
     return {"method": str(unit.method), "mode": str(unit.mode), "experiment": exp.name,
             "repetition": str(unit.repetition), "settings_hash": sample_settings_hash(exp, str(unit.method)),
-            "layout": Design.of(exp).unit_layout(str(unit.method), str(unit.mode), int(unit.repetition))}
+            "layout": exp.design.unit_layout(str(unit.method), str(unit.mode), int(unit.repetition))}
 
 
 

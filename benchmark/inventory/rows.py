@@ -30,7 +30,7 @@ def row_units(exp: Experiment, method: str, mode: str) -> list[Unit]:
     command that redoes them otherwise); the single unit of an external sample set."""
     if method not in method_names():
         return [exp.store.sample_unit(method, mode, 0)]
-    units = [exp.store.sample_unit(method, mode, r) for r in range(Design.of(exp).repetitions_of(method))]
+    units = [exp.store.sample_unit(method, mode, r) for r in range(exp.design.repetitions_of(method))]
     problems = [f"repetition {u.repetition}: {p}" for u in units if (p := unit_state(exp, u).problem) is not None]
     if problems:
         raise StaleSamplesError(
@@ -42,7 +42,7 @@ def row_units(exp: Experiment, method: str, mode: str) -> list[Unit]:
 
 def _row_count_key(exp: Experiment, method: str) -> str:
     """The key that sets ``method``'s count of repetitions."""
-    named = method in dict(Design.of(exp).per_method_repetitions)
+    named = method in dict(exp.design.per_method_repetitions)
     return f"sample.repetitions_per_method.{method}" if named else "sample.repetitions"
 
 

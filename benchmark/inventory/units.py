@@ -26,7 +26,7 @@ def heldout_shortfall(exp: Experiment, bases: int) -> str | None:
     ``sample.repetitions`` or ``sample.repetitions_per_method``; ``bases``: the most any selected
     method x mode takes, e.g. Deep Ensembles' members). Seeds already trained count as they are;
     the rest at ``seeds.expected_convergence``. The message gives the numbers and the range to use."""
-    design, heldout = Design.of(exp), exp.heldout
+    design, heldout = exp.design, exp.heldout
     if bases < 1:
         return None
     stride, needed = design.stride, design.needed(bases)
@@ -62,7 +62,7 @@ def _count_keys(design: Design) -> str:
 def expected_units(exp: Experiment) -> list[Unit]:
     """Every unit a full sample stage of this config writes: each registered method the
     experiment runs x each mode it supports x its repetitions (``Design.repetitions_of``)."""
-    design = Design.of(exp)
+    design = exp.design
     return [exp.store.sample_unit(m, mode, r) for m, mode in selected("all", "both")
             if not exp.method_settings(m).unavailable for r in range(design.repetitions_of(m))]
 
@@ -81,7 +81,7 @@ def moved_seeds(exp: Experiment, unit: Unit, metadata: dict[str, str]) -> str | 
     method = str(unit.method)
     if recorded is None or method not in method_names():
         return None
-    design = Design.of(exp)
+    design = exp.design
     block = design.unit_block(method, str(unit.mode), int(unit.repetition))
     try:
         recorded = [int(s) for s in recorded]
@@ -204,7 +204,7 @@ def drawn_in_block(exp: Experiment, unit: Unit, metadata: dict[str, str]) -> boo
     the converged held-out seeds): its recorded ``base_seeds`` all lie in it. Such a unit is as
     current as one that records the layout; one without recorded bases is not."""
     recorded = SampleSetMetadata.decode(metadata).base_seeds
-    design = Design.of(exp)
+    design = exp.design
     block = design.unit_block(str(unit.method), str(unit.mode), int(unit.repetition))
     if not recorded or block is None:
         return False

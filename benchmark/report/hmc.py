@@ -22,7 +22,6 @@ import pandas as pd
 import torch
 
 from benchmark.results import BASELINE_MODE
-from benchmark.design import Design
 from benchmark.core.store import SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.inventory import row_units
@@ -329,7 +328,7 @@ def write(exp: Experiment, metrics: pd.DataFrame, repetitions: pd.DataFrame, out
         raise ValueError(f"table_hmc: metrics.csv holds no row with reference={reference}; run python -m benchmark "
                          f"stage=evaluate experiment={exp.name} reference={reference}")
     settings = exp.config.methods.hmc
-    design = Design.of(exp)
+    design = exp.design
     chains = design.modes_multi
     chain_groups = convergence(exp)
     pooled = chain_groups.iloc[-1]  # the reference: every start of every repetition

@@ -242,7 +242,7 @@ def baseline_repetitions(exp: Experiment) -> Callable[[str], int]:
     ``evaluate.baseline_repetitions`` (null: the design's repetitions), one that reads held-out
     networks (``Baseline.held_out``) at most the design's repetitions (the second zoo: one held-out
     block each) or its ``most`` (the copies of the bases: ``Baseline.reach``)."""
-    design, wanted = Design.of(exp), exp.config.evaluate.baseline_repetitions
+    design, wanted = exp.design, exp.config.evaluate.baseline_repetitions
     return lambda name: design.baseline_repetitions(wanted, held_out=BASELINES[name].held_out, reach=BASELINES[name].reach)
 
 
@@ -251,7 +251,7 @@ def _baseline_numbers(exp: Experiment, zoo: ZooReference, against: Reference, na
     """Repetition ``repetition`` of baseline ``name`` scored against ``against`` (cached, keyed by the
     baseline, the repetition, its size, the networks it reads and the scoring key), and the seeds
     of the networks it holds (None for draws)."""
-    per_method = Design.of(exp).per_method
+    per_method = exp.design.per_method
     baseline = BASELINES[name]
     networks = baseline.networks(exp, repetition, per_method)
     inputs = {"baseline": name, "repetition": repetition, "n": per_method, "full": full,
@@ -344,7 +344,7 @@ def zoo_blocks(exp: Experiment, zoo: ZooReference) -> list[list[int]]:
     blocks of the converged reference seeds, in seed order, of ``sample.per_method`` each (the size
     of a method's sample set), or of an equal share of the zoo when it is smaller; ``StoreError``
     with fewer than 2 per block."""
-    design = Design.of(exp)
+    design = exp.design
     blocks = design.reference_blocks(zoo.seeds)
     if len(blocks[0]) < 2:
         raise StoreError(f"the zoo's own row (against reference={exp.config.reference.name}) needs {design.repetitions} "

@@ -34,7 +34,7 @@ elsewhere is skipped as busy.
 
 Never done while others hold its units: a unit claimed by a live process elsewhere (or whose chains
 run elsewhere) is skipped on a pass (``draw``: ``skipped_busy``); the stage (``run``) then waits
-for those units (``claims.wait_s``, ``claims.wait_for_claims``) until each is published by its holder,
+for those units (``claims.wait_s``, ``claims.finish_busy``) until each is published by its holder,
 or its claim is released or goes stale and another pass takes it over; after ``claims.wait_s`` it
 fails (``HeldElsewhereError``) naming the units and their holders.
 
@@ -55,7 +55,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +69,6 @@ from benchmark.core.store import (
 )
 from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
-from benchmark.design import Design
 from benchmark.inventory import (
     base_digests, chain_key, converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, read_seeds,
     sample_settings_hash, trained_prefix, unit_state, untrained_seeds,
@@ -78,7 +76,7 @@ from benchmark.inventory import (
 from benchmark.inventory.actions import quarantine_and_redo
 from benchmark.core.store.importing import imported_archives
 from benchmark.core.store.inference_data import write_inference_data
-from benchmark.core.store.claims import HeldElsewhereError, held_elsewhere, wait_for_claims  # noqa: F401 (the stage's error)
+from benchmark.core.store.claims import HeldElsewhereError, finish_busy as finish_busy_units  # noqa: F401 (the stage's error)
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
 from methods.modes import ModePlan, run_mode
 from metrics.mcmc import predictive_convergence
@@ -156,7 +154,7 @@ def settings_metadata(exp: Experiment, job: Job, seeds: tuple[int, ...], diagnos
     unit, plan = job.unit, job.plan
     return SampleSetMetadata(
         experiment=exp.name, method=unit.method, label=method_class(str(unit.method)).label, mode=unit.mode,
-        repetition=unit.repetition, layout=Design.of(exp).unit_layout(str(unit.method), unit.mode, int(unit.repetition)),
+        repetition=unit.repetition, layout=exp.design.unit_layout(str(unit.method), unit.mode, int(unit.repetition)),
         base_seeds=list(seeds), samples_per_base=plan.samples_per_base,
         n_samples=plan.n_samples, config_hash=exp.config_hash, settings_hash=sample_settings_hash(exp, str(unit.method)),
         diagnostics=diagnostics, versions=library_versions(), base_digests=base_digests(exp, seeds),
@@ -192,7 +190,7 @@ def select_bases(exp: Experiment, count: int) -> list[int]:
     networks into it).
     """
     heldout = exp.heldout
-    reach = Design.of(exp).reach
+    reach = exp.design.reach
     ready, gap = trained_prefix(exp, heldout)
     if len(ready) >= max(count, reach):
         return ready[:reach]
@@ -253,12 +251,12 @@ def jobs(exp: Experiment, summary: SampleSummary | None = None, check_bases: boo
     Under ``method=all``, methods the experiment marks ``unavailable`` are skipped (logged, and
     listed in ``summary.unavailable``).
     """
-    planned, skipped = exp.planned_methods(Design.of(exp).plan_counts)
+    planned, skipped = exp.planned_methods()
     for reason in skipped:
         log.info("%s skipped: %s", *reason.split(": ", 1))
         if summary is not None:
             summary.unavailable.append(reason.split(": ", 1)[0])
-    design = Design.of(exp)
+    design = exp.design
     out = [Job(exp.store.sample_unit(method.name, plan.mode, r), method, plan)
            for method, plan in planned for r in range(design.repetitions_of(method.name))]
     problem = heldout_shortfall(exp, max((plan.bases for _, plan in planned), default=0))
@@ -436,31 +434,25 @@ def run(exp: Experiment) -> SampleSummary:
 
 def finish_busy(exp: Experiment, summary: SampleSummary, once) -> None:
     """Wait for the units of ``summary.skipped_busy`` until each is published by its holder, or its
-    claim is released or stale and another pass (``once(exp)``) takes it over; raises
-    ``HeldElsewhereError`` after ``claims.wait_s`` (``claims.wait_for_claims``)."""
+    claim is released or stale and another pass (``once(exp)``) takes it over (the store's work-unit
+    loop, ``claims.finish_busy``); raises ``HeldElsewhereError`` after ``claims.wait_s``."""
     store, claims = exp.store, exp.config.claims
-    deadline = time.monotonic() + claims.wait_s
-    while summary.skipped_busy:
-        units = {label: summary.busy_units[label] for label in summary.skipped_busy}
-        free = wait_for_claims({label: store.claim_path(unit) for label, unit in units.items()},
-                               lambda label: unit_state(exp, units[label]).problem is None, claims.timeout_s, deadline,
-                               claims.poll_s, f"sample {exp.name}")
-        if not free:  # every one published by its holder
-            summary.done_elsewhere += summary.skipped_busy
-            summary.skipped_busy = []
-            break
+
+    def take_over(free: list[str]) -> list[str]:
         log.info("sample %s: taking over %s (their claims were released or went stale)", exp.name, free)
-        waited = set(summary.skipped_busy)
         again = once(exp)  # a whole pass: every unit is checked again (those done are skipped)
         summary.written += again.written
         summary.quarantined.update(again.quarantined)
-        summary.done_elsewhere += [label for label in again.skipped_done if label in waited]
-        summary.skipped_busy, summary.busy_units = again.skipped_busy, again.busy_units
-        if set(again.skipped_busy) >= set(free):  # no progress: chains running elsewhere, or a third process took them
-            if time.monotonic() >= deadline:
-                raise held_elsewhere(f"sample {exp.name}", {label: store.claim_path(summary.busy_units[label])
-                                                            for label in summary.skipped_busy}, claims.timeout_s)
-            time.sleep(claims.poll_s)
+        summary.done_elsewhere += [label for label in again.skipped_done if label in free]  # a third process's
+        summary.busy_units.update(again.busy_units)
+        return again.skipped_busy
+
+    if summary.skipped_busy:
+        summary.done_elsewhere += finish_busy_units(
+            summary.skipped_busy, lambda label: store.claim_path(summary.busy_units[label]),
+            lambda label: unit_state(exp, summary.busy_units[label]).problem is None, take_over, claims.timeout_s,
+            claims.wait_s, claims.poll_s, f"sample {exp.name}")
+        summary.skipped_busy = []
     if summary.done_elsewhere:
         log.info("sample stage: waited for %s, done elsewhere", summary.done_elsewhere)
 

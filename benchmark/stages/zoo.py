@@ -15,7 +15,7 @@ reason ``diverged`` in the ``zoo.max_attempts``-th run that sees it diverge. Pub
 
 Never done while others hold its seeds: a seed claimed by a live process elsewhere is skipped on the
 first pass (``run_zoo``: ``skipped_busy``); the stage (``run``) then waits for those seeds
-(``claims.wait_s``, ``claims.wait_for_claims``): each is published by its holder, or its claim is
+(``claims.wait_s``, ``claims.finish_busy``): each is published by its holder, or its claim is
 released or goes stale and this job takes it over and trains it. After ``claims.wait_s`` it fails
 (``HeldElsewhereError``) naming the seeds and their holders, so a job never ends successfully with
 seeds of its shard untrained.
@@ -31,7 +31,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -42,10 +41,9 @@ from benchmark.config import ZooRange
 from benchmark.core.fingerprint import library_versions
 from benchmark.core.store.importing import imported_archives
 from benchmark.core.store import AlreadyPublishedError, CheckpointMetadata, Claim, read_metadata, remove_temp_files_of, save_checkpoint, CheckpointError
-from benchmark.core.store.claims import HeldElsewhereError, held_elsewhere, wait_for_claims  # noqa: F401 (the stage's error)
+from benchmark.core.store.claims import HeldElsewhereError, finish_busy as finish_busy_units  # noqa: F401 (the stage's error)
 from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
 from benchmark.core.training.vectorised import train_networks
-from benchmark.design import Design
 from benchmark.experiment import Experiment, SeedRange, ZooTrainer
 from benchmark.inventory import (
     RangeState, heldout_shortfall, range_state, seed_problem, seed_staleness,
@@ -106,7 +104,7 @@ def check(exp: Experiment, made: frozenset[str] = frozenset()) -> None:
     _ = exp.zoo_trainer
     _ = exp.acceleration
     if exp.config.method.value != "external":
-        planned, _ = exp.planned_methods(Design.of(exp).plan_counts)
+        planned, _ = exp.planned_methods()
         problem = heldout_shortfall(exp, max((plan.bases for _, plan in planned), default=0))
         if problem and exp.config.zoo.range.value != "reference":
             log.warning("%s (the sample stage will refuse it)", problem)
@@ -197,26 +195,18 @@ def _published(exp: Experiment, seed: int) -> bool:
 def finish_busy(exp: Experiment, summaries: list[ZooSummary]) -> None:
     """Wait for the seeds of ``summaries`` (one per range of ``ranges(exp)``) that were skipped as
     claimed elsewhere, until each is published by its holder or this job took it over and trained
-    it (``claims.wait_for_claims``); raises ``HeldElsewhereError`` after ``claims.wait_s``."""
+    it (the store's work-unit loop, ``claims.finish_busy``); raises ``HeldElsewhereError`` after
+    ``claims.wait_s``."""
     store, claims, zoo = exp.store, exp.config.claims, exp.config.zoo
-    if not any(s.skipped_busy for s in summaries):
-        return
-    deadline = time.monotonic() + claims.wait_s
     pairs = list(zip(ranges(exp), summaries))
-    while True:
-        busy = [seed for _, summary in pairs for seed in summary.skipped_busy]
-        if not busy:
-            break
-        free = set(wait_for_claims({seed: store.claim_path(store.seed_unit(seed)) for seed in busy},
-                                   lambda seed: _published(exp, seed), claims.timeout_s, deadline, claims.poll_s,
-                                   f"zoo {exp.name}", lambda seed: f"seed {seed}"))
-        progress = False
+    busy = [seed for _, summary in pairs for seed in summary.skipped_busy]
+    if not busy:
+        return
+
+    def take_over(free: list[int]) -> list[int]:
+        still = []
         for seeds, summary in pairs:
-            published = [s for s in summary.skipped_busy if s not in free and _published(exp, s)]
-            summary.done_elsewhere += published
-            retry = [s for s in summary.skipped_busy if s in free]
-            summary.skipped_busy = [s for s in summary.skipped_busy if s not in free and s not in published]
-            progress |= bool(published)
+            retry = [seed for seed in free if seed in seeds]
             if not retry:
                 continue
             log.info("zoo %s %s: taking over seeds %s (their claims were released or went stale)", exp.name,
@@ -226,14 +216,15 @@ def finish_busy(exp: Experiment, summaries: list[ZooSummary]) -> None:
             summary.failed += again.failed
             summary.quarantined.update(again.quarantined)
             summary.done_elsewhere += again.skipped_done
-            summary.skipped_busy += again.skipped_busy
-            progress |= len(again.skipped_busy) < len(retry)
-        if not progress:  # a claim judged stale but taken by a third process meanwhile
-            busy = [seed for _, summary in pairs for seed in summary.skipped_busy]
-            if busy and time.monotonic() >= deadline:
-                raise held_elsewhere(f"zoo {exp.name}", {s: store.claim_path(store.seed_unit(s)) for s in busy},
-                                     claims.timeout_s, lambda seed: f"seed {seed}")
-            time.sleep(claims.poll_s)
+            still += again.skipped_busy
+        return still
+
+    elsewhere = finish_busy_units(busy, lambda seed: store.claim_path(store.seed_unit(seed)),
+                                  lambda seed: _published(exp, seed), take_over, claims.timeout_s, claims.wait_s,
+                                  claims.poll_s, f"zoo {exp.name}", lambda seed: f"seed {seed}")
+    for seeds, summary in pairs:
+        summary.done_elsewhere += [seed for seed in elsewhere if seed in seeds]
+        summary.skipped_busy = []
     for seeds, summary in pairs:
         summary.state = range_state(exp, seeds, strict=False)
         log.info("%s", summary.describe())

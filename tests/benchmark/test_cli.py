@@ -208,11 +208,10 @@ def test_stage_all_checks_the_store_only_for_inputs_no_earlier_stage_writes(tmp_
 
 @pytest.mark.parametrize("experiment", ["digits_optunet", "mnist_optunet", "cifar100_resnet18", "tinyimagenet_resnet18"])
 def test_each_experiments_heldout_range_supplies_its_repetitions(tmp_path, experiment):
-    from benchmark.design import Design
     from benchmark.inventory import heldout_shortfall
 
     exp = Experiment(compose_config([f"experiment={experiment}", f"store={tmp_path / 'store'}"]))
-    sample, seeds, design = exp.config.sample, exp.config.seeds, Design.of(exp)
+    sample, seeds, design = exp.config.sample, exp.config.seeds, exp.design
     assert design.stride == sample.per_method  # the Deep Ensemble's members: the largest pool
     needed = (design.most - 1) * design.stride + sample.per_method  # the largest count of any method
     assert heldout_shortfall(exp, sample.per_method) is None

@@ -31,7 +31,7 @@ def digits(tmp_path_factory) -> Experiment:
 
 
 def test_the_design_gives_the_default_digits_config_the_bases_it_had(digits):
-    design = Design.of(digits)
+    design = digits.design
     assert (design.repetitions, design.per_method, design.modes_multi) == (5, 100, 10)
     # the rows that start from the base run 8 (conf/experiment/digits_optunet.yaml), the others 5
     assert dict(design.per_method_repetitions) == {"swag": 8, "laplace": 8, "ensemble": 8, "sghmc": 8}
@@ -125,7 +125,7 @@ def test_more_repetitions_for_a_method_keep_the_ones_done_and_add_units(tmp_path
     from benchmark.inventory import expected_units, unit_expectations
     base = _digits(tmp_path, "sample.repetitions_per_method=null")
     grown = _digits(tmp_path, "sample.repetitions_per_method.swag=12")
-    assert [Design.of(grown).repetitions_of(m) for m in ("swag", "laplace", "dropout")] == [12, 8, 5]
+    assert [grown.design.repetitions_of(m) for m in ("swag", "laplace", "dropout")] == [12, 8, 5]
     for mode in ("one", "multi"):
         for k in range(5):
             unit = base.store.sample_unit("swag", mode, k)
@@ -167,7 +167,7 @@ OWNER = "benchmark/design.py"
 SCHEMA = "benchmark/config.py"  # the config schema declares and range-checks sample.repetitions
 PENDING: set[str] = set()
 """Modules still reading ``sample.repetitions`` themselves, owned by other branches while the design
-was introduced: switch each to ``Design.of(exp)`` and remove it here (the test fails for one that
+was introduced: switch each to ``exp.design`` and remove it here (the test fails for one that
 no longer reads it, so this list cannot outlive the reads)."""
 PACKAGES = ("benchmark", "methods", "metrics")
 DESIGN_KEYS = ("repetitions", "repetitions_per_method", "per_method", "modes_multi")
@@ -206,7 +206,7 @@ def test_only_the_design_reads_the_repetitions_and_the_stride():
     found = readers(REPO)
     assert OWNER in found  # the owner reads them: the scanner sees real reads
     outside = {path: reads for path, reads in found.items() if path not in (OWNER, SCHEMA, *PENDING)}
-    assert outside == {}, "read the repetition design through benchmark.design.Design.of(exp)"
+    assert outside == {}, "read the repetition design through benchmark.design.exp.design"
     assert PENDING <= set(found), f"no longer read there: drop {sorted(PENDING - set(found))} from PENDING"
 
 

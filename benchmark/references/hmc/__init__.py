@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from benchmark.core.store import SampleSetMetadata, Unit, load_sample_set, read_metadata, validate_tensors
-from benchmark.design import Design
 from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError, row_units
 from benchmark.references.base import Reference, ReportHooks, files_key
@@ -55,7 +54,7 @@ class HMCReference(Reference):
         """Why the store cannot give the HMC reference (a repetition of ``hmc``/``multi`` missing),
         with the command that draws it; ``None`` when every repetition's files are there."""
         store = exp.store
-        missing = [r for r in range(Design.of(exp).repetitions)
+        missing = [r for r in range(exp.design.repetitions)
                    if not all(p.is_file() for p in store.unit_paths(store.sample_unit(*HMC_ROW, r)))]
         if not missing:
             return None

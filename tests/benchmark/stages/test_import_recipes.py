@@ -92,7 +92,7 @@ def test_the_readme_counts_agree_with_the_configs():
         ranges = {tuple(o for o in overrides_of(line) if o.startswith("seeds.")) for line in commands}
         assert len(ranges) == 1, (experiment, ranges)  # every command reads the same seed ranges
         exp = Experiment(compose_config([f"experiment={experiment}", *ranges.pop()]))
-        needed = Design.of(exp).reach
+        needed = exp.design.reach
         imports = [dict(o.split("=", 1) for o in overrides_of(line) if "=" in o) for line in lines if "stage=import" in line]
         reference, heldout = imports
         assert int(reference["zoo_import.limit"]) == len(exp.reference) == 1000, experiment  # the paper's 1,000

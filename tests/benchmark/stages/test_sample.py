@@ -74,7 +74,7 @@ def test_bases_are_the_converged_heldout_seeds_in_order(make_exp) -> None:
     assert seeds and not set(exp.store.failed_seeds()) & set(seeds) and all(s in exp.heldout for s in seeds)
     (unit,) = prepare_units(exp)
     # one base, and for a retrained method the rest of its repetition's block as spares: the converged seeds in order
-    stride = Design.of(exp).stride
+    stride = exp.design.stride
     assert unit.plan.candidates == tuple(seeds[:stride]) and (unit.plan.bases, unit.plan.samples_per_base) == (1, 100)
 
 
@@ -256,10 +256,10 @@ def test_a_layout_change_that_moves_a_repetitions_bases_makes_exactly_that_unit_
     assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
     converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
     wide = type("Wide", (EnsembleMethod,), {"name": "wide", "fits_can_fail": True, "in_default_run": True})
-    assert Design.of(exp).stride == 3
-    monkeypatch.setitem(registry.METHODS, "wide", wide)  # 2 bases + 2 spares: a pool of 4 (registered
-    moved = exp  # after the config was composed: the design reads the registry when asked)
-    assert Design.of(moved).stride == 4
+    assert exp.design.stride == 3
+    monkeypatch.setitem(registry.METHODS, "wide", wide)  # 2 bases + 2 spares: a pool of 4 (registered after
+    moved = Experiment(exp.config)  # the config was composed: a new experiment's design reads the registry)
+    assert moved.design.stride == 4
     units = [moved.store.sample_unit("ensemble", "multi", r) for r in range(2)]
     assert unit_state(moved, units[0]).problem is None  # its block [0, 2) did not move
     stale = unit_state(moved, units[1]).problem
@@ -274,7 +274,7 @@ def test_a_layout_change_that_moves_a_repetitions_bases_makes_exactly_that_unit_
     assert bases == converged[4:6]
     monkeypatch.delitem(registry.METHODS, "wide")  # back to the stride of 3: r1 moves back, r0 stays
     back = make_exp(*overrides)
-    assert Design.of(back).stride == 3
+    assert back.design.stride == 3
     assert unit_state(back, units[0]).problem is None and "layout" in unit_state(back, units[1]).problem
 
 
@@ -327,7 +327,7 @@ def test_a_heldout_range_grown_at_its_end_keeps_every_unit_drawn(make_exp) -> No
     hmc = exp.build_method("hmc")
     assert chain_key(grown, hmc, converged[:2]) == chain_key(exp, hmc, converged[:2])
     assert chain_key(exp, hmc, converged[1:3]) != chain_key(exp, hmc, converged[:2])  # other bases
-    assert len(converged) >= Design.of(exp).reach  # the blocks lie before the first untrained seed: the stage runs
+    assert len(converged) >= exp.design.reach  # the blocks lie before the first untrained seed: the stage runs
     assert run_sample(grown).skipped_done == ["ensemble/multi/r0", "ensemble/multi/r1"]
     assert [unit_state(grown, u).problem for u in units] == [None, None]
 
@@ -444,7 +444,7 @@ def test_bases_are_refused_while_a_heldout_seed_they_could_read_is_untrained(mak
     away) makes the stage refuse rather than pick bases that depend on which seeds are finished."""
     exp = make_exp("method=ensemble", "sample.per_method=2")
     seeds = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
-    reach = Design.of(exp).reach
+    reach = exp.design.reach
     assert 2 <= reach < len(seeds)  # the tiny zoo has converged seeds after the prefix
     assert select_bases(exp, 2) == seeds[:reach]
     after = exp.store.checkpoint_path(seeds[-1])
