@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from benchmark.core.training.predict import predict_samples
-from benchmark.core.store import MODES, ChainFiles, SampleSet
+from benchmark.core.store import MODES, ChainFiles, SampleSet, SampleSetMetadata
 from benchmark.core.training import Recipe, TrainingData
 
 ModelFactory = Callable[..., nn.Module]
@@ -115,6 +115,16 @@ class PosteriorMethod(ABC):
     # Whether ``fit`` starts from the trained base network it is given (SWAG, Laplace, Deep
     # Ensembles, SGHMC), so that two such rows pair on their repetitions (``report.findings``).
     starts_from_base: ClassVar[bool] = False
+    # Whether its samples are Markov-chain states, stored chain after chain (``chain_layout``):
+    # diagnostics.md's chain figures and the unit's ArviZ file (``.nc``) are written for it.
+    markov_chain: ClassVar[bool] = False
+
+    @classmethod
+    def chain_layout(cls, meta: SampleSetMetadata, n: int) -> tuple[int, int] | None:
+        """``(chains, draws per chain)`` of a unit's ``n`` stored samples with metadata ``meta``, for a
+        method whose samples are Markov-chain states (``markov_chain``); None when they are not, or
+        when the metadata do not say (a unit written before they recorded it)."""
+        return None
 
     def __init__(
         self,

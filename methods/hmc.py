@@ -64,7 +64,7 @@ from tqdm.auto import tqdm
 from benchmark.core.models import predict_with_weights
 from benchmark.core.settings import require
 from benchmark.core.fingerprint import code_fingerprint
-from benchmark.core.store import MAX_SEED, ChainFiles, CheckpointError, SampleSet, Unit
+from benchmark.core.store import MAX_SEED, ChainFiles, CheckpointError, SampleSet, SampleSetMetadata, Unit
 from benchmark.core.training import seeded
 from benchmark.core.training.stacked import LANES, NotStackableError, PackedChain, stacked_networks
 from methods.base import MethodConfigError, MethodFitError, MethodSettings, PosteriorMethod, ResumableChains
@@ -369,6 +369,14 @@ class HMCMethod(ResumableChains, PosteriorMethod):
     # Not in method=all until its cost on the default run is measured on an idle machine (see
     # conf/methods/hmc.yaml); method=hmc runs it.
     in_default_run = False
+    markov_chain = True
+
+    @classmethod
+    def chain_layout(cls, meta: SampleSetMetadata, n: int) -> tuple[int, int] | None:
+        """One chain per base, ``samples_per_base`` draws each."""
+        if meta.base_seeds and meta.samples_per_base and len(meta.base_seeds) * meta.samples_per_base == n:
+            return len(meta.base_seeds), int(meta.samples_per_base)
+        return None
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -80,7 +80,7 @@ from torch.func import functional_call
 from benchmark.core.data import InMemoryImageDataset
 from benchmark.core.models import predict_with_weights
 from benchmark.core.settings import require
-from benchmark.core.store import SampleSet, stack_state_dicts
+from benchmark.core.store import SampleSet, SampleSetMetadata, stack_state_dicts
 from benchmark.core.training import NonFiniteError, seeded
 from benchmark.core.training.stacked import NotStackableError, StackedNetworks, stacked_networks
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
@@ -498,6 +498,16 @@ class SGHMCMethod(PosteriorMethod):
     label = "SGHMC"
     Settings = SGHMCSettings
     modes = ("one",)
+    markov_chain = True
+
+    @classmethod
+    def chain_layout(cls, meta: SampleSetMetadata, n: int) -> tuple[int, int] | None:
+        """Its ``chains`` x ``states_per_chain`` diagnostics: the chains whose every state is stored."""
+        diagnostics = meta.diagnostics or {}
+        if not diagnostics.get("states_per_chain") or math.isnan(float(diagnostics["states_per_chain"])):
+            return None
+        per = int(diagnostics["states_per_chain"])
+        return min(int(diagnostics["chains"]), n // per), per
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

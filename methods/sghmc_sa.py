@@ -51,7 +51,7 @@ from torch import nn
 
 from benchmark.core.models import predict_with_weights
 from benchmark.core.settings import require
-from benchmark.core.store import SampleSet, stack_state_dicts
+from benchmark.core.store import SampleSet, SampleSetMetadata, stack_state_dicts
 from benchmark.core.training import NonFiniteError, seeded
 from methods.base import MethodConfigError, MethodSettings, PosteriorMethod
 from metrics.mcmc import chain_ess
@@ -205,6 +205,12 @@ class ScaleAdaptedSGHMCMethod(PosteriorMethod):
     label = "SGHMC (scale-adapted)"
     Settings = ScaleAdaptedSGHMCSettings
     modes = ("one",)
+    markov_chain = True
+
+    @classmethod
+    def chain_layout(cls, meta: SampleSetMetadata, n: int) -> tuple[int, int] | None:
+        """One chain: its last ``n`` states."""
+        return 1, n
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

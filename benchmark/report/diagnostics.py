@@ -13,13 +13,12 @@ import numpy as np
 import pandas as pd
 
 from benchmark.core.store import CheckpointMetadata, SampleSetMetadata, atomic_write_text, load_sample_set, read_metadata
-from benchmark.core.store.inference_data import chain_layout
 from benchmark.experiment import Experiment
 from benchmark.inventory import available_rows, row_units
 from benchmark.results import layers_path, metrics_path, read_layers, read_metrics, rows_against
+from methods import method_class, method_names
 from metrics.mcmc import chain_ess, split_rhat
 
-CHAIN_METHODS = ("sghmc", "sghmc_sa", "hmc")  # rows whose samples are Markov-chain states
 CHAIN_COORDINATES = 2_000  # weights (a fixed random subset of larger models) behind the chain figures
 CHAIN_TEXT = (
     "Chain figures of the Markov-chain rows, from the first repetition's stored samples read as their "
@@ -65,6 +64,12 @@ EXPLANATIONS = {
 }
 
 
+def is_chain(method: str) -> bool:
+    """Whether ``method``'s samples are Markov-chain states (its class's ``markov_chain``; the rows of
+    an external sample set, no)."""
+    return method in method_names() and method_class(method).markov_chain
+
+
 def collect(exp: Experiment) -> pd.DataFrame:
     """One row per (method, mode) in the store: ``BASE_COLUMNS`` then the method's diagnostics."""
     labels = exp.test_tensors[1].numpy()
@@ -87,7 +92,7 @@ def collect(exp: Experiment) -> pd.DataFrame:
         # The mean of the repetitions that recorded a number (as metrics.csv's ess): NaN only when none did.
         row |= {key: float(np.mean(known)) if (known := [v for v in values if not math.isnan(v)]) else math.nan
                 for key, values in diagnostics.items()}
-        if method in CHAIN_METHODS:
+        if is_chain(method):
             row |= chain_figures(exp, units[0], method, preds, labels)
         known = [a for a in bases if not math.isnan(a)]
         row |= {"n_bases": len(bases), "base_acc_min": min(known, default=math.nan),
@@ -102,7 +107,7 @@ def chain_figures(exp: Experiment, unit, method: str, preds: np.ndarray, labels:
     """The chain figures of ``CHAIN_TEXT`` for ``unit``'s samples and their test predictions
     ``preds [n, N, C]`` (labels ``[N]``); empty when the layout is unknown."""
     path = exp.store.samples_path(unit)
-    layout = chain_layout(method, SampleSetMetadata.decode(read_metadata(path)), len(preds))
+    layout = method_class(method).chain_layout(SampleSetMetadata.decode(read_metadata(path)), len(preds))
     if layout is None:
         return {}
     chains, per = layout
@@ -155,7 +160,7 @@ def render(frame: pd.DataFrame, experiment: str) -> str:
             for n, a, b, c in zip(frame["n_bases"], frame["base_acc_min"], frame["base_acc_median"], frame["base_acc_max"])],
     })
     lines += [table.to_markdown(index=False), ""]
-    chain_rows = frame[frame["method"].isin(CHAIN_METHODS)] if "chain_ess_total" in frame.columns else frame.iloc[:0]
+    chain_rows = frame[frame["method"].map(is_chain)] if "chain_ess_total" in frame.columns else frame.iloc[:0]
     if not chain_rows.empty:
         columns = ["chains", "draws_per_chain", "chain_ess_total", "chain_ess_of_mean", "chain_ess_min_chain",
                    "chain_split_rhat_test_loglik",

@@ -47,8 +47,6 @@ from metrics.uncertainty import (
     repetitions_for_power,
 )
 
-PAIRED = ("dropout", "bnn", "swag", "laplace")  # methods with both modes (SGHMC is one-mode only)
-
 
 @dataclass(frozen=True)
 class Comparison:
@@ -111,7 +109,7 @@ def paper_claims(rows: set[tuple[str, str]]) -> list[Claim]:
     """The paper's claims, as comparisons between the rows present (``(method, mode)``; a reference's
     own rows, ``REFERENCE_METHODS``, are not the paper's methods and are left out)."""
     rows = {r for r in rows if r[0] not in REFERENCE_METHODS}
-    paired = [m for m in PAIRED if (m, "one") in rows and (m, "multi") in rows]
+    paired = [m for m in METHODS if (m, "one") in rows and (m, "multi") in rows]  # registry order; both modes
     de = ("ensemble", "multi")
     others = sorted(r for r in rows if r != de)
     claims = [

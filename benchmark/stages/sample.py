@@ -515,7 +515,8 @@ def draw(exp: Experiment) -> SampleSummary:
                 continue
             log.info("%s: %d samples from base seeds %s written", unit.label, job.plan.n_samples, list(seeds))
             summary.written.append(unit.label)
-            write_inference_data(store, unit, exp.test_tensors[1])  # a chain unit's draws for ArviZ (.nc); others: none
+            # a chain unit's draws for ArviZ (.nc); others: none
+            write_inference_data(store, unit, exp.test_tensors[1], job.method.chain_layout)
     log.info("sample stage: wrote %s; quarantined and redrew %s; already done %s; busy elsewhere %s",
              summary.written or "nothing", list(summary.quarantined) or "none", summary.skipped_done or "none",
              summary.skipped_busy or "none")

@@ -2,7 +2,8 @@
 ``az.plot_trace``: ``samples/<method>_<mode>_r<k>.nc`` beside the unit's sample set
 (``ExperimentStore.inference_data_path``), written by the sample stage after it publishes the unit.
 
-The stored samples of every chain method are kept chain after chain; ``chain_layout`` reads from a
+The stored samples of every chain method are kept chain after chain; the method's ``chain_layout``
+(``methods.base.PosteriorMethod.chain_layout``, handed to ``write_inference_data``) reads from a
 unit's metadata how many chains of how many draws they are (the report's chain figures,
 ``benchmark.report.diagnostics.chain_figures``, read them the same way). The file holds, with
 dimensions ``chain`` and ``draw`` in that layout:
@@ -33,7 +34,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -49,22 +50,8 @@ if TYPE_CHECKING:
 
 WEIGHTS = 8
 """Single weights per draw in the ``posterior`` group (fixed by the model's shapes)."""
-
-
-def chain_layout(method: str, meta: SampleSetMetadata, n: int) -> tuple[int, int] | None:
-    """``(chains, draws per chain)`` of a unit's ``n`` stored samples, which every chain method
-    stores chain after chain: SGHMC its ``chains`` x ``states_per_chain`` diagnostics (the chains
-    whose every state is stored), the scale-adapted SGHMC one chain, HMC one chain per base
-    (``samples_per_base`` each). None when the metadata do not say."""
-    diagnostics = meta.diagnostics or {}
-    if method == "sghmc_sa":
-        return 1, n
-    if method == "hmc" and meta.base_seeds and meta.samples_per_base and len(meta.base_seeds) * meta.samples_per_base == n:
-        return len(meta.base_seeds), int(meta.samples_per_base)
-    if method == "sghmc" and diagnostics.get("states_per_chain") and not math.isnan(float(diagnostics["states_per_chain"])):
-        per = int(diagnostics["states_per_chain"])
-        return min(int(diagnostics["chains"]), n // per), per
-    return None
+ChainLayout = Callable[[SampleSetMetadata, int], "tuple[int, int] | None"]
+"""``(metadata, n stored samples) -> (chains, draws per chain)`` or None: a method's ``chain_layout``."""
 
 
 def mean_test_loglik(preds: np.ndarray, labels: np.ndarray, chains: int, per: int) -> np.ndarray:
@@ -144,15 +131,16 @@ def inference_data(keys: list[str], norms: np.ndarray, picks: list[tuple[str, in
     return data
 
 
-def write_inference_data(store: "ExperimentStore", unit: Unit, labels: Any) -> Path | None:
+def write_inference_data(store: "ExperimentStore", unit: Unit, labels: Any, layout_of: ChainLayout) -> Path | None:
     """Write ``store.inference_data_path(unit)`` (atomically) from the unit's published sample set
     and predictions (``labels [N]``: the ID test labels its predictions were computed on); the path,
-    or ``None`` (nothing written) when the unit is not a chain method's whose layout its metadata
-    give (``chain_layout``), or holds no whole chain."""
+    or ``None`` (nothing written) when ``layout_of(metadata, n)``, the unit's method's layout of its
+    ``n`` stored samples (``PosteriorMethod.chain_layout``), gives none (not a chain method's, or
+    metadata that do not say) or no whole chain."""
     samples_path = store.samples_path(unit)
     meta = SampleSetMetadata.decode(read_metadata(samples_path))
     preds_path = store.preds_path(unit)
-    layout = chain_layout(str(unit.method), meta, sample_set_keys(preds_path)["id"][0])  # the header only
+    layout = layout_of(meta, sample_set_keys(preds_path)["id"][0])  # the header only
     if layout is None or min(layout) < 1:
         return None
     chains, per = layout

@@ -7,7 +7,12 @@ import math
 import pandas as pd
 
 from benchmark.core.store import SampleSetMetadata
-from benchmark.report.diagnostics import BASE_COLUMNS, chain_layout, render
+from benchmark.report.diagnostics import BASE_COLUMNS, is_chain, render
+from methods import method_class, method_names
+
+
+def chain_layout(method: str, meta: SampleSetMetadata, n: int):
+    return method_class(method).chain_layout(meta, n)
 
 
 def test_each_chain_method_layout_is_read_from_its_metadata():
@@ -18,6 +23,11 @@ def test_each_chain_method_layout_is_read_from_its_metadata():
     assert chain_layout("sghmc_sa", SampleSetMetadata(), 100) == (1, 100)
     hmc = SampleSetMetadata(base_seeds=[1, 2, 3, 4], samples_per_base=25)
     assert chain_layout("hmc", hmc, 100) == (4, 25) and chain_layout("hmc", hmc, 99) is None
+
+
+def test_the_chain_methods_are_the_ones_that_say_so():
+    assert [m for m in method_names() if is_chain(m)] == ["sghmc", "sghmc_sa", "hmc"]
+    assert not is_chain("external") and chain_layout("swag", SampleSetMetadata(), 100) is None
 
 
 def test_the_markov_chain_section_shows_total_and_per_chain_figures_and_stationarity():

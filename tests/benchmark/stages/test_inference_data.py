@@ -15,15 +15,19 @@ import numpy as np
 import pytest
 import torch
 
-import benchmark.core.store.inference_data as inference_data
-import benchmark.report.diagnostics as diagnostics
 from benchmark.core.store import ExperimentStore, SampleSetMetadata, load_sample_set, read_metadata, save_sample_set
 from benchmark.core.store.inference_data import write_inference_data
 from benchmark.report.diagnostics import chain_figures
+from methods import method_class
 from benchmark.stages import verify
 from tests.benchmark.stages.test_sample import _hmc_exp, make_exp, zoo_dir  # noqa: F401 (fixtures)
 
 N, C = 20, 4
+
+
+def layout(unit):
+    """The unit's method's chain layout (what the sample stage hands ``write_inference_data``)."""
+    return method_class(str(unit.method)).chain_layout
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +71,9 @@ def _figures(store: ExperimentStore, unit, method: str, labels: torch.Tensor) ->
     return chain_figures(SimpleNamespace(store=store), unit, method, preds, labels.numpy())
 
 
-def test_the_chain_layout_is_the_one_the_report_reads():
-    assert diagnostics.chain_layout is inference_data.chain_layout
-
-
 def test_an_sghmc_unit_is_written_as_chains_and_draws_with_the_report_s_rhat(store, az):
     unit, labels = _unit(store, "sghmc", chains=3, per=8)
-    path = write_inference_data(store, unit, labels)
+    path = write_inference_data(store, unit, labels, layout(unit))
     assert path == store.inference_data_path(unit) == store.samples_dir / "sghmc_one_r0.nc"
     assert sorted(p.name for p in store.samples_dir.iterdir()) == ["sghmc_one_r0.nc", "sghmc_one_r0.safetensors"]
     data = az.from_netcdf(path)
@@ -101,12 +101,12 @@ def test_an_sghmc_unit_is_written_as_chains_and_draws_with_the_report_s_rhat(sto
 
 def test_the_chains_whose_every_state_is_stored_and_one_chain_judged_by_its_halves(store, az):
     unit, labels = _unit(store, "sghmc", chains=3, per=8, diagnostics_={"chains": 4.0, "states_per_chain": 8.0})
-    data = az.from_netcdf(write_inference_data(store, unit, labels))
+    data = az.from_netcdf(write_inference_data(store, unit, labels, layout(unit)))
     assert dict(data.sample_stats.sizes) == {"chain": 3, "draw": 8}  # 4 chains asked for, 3 stored whole
     one = ExperimentStore(store.root, "one")
     one.ensure_writable()
     unit, labels = _unit(one, "sghmc_sa", chains=1, per=20, diagnostics_={})
-    data = az.from_netcdf(write_inference_data(one, unit, labels))
+    data = az.from_netcdf(write_inference_data(one, unit, labels, layout(unit)))
     loglik = data.sample_stats["test_loglik"].values
     assert loglik.shape == (1, 20)
     # One chain: split_rhat takes its two halves as two chains (ArviZ splits each again); so compare that.
@@ -116,20 +116,20 @@ def test_the_chains_whose_every_state_is_stored_and_one_chain_judged_by_its_halv
 
 def test_no_file_for_a_method_that_runs_no_chains_or_a_unit_of_unknown_layout(store):
     swag, labels = _unit(store, "swag", chains=2, per=4)
-    assert write_inference_data(store, swag, labels) is None
+    assert write_inference_data(store, swag, labels, layout(swag)) is None
     old = ExperimentStore(store.root, "old")
     old.ensure_writable()
     sghmc, labels = _unit(old, "sghmc", chains=2, per=4, diagnostics_={"ess": 3.0})  # before it recorded its layout
-    assert write_inference_data(old, sghmc, labels) is None
+    assert write_inference_data(old, sghmc, labels, layout(sghmc)) is None
     assert not list(store.samples_dir.glob("*.nc")) and not list(old.samples_dir.glob("*.nc"))
 
 
 def test_the_store_names_the_file_and_verify_and_the_reaper_know_it(store, tmp_path):
     unit, labels = _unit(store, "sghmc", chains=2, per=4)
-    path = write_inference_data(store, unit, labels)
+    path = write_inference_data(store, unit, labels, layout(unit))
     first = path.read_bytes()
     time.sleep(1.1)
-    write_inference_data(store, unit, labels)  # again: replaced, atomically (no temp file left), the same bytes
+    write_inference_data(store, unit, labels, layout(unit))  # again: replaced, atomically (no temp file left), the same bytes
     assert path.read_bytes() == first
     assert sorted(p.name for p in store.samples_dir.iterdir()) == ["sghmc_one_r0.nc", "sghmc_one_r0.safetensors"]
     temp = path.with_name(f".{path.name}.tmp-12-abcdef01")  # a writer killed mid-write
