@@ -20,7 +20,7 @@ Two kinds of key, so that no module can be missed silently:
 
 - **cheap caches** (the reference's canonical, aligned and predictive forms, the evaluate
   numbers) are keyed by the **whole computational source** (``source_fingerprint``: every module
-  of ``SOURCE_PACKAGES`` but the references' report and figure hooks, ``SOURCE_EXCLUDED``), so
+  of ``SOURCE_PACKAGES`` but the figure style and writer, ``SOURCE_EXCLUDED``), so
   that any edit anywhere recomputes them, whatever reaches what;
 - **expensive artifacts** (samples, HMC chains) keep the narrowing of ``code_fingerprint``; a
   root may name a package, which counts every module under it (``benchmark.core.data``: what is
@@ -50,11 +50,12 @@ SOURCE_PACKAGES = ("metrics", "methods", "benchmark.core", "benchmark.config", "
                    "benchmark.inventory", "benchmark.references", "benchmark.baselines", "benchmark.design")
 """The whole computational source: what ``source_fingerprint`` (the cheap caches' key) hashes,
 but ``SOURCE_EXCLUDED``."""
-SOURCE_EXCLUDED = ("benchmark.references.*.report", "benchmark.references.*.figures")
+SOURCE_EXCLUDED = ("benchmark.core.figures", "benchmark.core.figures.*")
 """Modules of ``SOURCE_PACKAGES`` that ``source_fingerprint`` leaves out (``fnmatch`` patterns of
-dotted names): a reference's report and figure hooks (``Reference.hooks``: its table, findings
-section and figure), which read metrics.csv and never compute a cached number, so that editing
-them recomputes no cache. The reference's own module (its scoring) stays in."""
+dotted names): the figure style and writer (``benchmark.core.figures``), which draw numbers already
+computed and never compute a cached one, so that editing them (or upgrading matplotlib) recomputes no
+cache. A reference's report and figure hooks (``Reference.hooks``) are modules of the report and the
+analyses, outside ``SOURCE_PACKAGES``; the reference's own module (its scoring) is in."""
 PROJECT = frozenset(package.split(".")[0] for package in SOURCE_PACKAGES)
 """The project's top-level packages: never a library, wherever they are read from."""
 

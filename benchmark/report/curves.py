@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from benchmark.core.figures import PALETTE, new_figure, save_figure, style
+from benchmark.core.figures import PALETTE, new_figure, outside_canvas, save_figure, style
 from benchmark.core.store import CheckpointMetadata, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.results import figures_dir
@@ -103,7 +103,10 @@ def write(exp: Experiment, found: dict[str, list[list[dict]]]) -> list[Path]:
         axes[0].legend(loc="upper right")
         axes[-1].set_xlabel("epoch")
         axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
-        figure.suptitle(f"{TITLE}, {exp.display_name}")
+        title = figure.suptitle(f"{TITLE}, {exp.display_name}")
+        figure.draw_without_rendering()
+        if outside_canvas(figure):  # a long experiment name: on a line of its own
+            title.set_text(f"{TITLE},\n{exp.display_name}")
         return save_figure(figure, figures_dir(exp.results_dir), NAME, numbers)
 
 

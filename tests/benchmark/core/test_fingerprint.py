@@ -96,9 +96,10 @@ def test_stable_hash_is_key_order_free_and_hashes_enums_by_value():
 
 
 def test_the_cheap_caches_key_leaves_out_the_references_report_and_figure_hooks(tmp_path, monkeypatch):
-    """A reference's hooks (``Reference.hooks``) write tables and figures from metrics.csv: editing
-    them recomputes no cache, while an edit of the reference's scoring code does."""
-    for name in SOURCE_PACKAGES:
+    """A reference's hooks (``Reference.hooks``, modules of the report and the analyses) and the figure
+    writer (``benchmark.core.figures``) write tables and figures from metrics.csv: editing them
+    recomputes no cache, while an edit of the reference's scoring code does."""
+    for name in (*SOURCE_PACKAGES, "benchmark.report", "benchmark.analyses"):
         path = Path(*name.split("."))
         if (REPO / path).is_dir():
             shutil.copytree(REPO / path, tmp_path / path, ignore=shutil.ignore_patterns("__pycache__"))
@@ -109,14 +110,15 @@ def test_the_cheap_caches_key_leaves_out_the_references_report_and_figure_hooks(
     counted = set(source_modules())
     hooks = {m for r in REFERENCES.values() for m in (r.hooks.report, r.hooks.analysis) if m is not None}
     assert hooks >= {"benchmark.report.hmc", "benchmark.analyses.hmc"} and not hooks & counted
+    assert not {m for m in counted if m.startswith("benchmark.core.figures")}
     assert {"benchmark.references.base", "benchmark.references.zoo", "benchmark.references.hmc",
             "benchmark.references.other_zoo"} <= counted
     before = source_fingerprint()
-    hmc = tmp_path / "benchmark" / "references" / "hmc"
-    _edit(hmc / "report.py", "import torch\n", "import torch\nCHANGED = 1\n")
-    _edit(hmc / "figures.py", "import logging\n", "import logging\nCHANGED = 1\n")
+    _edit(tmp_path / "benchmark" / "report" / "hmc.py", "import torch\n", "import torch\nCHANGED = 1\n")
+    _edit(tmp_path / "benchmark" / "analyses" / "hmc.py", "import logging\n", "import logging\nCHANGED = 1\n")
+    _edit(tmp_path / "benchmark" / "core" / "figures" / "canvas.py", "import math\n", "import math\nCHANGED = 1\n")
     assert source_fingerprint() == before
-    _edit(hmc / "__init__.py", "import torch\n", "import torch\nCHANGED = 1\n")
+    _edit(tmp_path / "benchmark" / "references" / "hmc" / "__init__.py", "import torch\n", "import torch\nCHANGED = 1\n")
     assert source_fingerprint() != before
 
 
@@ -146,7 +148,7 @@ def test_a_library_upgrade_changes_the_sample_keys_of_exactly_the_methods_whose_
 @pytest.mark.parametrize("distribution, counted", [
     ("pyro-ppl", True), ("arviz", True), ("scikit-learn", True), ("torch", True),
     ("cvxpy", False),  # only bench/minmass_cvxpy.py imports it (a test dependency): no runtime module
-    ("matplotlib", False),  # only the report and figure hooks and the analyses import it: none is hashed
+    ("matplotlib", False),  # only the figure writer, the report and the analyses import it: none is hashed
 ])
 def test_a_library_upgrade_changes_the_cheap_caches_key_when_a_hashed_module_imports_it(
         monkeypatch, distribution, counted):
