@@ -74,11 +74,10 @@ def curve_numbers(found: dict[str, list[list[dict]]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["group", "quantity", "epoch", "networks", "median", "p10", "p90"])
 
 
-def write(exp: Experiment, found: dict[str, list[list[dict]]]) -> list[Path]:
-    """Draw the figure of ``found`` (``histories(exp)``) into ``results/<experiment>/figures/``;
+def write(exp: Experiment, numbers: pd.DataFrame) -> list[Path]:
+    """Draw the figure of ``numbers`` (``curve_numbers(histories(exp))``) into ``results/<experiment>/figures/``;
     nothing (and a log line) when no network of the reference range has a stored history (an
     imported zoo, or one trained before histories were stored)."""
-    numbers = curve_numbers(found)
     if numbers.empty:
         log.info("%s: no training histories stored with the reference zoo's checkpoints; no figure", NAME)
         return []
@@ -92,7 +91,7 @@ def write(exp: Experiment, found: dict[str, list[list[dict]]]) -> list[Path]:
                 part = numbers[(numbers["group"] == group) & (numbers["quantity"] == key)]
                 if part.empty:
                     continue
-                count = len(found[group])
+                count = int(numbers.loc[numbers["group"] == group, "networks"].max())  # epoch 1 holds every network
                 ax.fill_between(part["epoch"], part["p10"], part["p90"], color=colors[group], alpha=0.25, linewidth=0)
                 ax.plot(part["epoch"], part["median"], color=colors[group], marker="o" if len(part) < 4 else None,
                         markersize=2.5, label=f"{group} ({count} network{'s' if count != 1 else ''})")
@@ -110,10 +109,9 @@ def write(exp: Experiment, found: dict[str, list[list[dict]]]) -> list[Path]:
         return save_figure(figure, figures_dir(exp.results_dir), NAME, numbers)
 
 
-def summary_lines(found: dict[str, list[list[dict]]]) -> list[str]:
-    """zoo.md's paragraph on the curves of ``found`` (``histories(exp)``): the figure's link and the
-    converged networks' last-epoch medians, or why there is none."""
-    numbers = curve_numbers(found)
+def summary_lines(numbers: pd.DataFrame) -> list[str]:
+    """zoo.md's paragraph on the curves of ``numbers`` (``curve_numbers(histories(exp))``): the figure's
+    link and the converged networks' last-epoch medians, or why there is none."""
     if numbers.empty:
         return ["Training curves: none (no training history is stored with the reference zoo's checkpoints)."]
     done = numbers[numbers["group"] == "converged"]

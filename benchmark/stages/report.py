@@ -82,7 +82,7 @@ def run(exp: Experiment) -> list[Path]:
     metrics, repetitions = rows_against(every_metric, ZOO), rows_against(every_repetition, ZOO)
     written = write_tables(metrics, exp.results_dir)
     written += paper.write(metrics, exp.name, exp.results_dir, layers=len(group_layers(exp.model().state_dict())))
-    trained = curves.histories(exp)
+    trained = curves.curve_numbers(curves.histories(exp))
     written += curves.write(exp, trained)
     written.append(write_zoo_summary(exp, exp.results_dir / "zoo.md", curves.summary_lines(trained)))
     written += diagnostics.write(exp, exp.results_dir)

@@ -51,11 +51,11 @@ def test_the_zoo_stores_every_epochs_accuracies_and_the_report_draws_them(tmp_pa
         assert len(record["history"]) == record["epoch"] and "check_accuracy" in record["history"][-1]
     found = curves.histories(exp)
     assert (len(found["converged"]), len(found["failed"])) == (len(store.completed_seeds()), len(store.failed_seeds()))
-    written = curves.write(exp, found)
+    written = curves.write(exp, curves.curve_numbers(found))
     assert sorted(p.name for p in written) == ["zoo_curves.csv", "zoo_curves.pdf", "zoo_curves.png"]
     numbers = pd.read_csv(exp.results_dir / "figures" / "zoo_curves.csv")
     last = numbers[(numbers["group"] == "converged") & (numbers["quantity"] == "check_accuracy") & (numbers["epoch"] == 3)]
     finals = [float(load_checkpoint(store.checkpoint_path(s))[1]["validation_accuracy"]) for s in store.completed_seeds()]
     assert last["median"].item() == pytest.approx(np.median(finals), abs=1e-6)
-    (line,) = curves.summary_lines(found)
+    (line,) = curves.summary_lines(curves.curve_numbers(found))
     assert "figures/zoo_curves.png" in line and f"validation accuracy {np.median(finals):.3g} (epoch 3" in line
