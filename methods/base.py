@@ -98,6 +98,9 @@ class PosteriorMethod(ABC):
 
     name: ClassVar[str]
     label: ClassVar[str]
+    # Its place among the methods' rows in every table (the paper's row order: 10 ... 100), discovery's order;
+    # a new method without one comes after them.
+    order: ClassVar[int] = 1000
     Settings: ClassVar[type[MethodSettings]] = MethodSettings
     modes: ClassVar[tuple[str, ...]] = MODES
     # Fixed number of samples drawn around each base network (Deep Ensembles: 1, each member
@@ -118,6 +121,15 @@ class PosteriorMethod(ABC):
     # Whether its samples are Markov-chain states, stored chain after chain (``chain_layout``):
     # diagnostics.md's chain figures and the unit's ArviZ file (``.nc``) are written for it.
     markov_chain: ClassVar[bool] = False
+    # How a reader takes its rows, for the table captions and findings.md (``{label}``: the row's
+    # label); None: nothing beyond the method's name.
+    table_note: ClassVar[str | None] = None
+    # How to read the rows of every method that inherits it (the vBNN family), printed once before
+    # the methods' own notes.
+    family_note: ClassVar[str | None] = None
+    # What its columns of diagnostics.md (``diagnostics()``) mean, the text of its section there;
+    # None: no section.
+    diagnostics_note: ClassVar[str | None] = None
 
     @classmethod
     def chain_layout(cls, meta: SampleSetMetadata, n: int) -> tuple[int, int] | None:

@@ -131,7 +131,19 @@ class BNNMethod(PosteriorMethod):
     """
 
     name = "bnn"
+    order = 20
     label = "BNN"
+    family_note = (
+        "vBNN rows: BLiTZ's mean-field Gaussian posterior under its N(0, 0.1^2) prior, whose log-density BLiTZ "
+        "computes as log(pdf + 1e-6), which is flat (no pull towards 0) beyond |w| of about 0.55; the KL weight each "
+        "row was trained with is in diagnostics.md (1/N of the training split is the exact ELBO)."
+    )
+    diagnostics_note = (
+        "vBNN: mean sigma/|mu| per parameter tensor (0 = a point mass); with BLiTZ's initialisation (sigma ~ 1e-3) "
+        "trained by SGD, sigma barely leaves its start (methods.bnn.variance lets it learn). kl_weight: the weight "
+        "of the KL term in the per-example loss; kl_weight_times_n: that weight times the training split's size (1 = "
+        "the exact ELBO, the paper's recipe; below 1 a tempered posterior)."
+    )
     fits_can_fail = True
     Settings = BNNSettings
     network_stacks = True

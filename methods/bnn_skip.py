@@ -146,7 +146,15 @@ class SkipBNNMethod(BNNMethod):
     """Mean-field vBNN with fixed semi-orthogonal skips (seed 001); one-mode (see ``modes``)."""
 
     name = "bnn_skip"
+    order = 40
     label = "BNN (orthogonal skips)"
+    table_note = (
+        "{label}: the vBNN of another model, the network with fixed random semi-orthogonal skip connections added to "
+        "every layer (seed 001); the skips are constants, not in the samples, so its weight samples are that model's "
+        "posterior over the layers' own weights, compared with the zoo on the shared state-dict keys, and its "
+        "predictive columns are the skip network's."
+    )
+    diagnostics_note = None  # diagnostics.md explains the plain vBNN's columns only
     Settings = SkipBNNSettings
     follows = "bnn"
     # The seed's claim is about one variational posterior; a multi-mode row would add 10 vBNN

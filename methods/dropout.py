@@ -146,6 +146,7 @@ class DropoutMethod(PosteriorMethod):
     trains a round's networks together where they can be stacked)."""
 
     name = "dropout"
+    order = 10
     label = "Dropout"
     fits_can_fail = True
     Settings = DropoutSettings

@@ -16,7 +16,13 @@ class EnsembleMethod(PosteriorMethod):
     """A member is its base checkpoint, unchanged: ``fit`` keeps it, ``sample(1)`` returns it."""
 
     name = "ensemble"
+    order = 90
     label = "Deep Ensembles"
+    table_note = (
+        "{label}: its members are held-out networks trained with the reference's own recipe, the networks of the "
+        "Second zoo baseline: its weight-space scores are the measure's noise floor by construction, not a method's "
+        "achievement."
+    )
     modes = ("multi",)
     samples_per_base = 1
     starts_from_base = True  # the members are the repetition's base networks

@@ -363,6 +363,7 @@ class HMCMethod(ResumableChains, PosteriorMethod):
     states in a folder (``ResumableChains``: the sample stage runs them under per-chain claims)."""
 
     name = "hmc"
+    order = 100
     label = "HMC"
     Settings = HMCSettings
     modes = ("one", "multi")

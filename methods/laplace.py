@@ -131,7 +131,14 @@ class LaplaceMethod(PosteriorMethod):
     """Laplace around a trained base network; ``fit`` uses the base's weights (``seed`` is unused: no randomness)."""
 
     name = "laplace"
+    order = 80
     label = "Laplace"
+    diagnostics_note = (
+        "Laplace: optimised prior precision; GGN eigen-directions below it (near-flat: the posterior variance there "
+        "is the prior's, 1/precision); test accuracy of laplace-torch's GLM predictive (probit), of the sampled "
+        "predictive (100 draws) and of one draw. A sampled predictive far below the GLM one means the weight samples "
+        "are broader than the linearised model assumes."
+    )
     Settings = LaplaceSettings
     starts_from_base = True  # the approximation is centred at the repetition's base network
 

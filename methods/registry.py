@@ -1,29 +1,20 @@
-"""The one list of methods: name -> class, in the paper's row order.
+"""The methods: name -> class, in the paper's row order.
 
 Everything else derives from it: the config schema (``methods.<name>`` nodes and the
 ``method=`` choices), the sample stage's units, the Makefile's sweep, the tables' row order
-and labels. A new method is one module in ``methods/`` with a ``PosteriorMethod`` subclass,
-one ``conf/methods/<name>.yaml``, and one entry here (or ``register_method`` from a plugin).
+and labels. A new method is one module in ``methods/`` with a ``PosteriorMethod`` subclass (its ``name``,
+``label``, ``order`` and ``Settings``) and one ``conf/methods/<name>.yaml`` (a method kept outside
+the package: ``register_method``).
 """
 from __future__ import annotations
 
+import methods
+from benchmark.core.plugins import defined_classes, discover
 from methods.base import PosteriorMethod
-from methods.bnn import BNNMethod
-from methods.bnn_ordered import OrderedBiasBNNMethod
-from methods.bnn_skip import SkipBNNMethod
-from methods.dropout import DropoutMethod
-from methods.ensemble import EnsembleMethod
-from methods.hmc import HMCMethod
-from methods.laplace import LaplaceMethod
-from methods.sghmc import SGHMCMethod
-from methods.sghmc_sa import ScaleAdaptedSGHMCMethod
-from methods.swag import SWAGMethod
 
-METHODS: dict[str, type[PosteriorMethod]] = {
-    cls.name: cls
-    for cls in (DropoutMethod, BNNMethod, OrderedBiasBNNMethod, SkipBNNMethod, SGHMCMethod, ScaleAdaptedSGHMCMethod, SWAGMethod, LaplaceMethod,
-                EnsembleMethod, HMCMethod)
-}
+METHODS: dict[str, type[PosteriorMethod]] = discover(methods, defined_classes(PosteriorMethod), skip=("registry",))
+"""Every method of the ``methods`` package (``benchmark.core.plugins.discover``: each
+``PosteriorMethod`` subclass with its own ``name``), in table row order (``order``)."""
 
 
 def method_names() -> tuple[str, ...]:

@@ -494,8 +494,23 @@ class SGHMCMethod(PosteriorMethod):
     """
 
     name = "sghmc"
+    order = 50
     starts_from_base = True  # every chain starts from the repetition's base network
     label = "SGHMC"
+    diagnostics_note = (
+        "SGHMC: kinetic temperature mean(m^2)/T of the sampling segment (1 = at the configured temperature), "
+        "fraction of coordinates where the minibatch gradient noise alone exceeded the target (there the chain runs "
+        "hot), that noise as a share of the target, and the effective sample size of the kept states (ess: the ESS "
+        "of the mean from the chain means, chains as chains, median over weights; ess_arviz_total: the sum over "
+        "chains of each chain's ArviZ bulk ESS, which overstates short correlated chains; ess_chain_min: the "
+        "smallest chain's). split_rhat_loglik: split R-hat of the kept states' train log-likelihood over every "
+        "chain's halves; stationary: 1 when it is below 1.05, 0 when the chains have not settled (the row is not "
+        "converged). noise_top_to_target: the minibatch noise along its top direction at the base as a share of the "
+        "target, at the step used (the step is lowered until it is at most noise_margin). chains: independent chains "
+        "from the base, states_per_chain: kept states of each, full_batch: 1 for full-batch gradients (no minibatch "
+        "noise), spread_growth: the chains' spread at the first kept states over their spread half-way there (about "
+        "1: settled; about 2: still spreading from the base, as free diffusion does)."
+    )
     Settings = SGHMCSettings
     modes = ("one",)
     markov_chain = True

@@ -202,7 +202,22 @@ class ScaleAdaptedSGHMCMethod(PosteriorMethod):
     """
 
     name = "sghmc_sa"
+    order = 60
     label = "SGHMC (scale-adapted)"
+    table_note = (
+        "{label}: the paper's SGHMC, the scale-adapted sampler of the Bayesian-Neural-Networks code base with its "
+        "settings (one chain from a random initialisation, per-weight preconditioning adapted during a 20-epoch "
+        "burn-in, a Gaussian prior whose precision per tensor has a Gamma(10, 10) hyperprior, momentum resampled "
+        "every 50 steps, a state kept every 2 epochs of 250, minibatches of 256 from a per-epoch reshuffle); the "
+        "SGHMC row is ours (several BAOA chains from the trained base under the recipe's prior). Its 100 states are "
+        "consecutive states of one chain (ESS in diagnostics.md)."
+    )
+    diagnostics_note = (
+        "SGHMC (scale-adapted), the paper's code base: steps of the one chain, fraction of steps whose gradient the "
+        "dynamic clipping cut, the mean prior standard deviation 1/sqrt(lambda) over parameter tensors at the end "
+        "(the Gamma hyperprior's draws), and the effective sample size of its 100 consecutive kept states (median "
+        "over weights)."
+    )
     Settings = ScaleAdaptedSGHMCSettings
     modes = ("one",)
     markov_chain = True

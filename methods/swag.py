@@ -150,7 +150,12 @@ class SWAGMethod(PosteriorMethod):
     """SWAG around a trained base network (``fit`` continues its training and collects snapshots)."""
 
     name = "swag"
+    order = 70
     label = "SWAG"
+    diagnostics_note = (
+        "SWAG: mean over weights of the snapshots' diagonal variance and of the low-rank variance diag(D D^T)/(K-1); "
+        "a draw's variance is scale x their sum."
+    )
     Settings = SWAGSettings
     starts_from_base = True  # repetition k continues training the repetition's base network
 

@@ -19,12 +19,13 @@ apply to. The numerical pieces live in ``metrics/``; figures in ``benchmark.core
 from __future__ import annotations
 
 import importlib
-import pkgutil
+import sys
 from types import ModuleType
 
 import benchmark.baselines  # noqa: F401  (declares the baselines to the schema beside the references and the analyses)
 from benchmark.analyses.inputs import MissingInputsError, NotApplicableError, figures_dir
 from benchmark.config import analysis_names, declare_analysis
+from benchmark.core import plugins
 from benchmark.references import REFERENCES
 
 HELPERS = ("inputs",)
@@ -32,20 +33,27 @@ HELPERS = ("inputs",)
 
 
 def discover() -> None:
-    """Declare every analysis module of this package (all but ``HELPERS`` and the references' hooks, declared with their reference) to the schema: its ``NAME``
-    (the module's name), its typed ``Settings`` (the node ``analyze.<name>``) and its ``ORDER``
-    (``benchmark.config.declare_analysis``); ``TypeError`` naming what a module lacks."""
+    """Declare every analysis module of this package (``benchmark.core.plugins.discover``: all but
+    ``HELPERS`` and the references' hooks, declared with their reference) to the schema: its
+    ``NAME`` (the module's name), its typed ``Settings`` (the node ``analyze.<name>``) and its
+    ``ORDER`` (``benchmark.config.declare_analysis``); ``TypeError`` naming what a module lacks."""
     hooks = {reference.hooks.analysis for reference in REFERENCES.values()}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if info.name in HELPERS or f"{__name__}.{info.name}" in hooks:  # a reference's: declared with it
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        missing = [a for a in ("NAME", "ORDER", "Settings") if not hasattr(module, a)]
-        if missing or module.NAME != info.name:
-            raise TypeError(f"{module.__name__}: an analysis module defines NAME (its module's name), ORDER and "
-                            f"Settings; missing {missing or ['NAME = ' + repr(info.name)]}")
+    found = plugins.discover(sys.modules[__name__], _analysis_module, skip=HELPERS + tuple(
+        hook.rsplit(".", 1)[1] for hook in hooks if hook and hook.startswith(f"{__name__}.")),
+        name=lambda module: module.NAME, order=lambda module: module.ORDER)
+    for module in found.values():
         declare_analysis(module.NAME, module.Settings, module.ORDER)
 
+
+def _analysis_module(module: ModuleType) -> list[ModuleType]:
+    """``[module]``, an analysis: it defines ``NAME`` (its module's name), ``ORDER`` and ``Settings``;
+    ``TypeError`` naming what it lacks."""
+    short = module.__name__.rsplit(".", 1)[1]
+    missing = [a for a in ("NAME", "ORDER", "Settings") if not hasattr(module, a)]
+    if missing or module.NAME != short:
+        raise TypeError(f"{module.__name__}: an analysis module defines NAME (its module's name), ORDER and "
+                        f"Settings; missing {missing or ['NAME = ' + repr(short)]}")
+    return [module]
 
 def _hooked() -> dict[str, ModuleType]:
     """The references' analysis hooks by the reference's name (``analysis=<reference>``); ``TypeError``

@@ -33,12 +33,11 @@ are declared to the schema, ``benchmark.config.declare_baseline``) and again by 
 """
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
+import sys
 
 from benchmark.baselines.base import Baseline
 from benchmark.config import declare_baseline
+from benchmark.core import plugins
 from benchmark.experiment import Experiment
 
 BASELINES: dict[str, type[Baseline]] = {}
@@ -68,13 +67,10 @@ def register(baseline: type[Baseline]) -> type[Baseline]:
 
 
 def discover() -> None:
-    """Register every ``Baseline`` subclass with a ``name`` defined in a module of this package."""
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, Baseline) and cls.__module__ == module.__name__ and "name" in vars(cls):
-                register(cls)
-
+    """Register every ``Baseline`` subclass with a ``name`` defined in a module of this package
+    (``benchmark.core.plugins.discover``), in table order."""
+    for baseline in plugins.discover(sys.modules[__name__], plugins.defined_classes(Baseline)).values():
+        register(baseline)
 
 def baseline_class(name: str) -> type[Baseline]:
     """The registered baseline ``name``; ``ValueError`` naming the registered ones otherwise."""

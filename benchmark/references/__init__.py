@@ -19,11 +19,10 @@ them; the others are listed by ``conf/reference/`` and described in their module
 """
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
+import sys
 
 from benchmark.config import declare_reference
+from benchmark.core import plugins
 from benchmark.experiment import Experiment
 from benchmark.references.base import Reference, ReportHooks, files_key
 from benchmark.references.zoo import ZOO_ROW, ZooReference
@@ -54,15 +53,11 @@ def register(reference: type[Reference]) -> type[Reference]:
 
 
 def discover() -> None:
-    """Register every ``Reference`` subclass with a ``name`` defined in a module of this package (its
-    ``__path__``; the zoo first, then by module name); raises what ``register`` raises on a clash."""
-    register(ZooReference)
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, Reference) and cls.__module__ == module.__name__ and "name" in vars(cls):
-                register(cls)
-
+    """Register every ``Reference`` subclass with a ``name`` defined in a module of this package
+    (``benchmark.core.plugins.discover``; the zoo first, ``order``, then by module name); raises what
+    ``register`` raises on a clash."""
+    for reference in plugins.discover(sys.modules[__name__], plugins.defined_classes(Reference)).values():
+        register(reference)
 
 discover()
 

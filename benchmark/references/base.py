@@ -113,6 +113,8 @@ class Reference(ABC):
 
     name: ClassVar[str]
     """Which reference this is (metrics.csv's ``reference`` column; ``benchmark.references.REFERENCES``)."""
+    order: ClassVar[int] = 100
+    """Its place among the references (``benchmark.core.plugins.discover``; ties by module name): the zoo first."""
     Settings: ClassVar[type] = NoSettings
     """Its typed settings: the fields of ``conf/reference/<name>.yaml`` besides ``name``."""
     needs: ClassVar[str]

@@ -21,6 +21,7 @@ from benchmark.core.settings import require
 from benchmark.core.store import ExperimentStore
 from benchmark.experiment import Experiment
 from benchmark.inventory import reference_seeds
+from benchmark.references.base import Reference
 from benchmark.references.zoo import ZooReference
 
 
@@ -43,6 +44,7 @@ class OtherZooReference(ZooReference):
     scored against exactly as this store's zoo is (``ZooReference``)."""
 
     name = "other_zoo"
+    order = Reference.order  # among the other references, not first with the zoo it extends
     Settings = OtherZooSettings
     own_row = None  # the zoo's row is this store's zoo's (``ZooReference.own_row``), not the other store's
     needs = "the converged reference checkpoints of reference.experiment in reference.store"

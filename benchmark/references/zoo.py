@@ -59,6 +59,7 @@ class ZooReference(Reference):
     source store's ``reference/``)."""
 
     name = "zoo"
+    order = 0  # first: every run is evaluated against it
     needs = "the converged reference checkpoints of seeds.reference (stage=zoo zoo.range=reference)"
     own_row = ZOO_ROW
 

@@ -33,35 +33,11 @@ CHAIN_TEXT = (
 BASE_COLUMNS = ["method", "method_label", "mode", "repetitions", "n_samples", "sample_acc_min", "sample_acc_median",
                 "sample_acc_max", "ensemble_acc", "ess", "base_acc_min", "base_acc_median", "base_acc_max", "n_bases"]
 
-EXPLANATIONS = {
-    "swag": ("SWAG: mean over weights of the snapshots' diagonal variance and of the low-rank variance diag(D D^T)/(K-1); "
-             "a draw's variance is scale x their sum."),
-    "bnn": ("vBNN: mean sigma/|mu| per parameter tensor (0 = a point mass); with BLiTZ's initialisation (sigma ~ 1e-3) "
-            "trained by SGD, sigma barely leaves its start (methods.bnn.variance lets it learn). kl_weight: the weight of "
-            "the KL term in the per-example loss; kl_weight_times_n: that weight times the training split's size "
-            "(1 = the exact ELBO, the paper's recipe; below 1 a tempered posterior)."),
-    "laplace": ("Laplace: optimised prior precision; GGN eigen-directions below it (near-flat: the posterior variance "
-                "there is the prior's, 1/precision); test accuracy of laplace-torch's GLM predictive (probit), of the "
-                "sampled predictive (100 draws) and of one draw. A sampled predictive far below the GLM one means the "
-                "weight samples are broader than the linearised model assumes."),
-    "sghmc": ("SGHMC: kinetic temperature mean(m^2)/T of the sampling segment (1 = at the configured temperature), "
-              "fraction of coordinates where the minibatch gradient noise alone exceeded the target (there the chain "
-              "runs hot), that noise as a share of the target, and the effective sample size of the kept states "
-              "(ess: the ESS of the mean from the chain means, chains as chains, median over weights; ess_arviz_total: the "
-              "sum over chains of each chain's ArviZ bulk ESS, which overstates short correlated chains; ess_chain_min: the "
-              "smallest chain's). "
-              "split_rhat_loglik: split R-hat of the kept states' train log-likelihood over every chain's halves; stationary: "
-              "1 when it is below 1.05, 0 when the chains have not settled (the row is not converged). noise_top_to_target: "
-              "the minibatch noise along its top direction at the base as a share of the target, at the step used (the step is "
-              "lowered until it is at most noise_margin). chains: independent chains from the base, "
-              "states_per_chain: kept states of each, full_batch: 1 for full-batch gradients (no minibatch noise), "
-              "spread_growth: the chains' spread at the first kept states over their spread half-way there (about 1: "
-              "settled; about 2: still spreading from the base, as free diffusion does)."),
-    "sghmc_sa": ("SGHMC (scale-adapted), the paper's code base: steps of the one chain, fraction of steps whose gradient "
-                 "the dynamic clipping cut, the mean prior standard deviation 1/sqrt(lambda) over parameter tensors at "
-                 "the end (the Gamma hyperprior's draws), and the effective sample size of its 100 consecutive kept "
-                 "states (median over weights)."),
-}
+def diagnostics_notes() -> list[tuple[str, str]]:
+    """``(method, what its diagnostics columns mean)`` of every registered method that explains them
+    (``PosteriorMethod.diagnostics_note``), in table row order: the sections of diagnostics.md."""
+    return [(name, method_class(name).diagnostics_note) for name in method_names()
+            if method_class(name).diagnostics_note is not None]
 
 
 def is_chain(method: str) -> bool:
@@ -169,7 +145,7 @@ def render(frame: pd.DataFrame, experiment: str) -> str:
         lines += ["## Markov chains", "", CHAIN_TEXT + " spread_growth, split_rhat_loglik (train log-likelihood) and "
                   "stationary (1: split_rhat_loglik below 1.05) are the sampler's own, where it records them.", "",
                   body.to_markdown(index=False, floatfmt=".4g"), ""]
-    for method, explanation in EXPLANATIONS.items():
+    for method, explanation in diagnostics_notes():
         rows = frame[frame["method"] == method]
         if rows.empty:
             continue

@@ -28,7 +28,6 @@ from benchmark.core.store import atomic_write_text
 from benchmark.baselines import BASELINES
 from benchmark.results import BASELINE_MODE
 from methods import method_class, method_names
-from methods.bnn import BNNMethod
 
 GROUP_LABELS = {"one": "One Mode", "multi": "Multi Mode", BASELINE_MODE: "Baselines"}
 """Table groups in order; the baseline rows (never ranked) come last."""
@@ -95,52 +94,16 @@ STEP_TEXT = {
 }
 """What each step of ``evaluate.canonical_steps`` removes, for the captions."""
 
-VARIANT_NOTES = {
-    "bnn_skip": (
-        "{label}: the vBNN of another model, the network with fixed random semi-orthogonal skip connections added "
-        "to every layer (seed 001); the skips are constants, not in the samples, so its weight samples are that "
-        "model's posterior over the layers' own weights, compared with the zoo on the shared state-dict keys, and "
-        "its predictive columns are the skip network's."
-    ),
-    "bnn_ordered": (
-        "{label}: the vBNN with its hidden biases constrained to ascend (seed 000). Its raw MMD compares bias-sorted "
-        "samples with an unsorted zoo, so it is worse by construction; NS MMD, which sorts both the same way, is the "
-        "fair comparison. Only hidden Linear layers with a bias can be ordered: on OptuNet that is fc1's 3 units "
-        "(3! = 6 orderings), and the permutations of conv1 and conv2 (no biases) remain."
-    ),
-    "ensemble": (
-        "{label}: its members are held-out networks trained with the reference's own recipe, the networks of the "
-        "Second zoo baseline: its weight-space scores are the measure's noise floor by construction, not a method's "
-        "achievement."
-    ),
-    "sghmc_sa": (
-        "{label}: the paper's SGHMC, the scale-adapted sampler of the Bayesian-Neural-Networks code base with its "
-        "settings (one chain from a random initialisation, per-weight preconditioning adapted during a 20-epoch "
-        "burn-in, a Gaussian prior whose precision per tensor has a Gamma(10, 10) hyperprior, momentum resampled "
-        "every 50 steps, a state kept every 2 epochs of 250, minibatches of 256 from a per-epoch reshuffle); the "
-        "SGHMC row is ours (several BAOA chains from the trained base under the recipe's prior). Its 100 states are "
-        "consecutive states of one chain (ESS in diagnostics.md)."
-    ),
-}
-"""How to read the symmetry-breaking vBNN rows (``{label}``: the row's label); for the table
-captions and findings.md."""
-
-
-VBNN_NOTE = (
-    "vBNN rows: BLiTZ's mean-field Gaussian posterior under its N(0, 0.1^2) prior, whose log-density BLiTZ computes as "
-    "log(pdf + 1e-6), which is flat (no pull towards 0) beyond |w| of about 0.55; the KL weight each row was trained "
-    "with is in diagnostics.md (1/N of the training split is the exact ELBO)."
-)
-"""How to read every vBNN row (``methods.bnn`` and its variants), for the captions and findings.md."""
-
-
 def variant_notes(methods: Iterable[str]) -> list[str]:
-    """``VBNN_NOTE`` when a vBNN row is among ``methods``, then the ``VARIANT_NOTES`` of the
-    methods among them, in registry order."""
-    present = set(methods)
-    registered = present & set(method_names())  # external rows (method=external) have no class here
-    vbnn = [VBNN_NOTE] if any(issubclass(method_class(name), BNNMethod) for name in registered) else []
-    return vbnn + [note.format(label=method_class(name).label) for name, note in VARIANT_NOTES.items() if name in present]
+    """How to read the rows of ``methods``, for the captions and findings.md: the family notes of the
+    registered methods among them (``PosteriorMethod.family_note``, each once), then their own
+    notes (``table_note``, ``{label}`` the row's label), in table row order; external rows
+    (``method=external``) have none."""
+    present = [name for name in method_names() if name in set(methods)]
+    families = dict.fromkeys(method_class(name).family_note for name in present)
+    own = [method_class(name).table_note.format(label=method_class(name).label) for name in present
+           if method_class(name).table_note is not None]
+    return [note for note in families if note is not None] + own
 
 
 def _variant_text(df: pd.DataFrame) -> str:
