@@ -55,6 +55,7 @@ def _analysis_module(module: ModuleType) -> list[ModuleType]:
                         f"Settings; missing {missing or ['NAME = ' + repr(short)]}")
     return [module]
 
+
 def _hooked() -> dict[str, ModuleType]:
     """The references' analysis hooks by the reference's name (``analysis=<reference>``); ``TypeError``
     when a hook's ``NAME`` is not its reference's."""

@@ -72,6 +72,7 @@ def discover() -> None:
     for baseline in plugins.discover(sys.modules[__name__], plugins.defined_classes(Baseline)).values():
         register(baseline)
 
+
 def baseline_class(name: str) -> type[Baseline]:
     """The registered baseline ``name``; ``ValueError`` naming the registered ones otherwise."""
     if name not in BASELINES:

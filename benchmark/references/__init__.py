@@ -59,6 +59,7 @@ def discover() -> None:
     for reference in plugins.discover(sys.modules[__name__], plugins.defined_classes(Reference)).values():
         register(reference)
 
+
 discover()
 
 REFERENCE_METHODS = tuple(dict.fromkeys(r.own_row[0] for r in REFERENCES.values() if r.own_row is not None))
