@@ -29,8 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from summary import record  # noqa: E402  (bench/summary.py, next to this file)
-import benchmark.analyses  # noqa: E402,F401  (declares the analyses and the references to the schema)
-from benchmark import config  # noqa: E402
+from benchmark import loader  # noqa: E402
 from benchmark.core.training import TrainingData, seeded  # noqa: E402
 from benchmark.core.training.objective import CrossEntropyObjective  # noqa: E402
 from benchmark.core.training.vectorised import AUTO_NETWORKS, Lane, Stack  # noqa: E402
@@ -121,7 +120,7 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=5500, help="training images of the extrapolation run (0: skip)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    exp = Experiment(config.compose_config(["store=bench/_work/hmc_store", "results=bench/_work/hmc_results"]))
+    exp = Experiment(loader.compose_config(["store=bench/_work/hmc_store", "results=bench/_work/hmc_results"]))
     with exp.backends():
         method = exp.build_method("hmc")
         n = len(exp.train_tensors[1])

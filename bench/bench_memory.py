@@ -72,8 +72,7 @@ def zoo_stack_gb(work: Path, data_dir: Path) -> tuple[int, float]:
     """``(K, GB)``: the largest stack the reduced zoo trained (its logs' "<K> seeds stacked") and what
     the paper's stacks add to it: ``AUTO_NETWORKS`` networks in each of the 2 stacks trained at once
     (one per core), at the trainer's own estimate per network (``vectorised.network_bytes``)."""
-    import benchmark.analyses  # noqa: F401  (declares the plug-ins to the schema)
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.core.training.vectorised import AUTO_NETWORKS, network_bytes
     from benchmark.experiment import Experiment
 

@@ -30,8 +30,7 @@ import torch  # noqa: E402
 
 from mnist_shaped import write_mnist_shaped  # noqa: E402  (bench/, next to this file)
 from summary import record  # noqa: E402  (bench/summary.py, next to this file)
-import benchmark.analyses  # noqa: E402,F401  (declares the analyses and the references to the schema)
-from benchmark import config  # noqa: E402
+from benchmark import loader  # noqa: E402
 from benchmark.core.training import seeded  # noqa: E402
 from benchmark.experiment import Experiment  # noqa: E402
 from methods.base import MethodFitError, PosteriorMethod  # noqa: E402
@@ -155,7 +154,7 @@ def main() -> None:
         write_mnist_shaped(folder)
         data = ["experiment=mnist_optunet", f"dataset.data_dir={folder.resolve()}"]
     global EXPERIMENT
-    exp = EXPERIMENT = Experiment(config.compose_config([
+    exp = EXPERIMENT = Experiment(loader.compose_config([
         *data, "device=cpu", "store=bench/_work/methods_stacked_store", "results=bench/_work/methods_stacked_results",
         f"train.epochs={args.epochs}", "methods.swag.epochs_factor=1", "methods.swag.snapshots=4", "methods.swag.rank=3",
     ]))

@@ -53,8 +53,7 @@ MNIST_ZOO = 1000  # the paper's reference zoo
 
 
 def experiment(overrides: list[str]):
-    import benchmark.analyses  # noqa: F401  (declares the analyses and the references to the schema)
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.experiment import Experiment
 
     return Experiment(compose_config(["store=unused", "device=cpu", *overrides]))

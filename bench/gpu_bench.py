@@ -126,8 +126,7 @@ def hmc_step_ms(exp, device: torch.device, chains: int, repeats: int) -> float:
 def resnet_step_ms(device: torch.device, batch: int, steps: int, width: int) -> tuple[float, str]:
     """Milliseconds per SGD step of a ResNet-18 (CIFAR stem, 100 classes, ``width``) on ``batch``
     CIFAR-sized images, with the acceleration the experiment picks on ``device``; and its name."""
-    import benchmark.analyses  # noqa: F401  (declares the analyses and the references to the schema)
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.experiment import Experiment
 
     exp = Experiment(compose_config(["experiment=cifar100_resnet18", f"device={device}", "store=unused",
@@ -163,8 +162,7 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_bench: --device cuda, but torch sees no CUDA device (torch.cuda.is_available() is False)")
-    import benchmark.analyses  # noqa: F401  (declares the analyses and the references to the schema)
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.experiment import Experiment
 
     smoke = args.smoke

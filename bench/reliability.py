@@ -238,8 +238,7 @@ def _tiny_experiment(work: Path, *overrides: str):
     holds seeded initialisations, and one ensemble unit written as the sample stage writes it."""
     import torch
 
-    import benchmark.analyses  # noqa: F401  (declares the analyses and the references to the schema)
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.core.store import CheckpointMetadata, save_checkpoint
     from benchmark.core.training import seeded
     from benchmark.experiment import Experiment
@@ -452,8 +451,7 @@ def scenario_imported_store_verifies_clean(work: Path) -> tuple[bool, str]:
     verify.repair=stale must move nothing."""
     import torch
 
-    import benchmark.analyses  # noqa: F401  (declares the analyses and the references to the schema)
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.core.training import seeded
     from benchmark.experiment import Experiment
     from benchmark.stages import import_zoo, verify
@@ -809,7 +807,7 @@ def scenario_takeover_races(rounds: int = 10, takers: int = 3) -> bool:
 
 def scenario_diverging_seed(max_attempts: int = 3) -> bool:
     """A seed that diverges (NaN) in every run: recorded as failed (``diverged``) in run ``max_attempts``."""
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.experiment import Experiment, SeedRange
     from benchmark.stages.zoo import TrainingDivergedError, run_zoo
     store = WORK / "diverging" / "store"

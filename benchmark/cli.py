@@ -29,7 +29,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from benchmark.config import CONF_DIR, ConfigError, Stage, analysis_names, compose_config, one_line, register_configs
+from benchmark.config import CONF_DIR, ConfigError, Stage, one_line
+from benchmark.loader import analysis_names, compose_config, register
 from benchmark.experiment import Experiment, threads_per_job
 from benchmark.stages import PIPELINE, STAGES, preflight
 from methods import registry
@@ -157,7 +158,7 @@ def check_slurm_request(argv: Sequence[str]) -> str | None:
     try:
         from hydra import compose, initialize_config_dir
 
-        register_configs()
+        register()
         first = next(sweep_runs(OverridesParser.create().parse_overrides(overrides)))
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             launcher = compose(config_name="config", overrides=list(first), return_hydra_config=True).hydra.launcher
@@ -211,7 +212,7 @@ def _help(what: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The command-line entry point (``python -m benchmark``)."""
-    register_configs()
+    register()
     if not OmegaConf.has_resolver("bench"):
         OmegaConf.register_new_resolver("bench", _help)
     argv = sys.argv[1:] if argv is None else argv

@@ -4,13 +4,15 @@
 and the defaults, so Hydra refuses a bad override at composition with the key, the value
 and what is allowed. Range checks live in each settings dataclass's ``__post_init__`` and run
 when ``resolve_config`` turns the composed config into typed objects; their errors name the
-full key. Method settings come from the method registry: every registered method gets a
-``methods.<name>`` node typed by its ``Settings`` and a ``conf/methods/<name>.yaml``. The plug-ins
-above this module declare theirs when registered: each reference its ``Settings``
-(``declare_reference``: the node of ``reference=<name>``), the baselines their names
-(``declare_baseline``), each analysis its ``Settings`` and place (``declare_analysis``: the node
-``analyze.<name>``); a config is composed after ``benchmark.analyses`` (and with it the
-references) has been imported.
+full key.
+
+The nodes that depend on the plug-ins come from ``build_schema(plugins)``, a pure function of
+``Plugins`` (what ``benchmark.loader.load`` finds): one ``methods.<name>`` node per method, typed by
+its ``Settings`` (with a ``conf/methods/<name>.yaml``), the choices of ``method=`` and ``analysis=``,
+one ``analyze.<name>`` node per analysis, one ``reference=<name>`` node per reference, and the names
+``sample.repetitions_per_method`` and ``evaluate.baselines`` may hold. ``compose`` stores a schema
+in Hydra's ConfigStore and composes a config from it; ``benchmark.loader.compose_config`` is that
+with every plug-in loaded.
 
 ``Config`` is the root: every key of ``python -m benchmark`` with its type. Only the runners
 (``benchmark.cli``, ``benchmark.experiment``) read it; everything else gets typed objects.
@@ -18,14 +20,15 @@ references) has been imported.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
 from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from types import MappingProxyType, ModuleType
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Union
 
-from hydra import compose, initialize_config_dir
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -37,7 +40,6 @@ from benchmark.core.settings import SettingsError, require
 from benchmark.core.store.claims import DEFAULT_HEARTBEAT_S, DEFAULT_TIMEOUT_S
 from benchmark.core.store.importing import KeyMapping
 from benchmark.core.training import Recipe
-from methods import registry
 from metrics.symmetries import STEPS
 
 
@@ -91,44 +93,23 @@ class Precision(str, Enum):
     """``torch.autocast`` with float16 and a ``GradScaler`` (CUDA only)."""
 
 
-REFERENCE_SETTINGS: dict[str, type] = {}
-"""The registered references' typed settings by name (``declare_reference``): the schema of
-``reference=<name>`` is built from them (``reference_schema``)."""
-HOOK_ANALYSES: list[str] = []
-"""The analyses the registered references' hooks add (``Reference.hooks.analysis``), each named
-after its reference (``analysis=<reference>``; ``declare_reference``), in declaration order. Such an
-analysis has no settings node: what it reads is the reference's settings or another analysis's."""
-POOLED_METHODS: dict[str, str] = {}
-"""Method -> the reference whose rows its rows are (``declare_reference``'s ``own_method``): such a
-method's repetitions are the reference's, ``sample.repetitions``, never ``repetitions_per_method``."""
+@dataclass(frozen=True)
+class Plugins:
+    """What the schema is built from (``build_schema``): every plug-in by name, each mapping in its
+    order. ``benchmark.loader.load`` finds them; this module only reads their attributes.
 
+    - ``methods``: ``PosteriorMethod`` subclasses (``Settings``, ``follows``), in table row order;
+    - ``references``: ``Reference`` subclasses (``Settings``; ``own_row``, ``(method, mode)`` or
+      ``None``: the method whose rows are the reference's own), the zoo first;
+    - ``baselines``: ``Baseline`` subclasses, in table order (only their names are read);
+    - ``analyses``: ``analysis=<name>`` -> its module, in drawing order; a module with ``Settings``
+      (a dataclass) gets the node ``analyze.<name>``, a reference's hook (named after it) has none.
+    """
 
-def declare_reference(name: str, settings: type, own_method: Optional[str] = None, analysis: bool = False) -> None:
-    """Declare reference ``name`` to the schema: ``settings``, its typed settings (a dataclass whose
-    fields are the keys of ``conf/reference/<name>.yaml`` besides ``name``; its ``__post_init__``
-    raising ``SettingsError`` checks them), and ``own_method``, the method whose rows are its own
-    (``Reference.own_row``), or ``None``; ``analysis``: whether its hooks add ``analysis=<name>``
-    (``HOOK_ANALYSES``). Called by ``benchmark.references.register`` for every
-    registered reference, so that the schema knows the plug-ins without importing their layer."""
-    if not dataclasses.is_dataclass(settings):
-        raise TypeError(f"declare_reference: the settings of reference {name!r} must be a dataclass, got {settings!r}")
-    REFERENCE_SETTINGS[name] = settings
-    if own_method is not None:
-        POOLED_METHODS[own_method] = name
-    if analysis and name not in HOOK_ANALYSES:
-        HOOK_ANALYSES.append(name)
-    reference_schema.cache_clear()
-
-
-BASELINE_NAMES: list[str] = []
-"""The registered baselines' names, in table order (``declare_baseline``): what ``evaluate.baselines`` may name."""
-
-
-def declare_baseline(names: Sequence[str]) -> None:
-    """Declare the registered baselines (``benchmark.baselines.BASELINES``' names, in table order) to
-    the schema, which refuses any other name in ``evaluate.baselines``. Called by
-    ``benchmark.baselines.register`` on every registration."""
-    BASELINE_NAMES[:] = list(names)
+    methods: Mapping[str, type]
+    references: Mapping[str, type]
+    baselines: Mapping[str, type]
+    analyses: Mapping[str, ModuleType]
 
 
 @dataclass
@@ -141,24 +122,23 @@ class ReferenceConfig:
     settings (``Reference.Settings``, declared in its module) as further keys."""
 
     name: str = "zoo"
+    known: ClassVar[tuple[str, ...]] = ()
+    """The registered references' names (``build_schema`` sets them on the schema's subclasses)."""
 
     def __post_init__(self) -> None:
-        require(self.name in REFERENCE_SETTINGS, "name", self.name,
-                f"a registered reference, chosen with reference=<name>: one of {', '.join(sorted(REFERENCE_SETTINGS))} "
+        require(self.name in self.known, "name", self.name,
+                f"a registered reference, chosen with reference=<name>: one of {', '.join(sorted(self.known))} "
                 "(benchmark/references/, conf/reference/<name>.yaml)")
 
 
-@functools.lru_cache(maxsize=None)
-def reference_schema(name: str) -> type:
+def reference_schema(name: str, settings: type, base: type = ReferenceConfig) -> type:
     """The node of ``reference=<name>`` (Hydra's ``reference/base_<name>``, listed first in
-    ``conf/reference/<name>.yaml``'s defaults): ``ReferenceConfig`` with ``name`` defaulting to
-    ``name`` and one field per field of the reference's declared settings (same type and default);
-    its ``__post_init__`` refuses another ``name`` and runs the settings' own checks. ``ValueError``
-    naming the declared references when ``name`` is not one."""
-    if name not in REFERENCE_SETTINGS:
-        raise ValueError(f"reference={name}: not a registered reference; expected one of {sorted(REFERENCE_SETTINGS)} "
-                         "(benchmark/references/, declared to the schema when benchmark.analyses is imported)")
-    settings = REFERENCE_SETTINGS[name]
+    ``conf/reference/<name>.yaml``'s defaults): a subclass of ``base`` (a ``ReferenceConfig`` whose
+    ``known`` names every reference) with ``name`` defaulting to ``name`` and one field per field of
+    the reference's ``settings`` (a dataclass; same type and default); its ``__post_init__`` refuses
+    another ``name`` and runs the settings' own checks."""
+    if not dataclasses.is_dataclass(settings):
+        raise TypeError(f"reference {name!r}: its Settings must be a dataclass, got {settings!r}")
     hints = typing.get_type_hints(settings)
     fields: list[tuple[str, Any, Any]] = [("name", str, field(default=name))]
     for f in dataclasses.fields(settings):
@@ -171,11 +151,11 @@ def reference_schema(name: str) -> type:
         ReferenceConfig.__post_init__(self)
         require(self.name == name, "name", self.name,
                 f"{name}, the reference chosen with reference={name} (another: reference=<name>, one of "
-                f"{', '.join(sorted(REFERENCE_SETTINGS))})")
+                f"{', '.join(sorted(self.known))})")
         settings(**{key: getattr(self, key) for key in own})
 
     title = "".join(part.title() for part in name.split("_"))
-    return make_dataclass(f"{title}ReferenceConfig", fields, bases=(ReferenceConfig,),
+    return make_dataclass(f"{title}ReferenceConfig", fields, bases=(base,),
                           namespace={"__post_init__": __post_init__, "__module__": __name__,
                                      "__doc__": f"``reference={name}``: ``name`` and the reference's settings "
                                                 f"(``{settings.__module__}.{settings.__qualname__}``)."})
@@ -325,8 +305,7 @@ class SampleConfig:
     ``repetitions`` (cheap rows can run more: an exact paired sign-flip test on R repetitions cannot
     go below p = 2/2^R, 0.0625 at 5, 0.0078 at 8; repetition k of every row still starts from the
     same base, and more repetitions keep the ones done; the held-out range must hold the largest
-    count's blocks; a method whose rows are a reference's own (``POOLED_METHODS``, declared by the
-    reference) cannot be named, and the zoo's blocks and the second zoo's cap keep ``repetitions``; null: none; ``'+sample.repetitions_per_method.<name>=N'``
+    count's blocks; a method whose rows are a reference's own (``Reference.own_row``) cannot be named, and the zoo's blocks and the second zoo's cap keep ``repetitions``; null: none; ``'+sample.repetitions_per_method.<name>=N'``
     adds one on the command line, ``sample.repetitions_per_method=null`` drops an experiment's);
     both read only through the repetition design, ``benchmark.design.Design``;
     ``keep_stale``: a unit drawn under other settings or code is moved to ``quarantine/`` before
@@ -337,19 +316,24 @@ class SampleConfig:
     repetitions: int = 3
     repetitions_per_method: Optional[Dict[str, int]] = None
     keep_stale: bool = True
+    known_methods: ClassVar[tuple[str, ...]] = ()
+    """The registered methods' names (``build_schema`` sets them on the schema's subclass)."""
+    pooled_methods: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    """Method -> the reference whose rows its rows are (``Reference.own_row``): such a method's
+    repetitions are the reference's, ``repetitions``, never ``repetitions_per_method``."""
 
     def __post_init__(self) -> None:
         require(self.per_method >= 1, "per_method", self.per_method, "a positive integer")
         require(self.modes_multi >= 1, "modes_multi", self.modes_multi, "a positive integer")
         require(self.repetitions >= 1, "repetitions", self.repetitions, "a positive integer")
         for name, count in (self.repetitions_per_method or {}).items():
-            require(name in registry.METHODS, f"repetitions_per_method.{name}", name,
-                    f"a registered method: one of {', '.join(registry.METHODS)}")
+            require(name in self.known_methods, f"repetitions_per_method.{name}", name,
+                    f"a registered method: one of {', '.join(self.known_methods)}")
             require(isinstance(count, int) and count >= 1, f"repetitions_per_method.{name}", count,
                     "a positive integer")
             # a reference pools every repetition of its own method's rows, which the design lays out as sample.repetitions
-            require(name not in POOLED_METHODS, f"repetitions_per_method.{name}", count,
-                    f"no entry: {name}'s rows are the {POOLED_METHODS.get(name)} reference's own, with sample.repetitions "
+            require(name not in self.pooled_methods, f"repetitions_per_method.{name}", count,
+                    f"no entry: {name}'s rows are the {self.pooled_methods.get(name)} reference's own, with sample.repetitions "
                     "repetitions")
 
 
@@ -374,7 +358,7 @@ class EvaluateConfig:
     beside the methods (names registered in ``benchmark.baselines``: prior, untrained initialisations,
     Gaussians fitted to the raw and the symmetry-free zoo, a second zoo of the same recipe; null: every
     registered one, in table order; ``[]`` for none; an unregistered name is refused when the config
-    is resolved, naming the registered ones: ``BASELINE_NAMES``), over
+    is resolved, naming the registered ones: ``known_baselines``), over
     ``baseline_repetitions`` repetitions (null: ``sample.repetitions``; the second zoo's at most that);
     ``potential_checkpoints``: how many converged reference checkpoints (the first in seed order; 0 =
     all) the zoo's training potential is measured on (``ZooReference.training_potential``)."""
@@ -398,6 +382,8 @@ class EvaluateConfig:
     # baseline at 5 method repetitions (an unpaired 5 + 5 permutation test cannot go below p = 2/252). null: as
     # many as sample.repetitions; the second zoo never has more than sample.repetitions (its held-out blocks).
     baseline_repetitions: Optional[int] = None
+    known_baselines: ClassVar[tuple[str, ...]] = ()
+    """The registered baselines' names, in table order (``build_schema`` sets them on the schema's subclass)."""
 
     def __post_init__(self) -> None:
         require(self.max_in_memory_gb > 0, "max_in_memory_gb", self.max_in_memory_gb, "a positive number")
@@ -408,8 +394,8 @@ class EvaluateConfig:
         names = [str(b) for b in self.baselines or ()]
         require(len(set(names)) == len(names), "baselines", names, "each baseline at most once")
         for name in names:
-            require(name in BASELINE_NAMES, "baselines", name,
-                    f"registered baselines: some of {', '.join(BASELINE_NAMES)} (benchmark/baselines/)")
+            require(name in self.known_baselines, "baselines", name,
+                    f"registered baselines: some of {', '.join(self.known_baselines)} (benchmark/baselines/)")
         require(self.baseline_repetitions is None or self.baseline_repetitions >= 1, "baseline_repetitions",
                 self.baseline_repetitions, "null (sample.repetitions) or a positive integer")
         require(self.potential_checkpoints >= 0, "potential_checkpoints", self.potential_checkpoints,
@@ -475,44 +461,6 @@ class ClaimConfig:
         return min(self.heartbeat_s, 10.0)
 
 
-ANALYSIS_SETTINGS: dict[str, tuple[int, type]] = {}
-"""The analyses of ``benchmark/analyses/`` by name: their place in the drawing order (the paper's)
-and their typed settings (``declare_analysis``)."""
-
-
-def declare_analysis(name: str, settings: type, order: int) -> None:
-    """Declare analysis ``name`` to the schema: ``settings``, its typed settings (a dataclass, the
-    node ``analyze.<name>``; its ``__post_init__`` raising ``SettingsError`` checks them), and
-    ``order``, its place among the analyses (``analysis=all`` draws them in it). Called by
-    ``benchmark.analyses`` for every analysis module of the package, so that the schema knows them
-    without importing their layer."""
-    if not dataclasses.is_dataclass(settings):
-        raise TypeError(f"declare_analysis: the settings of analysis {name!r} must be a dataclass, got {settings!r}")
-    ANALYSIS_SETTINGS[name] = (order, settings)
-
-
-def analysis_names() -> tuple[str, ...]:
-    """The names ``analysis=`` accepts besides ``all``, in drawing order: the declared analyses by
-    their order, then those the registered references' hooks add (``HOOK_ANALYSES``)."""
-    declared = sorted(ANALYSIS_SETTINGS, key=lambda name: (ANALYSIS_SETTINGS[name][0], name))
-    return (*declared, *(name for name in HOOK_ANALYSES if name not in ANALYSIS_SETTINGS))
-
-
-def _analyze_config() -> type:
-    """``AnalyzeConfig``: the settings of ``stage=analyze``, one node ``analyze.<name>`` per declared
-    analysis (``declare_analysis``), typed by its settings, in drawing order."""
-    names = [name for name in analysis_names() if name in ANALYSIS_SETTINGS]
-    return make_dataclass("AnalyzeConfig", [(name, ANALYSIS_SETTINGS[name][1], field(default_factory=ANALYSIS_SETTINGS[name][1]))
-                                            for name in names])
-
-
-def _analysis_choice() -> type[Enum]:
-    choice = Enum("Analysis", {name: name for name in (*analysis_names(), "all")}, type=str)
-    choice.__doc__ = ("What ``stage=analyze`` draws (``analysis=...``): one of the analyses (``analysis_names``), "
-                      "or ``all``.")
-    return choice
-
-
 @dataclass
 class ExternalConfig:
     """``method=external``: score a sample set produced elsewhere. ``path``: a safetensors file
@@ -522,10 +470,12 @@ class ExternalConfig:
     path: Optional[str] = None
     name: str = "external"
     label: Optional[str] = None
+    known_methods: ClassVar[tuple[str, ...]] = ()
+    """The registered methods' names, which ``name`` may not take (``build_schema`` sets them)."""
 
     def __post_init__(self) -> None:
-        ok = self.name.replace("-", "_").isidentifier() and self.name not in registry.METHODS and self.name != "all"
-        require(ok, "name", self.name, f"a name of letters, digits, - and _ other than all, {', '.join(registry.METHODS)}")
+        ok = self.name.replace("-", "_").isidentifier() and self.name not in self.known_methods and self.name != "all"
+        require(ok, "name", self.name, f"a name of letters, digits, - and _ other than all, {', '.join(self.known_methods)}")
 
 
 @dataclass
@@ -570,13 +520,6 @@ class ClusterConfig:
         require(self.parallel_jobs >= 1, "parallel_jobs", self.parallel_jobs, "a positive integer")
 
 
-def _method_choice() -> type[Enum]:
-    names = ["all", *registry.METHODS, "external"]
-    choice = Enum("MethodChoice", {name: name for name in names}, type=str)
-    choice.__doc__ = "What the sample stage runs: all methods, one of them, or an external sample set."
-    return choice
-
-
 def _is_interpolation(value: Any) -> bool:
     return isinstance(value, str) and value.startswith("${")
 
@@ -606,36 +549,17 @@ def _following(cls: type, path: str, keys: set[str]) -> type:
                           namespace={"__post_init__": __post_init__, "__module__": cls.__module__, "__doc__": cls.__doc__})
 
 
-@functools.lru_cache(maxsize=None)
-def settings_schema(name: str) -> type:
-    """The schema of ``methods.<name>``: the method's ``Settings``; for a variant of another method
-    (``PosteriorMethod.follows``), a subclass in which every setting the two share defaults to the
-    interpolation ``${methods.<followed>.<key>}`` (leaf by leaf inside nested nodes). An experiment
-    file or a command line that changes the followed method then changes the variant too, and
-    ``methods.<name>.<key>=...`` changes the variant alone."""
-    cls = registry.METHODS[name]
+def settings_schema(methods: Mapping[str, type], name: str) -> type:
+    """The schema of ``methods.<name>`` (``methods``: every method by name): the method's
+    ``Settings``; for a variant of another method (``PosteriorMethod.follows``), a subclass in which
+    every setting the two share defaults to the interpolation ``${methods.<followed>.<key>}`` (leaf by
+    leaf inside nested nodes). An experiment file or a command line that changes the followed
+    method then changes the variant too, and ``methods.<name>.<key>=...`` changes the variant alone."""
+    cls = methods[name]
     if not cls.follows:
         return cls.Settings
-    shared = {f.name for f in dataclasses.fields(registry.METHODS[cls.follows].Settings)} - {"unavailable"}
+    shared = {f.name for f in dataclasses.fields(methods[cls.follows].Settings)} - {"unavailable"}
     return _following(cls.Settings, f"methods.{cls.follows}", shared)
-
-
-def _methods_config() -> type:
-    """``MethodsConfig``: one node per registered method, typed by its ``settings_schema``."""
-    schemas = {name: settings_schema(name) for name in registry.METHODS}
-    return make_dataclass("MethodsConfig", [(name, schema, field(default_factory=schema)) for name, schema in schemas.items()])
-
-
-def _defaults() -> list[Any]:
-    """The schema's defaults list: its own values first, then ``conf/methods/<name>.yaml`` of every method."""
-    return ["_self_"] + [{f"methods@methods.{name}": name} for name in registry.METHODS]
-
-
-MethodChoice = _method_choice()
-MethodsConfig = _methods_config()
-Analysis = _analysis_choice()
-AnalyzeConfig = _analyze_config()
-_REGISTERED = (tuple(registry.METHODS), analysis_names())
 
 
 @dataclass
@@ -659,9 +583,13 @@ class Config:
     ``evaluate``, ``analyze``, ``external``, ``verify``, ``claims`` (cross-node claims on units of
     work), ``dataset``, ``model``, ``train`` (the ``Recipe``), ``cluster``, ``methods`` (one node
     per registered method) and ``zoo_import`` (``stage=import``).
+
+    The fields that depend on the plug-ins (``defaults``, ``method``, ``analysis``, ``reference``,
+    ``sample``, ``evaluate``, ``analyze``, ``external``, ``methods``) are typed here by what every schema shares;
+    ``build_schema`` types them by the plug-ins in a subclass, the root that is composed.
     """
 
-    defaults: List[Any] = field(default_factory=_defaults)
+    defaults: List[Any] = field(default_factory=list)
     experiment_name: str = MISSING
     display_name: str = MISSING
     stage: Stage = Stage.all
@@ -673,15 +601,15 @@ class Config:
     tf32: bool = False
     threads: str = "auto"
     debug: bool = False
-    method: MethodChoice = MethodChoice["all"]
+    method: str = "all"
     mode: ModeChoice = ModeChoice.both
-    analysis: Analysis = Analysis.all
+    analysis: str = "all"
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     seeds: SeedsConfig = field(default_factory=SeedsConfig)
     zoo: ZooConfig = field(default_factory=ZooConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
-    analyze: AnalyzeConfig = field(default_factory=AnalyzeConfig)
+    analyze: Any = None
     external: ExternalConfig = field(default_factory=ExternalConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     claims: ClaimConfig = field(default_factory=ClaimConfig)
@@ -689,7 +617,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: Recipe = MISSING
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    methods: MethodsConfig = field(default_factory=MethodsConfig)
+    methods: Any = None
     zoo_import: ImportConfig = field(default_factory=ImportConfig)
 
     def __post_init__(self) -> None:
@@ -699,17 +627,66 @@ class Config:
                     f"a folder path (empty is refused: pass {key}=. for the current directory)")
 
 
-def build_schema() -> type[Config]:
-    """``Config``; when methods were registered or references added analyses after this module
-    was imported (a plugin's ``register_method``; ``declare_reference``), a subclass whose
-    ``method``, ``methods`` and ``analysis`` nodes include them."""
-    if (tuple(registry.METHODS), analysis_names()) == _REGISTERED:
-        return Config
-    choice, methods, analysis, analyze = _method_choice(), _methods_config(), _analysis_choice(), _analyze_config()
-    return make_dataclass("Config", [("method", choice, field(default=choice["all"])),
-                                     ("methods", methods, field(default_factory=methods)),
-                                     ("analysis", analysis, field(default=analysis["all"])),
-                                     ("analyze", analyze, field(default_factory=analyze))], bases=(Config,))
+@dataclass(frozen=True)
+class Schema:
+    """A config schema (``build_schema``): ``root``, the ``Config`` subclass that is composed
+    (Hydra's ``base_config``); ``methods``, the node of each ``methods.<name>`` (``methods/base_<name>``,
+    listed first by ``conf/methods/<name>.yaml``); ``references``, the node of each ``reference=<name>``
+    (``reference/base_<name>``, listed first by ``conf/reference/<name>.yaml``)."""
+
+    root: type
+    methods: Mapping[str, type]
+    references: Mapping[str, type]
+
+
+def build_schema(plugins: Plugins) -> Schema:
+    """The schema of a config over ``plugins``; a pure function of them (``TypeError`` naming an
+    analysis or a reference whose ``Settings`` is not a dataclass).
+
+    The root types ``method=`` by an enum of the methods (with ``all`` and ``external``),
+    ``analysis=`` by one of the analyses (with ``all``), ``methods`` by one node per method
+    (``settings_schema``), ``analyze`` by one node per analysis with settings, ``reference`` by the
+    references' names, and ``sample.repetitions_per_method`` and ``evaluate.baselines`` by the
+    names they may hold (``external.name`` may hold none of the methods')."""
+    method_names = tuple(plugins.methods)
+    method_choice = Enum("MethodChoice", {name: name for name in ("all", *method_names, "external")}, type=str)
+    method_choice.__doc__ = "What the sample stage runs: all methods, one of them, or an external sample set."
+    analysis_choice = Enum("Analysis", {name: name for name in (*plugins.analyses, "all")}, type=str)
+    analysis_choice.__doc__ = "What ``stage=analyze`` draws (``analysis=...``): one of the analyses, or ``all``."
+    node_schemas = {name: settings_schema(plugins.methods, name) for name in method_names}
+    methods_node = make_dataclass("MethodsConfig", [(name, node, field(default_factory=node))
+                                                    for name, node in node_schemas.items()])
+    settings = {name: module.Settings for name, module in plugins.analyses.items() if hasattr(module, "Settings")}
+    for name, kind in settings.items():
+        if not dataclasses.is_dataclass(kind):
+            raise TypeError(f"analysis {name!r}: its Settings must be a dataclass, got {kind!r}")
+    analyze_node = make_dataclass("AnalyzeConfig", [(name, kind, field(default_factory=kind)) for name, kind in settings.items()])
+    reference_node = _with(ReferenceConfig, known=tuple(plugins.references))
+    references = {name: reference_schema(name, reference.Settings, reference_node)
+                  for name, reference in plugins.references.items()}
+    sample_node = _with(SampleConfig, known_methods=method_names, pooled_methods=MappingProxyType(
+        {r.own_row[0]: name for name, r in plugins.references.items() if r.own_row is not None}))
+    evaluate_node = _with(EvaluateConfig, known_baselines=tuple(plugins.baselines))
+    external_node = _with(ExternalConfig, known_methods=method_names)
+    defaults = ["_self_"] + [{f"methods@methods.{name}": name} for name in method_names]
+    root = make_dataclass("Config", [
+        ("defaults", List[Any], field(default_factory=lambda: list(defaults))),
+        ("method", method_choice, field(default=method_choice["all"])),
+        ("analysis", analysis_choice, field(default=analysis_choice["all"])),
+        ("reference", reference_node, field(default_factory=reference_node)),
+        ("sample", sample_node, field(default_factory=sample_node)),
+        ("evaluate", evaluate_node, field(default_factory=evaluate_node)),
+        ("analyze", analyze_node, field(default_factory=analyze_node)),
+        ("external", external_node, field(default_factory=external_node)),
+        ("methods", methods_node, field(default_factory=methods_node))], bases=(Config,))
+    return Schema(root=root, methods=MappingProxyType(node_schemas), references=MappingProxyType(references))
+
+
+def _with(cls: type, **known: Any) -> type:
+    """A subclass of dataclass ``cls`` (same name, no new field) whose class attributes ``known`` hold
+    the plug-ins' names its checks accept."""
+    return make_dataclass(cls.__name__, [], bases=(cls,), namespace={"__module__": cls.__module__, "__doc__": cls.__doc__,
+                                                                       **known})
 
 
 def visible_gpus() -> int:
@@ -720,28 +697,16 @@ def visible_gpus() -> int:
     return max(1, torch.cuda.device_count())
 
 
-def register_configs() -> None:
-    """Store the schema in Hydra's ConfigStore: the root ``base_config``, ``methods/base_<name>``
-    for every registered method (``conf/methods/<name>.yaml`` lists it first in its defaults) and
-    ``reference/base_<name>`` for every declared reference (``reference_schema``; listed first by
-    ``conf/reference/<name>.yaml``). The references, the baselines and the analyses declare
-    themselves when ``benchmark.analyses`` is imported (this module sits below them);
-    ``ConfigError`` naming the module to import when none of one kind has."""
-    if not REFERENCE_SETTINGS or not ANALYSIS_SETTINGS:
-        raise ConfigError("no reference or no analysis is declared to the schema; import benchmark.analyses (which "
-                          "imports benchmark.references: each declares its plug-ins' settings, declare_reference, "
-                          "declare_analysis) before composing the config")
-    if not BASELINE_NAMES:
-        raise ConfigError("no baseline is declared to the schema (BASELINE_NAMES is empty), so evaluate.baselines "
-                          "could name none; import benchmark.baselines (benchmark.analyses imports it: "
-                          "declare_baseline) before composing the config")
+def register_configs(schema: Schema) -> None:
+    """Store ``schema`` in Hydra's ConfigStore: the root ``base_config``, ``methods/base_<name>`` for
+    every method and ``reference/base_<name>`` for every reference."""
     OmegaConf.register_new_resolver("visible_gpus", visible_gpus, replace=True)
     store = ConfigStore.instance()
-    store.store(name="base_config", node=build_schema())
-    for name in registry.METHODS:
-        store.store(group="methods", name=f"base_{name}", node=settings_schema(name))
-    for name in REFERENCE_SETTINGS:
-        store.store(group="reference", name=f"base_{name}", node=reference_schema(name))
+    store.store(name="base_config", node=schema.root)
+    for name, node in schema.methods.items():
+        store.store(group="methods", name=f"base_{name}", node=node)
+    for name, node in schema.references.items():
+        store.store(group="reference", name=f"base_{name}", node=node)
 
 
 def resolve_config(cfg: DictConfig) -> Any:
@@ -808,19 +773,13 @@ def _conf_dir() -> str:
 CONF_DIR = _conf_dir()
 
 
-def compose_config(overrides: Sequence[str] = (), config_dir: str = CONF_DIR) -> DictConfig:
-    """The project's config with command-line style ``overrides`` applied (Hydra's compose API),
+def compose(schema: Schema, overrides: Sequence[str] = (), config_dir: str = CONF_DIR) -> DictConfig:
+    """The config of ``schema`` with command-line style ``overrides`` applied (Hydra's compose API),
     as ``python -m benchmark`` would compose it (without the ``hydra`` node). Inside a running
     ``python -m benchmark`` (Hydra already initialised, e.g. ``stage=verify`` composing another
     experiment's config) it composes with that app's config search path."""
-    register_configs()
+    register_configs(schema)
     if GlobalHydra.instance().is_initialized():
-        return compose(config_name="config", overrides=list(overrides))
+        return hydra_compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
-
-
-def ready_mappings() -> dict[str, KeyMapping]:
-    """The ready-made key mappings of ``conf/zoo_import/`` by option name (``zoo_import=<name>``)."""
-    names = sorted(path.stem for path in (Path(CONF_DIR) / "zoo_import").glob("*.yaml"))
-    return {name: resolve_config(compose_config([f"zoo_import={name}"])).zoo_import.mapping for name in names}
+        return hydra_compose(config_name="config", overrides=list(overrides))

@@ -27,8 +27,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-import benchmark.analyses  # noqa: F401  (declares the analyses and the references to the schema compose_config builds)
-from benchmark.config import EvaluateConfig, compose_config
+from benchmark.config import EvaluateConfig
+from benchmark.loader import compose_config
 from benchmark.core.models import build_model
 from benchmark.core.training.predict import predict_samples
 from benchmark.core.store import load_sample_set, stack_state_dicts, validate_tensors

@@ -130,6 +130,17 @@ class PosteriorMethod(ABC):
     # What its columns of diagnostics.md (``diagnostics()``) mean, the text of its section there;
     # None: no section.
     diagnostics_note: ClassVar[str | None] = None
+    # The row of the paper's Tables 1 and 2 (Laurent et al., ICLR 2024) set beside this method's in
+    # paper.md and named by findings.md's claims: "Dropout", "BNN", "SGHMC", "SWAG", "Laplace" or "DE";
+    # None: not in the paper's tables.
+    paper_label: ClassVar[str | None] = None
+    # Whether it is the paper's own recipe for that row (listed first beside it); False: another
+    # recipe set beside the same row (our BAOA SGHMC beside the paper's scale-adapted one).
+    paper_recipe: ClassVar[bool] = True
+    # findings.md's claims on a variant (``follows``) against the method it follows, one mode:
+    # "underfitting" (seed 001: higher accuracy and lower NLL), "closer" (seeds 000 and 001: lower
+    # NS MMD and MMD, the posterior nearer the reference once the symmetry is broken in training).
+    variant_claims: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def chain_layout(cls, meta: SampleSetMetadata, n: int) -> tuple[int, int] | None:

@@ -132,6 +132,7 @@ class BNNMethod(PosteriorMethod):
 
     name = "bnn"
     order = 20
+    paper_label = "BNN"
     label = "BNN"
     family_note = (
         "vBNN rows: BLiTZ's mean-field Gaussian posterior under its N(0, 0.1^2) prior, whose log-density BLiTZ "

@@ -155,8 +155,10 @@ class SkipBNNMethod(BNNMethod):
         "predictive columns are the skip network's."
     )
     diagnostics_note = None  # diagnostics.md explains the plain vBNN's columns only
+    paper_label = None  # not in the paper's tables (seeds 000 and 001)
     Settings = SkipBNNSettings
     follows = "bnn"
+    variant_claims = ("underfitting", "closer")
     # The seed's claim is about one variational posterior; a multi-mode row would add 10 vBNN
     # trainings per repetition, beyond the default experiment's time budget.
     modes = ("one",)

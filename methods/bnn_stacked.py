@@ -45,7 +45,7 @@ from blitz.modules.base_bayesian_module import BayesianModule
 from torch import nn
 
 from benchmark.core.training.objective import Gather, stacked_accuracies
-from benchmark.core.training.stacked import NotStackableError, Params, StackedNetworks, VmapNetworks
+from benchmark.core.training.stacked import Params, StackedNetworks, VmapNetworks
 from methods.bayesian_layers import BayesianNetwork
 
 ACCURACY_BATCH = 2048  # images per forward pass of benchmark.core.training.accuracy (one draw each)

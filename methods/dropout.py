@@ -147,6 +147,7 @@ class DropoutMethod(PosteriorMethod):
 
     name = "dropout"
     order = 10
+    paper_label = "Dropout"
     label = "Dropout"
     fits_can_fail = True
     Settings = DropoutSettings

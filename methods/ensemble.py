@@ -17,6 +17,7 @@ class EnsembleMethod(PosteriorMethod):
 
     name = "ensemble"
     order = 90
+    paper_label = "DE"
     label = "Deep Ensembles"
     table_note = (
         "{label}: its members are held-out networks trained with the reference's own recipe, the networks of the "

@@ -132,6 +132,7 @@ class LaplaceMethod(PosteriorMethod):
 
     name = "laplace"
     order = 80
+    paper_label = "Laplace"
     label = "Laplace"
     diagnostics_note = (
         "Laplace: optimised prior precision; GGN eigen-directions below it (near-flat: the posterior variance there "

@@ -495,6 +495,8 @@ class SGHMCMethod(PosteriorMethod):
 
     name = "sghmc"
     order = 50
+    paper_label = "SGHMC"
+    paper_recipe = False  # the paper's SGHMC is the scale-adapted sampler (sghmc_sa)
     starts_from_base = True  # every chain starts from the repetition's base network
     label = "SGHMC"
     diagnostics_note = (

@@ -203,6 +203,7 @@ class ScaleAdaptedSGHMCMethod(PosteriorMethod):
 
     name = "sghmc_sa"
     order = 60
+    paper_label = "SGHMC"
     label = "SGHMC (scale-adapted)"
     table_note = (
         "{label}: the paper's SGHMC, the scale-adapted sampler of the Bayesian-Neural-Networks code base with its "

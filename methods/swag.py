@@ -151,6 +151,7 @@ class SWAGMethod(PosteriorMethod):
 
     name = "swag"
     order = 70
+    paper_label = "SWAG"
     label = "SWAG"
     diagnostics_note = (
         "SWAG: mean over weights of the snapshots' diagonal variance and of the low-rank variance diag(D D^T)/(K-1); "

@@ -114,8 +114,7 @@ def toys(chains: int = 400) -> None:
 
 
 def experiment(store: str):
-    import benchmark.analyses  # noqa: F401  (declares the analyses and the references to the schema)
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.experiment import Experiment
 
     return Experiment(compose_config([f"store={store}", "device=cpu"]))

@@ -33,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import benchmark.analyses  # noqa: E402,F401  (declares the analyses and the references to the schema)
-from benchmark import config  # noqa: E402
+from benchmark import loader  # noqa: E402
 from benchmark.experiment import Experiment  # noqa: E402
 from benchmark.report.hmc import start_groups, summarised  # noqa: E402
 from metrics.mcmc import predictive_convergence  # noqa: E402
@@ -75,7 +74,7 @@ def main() -> None:
         raise SystemExit(__doc__)
     starts, draws, overrides = int(args[0]), int(args[1]), args[2:]
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    exp = Experiment(config.compose_config(["store=bench/_work/hmc_store", "results=bench/_work/hmc_results", *overrides]))
+    exp = Experiment(loader.compose_config(["store=bench/_work/hmc_store", "results=bench/_work/hmc_results", *overrides]))
     with exp.backends():
         method = exp.build_method("hmc")
         per_start = method.settings.chains_per_start

@@ -30,8 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from benchmark import config  # noqa: E402
-import benchmark.analyses  # noqa: E402,F401  (declares the analyses and the references to the schema)
+from benchmark import loader  # noqa: E402
 from benchmark.core.models import predict_with_weights  # noqa: E402
 from benchmark.core.store import stack_state_dicts  # noqa: E402
 from benchmark.core.training import seeded  # noqa: E402
@@ -42,7 +41,7 @@ REPETITIONS, BASES, SAMPLES = 3, 10, 100  # the paper's scale: sample.repetition
 
 
 def experiment(data_dir: str, *overrides: str) -> Experiment:
-    return Experiment(config.compose_config([
+    return Experiment(loader.compose_config([
         "experiment=mnist_optunet", f"dataset.data_dir={data_dir}", "device=cpu", "store=studies/_work/mnist_scale",
         "results=studies/_work/mnist_scale_results", *overrides]))
 

@@ -55,8 +55,7 @@ sys.path.insert(0, str(REPO))
 
 def train(args: argparse.Namespace) -> None:
     """Train seeds ``[start, stop)`` under the experiment's recipe plus ``args.overrides``; write one JSON."""
-    import benchmark.analyses  # noqa: F401  (declares the analyses and the references to the schema)
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.core.training import accuracy, seeded
     from benchmark.core.training.vectorised import train_networks
     from benchmark.experiment import Experiment

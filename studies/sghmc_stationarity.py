@@ -88,8 +88,7 @@ STEP_CAP = 0.3  # the largest step tried in the linear model (BAOA's stability l
 
 
 def experiment(store: str):
-    import benchmark.analyses  # noqa: F401  (declares the analyses and the references to the schema)
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.experiment import Experiment
 
     return Experiment(compose_config([f"store={store}", "device=cpu"]))

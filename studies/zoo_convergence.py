@@ -126,8 +126,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="config overrides (the plateau settings: train.until_plateau.*)")
     args = parser.parse_args()
 
-    import benchmark.analyses  # noqa: F401  (declares the analyses and the references to the schema)
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.core.training import seeded
     from benchmark.core.training.vectorised import train_networks
     from benchmark.experiment import Experiment

@@ -24,9 +24,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from benchmark import config  # noqa: E402
-import benchmark.baselines  # noqa: E402,F401  (declares the baselines to the schema)
-import benchmark.analyses  # noqa: E402,F401  (declares the analyses and the references to the schema: compose_config needs them)
+from benchmark import loader  # noqa: E402
 
 if _WORKER:
     torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
@@ -44,7 +42,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
     repetitions for the baselines unless they name ``evaluate.baseline_repetitions``."""
     if not any(o.startswith("evaluate.baseline_repetitions") for o in overrides):
         overrides = [*overrides, "evaluate.baseline_repetitions=null"]
-    return config.compose_config(lean(overrides))
+    return loader.compose_config(lean(overrides))
 
 
 ALL_BASELINES = "evaluate.baselines=[prior,init,gaussian,gaussian_ns,second_zoo,copies,copies_multi]"

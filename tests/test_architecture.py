@@ -4,7 +4,7 @@ repository: the packages, ``bench/``, ``studies/`` and ``tests/`` (function-leve
 Each module belongs to the first rule whose prefix matches its name, and may import only the
 prefixes that rule allows. On top of the layers: no stage imports another stage; the report and
 the analyses import no stage; only the stages import the inventory's writes
-(``benchmark.inventory.actions``: the rest of the inventory is read-only); no package imports
+(``benchmark.inventory.actions``, and the work-unit loop ``benchmark.core.store.work``: the rest of the inventory is read-only); no package imports
 itself through others (a cycle). The checks run
 on any tree, so the tests below also plant each kind of violation in a small fake repository and
 show that it is caught.
@@ -25,7 +25,7 @@ COMPUTE = ("methods", "metrics", *CORE)
 BASE = ("benchmark.experiment", "benchmark.design", "benchmark.config", "benchmark.results")
 QUERY = ("benchmark.inventory", "benchmark.references", "benchmark.baselines")
 CONFIG_LIBRARIES = ("hydra", "omegaconf")
-WRITES = ("benchmark.inventory.actions",)  # the inventory's writes (temp-file reaping, quarantine)
+WRITES = ("benchmark.inventory.actions", "benchmark.core.store.work")  # the inventory's writes; the work-unit loop (quarantine)
 WRITERS = ("benchmark.stages", "bench", "tests", *WRITES)  # who may import them
 CONFIG_READERS = ("benchmark.cli", "benchmark.config", "benchmark.experiment", "tests", "bench", "studies")
 
@@ -35,9 +35,10 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("bench", tuple(p for p in PROJECT if p not in ("tests", "studies"))),
     ("studies", tuple(p for p in PROJECT if p not in ("tests", "studies"))),  # research scripts: nothing imports them
     ("benchmark.__main__", ("benchmark.cli",)),
-    ("benchmark.scoring", ("benchmark.analyses", "benchmark.references", *BASE, *COMPUTE)),  # from benchmark import score; composes a config
-    ("benchmark.cli", ("benchmark.stages", *QUERY, *BASE, *COMPUTE)),
-    ("benchmark.stages", ("benchmark.stages", "benchmark.report", "benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
+    ("benchmark.scoring", ("benchmark.loader", "benchmark.references", *BASE, *COMPUTE)),  # from benchmark import score; composes a config
+    ("benchmark.cli", ("benchmark.stages", "benchmark.loader", *QUERY, *BASE, *COMPUTE)),
+    ("benchmark.stages", ("benchmark.stages", "benchmark.report", "benchmark.analyses", "benchmark.loader", *QUERY, *BASE, *COMPUTE)),
+    ("benchmark.loader", ("benchmark.analyses", *QUERY, *BASE, *COMPUTE)),  # every plug-in, the schema over them
     ("benchmark.report", ("benchmark.report", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.analyses", ("benchmark.analyses", *QUERY, *BASE, *COMPUTE)),
     ("benchmark.baselines", ("benchmark.baselines", "benchmark.references", "benchmark.inventory", *BASE, *COMPUTE)),
@@ -196,7 +197,7 @@ def test_this_test_sees_the_arrows():
     assert "metrics.mmd" in MODULES["benchmark.references.zoo"]
     assert "benchmark.stages.zoo" in MODULES["benchmark.stages"]
     assert "benchmark.inventory" in MODULES["benchmark.stages.evaluate"]
-    assert "benchmark.inventory.actions" in MODULES["benchmark.stages.sample"]
+    assert "benchmark.core.store.work" in MODULES["benchmark.stages.sample"]
     assert any(_within(m, ("benchmark",)) for m in MODULES["tests.conftest"])
     assert any(_within(m, ("benchmark.core",)) for m in MODULES["bench.reliability"])
     assert "benchmark.report.findings" in MODULES["benchmark.report.hmc"]

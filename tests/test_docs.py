@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from benchmark.config import CONF_DIR, analysis_names, compose_config
+from benchmark.config import CONF_DIR
+from benchmark.loader import analysis_names, compose_config
 from benchmark.stages import PIPELINE, STAGES
 from tests.conftest import REPO
 

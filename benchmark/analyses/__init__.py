@@ -4,11 +4,12 @@ appendix D.2), ``permutation_frequency`` (Figure 4), ``marginals`` (appendix D.1
 
 Each analysis is one module here (a new one: one module, no other edit): its ``NAME``, its
 ``ORDER`` (its place in ``analysis=all``, the paper's order) and its typed ``Settings`` (the node
-``analyze.<name>``), declared to the schema when this package is imported (``discover``,
-``benchmark.config.declare_analysis``), so that ``analysis=`` accepts the names and
-``analyze.<name>.<key>`` is typed by its settings; the analyses the registered references' hooks
-add follow (``Reference.hooks.analysis``, ``analysis=<reference>``; ``config.analysis_names``).
-``ANALYSES`` maps each name to its module, a module of this package or a reference's hook.
+``analyze.<name>``), found when this package is imported (``OWN``: the one discovery rule,
+``benchmark.core.plugins.discover``); the analyses the registered references' hooks add follow
+(``Reference.hooks.analysis``, ``analysis=<reference>``). ``found()`` maps each name to its module,
+a module of this package or a reference's hook: what ``benchmark.loader.load`` gives the schema
+(``analysis=`` accepts the names, ``analyze.<name>.<key>`` is typed by the settings) and the
+analyze stage.
 Each module follows the stage protocol (``benchmark/stages/__init__.py``): ``NAME``; ``needs(exp)``,
 what it reads from the store (``"reference"``, ``"samples"``); ``check(exp, made)``, which raises
 ``MissingInputsError`` (naming what to run first) when the store lacks an input that no earlier
@@ -22,9 +23,7 @@ import importlib
 import sys
 from types import ModuleType
 
-import benchmark.baselines  # noqa: F401  (declares the baselines to the schema beside the references and the analyses)
 from benchmark.analyses.inputs import MissingInputsError, NotApplicableError, figures_dir
-from benchmark.config import analysis_names, declare_analysis
 from benchmark.core import plugins
 from benchmark.references import REFERENCES
 
@@ -32,17 +31,14 @@ HELPERS = ("inputs",)
 """The package's module that is not an analysis: the analyses' inputs."""
 
 
-def discover() -> None:
-    """Declare every analysis module of this package (``benchmark.core.plugins.discover``: all but
-    ``HELPERS`` and the references' hooks, declared with their reference) to the schema: its
-    ``NAME`` (the module's name), its typed ``Settings`` (the node ``analyze.<name>``) and its
-    ``ORDER`` (``benchmark.config.declare_analysis``); ``TypeError`` naming what a module lacks."""
+def discover() -> dict[str, ModuleType]:
+    """Every analysis module of this package (``benchmark.core.plugins.discover``: all but ``HELPERS``
+    and the references' hooks, which ``found`` adds after them) by ``NAME``, in ``ORDER``;
+    ``TypeError`` naming what a module lacks."""
     hooks = {reference.hooks.analysis for reference in REFERENCES.values()}
-    found = plugins.discover(sys.modules[__name__], _analysis_module, skip=HELPERS + tuple(
+    return plugins.discover(sys.modules[__name__], _analysis_module, skip=HELPERS + tuple(
         hook.rsplit(".", 1)[1] for hook in hooks if hook and hook.startswith(f"{__name__}.")),
         name=lambda module: module.NAME, order=lambda module: module.ORDER)
-    for module in found.values():
-        declare_analysis(module.NAME, module.Settings, module.ORDER)
 
 
 def _analysis_module(module: ModuleType) -> list[ModuleType]:
@@ -56,6 +52,10 @@ def _analysis_module(module: ModuleType) -> list[ModuleType]:
     return [module]
 
 
+OWN = discover()
+"""The analyses of this package by name, in drawing order (the paper's)."""
+
+
 def _hooked() -> dict[str, ModuleType]:
     """The references' analysis hooks by the reference's name (``analysis=<reference>``); ``TypeError``
     when a hook's ``NAME`` is not its reference's."""
@@ -66,22 +66,17 @@ def _hooked() -> dict[str, ModuleType]:
             if module.NAME != name:
                 raise TypeError(f"{reference.hooks.analysis}: NAME={module.NAME!r}; a reference's analysis hook is "
                                 f"drawn as analysis={name} (its reference's name)")
+            if name in OWN:
+                raise ValueError(f"{reference.hooks.analysis}: analysis={name} is already {OWN[name].__name__}; a "
+                                 "reference's analysis hook needs a name no analysis of this package has")
             out[name] = module
     return out
 
 
-def __getattr__(name: str) -> dict[str, ModuleType]:
-    """``ANALYSES``: ``analysis=<name>`` -> its module, in the paper's order, then the references'
-    hooks; built on first use, not on import, because a hook module imports this package (a hook
-    imported first would otherwise be read before its ``NAME`` is defined)."""
-    if name != "ANALYSES":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    hooked = _hooked()
-    analyses = {a: hooked.get(a) or importlib.import_module(f"{__name__}.{a}") for a in analysis_names()}
-    globals()["ANALYSES"] = analyses
-    return analyses
+def found() -> dict[str, ModuleType]:
+    """``analysis=<name>`` -> its module: this package's (``OWN``), in the paper's order, then the
+    registered references' hooks (imported on this call, so that a hook module may import this package)."""
+    return {**OWN, **_hooked()}
 
 
-discover()
-
-__all__ = ["ANALYSES", "MissingInputsError", "NotApplicableError", "figures_dir"]
+__all__ = ["OWN", "MissingInputsError", "NotApplicableError", "figures_dir", "found"]

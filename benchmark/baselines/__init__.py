@@ -27,8 +27,8 @@ of this package is imported and every subclass with a ``name`` registered (``dis
 
 The draws are a pure function of the baseline, the repetition and the reference, so the
 evaluate stage caches their numbers like a method's (keyed by these inputs and the source).
-An unregistered name in ``evaluate.baselines`` is refused when the config is resolved (the names
-are declared to the schema, ``benchmark.config.declare_baseline``) and again by ``stages.preflight``
+An unregistered name in ``evaluate.baselines`` is refused when the config is resolved (the schema
+is built from ``BASELINES``, ``benchmark.loader``) and again by ``stages.preflight``
 (``baseline_class``), naming the registered ones.
 """
 from __future__ import annotations
@@ -36,7 +36,6 @@ from __future__ import annotations
 import sys
 
 from benchmark.baselines.base import Baseline
-from benchmark.config import declare_baseline
 from benchmark.core import plugins
 from benchmark.experiment import Experiment
 
@@ -46,7 +45,7 @@ BASELINES: dict[str, type[Baseline]] = {}
 
 def register(baseline: type[Baseline]) -> type[Baseline]:
     """Add ``baseline`` (a ``Baseline`` subclass with a unique ``name``) to ``BASELINES``, kept in
-    table order, and declare the names to the schema (``benchmark.config.declare_baseline``); returns it."""
+    table order; returns it."""
     if not (isinstance(baseline, type) and issubclass(baseline, Baseline)):
         raise TypeError(f"register: expected a Baseline subclass, got {baseline!r}")
     for attribute in ("name", "label", "about"):
@@ -62,7 +61,6 @@ def register(baseline: type[Baseline]) -> type[Baseline]:
     ordered = sorted(BASELINES.values(), key=lambda b: (b.order, b.name))
     BASELINES.clear()
     BASELINES.update((b.name, b) for b in ordered)
-    declare_baseline(list(BASELINES))
     return baseline
 
 

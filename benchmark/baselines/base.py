@@ -15,11 +15,9 @@ from typing import ClassVar
 
 import torch
 
-from benchmark.design import Design
 from benchmark.experiment import Experiment
 from benchmark.inventory import converged
 from benchmark.references.zoo import ZooReference
-from benchmark.results import BASELINE_MODE
 
 
 class Baseline:

@@ -9,7 +9,6 @@ from typing import Iterable, Sequence
 
 from benchmark.core.fingerprint import code_fingerprint, stable_hash
 from benchmark.core.store import CheckpointError, Unit, read_metadata, stored_checksums
-from benchmark.design import Design
 from benchmark.experiment import Experiment
 from methods import PosteriorMethod, method_class
 

@@ -3,7 +3,6 @@ averages (all current, or ``StaleSamplesError`` naming each problem), and a row'
 from __future__ import annotations
 
 from benchmark.core.store import MODES, SampleSetMetadata, StoreError, Unit, read_metadata
-from benchmark.design import Design
 from benchmark.experiment import Experiment
 from benchmark.inventory.units import unit_state
 from methods import method_class, method_names

@@ -5,9 +5,9 @@ package) here with a subclass of ``benchmark.references.base.Reference``, the co
 ``conf/reference/<name>.yaml`` (``reference=<name>``; its defaults list ``base_<name>``, the schema
 of its settings). Nothing else is edited: every module of this package is imported and every
 ``Reference`` subclass it defines with a ``name`` is registered (``discover``; the zoo first, then by
-module name) and declares its ``Settings`` to the schema (``benchmark.config.declare_reference``), so
-that ``reference=<name>`` is typed by them and a name not registered is refused when the config is
-resolved, naming the registered ones.
+module name); the schema is built from ``REFERENCES`` (``benchmark.loader``), so that
+``reference=<name>`` is typed by each one's ``Settings`` and a name not registered is refused when
+the config is resolved, naming the registered ones.
 
 The zoo (``zoo``) is always evaluated (Table 1 is against it); ``reference=<name>`` adds that one.
 The evaluate stage writes every row against every evaluated reference into the one
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import sys
 
-from benchmark.config import declare_reference
 from benchmark.core import plugins
 from benchmark.experiment import Experiment
 from benchmark.references.base import Reference, ReportHooks, files_key
@@ -34,10 +33,7 @@ REFERENCES: dict[str, type[Reference]] = {}
 
 
 def register(reference: type[Reference]) -> type[Reference]:
-    """Add ``reference`` (a ``Reference`` subclass with a unique ``name``) to ``REFERENCES`` and declare
-    its settings to the schema (``benchmark.config.declare_reference``: the node of
-    ``reference=<name>``, its own row's method, whose repetitions it pools, and whether its hooks
-    add ``analysis=<name>``); returns it."""
+    """Add ``reference`` (a ``Reference`` subclass with a unique ``name``) to ``REFERENCES``; returns it."""
     if not (isinstance(reference, type) and issubclass(reference, Reference)):
         raise TypeError(f"register: expected a Reference subclass, got {reference!r}")
     if not isinstance(getattr(reference, "name", None), str) or not reference.name.isidentifier():
@@ -46,9 +42,6 @@ def register(reference: type[Reference]) -> type[Reference]:
         raise ValueError(f"register: a reference named {reference.name!r} is already registered "
                          f"({REFERENCES[reference.name].__module__})")
     REFERENCES[reference.name] = reference
-    declare_reference(reference.name, reference.Settings,
-                      own_method=reference.own_row[0] if reference.own_row is not None else None,
-                      analysis=reference.hooks.analysis is not None)
     return reference
 
 

@@ -27,7 +27,7 @@ What you get: an object whose
 And, as a plug-in (class attributes and class methods, read without building it):
 
 - ``name`` (metrics.csv's ``reference`` column, ``reference=<name>``), ``Settings`` (its typed
-  settings, ``conf/reference/<name>.yaml``, declared to the schema when registered), ``needs``, ``scores_zoo`` (whether the zoo gets a
+  settings, ``conf/reference/<name>.yaml``, read by the schema, ``benchmark.loader``), ``needs``, ``scores_zoo`` (whether the zoo gets a
   row against it), ``own_row`` (its own networks' row, never ranked), ``drawn_by(exp)`` (whether
   ``exp``'s sample stage makes its inputs);
 - ``cache_folder(store)`` and ``current_caches()``: where it caches forms on disk, which

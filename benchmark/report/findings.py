@@ -105,16 +105,27 @@ def agreement(zoo_repetitions: pd.DataFrame, other_repetitions: pd.DataFrame, ra
     return rank_agreement(values["zoo"], values["other"])
 
 
+DEEP_ENSEMBLES, LAPLACE = "DE", "Laplace"
+"""The paper's rows its claims name (``PosteriorMethod.paper_label``: the methods set beside them)."""
+
+
+def paper_label(method: str) -> str | None:
+    """The paper's row that row ``method`` is set beside (``PosteriorMethod.paper_label``); None for a
+    method not in the paper's tables and for a row the registry does not know (a baseline, an external set)."""
+    return METHODS[method].paper_label if method in METHODS else None
+
+
 def paper_claims(rows: set[tuple[str, str]]) -> list[Claim]:
     """The paper's claims, as comparisons between the rows present (``(method, mode)``; a reference's
-    own rows, ``REFERENCE_METHODS``, are not the paper's methods and are left out)."""
+    own rows, ``REFERENCE_METHODS``, are not the paper's methods and are left out). The rows a claim
+    names are those of the methods labelled with the paper's row (``paper_label``)."""
     rows = {r for r in rows if r[0] not in REFERENCE_METHODS}
     paired = [m for m in METHODS if (m, "one") in rows and (m, "multi") in rows]  # registry order; both modes
-    de = ("ensemble", "multi")
-    others = sorted(r for r in rows if r != de)
+    ensembles = sorted(r for r in rows if r[1] == "multi" and paper_label(r[0]) == DEEP_ENSEMBLES)
+    others = sorted(r for r in rows if r not in ensembles)
     claims = [
         Claim("Deep Ensembles have the lowest MMD of all rows.",
-              tuple(Comparison(de, r, "mmd_median") for r in others) if de in rows else ()),
+              tuple(Comparison(de, r, "mmd_median") for de in ensembles for r in others)),
         Claim("For every method, the multi-mode MMD is below the one-mode MMD.",
               tuple(Comparison((m, "multi"), (m, "one"), "mmd_median") for m in paired)),
         Claim("For every method, the multi-mode NS MMD is below the one-mode NS MMD.",
@@ -122,9 +133,9 @@ def paper_claims(rows: set[tuple[str, str]]) -> list[Claim]:
     ]
     laplace = []
     for mode in ("one", "multi"):
-        if ("laplace", mode) in rows:
-            laplace += [Comparison(("laplace", mode), r, column) for r in others
-                        if r[1] == mode and r[0] not in ("laplace", "ensemble")
+        for best in sorted(r for r in rows if r[1] == mode and paper_label(r[0]) == LAPLACE):
+            laplace += [Comparison(best, r, column) for r in others
+                        if r[1] == mode and paper_label(r[0]) not in (LAPLACE, DEEP_ENSEMBLES)
                         for column in ("mmd_median", "ns_mmd_median")]
     claims += [
         Claim("After Deep Ensembles, Laplace has the lowest MMD and NS MMD (within each mode).", tuple(laplace)),
@@ -141,20 +152,26 @@ def paper_claims(rows: set[tuple[str, str]]) -> list[Claim]:
     return [claim for claim in claims + seed_claims(rows) if claim.comparisons]
 
 
+def variant_pairs(rows: set[tuple[str, str]], claim: str) -> list[tuple[tuple[str, str], tuple[str, str]]]:
+    """``(variant's row, followed method's row)``, one mode, in table row order, of every variant
+    whose ``PosteriorMethod.variant_claims`` hold ``claim`` when both rows are present."""
+    pairs = [((name, "one"), (cls.follows, "one")) for name, cls in METHODS.items() if claim in cls.variant_claims]
+    return [(v, b) for v, b in pairs if v in rows and b in rows]
+
+
 def seed_claims(rows: set[tuple[str, str]]) -> list[Claim]:
-    """The symmetry-breaking vBNNs against the plain vBNN (one mode), as seeds 000 and 001 claim:
-    better fits (001: less underfitting; 000: better predictions), and, the question the seeds raise,
-    a posterior closer to the reference once the symmetries are broken during training."""
-    bnn = ("bnn", "one")
-    variants = [v for v in (("bnn_skip", "one"), ("bnn_ordered", "one")) if v in rows and bnn in rows]
-    skip = [v for v in variants if v[0] == "bnn_skip"]
+    """The symmetry-breaking vBNNs against the plain vBNN they follow (one mode), as seeds 000 and 001
+    claim (``PosteriorMethod.variant_claims``): better fits (``underfitting``, seed 001: fixed
+    orthogonal skips), and, the question the seeds raise, a posterior closer to the reference once the
+    symmetries are broken during training (``closer``)."""
+    fits, closer = variant_pairs(rows, "underfitting"), variant_pairs(rows, "closer")
     return [
         Claim("Seed 001: fixed orthogonal skips reduce the vBNN's underfitting: higher accuracy ...",
-              tuple(Comparison(v, bnn, "acc") for v in skip)),
-        Claim("... and lower NLL than the plain vBNN.", tuple(Comparison(v, bnn, "nll") for v in skip)),
+              tuple(Comparison(v, b, "acc") for v, b in fits)),
+        Claim("... and lower NLL than the plain vBNN.", tuple(Comparison(v, b, "nll") for v, b in fits)),
         Claim("Seeds 000, 001: breaking the symmetry during training brings the vBNN's posterior closer to the "
-              "reference: lower NS MMD than the plain vBNN.", tuple(Comparison(v, bnn, "ns_mmd_median") for v in variants)),
-        Claim("... and lower MMD.", tuple(Comparison(v, bnn, "mmd_median") for v in variants)),
+              "reference: lower NS MMD than the plain vBNN.", tuple(Comparison(v, b, "ns_mmd_median") for v, b in closer)),
+        Claim("... and lower MMD.", tuple(Comparison(v, b, "mmd_median") for v, b in closer)),
     ]
 
 

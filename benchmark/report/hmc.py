@@ -88,7 +88,7 @@ def merged(zoo: pd.DataFrame, hmc: pd.DataFrame) -> pd.DataFrame:
              for m, mode in zip(out["method"], out["mode"])]
     order = [*GROUP_LABELS.values(), REFERENCE_GROUP]
     out = out.assign(Group=group, _g=[order.index(g) for g in group], _m=out["method"].map(methods.index),
-                     _r=out["method"].eq("hmc")).sort_values(["_g", "_r", "_m"], kind="stable")
+                     _r=out["method"].eq(HMC_ROW[0])).sort_values(["_g", "_r", "_m"], kind="stable")
     out.index = pd.MultiIndex.from_arrays([out["experiment_label"].fillna(out["experiment"]), out["Group"],
                                            out["method_label"].fillna(out["method"])], names=INDEX_NAMES)
     return out
@@ -179,10 +179,10 @@ def convergence(exp: Experiment) -> pd.DataFrame:
     labels = exp.test_tensors[1]
     pooled_within: dict[str, list[float]] = {"rhat": [], "softmax": [], "ess": []}
     for mode in ("one", "multi"):
-        path = exp.store.samples_path(exp.store.sample_unit("hmc", mode, 0))
+        path = exp.store.samples_path(exp.store.sample_unit(HMC_ROW[0], mode, 0))
         if not path.is_file():
             continue
-        for unit in row_units(exp, "hmc", mode):
+        for unit in row_units(exp, HMC_ROW[0], mode):
             probs, seeds, meta = _unit_chains(exp, unit)
             groups = start_groups(seeds, per_start)
             within = [predictive_convergence(probs[group], labels) for group in groups]

@@ -9,9 +9,10 @@ every one of those cells beside ours (the mean over our repetitions ± the 95% h
 difference to explain, not a verdict on either run: the paper's value has a spread of its own that
 it does not publish.
 
-Rows: the paper's SGHMC is set beside both of ours, the paper's sampler (``sghmc_sa``, "SGHMC
-(scale-adapted)") and our BAOA chains from the base (``sghmc``); its "DE" is our ``ensemble``. The
-symmetry-breaking vBNNs and the baselines are not in the paper's tables.
+Rows: each of the paper's rows is set beside the methods that name it (``PosteriorMethod.paper_label``),
+the paper's own recipe first (``paper_recipe``): its SGHMC beside both of ours, the paper's sampler
+(scale-adapted) and our BAOA chains from the base; its "DE" is our Deep Ensembles. Methods without
+a paper label (the symmetry-breaking vBNNs) and the baselines are not in the paper's tables.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pandas as pd
 from benchmark.core.store import atomic_write_text
 from benchmark.report.tables import GROUP_LABELS, TABLE1_SOURCES, TABLE2_SOURCES
 from benchmark.results import half_width
-from methods import method_class
+from methods import METHODS, method_class
 
 SOURCE = ('Laurent et al., "A Symmetry-Aware Exploration of Bayesian Neural Network Posteriors", ICLR 2024: '
           "Table 1 (section 4) and Table 2 (appendix B.4)")
@@ -35,13 +36,16 @@ TABLE1_COLUMNS = ("MMD", "NS MMD", "Acc", "ECE", "Brier", "AUPR", "FPR95", "ID M
 TABLE2_COLUMNS = tuple((name, statistic) for name in ("MMD", "NS MMD") for statistic in ("median", "mean", "max"))
 """The paper's Table 2 columns, named as in ``tables.TABLE2_SOURCES``."""
 
-ROWS = (
-    ("one", "Dropout", ("dropout",)), ("one", "BNN", ("bnn",)), ("one", "SGHMC", ("sghmc_sa", "sghmc")),
-    ("one", "SWAG", ("swag",)), ("one", "Laplace", ("laplace",)),
-    ("multi", "Dropout", ("dropout",)), ("multi", "BNN", ("bnn",)), ("multi", "SWAG", ("swag",)),
-    ("multi", "Laplace", ("laplace",)), ("multi", "DE", ("ensemble",)),
-)
-"""The paper's rows in its order: (mode, the paper's label, our methods set beside it)."""
+ROWS = (("one", "Dropout"), ("one", "BNN"), ("one", "SGHMC"), ("one", "SWAG"), ("one", "Laplace"),
+        ("multi", "Dropout"), ("multi", "BNN"), ("multi", "SWAG"), ("multi", "Laplace"), ("multi", "DE"))
+"""The paper's rows in its order: (mode, the paper's label)."""
+
+
+def beside(label: str) -> tuple[str, ...]:
+    """Our methods set beside the paper's row ``label``: those whose ``paper_label`` it is, the paper's
+    own recipe first (``paper_recipe``), then in table row order."""
+    named = [name for name, cls in METHODS.items() if cls.paper_label == label]
+    return tuple(sorted(named, key=lambda name: not METHODS[name].paper_recipe))
 
 _ = None  # the paper's "/": a row it did not run (the vBNN on TinyImageNet)
 
@@ -170,8 +174,8 @@ def comparison(metrics: pd.DataFrame, experiment: str, layers: int | None = None
     for table, columns, values, sources in (
             (1, TABLE1_COLUMNS, TABLE1[experiment], TABLE1_SOURCES),
             (2, TABLE2_COLUMNS, TABLE2[experiment], TABLE2_SOURCES)):
-        for (mode, label, methods), printed in zip(ROWS, values):
-            for method in methods:
+        for (mode, label), printed in zip(ROWS, values):
+            for method in beside(label):
                 found = (method, mode) in ours.index
                 row = ours.loc[(method, mode)] if found else None
                 for column, paper in zip(columns, printed):

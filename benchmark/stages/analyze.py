@@ -15,7 +15,7 @@ import logging
 import time
 from pathlib import Path
 
-from benchmark import analyses
+from benchmark import analyses, loader
 from benchmark.report import curves
 from benchmark.core.store import atomic_write_text
 from benchmark.experiment import Experiment
@@ -29,12 +29,12 @@ NAME = "analyze"
 def selected(exp: Experiment) -> list[str]:
     """The analyses ``analysis=`` names, in the paper's order."""
     choice = exp.config.analysis.value
-    return list(analyses.ANALYSES) if choice == "all" else [choice]
+    return list(loader.load().analyses) if choice == "all" else [choice]
 
 
 def needs(exp: Experiment) -> frozenset[str]:
     """What the selected analyses read from the store."""
-    return frozenset().union(*(analyses.ANALYSES[name].needs(exp) for name in selected(exp)))
+    return frozenset().union(*(loader.load().analyses[name].needs(exp) for name in selected(exp)))
 
 
 def produces(exp: Experiment) -> frozenset[str]:
@@ -48,7 +48,7 @@ def runnable(exp: Experiment, made: frozenset[str] = frozenset()) -> tuple[list[
     skipped), and ``MissingInputsError`` listing every selected analysis whose inputs are missing."""
     names, skipped, missing = [], {}, []
     for name in selected(exp):
-        module = analyses.ANALYSES[name]
+        module = loader.load().analyses[name]
         try:
             module.applies(exp)
         except analyses.NotApplicableError as err:
@@ -81,7 +81,7 @@ def run(exp: Experiment) -> list[Path]:
     written = []
     for name in names:
         start = time.perf_counter()
-        written += analyses.ANALYSES[name].run(exp)
+        written += loader.load().analyses[name].run(exp)
         log.info("analysis %s: %.1f s", name, time.perf_counter() - start)
     index = analyses.figures_dir(exp) / "index.md"
     atomic_write_text(index, render_index(exp, names, skipped))
@@ -97,7 +97,7 @@ def render_index(exp: Experiment, drawn: list[str], skipped: dict[str, str]) -> 
     folder = analyses.figures_dir(exp)
     lines = [f"# Figures of {exp.display_name}", "",
              "Written by `python -m benchmark stage=analyze`; each figure has a PNG, a PDF and its numbers as CSV.", ""]
-    for name, module in analyses.ANALYSES.items():
+    for name, module in loader.load().analyses.items():
         figures = sorted(p.stem for p in folder.glob(f"{name}*.png") if p.stem == name or p.stem.startswith(f"{name}_"))
         if name in skipped:
             lines += [f"## {module.TITLE}", "", f"Not applicable: {skipped[name]}", ""]

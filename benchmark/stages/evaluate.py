@@ -58,7 +58,6 @@ from benchmark.baselines import BASELINES, selected as selected_baselines
 from benchmark.results import BASELINE_MODE
 from benchmark.core.fingerprint import stable_hash
 from benchmark.core.training.predict import predict_samples
-from benchmark.design import Design
 from benchmark.core.store import (
     CheckpointError, SampleSetMetadata, StoreError, Unit, atomic_write_text, clear_non_file, load_checkpoints_as_sample_set,
     read_metadata, sealed_json, unsealed_json,

@@ -24,8 +24,11 @@ tries such files again (the mapping or the file may have been fixed).
 
 The metadata records the provenance: source file, archive, its SHA-256, and the mapping. The
 rest of the pipeline reads imported checkpoints like trained ones. Resumable like the zoo stage:
-per-seed claims, fenced writes (a late writer never replaces a published checkpoint); a seed already imported from the same file is skipped, and a
-seed the store holds from anything else (or a damaged failure record) stops the import.
+per-seed claims, fenced writes (a late writer never replaces a published checkpoint), and the seeds
+claimed by other processes waited for until each is published or its claim goes stale and this job
+imports it (the work-unit loop of ``benchmark.core.store.work``, as the zoo and sample stages); a
+seed already imported from the same file is skipped, and a seed the store holds from anything else
+(or a damaged failure record) stops the import.
 """
 from __future__ import annotations
 
@@ -41,9 +44,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from benchmark.config import ConfigError, ImportRange, SeedsFrom, ready_mappings
+from benchmark.config import ConfigError, ImportRange, SeedsFrom
+from benchmark.loader import ready_mappings
 from benchmark.core.fingerprint import library_versions
-from benchmark.core.store import AlreadyPublishedError, CheckpointError, Claim, StoreError, read_metadata, save_checkpoint
+from benchmark.core.store import CheckpointError, Claim, StoreError, read_metadata, save_checkpoint
+from benchmark.core.store.work import Recheck, WorkSummary, claim_unit, finish_busy, publish
 from benchmark.experiment import Experiment, SeedRange
 from benchmark.core.store.importing import (
     ForeignCheckpoint,
@@ -69,14 +74,14 @@ class ImportFailuresError(CheckpointError):
 
 
 @dataclass
-class ImportSummary:
-    """What an import run did, by seed (sorted); ``unusable`` maps a seed to why its file was not imported."""
+class ImportSummary(WorkSummary[int]):
+    """What an import run did, by seed (sorted): the work-unit loop's ``WorkSummary``, and
+    ``imported``, ``failed`` (a failure record written: the convergence rule), ``unusable`` (seed ->
+    why its file was not imported) and ``test_accuracies``."""
 
     imported: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
     unusable: dict[int, str] = field(default_factory=dict)
-    skipped_done: list[int] = field(default_factory=list)
-    skipped_busy: list[int] = field(default_factory=list)
     test_accuracies: dict[int, float] = field(default_factory=dict)
 
 
@@ -250,14 +255,11 @@ def _write(exp: Experiment, ready: _Ready, summary: ImportSummary) -> None:
     Fenced like the zoo stage's writes: nothing is written when the claim was taken over, and a
     checkpoint published by another worker meanwhile is never replaced (this copy is dropped)."""
     store, metadata, seed = exp.store, ready.metadata, ready.seed
-    if ready.held.lost:
-        log.warning("seed %d: the claim was taken over while importing; this worker stops it, nothing stored", seed)
-        summary.skipped_busy.append(seed)
-        return
     rule = exp.recipe.fail_rule
-    summary.test_accuracies[seed] = metadata.get("test_accuracy", math.nan)
     validation = metadata.get("validation_accuracy")
-    try:
+
+    def write() -> None:
+        summary.test_accuracies[seed] = metadata.get("test_accuracy", math.nan)
         if rule.active and validation is not None and validation < rule.final_threshold:
             reason = f"validation accuracy {validation:.3f} < {rule.final_threshold} (imported checkpoint)"
             # replaces only this seed's record of an unusable file (``_already``), under the claim
@@ -266,12 +268,11 @@ def _write(exp: Experiment, ready: _Ready, summary: ImportSummary) -> None:
             summary.failed.append(seed)
             return
         save_checkpoint(store.checkpoint_path(seed), ready.state, metadata, exclusive=True)
-    except AlreadyPublishedError:
-        log.warning("seed %d: another worker published it first; this run's copy dropped", seed)
+        store.failed_path(seed).unlink(missing_ok=True)  # the record of an earlier try with an unusable file
+        summary.imported.append(seed)
+
+    if not publish(ready.held, f"seed {seed}", "importing", write):
         summary.skipped_busy.append(seed)
-        return
-    store.failed_path(seed).unlink(missing_ok=True)  # the record of an earlier try with an unusable file
-    summary.imported.append(seed)
 
 
 def _refuse_damaged_records(exp: Experiment, seeds: list[int]) -> None:
@@ -370,6 +371,47 @@ def run(exp: Experiment) -> ImportSummary:
     summary = ImportSummary()
     log.info("import %d checkpoints from %s into %s seeds %d..%d (archive order, one pass)", len(names), settings.source,
              exp.name, min(seeds), max(seeds))
+    _import_files(exp, importer, names, seed_of, summary)
+    _finish_busy(exp, importer, names, seed_of, summary)
+    _finish(exp, summary, len(names))
+    return summary
+
+
+def _finish_busy(exp: Experiment, importer: "_Importer", names: list[str], seed_of: dict[str, int],
+                 summary: ImportSummary) -> None:
+    """Wait for the seeds of ``summary.skipped_busy`` until each is published by its holder, or its
+    claim is released or stale and this job imports its file (the work-unit loop, ``work.finish_busy``);
+    raises ``HeldElsewhereError`` after ``claims.wait_s``."""
+    store, claims = exp.store, exp.config.claims
+    if not summary.skipped_busy:
+        return
+
+    def take_over(free: list[int]) -> list[int]:
+        log.info("import %s: taking over seeds %s (their claims were released or went stale)", exp.name, free)
+        again = ImportSummary()
+        _import_files(exp, importer, [name for name in names if seed_of[name] in free], seed_of, again)
+        summary.imported += again.imported
+        summary.failed += again.failed
+        summary.unusable.update(again.unusable)
+        summary.test_accuracies.update(again.test_accuracies)
+        summary.quarantined.update(again.quarantined)
+        summary.done_elsewhere += again.skipped_done
+        return again.skipped_busy
+
+    summary.done_elsewhere += finish_busy(
+        summary.skipped_busy, lambda seed: store.claim_path(store.seed_unit(seed)),
+        lambda seed: store.checkpoint_path(seed).exists() or store.failed_path(seed).exists(), take_over,
+        claims.timeout_s, claims.wait_s, claims.poll_s, f"import {exp.name}", lambda seed: f"seed {seed}")
+    summary.skipped_busy = []
+
+
+def _import_files(exp: Experiment, importer: "_Importer", names: list[str], seed_of: dict[str, int],
+                  summary: ImportSummary) -> None:
+    """One pass over the files ``names`` of ``zoo_import.source`` (in order), each into its seed under
+    the seed's claim (``claim_unit``; a seed held elsewhere is left in ``skipped_busy``); the first
+    networks are judged against chance before any is written."""
+    settings, store = exp.config.zoo_import, exp.store
+    seeds = [seed_of[name] for name in names]
     probing = settings.evaluate and settings.near_chance_margin is not None and not _judged_before(exp, seeds)
     waiting: list[_Ready] = []  # held, with their claims, until the chance check has passed
     try:
@@ -377,12 +419,9 @@ def run(exp: Experiment) -> ImportSummary:
                          unit="file", dynamic_ncols=True):
             seed = seed_of[file.name]
             with contextlib.ExitStack() as unit:
-                held = unit.enter_context(store.claim(store.seed_unit(seed)))
+                held = claim_unit(store, store.seed_unit(seed), unit, summary, seed,
+                                  lambda: Recheck(done=_already(exp, seed, file)), f"seed {seed} will be imported again")
                 if held is None:
-                    summary.skipped_busy.append(seed)
-                    continue
-                if _already(exp, seed, file):
-                    summary.skipped_done.append(seed)
                     continue
                 prepared = importer.prepare(file, seed, summary)
                 if prepared is None:
@@ -400,19 +439,17 @@ def run(exp: Experiment) -> ImportSummary:
     finally:
         for ready in waiting:
             ready.claim.close()
-    _finish(exp, summary, len(names))
-    return summary
 
 
 def _finish(exp: Experiment, summary: ImportSummary, planned_files: int) -> None:
     """Sort the summary, log it, and raise ``ImportFailuresError`` when some files could not be used."""
-    for seeds_list in (summary.imported, summary.failed, summary.skipped_done, summary.skipped_busy):
+    for seeds_list in (summary.imported, summary.failed, summary.skipped_done, summary.skipped_busy, summary.done_elsewhere):
         seeds_list.sort()
     written = [summary.test_accuracies[s] for s in summary.imported if not math.isnan(summary.test_accuracies[s])]
     log.info("import: %d checkpoints written (median test accuracy %s), %d failed the convergence rule, %d files "
-             "unusable, %d already imported, %d busy elsewhere", len(summary.imported),
+             "unusable, %d already imported, %d imported elsewhere while waited for", len(summary.imported),
              f"{statistics.median(written):.3f}" if written else "not measured",
-             len(summary.failed), len(summary.unusable), len(summary.skipped_done), len(summary.skipped_busy))
+             len(summary.failed), len(summary.unusable), len(summary.skipped_done), len(summary.done_elsewhere))
     if summary.unusable:
         first = sorted(summary.unusable.items())[:3]
         raise ImportFailuresError(

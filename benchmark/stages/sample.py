@@ -34,7 +34,7 @@ elsewhere is skipped as busy.
 
 Never done while others hold its units: a unit claimed by a live process elsewhere (or whose chains
 run elsewhere) is skipped on a pass (``draw``: ``skipped_busy``); the stage (``run``) then waits
-for those units (``claims.wait_s``, ``claims.finish_busy``) until each is published by its holder,
+for those units (``claims.wait_s``, ``work.finish_busy``) until each is published by its holder,
 or its claim is released or goes stale and another pass takes it over; after ``claims.wait_s`` it
 fails (``HeldElsewhereError``) naming the units and their holders.
 
@@ -64,19 +64,21 @@ from benchmark.config import ConfigError
 from benchmark.core.fingerprint import library_versions
 from benchmark.core.training.predict import predict_samples
 from benchmark.core.store import (
-    AlreadyPublishedError, ChainFiles, CheckpointError, SampleSet, quarantine, SampleSetMetadata, StoreError, Unit, load_checkpoint, load_sample_set,
+    ChainFiles, CheckpointError, SampleSet, quarantine, SampleSetMetadata, StoreError, Unit, load_checkpoint, load_sample_set,
     remove_temp_files_of, save_sample_set, validate_tensors,
 )
 from benchmark.core.training import NonFiniteError
 from benchmark.experiment import Experiment
 from benchmark.inventory import (
     base_digests, chain_key, converged, corrupt_zoo_error, heldout_shortfall, incomplete_range, read_seeds,
-    sample_settings_hash, trained_prefix, unit_state, untrained_seeds,
+    UnitState, sample_settings_hash, trained_prefix, unit_state, untrained_seeds,
 )
-from benchmark.inventory.actions import quarantine_and_redo
 from benchmark.core.store.importing import imported_archives
 from benchmark.core.store.inference_data import write_inference_data
-from benchmark.core.store.claims import HeldElsewhereError, finish_busy as finish_busy_units  # noqa: F401 (the stage's error)
+from benchmark.core.store.claims import HeldElsewhereError  # noqa: F401 (the stage's error)
+from benchmark.core.store.work import (  # noqa: F401 (ClaimLostError: the stage's error)
+    ClaimLostError, Recheck, WorkSummary, claim_unit, finish_busy as finish_busy_units, publish,
+)
 from methods import MODES, MethodFitError, PosteriorMethod, ResumableChains, method_class
 from methods.modes import ModePlan, run_mode
 from metrics.mcmc import predictive_convergence
@@ -90,26 +92,21 @@ class SampleStageError(RuntimeError):
     """Some (method, mode) units failed under ``method=all``; the others were written."""
 
 
-class ClaimLostError(RuntimeError):
-    """This worker's claim on a unit was taken over: it stops the unit and writes nothing more."""
-
-
 class MissingBasesError(StoreError):
     """Too few converged held-out checkpoints for a mode; the message gives the zoo command."""
 
 
 @dataclass
-class SampleSummary:
-    """What a sample-stage run did, per unit label (``swag/one/r0``)."""
+class SampleSummary(WorkSummary[str]):
+    """What a sample-stage run did, per unit label (``swag/one/r0``): the work-unit loop's
+    ``WorkSummary``, and ``written``, ``unavailable`` (methods that cannot run here), ``failed``
+    (label -> the fit's error) and ``busy_units`` (the units of ``skipped_busy`` by label, and
+    those of this pass that could become busy)."""
 
     written: list[str] = field(default_factory=list)
-    skipped_done: list[str] = field(default_factory=list)
-    skipped_busy: list[str] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
-    quarantined: dict[str, str] = field(default_factory=dict)  # unit -> what was wrong with its file(s)
-    done_elsewhere: list[str] = field(default_factory=list)  # busy at first, published by their holders while waited for
-    busy_units: dict[str, Unit] = field(default_factory=dict)  # the units of ``skipped_busy``, by label
+    busy_units: dict[str, Unit] = field(default_factory=dict)
 
     def busy(self, unit: Unit) -> None:
         """``unit`` is claimed elsewhere (or its chains run elsewhere): skipped on this pass."""
@@ -345,16 +342,17 @@ def chain_convergence(probs: torch.Tensor, plan: ModePlan, labels: torch.Tensor)
     return {**{k: float(v) for k, v in report.items()}, "ess_loglik_min": float(ess_per_chain.min())}
 
 
-def write_job(exp: Experiment, job: Job, claim=None) -> tuple[int, ...] | None:
+def write_job(exp: Experiment, job: Job, claim=None) -> tuple[int, ...]:
     """Fit, sample, predict, and write the unit's two files (atomically, predictions last); return
-    the base seeds, or ``None`` (nothing written) if ``claim`` was taken over meanwhile."""
+    the base seeds. ``ClaimLostError`` (nothing written) if ``claim`` was taken over meanwhile,
+    ``AlreadyPublishedError`` if another worker published the unit first (``publish_unit``)."""
     samples, seeds, diagnostics = run_mode(job.method, job.plan, lambda seed: load_base(exp, seed),
                                            diagnostic_data=exp.test_tensors)
     preds = predictions(exp, samples, job.method)
     if isinstance(job.method, ResumableChains):
         diagnostics = {**diagnostics, **chain_convergence(preds["id"], job.plan, exp.test_tensors[1])}
     if claim is not None and claim.lost:
-        return None
+        raise ClaimLostError(f"{job.unit.label}: the claim was lost while its samples were drawn")
     metadata = settings_metadata(exp, job, seeds, diagnostics).encode()
     publish_unit(exp, job.unit, samples, preds, metadata, claim)
     return seeds
@@ -435,7 +433,7 @@ def run(exp: Experiment) -> SampleSummary:
 def finish_busy(exp: Experiment, summary: SampleSummary, once) -> None:
     """Wait for the units of ``summary.skipped_busy`` until each is published by its holder, or its
     claim is released or stale and another pass (``once(exp)``) takes it over (the store's work-unit
-    loop, ``claims.finish_busy``); raises ``HeldElsewhereError`` after ``claims.wait_s``."""
+    loop, ``work.finish_busy``); raises ``HeldElsewhereError`` after ``claims.wait_s``."""
     store, claims = exp.store, exp.config.claims
 
     def take_over(free: list[str]) -> list[str]:
@@ -455,6 +453,13 @@ def finish_busy(exp: Experiment, summary: SampleSummary, once) -> None:
         summary.skipped_busy = []
     if summary.done_elsewhere:
         log.info("sample stage: waited for %s, done elsewhere", summary.done_elsewhere)
+
+
+def _recheck(exp: Experiment, unit: Unit, checked: dict, expected: dict | None = None) -> Recheck:
+    """The unit's state under its claim (``unit_state``; kept in ``checked["state"]``), as the
+    work-unit loop reads it: done, or the corrupt files to quarantine."""
+    state = checked["state"] = unit_state(exp, unit, expected)
+    return Recheck(done=state.problem is None, damaged=state.corrupt)
 
 
 def draw(exp: Experiment) -> SampleSummary:
@@ -481,38 +486,32 @@ def draw(exp: Experiment) -> SampleSummary:
             log.info("%s: chains in progress elsewhere, skipped", unit.label)
             summary.busy(unit)
             continue
-        with store.claim(unit) as claim:
+        with contextlib.ExitStack() as held:
+            summary.busy_units[unit.label] = unit
+            checked: dict[str, UnitState] = {}
+            claim = claim_unit(store, unit, held, summary, unit.label, lambda: _recheck(exp, unit, checked),
+                               f"{unit.label} will be drawn again")
             if claim is None:
-                log.info("%s: in progress elsewhere, skipped", unit.label)
-                summary.busy(unit)
+                if unit.label in summary.skipped_busy:
+                    log.info("%s: in progress elsewhere, skipped", unit.label)
                 continue
-            for path in store.unit_paths(unit):
-                remove_temp_files_of(path)  # left by a writer killed mid-write
-            state = unit_state(exp, unit)  # again, under the claim
-            if state.problem is None:
-                summary.skipped_done.append(unit.label)
-                continue
-            if quarantine_and_redo(state.corrupt, f"{unit.label} will be drawn again"):
-                summary.quarantined[unit.label] = "; ".join(state.corrupt.values())
-            elif state.stale and exp.config.sample.keep_stale:
+            state = checked["state"]
+            if unit.label not in summary.quarantined and state.stale and exp.config.sample.keep_stale:
                 keep_stale(exp, unit, state.stale)
             clear_unit(exp, unit)
+            drawn: list[tuple[int, ...]] = []
             try:
-                seeds = write_job(exp, job, claim)
+                published = publish(claim, unit.label, "drawing", lambda: drawn.append(write_job(exp, job, claim)))
             except FIT_ERRORS as err:
                 if single:
                     raise
                 log.error("%s stopped: %s (nothing written)", unit.label, err)
                 summary.failed[unit.label] = f"{type(err).__name__}: {err}"
                 continue
-            except (AlreadyPublishedError, ClaimLostError) as err:
-                log.warning("%s: stopped, nothing more written (%s)", unit.label, err)
+            if not published:
                 summary.busy(unit)
                 continue
-            if seeds is None:
-                log.warning("%s: the claim was taken over while drawing; nothing written", unit.label)
-                summary.busy(unit)
-                continue
+            seeds = drawn[0]
             log.info("%s: %d samples from base seeds %s written", unit.label, job.plan.n_samples, list(seeds))
             summary.written.append(unit.label)
             # a chain unit's draws for ArviZ (.nc); others: none
@@ -570,26 +569,17 @@ def run_external(exp: Experiment) -> SampleSummary:
         config_hash=exp.config_hash, versions=library_versions(),
     ).encode()
     expected = {k: metadata[k] for k in ("method", "label", "mode", "experiment", "source", "source_size")}
-    summary = SampleSummary()
-    with exp.store.claim(unit) as claim:
+    summary = SampleSummary(busy_units={unit.label: unit})
+    with contextlib.ExitStack() as held:
+        claim = claim_unit(exp.store, unit, held, summary, unit.label, lambda: _recheck(exp, unit, {}, expected),
+                           f"{unit.label} will be scored again")
         if claim is None:
-            log.info("%s: in progress elsewhere, skipped", unit.label)
-            summary.busy(unit)
+            if unit.label in summary.skipped_busy:
+                log.info("%s: in progress elsewhere, skipped", unit.label)
             return summary
-        state = unit_state(exp, unit, expected)
-        if state.problem is None:
-            summary.skipped_done.append(unit.label)
-            return summary
-        if quarantine_and_redo(state.corrupt, f"{unit.label} will be scored again"):
-            summary.quarantined[unit.label] = "; ".join(state.corrupt.values())
         clear_unit(exp, unit)
         preds = predictions(exp, samples)
-        try:
-            if claim.lost:
-                raise ClaimLostError(f"{unit.label}: the claim was taken over while scoring")
-            publish_unit(exp, unit, samples, preds, metadata, claim)
-        except (AlreadyPublishedError, ClaimLostError) as err:
-            log.warning("%s: stopped, nothing more written (%s)", unit.label, err)
+        if not publish(claim, unit.label, "scoring", lambda: publish_unit(exp, unit, samples, preds, metadata, claim)):
             summary.busy(unit)
             return summary
     log.info("%s: %d external samples from %s written", unit.label, len(preds["id"]), source)

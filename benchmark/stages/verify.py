@@ -44,7 +44,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from benchmark.config import CONF_DIR, ConfigError, Repair, VerifyScope, compose_config
+from benchmark.config import CONF_DIR, ConfigError, Repair, VerifyScope
+from benchmark.loader import compose_config
 from benchmark.core.store import (
     CheckpointError, ExperimentStore, StoreError, Unit, broken_link, check_file, claims_in, file_format, quarantined,
     read_metadata, remove_temp_files_of, stale_reason, stored_checksums, unsealed_json,
@@ -57,7 +58,7 @@ from benchmark.references.zoo import FORM_FOLDERS
 from benchmark.inventory import (
     UnitState, checkpoint_staleness, expected_units, quarantined_seeds, seed_problem, unit_state,
 )
-from benchmark.inventory.actions import quarantine_and_redo
+from benchmark.core.store.work import quarantine_and_redo
 from methods import method_names, selected
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ reason ``diverged`` in the ``zoo.max_attempts``-th run that sees it diverge. Pub
 
 Never done while others hold its seeds: a seed claimed by a live process elsewhere is skipped on the
 first pass (``run_zoo``: ``skipped_busy``); the stage (``run``) then waits for those seeds
-(``claims.wait_s``, ``claims.finish_busy``): each is published by its holder, or its claim is
+(``claims.wait_s``, ``work.finish_busy``): each is published by its holder, or its claim is
 released or goes stale and this job takes it over and trains it. After ``claims.wait_s`` it fails
 (``HeldElsewhereError``) naming the seeds and their holders, so a job never ends successfully with
 seeds of its shard untrained.
@@ -40,15 +40,15 @@ from tqdm.auto import tqdm
 from benchmark.config import ZooRange
 from benchmark.core.fingerprint import library_versions
 from benchmark.core.store.importing import imported_archives
-from benchmark.core.store import AlreadyPublishedError, CheckpointMetadata, Claim, read_metadata, remove_temp_files_of, save_checkpoint, CheckpointError
-from benchmark.core.store.claims import HeldElsewhereError, finish_busy as finish_busy_units  # noqa: F401 (the stage's error)
+from benchmark.core.store import CheckpointMetadata, Claim, read_metadata, save_checkpoint, CheckpointError
+from benchmark.core.store.claims import HeldElsewhereError  # noqa: F401 (the stage's error)
+from benchmark.core.store.work import Recheck, WorkSummary, claim_unit, finish_busy as finish_busy_units, publish
 from benchmark.core.training import NonFiniteError, TrainResult, accuracy, seeded, train_network
 from benchmark.core.training.vectorised import train_networks
 from benchmark.experiment import Experiment, SeedRange, ZooTrainer
 from benchmark.inventory import (
     RangeState, heldout_shortfall, range_state, seed_problem, seed_staleness,
 )
-from benchmark.inventory.actions import quarantine_and_redo
 
 log = logging.getLogger(__name__)
 NAME = "zoo"
@@ -59,16 +59,14 @@ class TrainingDivergedError(RuntimeError):
 
 
 @dataclass
-class ZooSummary:
-    """What a zoo run did, and the state of its seed range in the store after it."""
+class ZooSummary(WorkSummary[int]):
+    """What a zoo run did, by seed (the work-unit loop's ``WorkSummary``; ``trained``, ``failed``: a
+    failure record written, ``diverged``: NaN/Inf, nothing stored), and the state of its seed range
+    in the store after it."""
 
     trained: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
-    skipped_done: list[int] = field(default_factory=list)
-    skipped_busy: list[int] = field(default_factory=list)
-    done_elsewhere: list[int] = field(default_factory=list)  # busy at first, published by their holders while waited for
     diverged: dict[int, str] = field(default_factory=dict)
-    quarantined: dict[int, str] = field(default_factory=dict)  # this run: seed -> what was wrong
     state: RangeState | None = None
 
     def describe(self) -> str:
@@ -195,7 +193,7 @@ def _published(exp: Experiment, seed: int) -> bool:
 def finish_busy(exp: Experiment, summaries: list[ZooSummary]) -> None:
     """Wait for the seeds of ``summaries`` (one per range of ``ranges(exp)``) that were skipped as
     claimed elsewhere, until each is published by its holder or this job took it over and trained
-    it (the store's work-unit loop, ``claims.finish_busy``); raises ``HeldElsewhereError`` after
+    it (the store's work-unit loop, ``work.finish_busy``); raises ``HeldElsewhereError`` after
     ``claims.wait_s``."""
     store, claims, zoo = exp.store, exp.config.claims, exp.config.zoo
     pairs = list(zip(ranges(exp), summaries))
@@ -236,20 +234,19 @@ def _claim(exp: Experiment, pending: Iterator[int], count: int, held: contextlib
     ``held``), each re-checked under its claim: done seeds are skipped, damaged ones quarantined."""
     store = exp.store
     claimed: dict[int, Claim] = {}
+
+    def recheck(seed: int) -> Recheck:
+        problem = seed_problem(exp, seed, shapes) or _other_recipe(exp, seed)
+        if problem is None:
+            return Recheck(done=_published(exp, seed))
+        damaged = store.checkpoint_path(seed) if os.path.lexists(store.checkpoint_path(seed)) else store.failed_path(seed)
+        return Recheck(done=False, damaged={damaged: problem})
+
     for seed in pending:
-        claim = held.enter_context(store.claim(store.seed_unit(seed)))
+        claim = claim_unit(store, store.seed_unit(seed), held, summary, seed, lambda: recheck(seed),
+                           f"seed {seed} will be trained again")
         if claim is None:
-            summary.skipped_busy.append(seed)
             continue
-        remove_temp_files_of(store.checkpoint_path(seed))  # left by a writer killed mid-write
-        problem = seed_problem(exp, seed, shapes) or _other_recipe(exp, seed)  # again, under the claim
-        if problem is None and (store.checkpoint_path(seed).exists() or store.failed_path(seed).exists()):
-            summary.skipped_done.append(seed)
-            continue
-        if problem is not None:
-            damaged = store.checkpoint_path(seed) if os.path.lexists(store.checkpoint_path(seed)) else store.failed_path(seed)
-            if quarantine_and_redo({damaged: problem}, f"seed {seed} will be trained again"):
-                summary.quarantined[seed] = problem
         claimed[seed] = claim
         if len(claimed) == count:
             break
@@ -262,43 +259,42 @@ def _store_outcome(exp: Experiment, seed: int, outcome: TrainResult | NonFiniteE
     other trainer's outcome, ``crosscheck``) (NaN/Inf: logged, nothing written until the last
     attempt; a claim taken over meanwhile: nothing written)."""
     extra = {"trainer": trainer, **({"crosscheck": crosscheck} if crosscheck else {})}
-    store = exp.store
-    if claim.lost:
-        log.warning("seed %d: the claim was taken over while training; this worker stops it, nothing stored", seed)
-        summary.skipped_busy.append(seed)
-    elif isinstance(outcome, NonFiniteError):
+    store, name = exp.store, f"seed {seed}"
+    if isinstance(outcome, NonFiniteError) and not claim.lost:
         attempts, limit = store.record_divergence(seed, exp.config_hash), exp.config.zoo.max_attempts
         if attempts < limit:
             log.error("seed %d stopped: %s (nothing stored; diverged in %d of zoo.max_attempts=%d runs)",
                       seed, outcome, attempts, limit)
             summary.diverged[seed] = str(outcome)
             return
-        try:
+
+        def write() -> None:
             store.record_failure(seed, {"reason": "diverged", "detail": str(outcome), "attempts": attempts,
                                         "config_hash": exp.config_hash, **extra}, exclusive=True)
             log.error("seed %d recorded as failed (diverged in %d runs, zoo.max_attempts=%d): %s", seed, attempts,
                       limit, outcome)
             summary.failed.append(seed)
-        except AlreadyPublishedError:
-            log.warning("seed %d: another worker published it first; this run's record dropped", seed)
+
+        if not publish(claim, name, "training", write):
             summary.skipped_busy.append(seed)
         store.clear_divergences(seed)
-    else:
-        try:  # fenced: a late writer never replaces what another worker published (atomic.py)
-            if outcome.failure:
-                store.record_failure(seed, {"reason": outcome.failure, "validation_accuracy": outcome.check_accuracy,
-                                            "epoch": outcome.epochs_run, "config_hash": exp.config_hash,
-                                            "history": outcome.history, **extra},
-                                     exclusive=True)
-                summary.failed.append(seed)
-            else:
-                save_checkpoint(store.checkpoint_path(seed), outcome.state_dict,
-                                checkpoint_metadata(exp, seed, outcome, role, trainer, crosscheck).encode(), exclusive=True)
-                summary.trained.append(seed)
-            store.clear_divergences(seed)
-        except AlreadyPublishedError:
-            log.warning("seed %d: another worker published it first; this run's copy dropped", seed)
-            summary.skipped_busy.append(seed)
+        return
+
+    def write() -> None:  # fenced: a late writer never replaces what another worker published (atomic.py)
+        if outcome.failure:
+            store.record_failure(seed, {"reason": outcome.failure, "validation_accuracy": outcome.check_accuracy,
+                                        "epoch": outcome.epochs_run, "config_hash": exp.config_hash,
+                                        "history": outcome.history, **extra},
+                                 exclusive=True)
+            summary.failed.append(seed)
+        else:
+            save_checkpoint(store.checkpoint_path(seed), outcome.state_dict,
+                            checkpoint_metadata(exp, seed, outcome, role, trainer, crosscheck).encode(), exclusive=True)
+            summary.trained.append(seed)
+        store.clear_divergences(seed)
+
+    if not publish(claim, name, "training", write):
+        summary.skipped_busy.append(seed)
 
 
 def _train_claimed(exp: Experiment, claimed: dict[int, Claim], seed_range: SeedRange, summary: ZooSummary, bar,

@@ -67,9 +67,10 @@ def launcher_config(*overrides: str):
     """The composed config with its ``hydra`` node (what the launcher receives)."""
     from hydra import compose, initialize_config_dir
 
-    from benchmark.config import CONF_DIR, register_configs
+    from benchmark.config import CONF_DIR
+    from benchmark.loader import register
 
-    register_configs()
+    register()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
 

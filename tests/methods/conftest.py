@@ -18,7 +18,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from benchmark import config
+from benchmark import loader
 from benchmark.core.data import InMemoryImageDataset
 from benchmark.experiment import Experiment
 from benchmark.stages.zoo import run_zoo
@@ -42,7 +42,7 @@ TINY_OVERRIDES = (
 
 def compose_config(store: Path, *overrides: str) -> DictConfig:
     """The tiny test config with the store at ``store`` and extra Hydra ``overrides``."""
-    return config.compose_config([*TINY_OVERRIDES, f"store={store}", f"results={Path(store).parent / 'results'}", *overrides])
+    return loader.compose_config([*TINY_OVERRIDES, f"store={store}", f"results={Path(store).parent / 'results'}", *overrides])
 
 
 @pytest.fixture(scope="session")

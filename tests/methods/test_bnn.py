@@ -10,7 +10,7 @@ from blitz.modules import BayesianConv2d, BayesianLinear
 from torch import nn
 
 import methods.bnn as bnn_module
-from benchmark.config import compose_config
+from benchmark.loader import compose_config
 from benchmark.core.data import InMemoryImageDataset
 from benchmark.experiment import Experiment
 from benchmark.core.models import optunet, predict_with_weights, resnet18

@@ -202,7 +202,7 @@ def test_ordered_biases_need_variational_hidden_layers_and_modes_are_one(tiny_ex
 
 
 def test_the_variants_take_the_plain_vbnns_settings_in_every_experiment():
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.experiment import Experiment
 
     for experiment in ("digits_optunet", "mnist_optunet"):
@@ -219,7 +219,7 @@ def test_the_variants_take_the_plain_vbnns_settings_in_every_experiment():
 def test_a_command_line_override_of_the_plain_vbnn_reaches_the_variants_and_theirs_only_them():
     """The variants' settings follow methods.bnn (``PosteriorMethod.follows``): an override of the
     plain vBNN reaches both variants, one of a variant changes that variant alone, nested keys too."""
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
     from benchmark.experiment import Experiment
 
     both = Experiment(compose_config(["methods.bnn.kl_weight=0.001", "methods.bnn.train.epochs=4"]))

@@ -12,7 +12,7 @@ import torch
 
 import methods.registry as registry
 from benchmark.cli import check_command_line, run
-from benchmark.config import compose_config
+from benchmark.loader import compose_config
 from benchmark.experiment import Experiment
 from benchmark.core.store import load_sample_set, save_checkpoint
 from benchmark.core.training import seeded

@@ -61,7 +61,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Hashable, Iterator, Mapping, Sequence, TypeVar
+from typing import Callable, Hashable, Iterator, Mapping, TypeVar
 
 import psutil
 
@@ -223,35 +223,6 @@ def wait_for_claims(claims: Mapping[K, Path], done: Callable[[K], bool], timeout
                      deadline - now, holders)
             logged = now
         time.sleep(max(0.0, min(poll_s, deadline - now)))
-
-
-def finish_busy(busy: Sequence[K], claim_path: Callable[[K], Path], published: Callable[[K], bool],
-                take_over: Callable[[list[K]], Sequence[K]], timeout_s: float, wait_s: float, poll_s: float, what: str,
-                name: Callable[[K], str] = str) -> list[K]:
-    """The work-unit loop's last step, shared by the stages: wait for the units of ``busy`` (claimed by
-    other processes when this one came to them) until each is ``published`` by its holder or taken
-    over here. ``take_over(free)`` runs the units whose claims were released or went stale (claiming
-    each, as the stage's own pass does) and returns the units it found held elsewhere again (a third
-    process claimed them meanwhile; a stage's whole pass may return others of ``busy`` too).
-    ``claim_path(unit)``: its claim's shared name (read when needed: a pass may rename units).
-    Returns the units published elsewhere while waiting. Raises ``HeldElsewhereError`` once
-    ``wait_s`` seconds have passed with units still held (``wait_for_claims``)."""
-    deadline = time.monotonic() + wait_s
-    pending, elsewhere = list(dict.fromkeys(busy)), []
-    while pending:
-        free = wait_for_claims({unit: claim_path(unit) for unit in pending}, published, timeout_s, deadline, poll_s,
-                               what, name)
-        done = [unit for unit in pending if unit not in free and published(unit)]
-        elsewhere += done
-        if not free:  # every one published by its holder
-            break
-        still = list(take_over(free))
-        pending = list(dict.fromkeys([*still, *(u for u in pending if u not in done and u not in free)]))
-        if set(still) >= set(free) and pending:  # none taken: held again elsewhere (chains running, a third process)
-            if time.monotonic() >= deadline:
-                raise held_elsewhere(what, {unit: claim_path(unit) for unit in pending}, timeout_s, name)
-            time.sleep(poll_s)
-    return elsewhere
 
 
 def _unique(path: Path, token: str) -> Path:

@@ -4,7 +4,6 @@ sample set of several GB is checked with a few MB of memory."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Iterable, Mapping
 
 import torch

@@ -18,10 +18,11 @@ from matplotlib.image import imread
 from scipy import stats
 from torch import nn
 
-from benchmark.analyses import ANALYSES, MissingInputsError, NotApplicableError, min_mass, permutation_frequency, toy
+from benchmark.analyses import OWN, MissingInputsError, NotApplicableError, found, min_mass, permutation_frequency, toy
 from benchmark.core.figures import COLUMN_WIDTH, DPI, style
 from benchmark.cli import check_command_line, run
-from benchmark.config import HOOK_ANALYSES, ConfigError, analysis_names, build_schema
+from benchmark.config import ConfigError
+from benchmark.loader import analysis_names, load, schema
 from benchmark.experiment import Experiment
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import (
@@ -34,6 +35,9 @@ from metrics.symmetries import canonicalize, sort_units, spec_for_model
 from bench.minmass_cvxpy import min_mass_cvxpy
 from tests.conftest import compose_config
 from tests.benchmark.units import write_initial_checkpoints
+
+ANALYSES = found()
+"""Every analysis by name: the package's, then the references' hooks."""
 
 pytestmark = pytest.mark.slow  # runs stages end to end or trains networks: make test, not make test-fast
 
@@ -82,9 +86,9 @@ def test_every_analysis_writes_png_pdf_and_csv_at_column_width(analyzed):
     assert all(module.TITLE in index for module in ANALYSES.values())
     assert "Not applicable: drawn with reference=hmc" in index and not (figures / "hmc.png").exists()
     assert "from an earlier run" not in index and " s)" not in index  # no run times: a function of the inputs
-    choice = typing.get_type_hints(build_schema())["analysis"]  # analysis=: the package's, the hooks', all
-    assert [a.value for a in choice] == [*ANALYSES, "all"] == [*analysis_names(), "all"]
-    assert HOOK_ANALYSES == ["hmc"] and ANALYSES["hmc"].__name__ == "benchmark.analyses.hmc"
+    choice = typing.get_type_hints(schema().root)["analysis"]  # analysis=: the package's, the hooks', all
+    assert [a.value for a in choice] == [*ANALYSES, "all"] == [*analysis_names(), "all"] == [*load().analyses, "all"]
+    assert [*ANALYSES][len(OWN):] == ["hmc"] and ANALYSES["hmc"].__name__ == "benchmark.analyses.hmc"
     assert all(module.NAME == name for name, module in ANALYSES.items())
 
 

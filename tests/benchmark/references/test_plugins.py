@@ -6,15 +6,17 @@ directly on that zoo."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from benchmark.config import POOLED_METHODS, REFERENCE_SETTINGS, ConfigError, reference_schema
+from benchmark.config import ConfigError, reference_schema
 from benchmark.core.models import predict_with_weights
 from benchmark.core.store import load_checkpoints_as_sample_set, save_checkpoint
 from benchmark.experiment import Experiment
+from benchmark.loader import load, schema
 from benchmark.references import REFERENCES, Reference, ZooReference, evaluated, problems, reference_class, register
 from benchmark.references.hmc import HMCReference
 from benchmark.references.other_zoo import OtherZooReference, OtherZooSettings
@@ -115,15 +117,22 @@ def test_another_stores_zoo_is_a_reference_with_rows_in_the_one_metrics_csv(tmp_
     assert (exp.store.base / "reference-other_zoo").is_dir()  # its forms cached in this store
 
 
+def _pooled() -> dict[str, str]:
+    """The schema's methods whose rows are a reference's own (``SampleConfig.pooled_methods``)."""
+    return dict(typing.get_type_hints(schema().root)["sample"].pooled_methods)
+
+
 def test_the_zoo_method_stays_pooled_by_the_zoo_whatever_the_registration_order():
     assert OtherZooReference.own_row is None  # another store's zoo has no row of its own in this store
-    register(OtherZooReference)  # registered again, after the zoo: declares nothing over the zoo's row
-    assert POOLED_METHODS["zoo"] == "zoo" and POOLED_METHODS["hmc"] == "hmc"
+    register(OtherZooReference)  # registered again, after the zoo: adds nothing over the zoo's row
+    assert _pooled() == {"zoo": "zoo", "hmc": "hmc"}
 
 
-def test_the_schema_of_an_unregistered_reference_is_refused_naming_the_registered_ones():
-    with pytest.raises(ValueError, match=r"reference=nope: not a registered reference; expected one of \['hmc', 'other_zoo', 'zoo'\]"):
-        reference_schema("nope")
+def test_a_reference_whose_settings_are_not_a_dataclass_is_refused_naming_it(tmp_path):
+    with pytest.raises(TypeError, match=r"reference 'nope': its Settings must be a dataclass, got <class 'dict'>"):
+        reference_schema("nope", dict)
+    with pytest.raises(ConfigCompositionException, match=r"Could not find 'reference/nope'"):
+        _experiment(tmp_path, "reference=nope")  # no yaml, no node: the schema holds the registered ones
 
 
 def test_hmc_units_with_different_draws_per_chain_are_named_with_their_lengths(tmp_path):
@@ -155,15 +164,14 @@ def test_an_unregistered_reference_name_is_refused_when_the_config_is_composed(t
 def test_the_reference_node_is_typed_by_the_settings_each_reference_declares(tmp_path):
     """``reference=<name>`` is ``reference_schema(name)``: the registered reference's ``Settings``
     fields, with their types and defaults, and ``Reference.settings`` reads them back."""
-    assert set(REFERENCE_SETTINGS) == set(REFERENCES)
+    assert load().references == REFERENCES and set(schema().references) == set(REFERENCES)
     for name, reference in REFERENCES.items():
-        assert REFERENCE_SETTINGS[name] is reference.Settings
-        fields = [f.name for f in dataclasses.fields(reference_schema(name))]
+        fields = [f.name for f in dataclasses.fields(schema().references[name])]
         assert fields == ["name", *(f.name for f in dataclasses.fields(reference.Settings))]
     exp = _experiment(tmp_path, "reference=other_zoo", "reference.store=/released", "reference.seeds=[3,9]")
     assert OtherZooReference.settings(exp) == OtherZooSettings(store="/released", experiment=None, seeds=[3, 9])
     assert type(exp.config.reference).__name__ == "OtherZooReferenceConfig"
-    assert POOLED_METHODS["hmc"] == "hmc"  # HMCReference.own_row's method: its repetitions are the reference's
+    assert _pooled()["hmc"] == "hmc"  # HMCReference.own_row's method: its repetitions are the reference's
 
 
 def test_verify_checks_the_cache_folder_of_every_registered_reference(tmp_path):

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import benchmark.core.fingerprint as fingerprint
-from benchmark.core.store import load_sample_set, read_metadata, save_checkpoint
-from benchmark.core.training import seeded
+from benchmark.core.store import load_sample_set, read_metadata
 from benchmark.experiment import Experiment
 from benchmark.references import ZooReference
 from metrics.symmetries import canonicalize, spec_for_model

@@ -35,6 +35,8 @@ class NoiseMethod(PosteriorMethod):
     order = 75  # between SWAG (70) and Laplace (80)
     table_note = "{label}: isotropic noise, a naive row."
     diagnostics_note = "Weight noise: sigma, the noise's standard deviation."
+    paper_label = "SWAG"  # set beside the paper's SWAG, after our SWAG (not the paper's recipe)
+    paper_recipe = False
 
     def fit(self, base, seed):
         self.base = base
@@ -47,13 +49,17 @@ READ_BACK = textwrap.dedent('''
     import json, math
     import pandas as pd
     from benchmark.report.diagnostics import BASE_COLUMNS, diagnostics_notes, render
+    from benchmark.report.findings import paper_claims
+    from benchmark.report.paper import beside
     from benchmark.report.tables import variant_notes
     from methods import method_names
     row = {c: math.nan for c in BASE_COLUMNS} | {"method": "noise", "method_label": "Weight noise", "mode": "one",
                                                   "n_samples": 4, "n_bases": 1, "sigma": 0.25}
     print(json.dumps({"methods": list(method_names()), "notes": variant_notes(["swag", "noise", "sghmc_sa"]),
                       "sections": [name for name, _ in diagnostics_notes()],
-                      "diagnostics": render(pd.DataFrame([row]), "Digits")}))
+                      "diagnostics": render(pd.DataFrame([row]), "Digits"), "beside": beside("SWAG"),
+                      "claims": [[c.text, [[*x.a, *x.b, x.column] for x in c.comparisons]] for c in paper_claims(
+                          {("noise", "one"), ("noise", "multi"), ("laplace", "one"), ("ensemble", "multi")})]}))
 ''')
 
 
@@ -95,6 +101,14 @@ def test_a_new_method_is_read_by_the_report_with_no_report_file_edited(tmp_path)
     assert out["sections"] == ["bnn", "sghmc", "sghmc_sa", "swag", "noise", "laplace"]
     section = out["diagnostics"][out["diagnostics"].index("## Weight noise"):]
     assert "Weight noise: sigma, the noise's standard deviation." in section and "0.25" in section
+    assert out["beside"] == ["swag", "noise"]  # paper.md: beside the paper's SWAG, after the paper's recipe
+    claims = dict((text, comparisons) for text, comparisons in out["claims"])  # findings.md: in the paper's claims
+    assert claims["Deep Ensembles have the lowest MMD of all rows."] == [
+        ["ensemble", "multi", m, mode, "mmd_median"] for m, mode in (("laplace", "one"), ("noise", "multi"), ("noise", "one"))]
+    assert claims["For every method, the multi-mode MMD is below the one-mode MMD."] == [
+        ["noise", "multi", "noise", "one", "mmd_median"]]  # laplace has one mode here: not paired
+    assert claims["After Deep Ensembles, Laplace has the lowest MMD and NS MMD (within each mode)."] == [
+        ["laplace", "one", "noise", "one", column] for column in ("mmd_median", "ns_mmd_median")]
     edited = {path.relative_to(copy).as_posix() for folder in COPIED for path in (copy / folder).rglob("*")
               if path.is_file() and "__pycache__" not in path.parts
               and not ((REPO / path.relative_to(copy)).is_file()

@@ -12,7 +12,7 @@ def test_the_paper_prints_each_median_twice_and_the_copies_agree_but_where_liste
     disagreeing = set()
     for experiment, rows in paper.TABLE1.items():
         assert len(rows) == len(paper.TABLE2[experiment]) == len(paper.ROWS)
-        for (mode, label, _), first, second in zip(paper.ROWS, rows, paper.TABLE2[experiment]):
+        for (mode, label), first, second in zip(paper.ROWS, rows, paper.TABLE2[experiment]):
             assert len(first) == len(paper.TABLE1_COLUMNS) and len(second) == len(paper.TABLE2_COLUMNS)
             if first[0] is None:
                 assert set(first) == set(second) == {None}  # a row the paper did not run is empty in both
@@ -22,6 +22,12 @@ def test_the_paper_prints_each_median_twice_and_the_copies_agree_but_where_liste
     assert disagreeing == {("cifar100_resnet18", "one", "BNN"), ("tinyimagenet_resnet18", "one", "SWAG"),
                            ("tinyimagenet_resnet18", "multi", "SWAG")}
     assert {experiment for experiment, _, _ in disagreeing} == set(paper.DISAGREEMENTS)
+
+
+def test_each_paper_row_stands_beside_the_methods_that_name_it_the_paper_recipe_first():
+    # the attributes of the methods (PosteriorMethod.paper_label, paper_recipe) give the paper's rows their methods
+    assert [paper.beside(label) for label in ("Dropout", "BNN", "SGHMC", "SWAG", "Laplace", "DE")] == [
+        ("dropout",), ("bnn",), ("sghmc_sa", "sghmc"), ("swag",), ("laplace",), ("ensemble",)]
 
 
 def metrics():

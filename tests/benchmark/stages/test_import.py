@@ -6,8 +6,8 @@ from __future__ import annotations
 import io
 import json
 import re
-import sys
 import tarfile
+import time
 import zipfile
 
 import pytest
@@ -20,6 +20,7 @@ from benchmark.core.models import optunet, resnet18
 from benchmark.stages import import_zoo
 from benchmark.inventory import range_state
 from benchmark.core.store import CheckpointError, StoreError, load_checkpoint, save_checkpoint
+from benchmark.core.store.claims import HOST_ENV, HeldElsewhereError
 from benchmark.core.store.importing import check_against, natural_key
 from benchmark.core.training import seeded
 from tests.conftest import compose_config
@@ -239,7 +240,7 @@ def test_a_late_importer_never_replaces_what_another_worker_published(tmp_path, 
 
     monkeypatch.setattr(import_zoo._Importer, "prepare", prepare_then_lose_the_race)
     summary = import_zoo.run(exp)
-    assert summary.imported == [] and summary.skipped_busy == [0]
+    assert summary.imported == [] and summary.skipped_busy == [] and summary.done_elsewhere == [0]  # published there
     stored, _ = load_checkpoint(exp.store.checkpoint_path(0))
     assert all(torch.equal(stored[k], theirs[k]) for k in theirs)
     assert "another worker published it first" in caplog.text
@@ -251,12 +252,37 @@ def test_an_importer_whose_claim_was_taken_over_writes_nothing(tmp_path, monkeyp
     folder = tmp_path / "zoo"
     folder.mkdir()
     torch.save(nets(optunet, [0])[0], folder / "a.pt")
-    exp = experiment(tmp_path, folder, "seeds.reference=[0,1]")
-    monkeypatch.setattr(Claim, "lost", property(lambda self: True))
-    summary = import_zoo.run(exp)
-    assert summary.imported == [] and summary.skipped_busy == [0]
+    exp = experiment(tmp_path, folder, "seeds.reference=[0,1]", "claims.wait_s=0")
+    monkeypatch.setattr(Claim, "lost", property(lambda self: True))  # every claim, the take-over's too
+    with pytest.raises(HeldElsewhereError, match=r"import digits_optunet: 1 unit\(s\) .*seed 0"):
+        import_zoo.run(exp)
     assert not exp.store.checkpoint_path(0).exists() and not exp.store.failed_path(0).exists()
     assert "claim was taken over while importing" in caplog.text
+
+
+def test_the_import_waits_for_a_seed_claimed_on_another_host_and_takes_it_over_once_stale(tmp_path, monkeypatch,
+                                                                                        caplog):
+    """A seed claimed by a job on another host (killed: its heartbeat stops) is skipped on the pass,
+    waited for until its claim goes stale (claims.timeout_s), then imported here."""
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    states = nets(optunet, [0, 1])
+    for i, state in enumerate(states):
+        torch.save(state, folder / f"m{i}.pt")
+    exp = experiment(tmp_path, folder, "seeds.reference=[0,2]", "claims.timeout_s=2", "claims.heartbeat_s=1",
+                     "claims.wait_s=60")
+    exp.store.ensure_writable()
+    claim = exp.store.claim_path(exp.store.seed_unit(1))
+    claim.parent.mkdir(parents=True, exist_ok=True)
+    claim.write_text(json.dumps({"host": "node-a", "pid": 4242, "started": time.time(), "token": "theirs"}))
+    monkeypatch.setenv(HOST_ENV, "node-b")
+    with caplog.at_level("INFO"):
+        summary = import_zoo.run(exp)
+    assert summary.imported == [0, 1] and summary.skipped_busy == [] and summary.done_elsewhere == []
+    stored, _ = load_checkpoint(exp.store.checkpoint_path(1))
+    assert all(torch.equal(stored[k], states[1][k]) for k in states[1])
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "waiting for 1 unit(s) claimed by other processes" in text and "taking over seeds [1]" in text
 
 
 def test_natural_order_and_fill_missing():

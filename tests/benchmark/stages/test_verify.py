@@ -100,7 +100,8 @@ def test_the_cli_exits_non_zero_on_a_damaged_store(exp, tmp_path, cli):
 
 
 def test_repair_is_an_enum_and_make_verify_repair_still_means_corrupt_only(exp):
-    from benchmark.config import ConfigError, Repair, compose_config, resolve_config
+    from benchmark.config import ConfigError, Repair, resolve_config
+    from benchmark.loader import compose_config
 
     for override, mode in (("verify.repair=true", Repair.corrupt), ("verify.repair=stale", Repair.stale),
                            ("verify.repair=false", Repair.off)):
@@ -165,7 +166,7 @@ def test_a_file_healed_between_its_check_and_the_repair_is_not_quarantined(exp, 
 
 
 def compose_config_for(exp, *overrides):
-    from benchmark.config import compose_config
+    from benchmark.loader import compose_config
 
     return compose_config([f"store={exp.config.store}", f"results={exp.config.results}", *TINY, *overrides])
 
