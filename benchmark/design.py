@@ -24,8 +24,7 @@ registered methods' pools that moves a repetition's block makes exactly the unit
 moved stale. The number of repetitions moves no block: more repetitions (for every method, or for
 one through ``sample.repetitions_per_method``) keep the ones done, and repetition k of a method with
 8 repetitions starts from the same base as repetition k of one with 5 (the rows stay paired on
-their common repetitions 0 .. 4). A unit written before units recorded their layout is judged by
-its recorded bases (``inventory.drawn_in_block``). Which seeds lie at those positions is not in the
+their common repetitions 0 .. 4). Which seeds lie at those positions is not in the
 design: a unit records the held-out seeds it read (``read_seeds``) and is stale when the converged
 seeds now at those positions differ (``inventory.moved_seeds``), so a held-out range grown at its
 end keeps every unit drawn.

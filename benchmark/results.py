@@ -64,9 +64,7 @@ rows of the tables and the findings) or the name of another registered reference
 predictive, the WM columns are empty where it has no weight-matched form, and where it scores the
 zoo there is also a ``zoo`` row: blocks of ``sample.per_method`` reference checkpoints scored as a
 method would be); a row is keyed by (experiment, method, mode, reference), in both files.
-``rows_against`` selects one reference's rows. The files older versions wrote the rows against
-HMC to (``LEGACY_FILES``: ``metrics_hmc.csv``, ``repetitions_hmc.csv``) are not written: the
-evaluate stage removes them, so that no stale table is read beside metrics.csv.
+``rows_against`` selects one reference's rows.
 """
 from __future__ import annotations
 
@@ -102,11 +100,6 @@ MEASURED = MMD_COLUMNS + METRIC_COLUMNS  # the columns that get an interval
 TEST_COLUMNS = list(keys("test"))
 
 
-LEGACY_FILES = {"metrics_hmc.csv": "hmc", "repetitions_hmc.csv": "hmc"}
-"""The files older versions wrote one reference's rows to, apart from metrics.csv and
-repetitions.csv (which now hold them as rows with ``reference`` = that name), each with the name:
-never written now; the evaluate stage removes these, and only these (a file of another name in
-``results/`` is the user's), so that no stale table is read beside metrics.csv."""
 
 
 def metrics_path(results_dir: Path) -> Path:

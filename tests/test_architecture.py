@@ -25,7 +25,7 @@ COMPUTE = ("methods", "metrics", *CORE)
 BASE = ("benchmark.experiment", "benchmark.design", "benchmark.config", "benchmark.results")
 QUERY = ("benchmark.inventory", "benchmark.references", "benchmark.baselines")
 CONFIG_LIBRARIES = ("hydra", "omegaconf")
-WRITES = ("benchmark.inventory.actions", "benchmark.core.store.work")  # the inventory's writes; the work-unit loop (quarantine)
+WRITES = ("benchmark.inventory.actions", "benchmark.inventory.migrations", "benchmark.core.store.work")  # the inventory's writes; the work-unit loop (quarantine)
 WRITERS = ("benchmark.stages", "bench", "tests", *WRITES)  # who may import them
 CONFIG_READERS = ("benchmark.cli", "benchmark.config", "benchmark.experiment", "tests", "bench", "studies")
 

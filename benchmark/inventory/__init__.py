@@ -21,7 +21,7 @@ from benchmark.inventory.keys import (
 )
 from benchmark.inventory.rows import StaleSamplesError, available_rows, describe_store, row_label, row_units
 from benchmark.inventory.units import (
-    NOT_WRITTEN, UnitState, changed_bases, drawn_in_block, expected_units, heldout_shortfall, moved_seeds,
+    NOT_WRITTEN, UnitState, changed_bases, expected_units, heldout_shortfall, moved_seeds,
     pairing_problem, prediction_rows, unit_state,
 )
 from benchmark.inventory.zoo import (
@@ -34,7 +34,7 @@ __all__ = [
     "INPUTS", "MissingInputsError", "input_problem", "require_inputs",
     "SAMPLE_CODE", "base_digests", "chain_key", "read_seeds", "sample_code", "sample_settings_hash", "unit_expectations",
     "StaleSamplesError", "available_rows", "describe_store", "row_label", "row_units",
-    "NOT_WRITTEN", "UnitState", "changed_bases", "drawn_in_block", "expected_units", "heldout_shortfall", "moved_seeds",
+    "NOT_WRITTEN", "UnitState", "changed_bases", "expected_units", "heldout_shortfall", "moved_seeds",
     "pairing_problem", "prediction_rows", "unit_state",
     "CorruptZooError", "RangeState", "ReferenceRecipe", "checkpoint_staleness", "converged", "corrupt_zoo_error",
     "incomplete_range", "quarantined_seeds", "range_state", "recipe_differences", "reference_recipe", "reference_seeds",

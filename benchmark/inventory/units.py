@@ -176,12 +176,14 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
                                    f"expected {exp.name!r}")
         elif state.stale is None:
             stale = [k for k, v in expected.items() if metas[path].get(k) != v]
-            if stale == ["layout"] and metas[path].get("layout") is None and drawn_in_block(exp, unit, metas[path]):
-                stale = []  # written before units recorded their layout, around bases of its block
             if stale:
                 state.stale = f"{path}: metadata {', '.join(stale)} differ from the current settings"
-                if "layout" in stale:  # name the move: which block it was drawn from, which it is now
-                    state.stale += (f" (layout: drawn from {metas[path].get('layout') or 'an unrecorded block'}, the "
+                if "layout" in stale and metas[path].get("layout") is None:  # an older version's unit
+                    state.stale += (f" (layout: unrecorded, written by an older version; the repetition design gives "
+                                    f"{expected['layout']}: stage=verify verify.repair=true records it when the unit "
+                                    "was drawn around bases of that block)")
+                elif "layout" in stale:  # name the move: which block it was drawn from, which it is now
+                    state.stale += (f" (layout: drawn from {metas[path].get('layout')}, the "
                                     f"repetition design now gives {expected['layout']}: other base networks)")
             elif path == paths[0] and (moved := moved_seeds(exp, unit, metas[path])
                                         or changed_bases(exp, SampleSetMetadata.decode(metas[path]).base_digests)):
@@ -196,20 +198,6 @@ def unit_state(exp: Experiment, unit: Unit, expected: dict[str, str] | None = No
         if mixed is not None:
             state.corrupt[paths[1]] = mixed
     return state
-
-
-def drawn_in_block(exp: Experiment, unit: Unit, metadata: dict[str, str]) -> bool:
-    """Whether a unit written before units recorded their ``layout`` (``metadata`` without it) was
-    drawn around bases of the block the repetition design gives it now (``Design.unit_block`` of
-    the converged held-out seeds): its recorded ``base_seeds`` all lie in it. Such a unit is as
-    current as one that records the layout; one without recorded bases is not."""
-    recorded = SampleSetMetadata.decode(metadata).base_seeds
-    design = exp.design
-    block = design.unit_block(str(unit.method), str(unit.mode), int(unit.repetition))
-    if not recorded or block is None:
-        return False
-    seeds = design.block(converged(exp, exp.heldout), int(unit.repetition), block[1])
-    return {int(s) for s in recorded} <= set(seeds)
 
 
 def _check_whole(exp: Experiment, paths: tuple[Path, Path], metas: dict[Path, dict[str, str]], state: UnitState) -> None:

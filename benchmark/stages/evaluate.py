@@ -38,9 +38,7 @@ each unit is scored against, e.g. a reference drawn by a method leaves that unit
 out), plus, where the reference ``scores_zoo``, one row for the zoo itself (repetition k is the
 k-th block of ``sample.per_method`` converged reference checkpoints, in seed order, scored as a
 method's samples would be). Every row against every reference goes to the one ``metrics.csv`` and
-``repetitions.csv``, told apart by their ``reference`` column (``benchmark.results``). The
-files older versions wrote one reference's rows to (``results.LEGACY_FILES``) are removed with
-one log line, so that no stale table is read beside the new rows.
+``repetitions.csv``, told apart by their ``reference`` column (``benchmark.results``).
 """
 from __future__ import annotations
 
@@ -70,7 +68,7 @@ from benchmark.inventory import (
 from benchmark.inventory.actions import reap_results_litter
 from benchmark.references import REFERENCES, ZOO_ROW, Reference, ZooReference, evaluated, problems as reference_problems
 from benchmark.results import (
-    LEGACY_FILES, MEASURED, MMD_COLUMNS, half_width, layer_rows, layers_path, metrics_path, repetition_rows,
+    MEASURED, MMD_COLUMNS, half_width, layer_rows, layers_path, metrics_path, repetition_rows,
     repetitions_path, write_layers, write_metrics, write_repetitions,
 )
 from metrics.row import PER_LAYER
@@ -164,8 +162,7 @@ def run(exp: Experiment) -> pd.DataFrame:
     """Evaluate every (method, mode) present in the store against every evaluated reference
     (``benchmark.references.evaluated``: the zoo, and ``reference=<name>``'s); write
     ``results/<exp>/metrics.csv`` and ``results/<exp>/repetitions.csv`` (``reference`` column:
-    which one each row is against), remove the files older versions wrote one reference's rows to
-    (``results.LEGACY_FILES``); return the metrics.csv frame."""
+    which one each row is against); return the metrics.csv frame."""
     reap_results_litter(exp)
     rows = available_rows(exp)
     if not rows:
@@ -199,12 +196,6 @@ def run(exp: Experiment) -> pd.DataFrame:
     path = metrics_path(exp.results_dir)
     frame = write_metrics(out, path)
     log.info("wrote %s (%d rows, against %s)", path, len(frame), " and ".join(evaluated(exp)))
-    for name, reference in LEGACY_FILES.items():
-        stale = exp.results_dir / name
-        if stale.is_file() or stale.is_symlink():
-            stale.unlink()
-            log.warning("removed %s: its rows are those of metrics.csv and repetitions.csv with reference=%s",
-                        stale, reference)
     return frame
 
 

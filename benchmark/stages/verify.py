@@ -25,6 +25,8 @@ moved by ``repair=true``, and another experiment's files are never moved as stal
   only reported.
 - failed to converge, quarantined: reported, not bad.
 - temp files of writes killed mid-way: reported; ``repair`` removes them (under the unit's claim).
+- old formats (``benchmark.inventory.migrations``: what older versions wrote): reported, never an
+  error; ``repair`` migrates them first (a unit's files under its claim), before the checks read them.
 
 Every file is read whole once (bounded memory); its identity (device, inode, size, mtime) is
 recorded before it is read, and a repair moves it only while it is still that version (a file
@@ -59,6 +61,7 @@ from benchmark.inventory import (
     UnitState, checkpoint_staleness, expected_units, quarantined_seeds, seed_problem, unit_state,
 )
 from benchmark.core.store.work import quarantine_and_redo
+from benchmark.inventory.migrations import Migration, results_migrations, unit_migrations
 from methods import method_names, selected
 
 log = logging.getLogger(__name__)
@@ -109,6 +112,7 @@ class ExperimentHealth:
     missing_seeds: dict[str, list[int]] = field(default_factory=dict)  # range label -> seeds with no file
     missing_units: list[Unit] = field(default_factory=list)  # expected sample units not (wholly) on disk
     incomplete: list[str] = field(default_factory=list)  # the current experiment's missing parts, in words
+    migrations: list[tuple[Migration, str]] = field(default_factory=list)  # files of an older format, what this run did
 
     @property
     def bad(self) -> bool:
@@ -138,6 +142,8 @@ class ExperimentHealth:
         for path, size in self.orphans.items():
             out.append(f"  ORPHANED CACHE: {path} ({size / 2**20:.1f} MiB; made for a key no current config uses: other "
                        f"code, settings or inputs) -> {self.cache_actions.get(path, '')}")
+        for migration, action in self.migrations:
+            out.append(f"  OLD FORMAT: {migration.what} -> {action}")
         for problem in self.problems:
             kind = problem.kind.upper() if problem.counts else f"POSSIBLY {problem.kind.upper()}"
             out.append(f"  {kind}: {problem.reason} -> {problem.action}")
@@ -191,6 +197,7 @@ def run(exp: Experiment) -> list[ExperimentHealth]:
         store = target.store if target else ExperimentStore(exp.store.root, name, exp.store.claim_timeout_s,
                                                               exp.store.claim_heartbeat_s)
         health = ExperimentHealth(name, against)
+        migrate(target if name == exp.name else None, store, Path(exp.config.results) / name, health, mode)
         check_zoo(target, store, health)
         check_samples(target, store, health)
         check_leftovers(store, health, Path(exp.config.results) / name)
@@ -243,6 +250,33 @@ def _repair(store: ExperimentStore, problem: Problem, mode: Repair, current: boo
     if mode is Repair.stale:
         return fix(store, problem)
     return f"python -m benchmark stage=verify verify.repair=stale quarantines it, then {problem.redo}"
+
+
+def migrate(exp: Experiment | None, store: ExperimentStore, results_dir: Path, health: ExperimentHealth,
+            mode: Repair) -> None:
+    """Find what older versions wrote (``benchmark.inventory.migrations``): in ``results_dir``, and,
+    for the current experiment (``exp``; ``None`` for another, whose overrides this command line does
+    not know), in its sample units; apply each unless ``mode`` is off, a unit's under its claim.
+    Recorded in ``health.migrations`` (reported, never an error): the checks that follow read the
+    migrated files."""
+    found = results_migrations(results_dir)
+    if exp is not None:
+        found += [m for unit in store.sample_units() if unit.row()[0] in method_names()
+                  for m in unit_migrations(exp, unit)]
+    for migration in found:
+        if mode is Repair.off:
+            action = "python -m benchmark stage=verify verify.repair=true migrates it"
+        elif migration.unit is None:
+            migration.apply()
+            action = "migrated"
+        else:
+            with store.claim(migration.unit) as claim:
+                if claim is None:
+                    action = "left as is: its unit is being worked on by another process (run verify again later)"
+                else:
+                    migration.apply()
+                    action = "migrated"
+        health.migrations.append((migration, action))
 
 
 def _progress(items: list, what: str):

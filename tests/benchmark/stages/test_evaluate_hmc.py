@@ -1,7 +1,7 @@
 """``reference=hmc``: every row scored against HMC's pooled draws with the zoo's machinery (numbers
 checked against metrics.mmd and metrics.predictive called directly), HMC's own repetitions against
 the others only, the zoo's row from blocks of reference checkpoints, all in the one metrics.csv
-(``reference`` column: ``hmc``) with an older run's metrics_hmc.csv removed; the report's
+(``reference`` column: ``hmc``) with an older run's metrics_hmc.csv removed by verify's migration; the report's
 table_hmc.md and the HMC claims of findings.md; refusals that name the command."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from benchmark.experiment import Experiment
 from benchmark.inventory import MissingInputsError
 from benchmark.references.hmc import HMCReference
 from benchmark.results import read_metrics, read_repetitions, rows_against, write_metrics
-from benchmark.stages import evaluate, report
+from benchmark.config import Repair
+from benchmark.stages import evaluate, report, verify
 from metrics.mcmc import predictive_convergence
 from metrics.mmd import mmd
 from metrics.predictive import predictive_metrics
@@ -40,11 +41,15 @@ def _pool(units, repetitions):
 def test_rows_against_hmc_match_the_metrics_called_directly(store):
     exp, units = store
     exp.results_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("metrics_hmc.csv", "repetitions_hmc.csv"):  # an older run's files: removed by evaluate
+    for stale in ("metrics_hmc.csv", "repetitions_hmc.csv"):  # an older run's files: removed by verify's migration
         (exp.results_dir / stale).write_text("method,mode\nswag,one\n")
     users = ("metrics_zoo.csv", "metrics_other_zoo.csv", "repetitions_zoo.csv")  # no version wrote these: kept
     for name in users:
         (exp.results_dir / name).write_text("a user's file\n")
+    health = verify.ExperimentHealth(exp.name, "this test")
+    verify.migrate(None, exp.store, exp.results_dir, health, Repair.corrupt)  # results/ only: the units are the test's
+    assert sorted(m.path.name for m, action in health.migrations if action == "migrated") == ["metrics_hmc.csv",
+                                                                                               "repetitions_hmc.csv"]
     evaluate.run(exp)
     assert not (exp.results_dir / "metrics_hmc.csv").exists() and not (exp.results_dir / "repetitions_hmc.csv").exists()
     assert all((exp.results_dir / name).read_text() == "a user's file\n" for name in users)

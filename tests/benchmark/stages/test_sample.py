@@ -278,16 +278,23 @@ def test_a_layout_change_that_moves_a_repetitions_bases_makes_exactly_that_unit_
     assert unit_state(back, units[0]).problem is None and "layout" in unit_state(back, units[1]).problem
 
 
-def test_a_unit_written_before_units_recorded_their_layout_is_judged_by_its_bases(make_exp) -> None:
-    """A store written before the layout was part of a unit's key is not redrawn wholesale: a unit
-    without ``layout`` is current when its recorded bases lie in the block the design gives it,
-    stale (naming the layout) when they do not, or when it recorded no bases."""
+def test_a_unit_written_before_units_recorded_their_layout_is_migrated_by_verify_when_drawn_in_its_block(make_exp) -> None:
+    """A unit without ``layout`` (an older version's) is stale for the sample stage, naming the
+    migration; ``stage=verify`` reports it, and with ``verify.repair=true`` records the layout of a
+    unit whose recorded bases lie in the block the design gives it (its predictions bound again to
+    the rewritten sample set), so that it is current; one drawn elsewhere, or without recorded
+    bases, is left stale and is drawn again."""
+    from benchmark.config import Repair
     from benchmark.core.store import save_sample_set
     from benchmark.inventory import unit_state
+    from benchmark.stages import verify
+
+    from benchmark.inventory.migrations import drawn_in_block
 
     exp = make_exp("method=ensemble", "sample.per_method=2", "sample.repetitions=2")
     assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
     converged = exp.store.converged_seeds(exp.heldout.start, exp.heldout.stop)
+    layout = read_metadata(exp.store.samples_path(exp.store.sample_unit("ensemble", "multi", 0)))["layout"]
 
     def rewrite(unit, **changes) -> None:  # both files' metadata as an older version wrote them
         samples_path, preds_path = exp.store.samples_path(unit), exp.store.preds_path(unit)
@@ -298,13 +305,21 @@ def test_a_unit_written_before_units_recorded_their_layout_is_judged_by_its_base
 
     r0, r1 = (exp.store.sample_unit("ensemble", "multi", r) for r in range(2))
     rewrite(r0)
-    assert "layout" not in read_metadata(exp.store.samples_path(r0)) and unit_state(exp, r0).problem is None
     rewrite(r1, base_seeds=json.dumps(converged[2:4]))  # bases outside its block [3, 5)
-    problem = unit_state(exp, r1).problem
-    assert "metadata layout differ" in problem and "drawn from an unrecorded block" in problem
-    rewrite(r0, base_seeds=None)
-    assert "layout" in unit_state(exp, r0).problem
-    assert run_sample(exp).written == ["ensemble/multi/r0", "ensemble/multi/r1"]
+    unrecorded = {k: v for k, v in read_metadata(exp.store.samples_path(r0)).items() if k != "base_seeds"}
+    assert not drawn_in_block(exp, r0, unrecorded)  # no recorded bases: not known to be drawn in its block
+    assert "layout: unrecorded, written by an older version" in unit_state(exp, r0).problem
+    report = verify.ExperimentHealth(exp.name, "this test")
+    verify.migrate(exp, exp.store, exp.results_dir, report, Repair.off)  # reported, nothing changed
+    assert [(m.unit, a) for m, a in report.migrations] == [(r0, "python -m benchmark stage=verify verify.repair=true migrates it")]
+    assert "layout" not in read_metadata(exp.store.samples_path(r0))
+    repaired = verify.ExperimentHealth(exp.name, "this test")
+    verify.migrate(exp, exp.store, exp.results_dir, repaired, Repair.corrupt)
+    assert [(m.unit, a) for m, a in repaired.migrations] == [(r0, "migrated")]
+    assert all(read_metadata(p)["layout"] == layout for p in exp.store.unit_paths(r0))
+    assert unit_state(exp, r0).problem is None  # current, its predictions bound to the rewritten sample set
+    assert "layout" in unit_state(exp, r1).problem
+    assert run_sample(exp).written == ["ensemble/multi/r1"]
 
 
 def test_a_heldout_range_grown_at_its_end_keeps_every_unit_drawn(make_exp) -> None:
