@@ -74,7 +74,7 @@ def run(exp: Experiment) -> list[Path]:
     reap_results_litter(exp)
     every_metric = read_metrics(metrics_path(exp.results_dir))
     path = repetitions_path(exp.results_dir)
-    if not path.is_file():  # results written before the evaluate stage wrote repetitions.csv
+    if not path.is_file():  # written by the evaluate stage beside metrics.csv
         raise MissingInputsError(f"stage={NAME} needs {path} (the per-repetition numbers of the findings' "
                                  f"tests), written by the evaluate stage; rerun python -m benchmark stage=evaluate "
                                  f"experiment={exp.name}")
